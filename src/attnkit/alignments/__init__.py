@@ -1,0 +1,40 @@
+"""Alignment (distribution) functions (Brauwers Sec. 3.2.2; Galassi IV-C), one small module each.
+
+``available()`` lists the registered names; ``build(name, **kw)`` constructs one, failing loudly
+on unknown names or arguments.
+"""
+
+from attnkit.alignments.base import (
+    REGISTRY,
+    Alignment,
+    AlignOutput,
+    masked_log_softmax,
+    masked_softmax,
+)
+from attnkit.alignments.hard import Hard
+from attnkit.alignments.local import Local
+from attnkit.alignments.reinforced import Reinforced
+from attnkit.alignments.sigmoid import Sigmoid
+from attnkit.alignments.softmax import Softmax
+from attnkit.alignments.sparse import Entmax, Entmax15, Sparsemax
+
+available = REGISTRY.available
+build = REGISTRY.build
+
+__all__ = [
+    "REGISTRY",
+    "AlignOutput",
+    "Alignment",
+    "Entmax",
+    "Entmax15",
+    "Hard",
+    "Local",
+    "Reinforced",
+    "Sigmoid",
+    "Softmax",
+    "Sparsemax",
+    "available",
+    "build",
+    "masked_log_softmax",
+    "masked_softmax",
+]

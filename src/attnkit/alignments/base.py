@@ -1,0 +1,76 @@
+"""The alignment-function interface (Brauwers eq. 3: a_l = align(e_l; e)) and its registry."""
+
+from __future__ import annotations
+
+from typing import ClassVar, NamedTuple
+
+import torch
+from torch import Tensor, nn
+
+from attnkit.registry import Registry
+
+__all__ = ["REGISTRY", "AlignOutput", "Alignment", "masked_log_softmax", "masked_softmax"]
+
+
+class AlignOutput(NamedTuple):
+    """Weights (…, M, N) and, for stochastic alignments, log-probability (…, M) of the sample."""
+
+    weights: Tensor
+    log_prob: Tensor | None = None
+
+
+REGISTRY: Registry[Alignment] = Registry("alignment")
+
+
+def has_key(mask: Tensor | None) -> Tensor | None:
+    """(…, M, 1): whether each row may attend at least one key."""
+    return None if mask is None else mask.any(dim=-1, keepdim=True)
+
+
+def _masked_scores(scores: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
+    """Scores with −inf at masked keys, and rows with no key reset to 0 so nothing is NaN."""
+    any_key = mask.any(dim=-1, keepdim=True)
+    filled = scores.masked_fill(~mask, float("-inf"))
+    return torch.where(any_key, filled, torch.zeros((), dtype=scores.dtype)), any_key
+
+
+def masked_softmax(scores: Tensor, mask: Tensor | None) -> Tensor:
+    """Softmax over the last dim (Brauwers eq. 25) restricted to ``mask``; rows with no key -> 0."""
+    if mask is None:
+        return torch.softmax(scores, dim=-1)
+    filled, any_key = _masked_scores(scores, mask)
+    return torch.softmax(filled, dim=-1) * any_key
+
+
+def masked_log_softmax(scores: Tensor, mask: Tensor | None) -> Tensor:
+    """log softmax restricted to ``mask``; −inf at masked keys; rows with no key are all −inf."""
+    if mask is None:
+        return torch.log_softmax(scores, dim=-1)
+    filled, any_key = _masked_scores(scores, mask)
+    return torch.log_softmax(filled, dim=-1).masked_fill(~(mask & any_key), float("-inf"))
+
+
+class Alignment(nn.Module):
+    """An alignment (distribution) function over the last dimension of the scores (…, M, N).
+
+    ``forward(scores, mask=None, *, query=None) -> AlignOutput``. ``mask`` is boolean (True = may
+    attend) and broadcastable to the scores; rows with no key get weight 0. ``query`` (…, M, d_q)
+    is passed for alignments that use it (predictive local alignment, eq. 28).
+
+    Capabilities, read by kernels and tests:
+
+    - ``normalized``: each row with at least one key sums to 1.
+    - ``stochastic``: samples in training mode and returns ``log_prob`` for REINFORCE.
+    - ``streamable``: can be evaluated block by block over keys (chunked kernels).
+    - ``position_based``: depends on key positions (not invariant to permuting keys).
+    """
+
+    normalized: bool = True
+    stochastic: ClassVar[bool] = False
+    streamable: ClassVar[bool] = False
+    position_based: ClassVar[bool] = False
+
+    def forward(
+        self, scores: Tensor, mask: Tensor | None = None, *, query: Tensor | None = None
+    ) -> AlignOutput:
+        raise NotImplementedError

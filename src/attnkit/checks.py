@@ -1,0 +1,134 @@
+"""Validation at the public boundary: clear ValueError/TypeError naming arguments and shapes."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from attnkit import masks
+from attnkit.alignments import REGISTRY as ALIGNMENTS
+from attnkit.alignments import Alignment
+from attnkit.scores import REGISTRY as SCORES
+from attnkit.scores import Score
+
+__all__ = ["resolve_alignment", "resolve_score", "scores_shape", "tensor", "validate"]
+
+
+def _resolve(part, registry, base, what: str):
+    if isinstance(part, base):
+        return part
+    if isinstance(part, str):
+        try:
+            return registry.build(part)
+        except TypeError as err:
+            raise TypeError(
+                f"{what} {part!r} has parameters and cannot be built from its name alone; "
+                f"construct it, e.g. attnkit.{what}s.build({part!r}, ...) ({err})"
+            ) from None
+    raise TypeError(
+        f"{what} must be a registered name or an attnkit {base.__name__} module, "
+        f"got {type(part).__name__}"
+    )
+
+
+def resolve_score(score: str | Score) -> Score:
+    """A Score module from a registered name (parameter-free scores only) or a module."""
+    return _resolve(score, SCORES, Score, "score")
+
+
+def resolve_alignment(align: str | Alignment) -> Alignment:
+    """An Alignment module from a registered name (parameter-free ones only) or a module."""
+    return _resolve(align, ALIGNMENTS, Alignment, "alignment")
+
+
+def tensor(x: object, name: str, *, min_dim: int = 2) -> Tensor:
+    """Check that ``x`` is a floating tensor with at least ``min_dim`` dims; return it."""
+    if not isinstance(x, Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if not x.dtype.is_floating_point:
+        raise TypeError(f"{name} must be a floating-point tensor, got dtype {x.dtype}")
+    if x.dim() < min_dim:
+        raise ValueError(
+            f"{name} must have at least {min_dim} dims (…, length, features), got shape "
+            f"{tuple(x.shape)}"
+        )
+    return x
+
+
+def scores_shape(q: Tensor | None, k: Tensor) -> torch.Size:
+    """(B, …, M, N) from q (…, M, d_q) and k (…, N, d_k); M = 1 without a query."""
+    m = 1 if q is None else q.shape[-2]
+    lead = k.shape[:-2] if q is None else torch.broadcast_shapes(q.shape[:-2], k.shape[:-2])
+    return torch.Size((*lead, m, k.shape[-2]))
+
+
+def validate(
+    q: Tensor | None,
+    k: Tensor,
+    v: Tensor,
+    score: Score,
+    *,
+    mask: Tensor | None,
+    bias: Tensor | None,
+) -> torch.Size:
+    """Validate an attention call; returns the scores' (B, …, M, N) shape."""
+    k = tensor(k, "k")
+    v = tensor(v, "v")
+    named = [("k", k), ("v", v)]
+    if q is None:
+        if not score.query_free:
+            raise ValueError(
+                f"q is None but the {type(score).__name__} score needs a query; only "
+                "query-free (self-attentive) scores accept q=None"
+            )
+    else:
+        named.insert(0, ("q", tensor(q, "q")))
+    first_name, first = named[0]
+    for name, x in named[1:]:
+        if x.dtype != first.dtype:
+            raise TypeError(
+                f"{name} has dtype {x.dtype} but {first_name} has {first.dtype}; "
+                "convert them to one dtype"
+            )
+        if x.device != first.device:
+            raise ValueError(
+                f"{name} is on {x.device} but {first_name} is on {first.device}; "
+                "move them to one device"
+            )
+    if k.shape[-2] == 0:
+        raise ValueError(f"k has no keys (N = 0, shape {tuple(k.shape)}); attention needs N >= 1")
+    if v.shape[-2] != k.shape[-2]:
+        raise ValueError(
+            f"v has {v.shape[-2]} values (shape {tuple(v.shape)}) but k has {k.shape[-2]} keys "
+            f"(shape {tuple(k.shape)}); they must match"
+        )
+    try:
+        shape = scores_shape(q, k)
+        torch.broadcast_shapes(k.shape[:-2], v.shape[:-2])
+    except RuntimeError:
+        qs = "None" if q is None else tuple(q.shape)
+        raise ValueError(
+            f"batch dims of q {qs}, k {tuple(k.shape)} and v {tuple(v.shape)} do not broadcast"
+        ) from None
+    if score.multi_dimensional and score.d_out != v.shape[-1]:
+        raise ValueError(
+            f"the multi-dimensional score gives d_out = {score.d_out} scores per key but v has "
+            f"d_v = {v.shape[-1]} features (shape {tuple(v.shape)}); they must match (eq. 30)"
+        )
+    masks.check(mask, shape)
+    if mask is not None and mask.device != k.device:
+        raise ValueError(f"mask is on {mask.device} but k is on {k.device}")
+    if bias is not None:
+        bias = tensor(bias, "bias", min_dim=0)
+        try:
+            ok = torch.broadcast_shapes(bias.shape, shape) == shape
+        except RuntimeError:
+            ok = False
+        if not ok:
+            raise ValueError(
+                f"bias of shape {tuple(bias.shape)} does not broadcast to the scores' shape "
+                f"{tuple(shape)} (B, …, M, N)"
+            )
+        if bias.device != k.device:
+            raise ValueError(f"bias is on {bias.device} but k is on {k.device}")
+    return shape

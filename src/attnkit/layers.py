@@ -1,0 +1,95 @@
+"""Small building blocks shared by parts: per-head linear maps and named activations."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+__all__ = ["ACTIVATIONS", "HeadwiseLinear", "resolve_activation"]
+
+ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
+    "tanh": torch.tanh,
+    "relu": F.relu,
+    "selu": F.selu,
+    "gelu": F.gelu,
+    "sigmoid": torch.sigmoid,
+    "identity": lambda x: x,
+}
+
+
+def resolve_activation(act: str | Callable[[Tensor], Tensor]) -> Callable[[Tensor], Tensor]:
+    """Return the activation named ``act`` (one of :data:`ACTIVATIONS`), or ``act`` if callable."""
+    if callable(act):
+        return act
+    try:
+        return ACTIVATIONS[act]
+    except KeyError:
+        raise ValueError(
+            f"unknown activation {act!r}; choose one of {sorted(ACTIVATIONS)} or pass a callable"
+        ) from None
+
+
+class HeadwiseLinear(nn.Module):
+    """``y = W x + b`` with, when ``heads`` is set, one independent (W, b) per attention head.
+
+    Shapes: without heads, x (…, d_in) -> (…, d_out). With heads H, x (…, H, *inner, d_in) where
+    ``inner`` is ``inner_dims`` dimensions (1 for (M, d), 2 for (M, N, d)) -> (…, H, *inner, d_out).
+    Initialised like ``torch.nn.Linear``.
+    """
+
+    def __init__(
+        self,
+        d_in: int,
+        d_out: int,
+        *,
+        heads: int | None = None,
+        bias: bool = True,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        super().__init__()
+        for name, value in (("d_in", d_in), ("d_out", d_out)):
+            if not isinstance(value, int) or value <= 0:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        if heads is not None and (not isinstance(heads, int) or heads <= 0):
+            raise ValueError(f"heads must be a positive int or None, got {heads!r}")
+        self.d_in, self.d_out, self.heads = d_in, d_out, heads
+        lead = () if heads is None else (heads,)
+        kw = {"device": device, "dtype": dtype}
+        self.weight = nn.Parameter(torch.empty(*lead, d_out, d_in, **kw))
+        self.bias = nn.Parameter(torch.empty(*lead, d_out, **kw)) if bias else None
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        bound = 1.0 / math.sqrt(self.d_in)
+        nn.init.uniform_(self.weight, -bound, bound)
+        if self.bias is not None:
+            nn.init.uniform_(self.bias, -bound, bound)
+
+    def forward(self, x: Tensor, inner_dims: int = 1, columns: slice | None = None) -> Tensor:
+        """Apply the map; ``columns`` uses only those input columns of W (and then no bias)."""
+        weight, bias = self.weight, self.bias
+        if columns is not None:
+            weight, bias = weight[..., columns], None
+        d_in = weight.shape[-1]
+        if self.heads is None:
+            return F.linear(x, weight, bias)
+        lead = x.shape[: x.dim() - inner_dims - 1]
+        if len(lead) == 0 or lead[-1] != self.heads:
+            raise ValueError(
+                f"expected a head dimension of size {self.heads} at dim "
+                f"{-(inner_dims + 2)} of input shape {tuple(x.shape)}"
+            )
+        inner = x.shape[x.dim() - inner_dims - 1 : -1]
+        flat = x.reshape(*lead, -1, d_in)
+        y = torch.matmul(flat, weight.transpose(-1, -2))
+        if bias is not None:
+            y = y + bias[:, None, :]
+        return y.reshape(*lead, *inner, self.d_out)
+
+    def extra_repr(self) -> str:
+        return f"d_in={self.d_in}, d_out={self.d_out}, heads={self.heads}"

@@ -1,0 +1,87 @@
+"""The one mask convention: boolean, ``True`` = may attend, broadcastable to (B, …, M, N).
+
+This is the convention of ``torch.nn.functional.scaled_dot_product_attention``. Additive float
+biases are a separate ``bias`` argument of :func:`attnkit.attention`. A row with no key allowed
+gives weights 0 and context 0 (never NaN).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+__all__ = ["causal", "check", "combine", "from_lengths", "window"]
+
+
+def from_lengths(lengths: Tensor, n: int) -> Tensor:
+    """Padding mask from sequence lengths.
+
+    Args:
+        lengths: (B,) integer lengths, each in [0, n].
+        n: padded length N.
+
+    Returns:
+        (B, 1, N) boolean mask, True for the first ``lengths[b]`` keys; broadcasts over M.
+    """
+    if not isinstance(lengths, Tensor):
+        lengths = torch.as_tensor(lengths)
+    if lengths.dim() != 1 or lengths.dtype.is_floating_point or lengths.dtype == torch.bool:
+        raise TypeError(
+            f"lengths must be a 1-D integer tensor, got shape {tuple(lengths.shape)} "
+            f"dtype {lengths.dtype}"
+        )
+    if n < 0 or (lengths.numel() and (int(lengths.min()) < 0 or int(lengths.max()) > n)):
+        raise ValueError(f"lengths must lie in [0, n={n}], got {lengths.tolist()}")
+    positions = torch.arange(n, device=lengths.device)
+    return (positions[None, :] < lengths[:, None]).unsqueeze(-2)
+
+
+def causal(m: int, n: int | None = None, *, device: torch.device | str | None = None) -> Tensor:
+    """(M, N) mask where query i may attend keys j <= i + (N - M) (aligned at the end, as in SDPA)."""
+    n = m if n is None else n
+    return torch.ones(m, n, dtype=torch.bool, device=device).tril(diagonal=n - m)
+
+
+def window(m: int, n: int, size: int, *, device: torch.device | str | None = None) -> Tensor:
+    """(M, N) band mask: query i may attend keys j with |i - j| <= size."""
+    if size < 0:
+        raise ValueError(f"window size must be >= 0, got {size}")
+    i = torch.arange(m, device=device)[:, None]
+    j = torch.arange(n, device=device)[None, :]
+    return (i - j).abs() <= size
+
+
+def combine(*masks: Tensor | None) -> Tensor | None:
+    """Logical AND of masks (None entries are ignored); broadcasting as usual."""
+    out: Tensor | None = None
+    for mask in masks:
+        if mask is None:
+            continue
+        out = mask if out is None else out & mask
+    return out
+
+
+def check(mask: Tensor | None, scores_shape: torch.Size, *, name: str = "mask") -> None:
+    """Raise if ``mask`` is not a boolean tensor broadcastable to ``scores_shape`` (B, …, M, N).
+
+    A mask may have fewer dimensions than the scores (leading dims broadcast) but never more, and
+    each of its dimensions must be 1 or equal to the matching score dimension.
+    """
+    if mask is None:
+        return
+    if not isinstance(mask, Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(mask).__name__}")
+    if mask.dtype != torch.bool:
+        raise TypeError(
+            f"{name} must be boolean (True = may attend), got dtype {mask.dtype}; "
+            "pass additive float biases as bias="
+        )
+    expected = tuple(scores_shape)
+    ok = mask.dim() <= len(expected) and all(
+        m in (1, s) for m, s in zip(reversed(mask.shape), reversed(expected), strict=False)
+    )
+    if not ok:
+        raise ValueError(
+            f"{name} of shape {tuple(mask.shape)} does not broadcast to the scores' shape "
+            f"{expected} (B, …, M, N)"
+        )

@@ -1,0 +1,221 @@
+"""Multi-head attention (Brauwers eqs. 38-40; Vaswani et al.) with any score × alignment."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from attnkit import checks
+from attnkit.alignments import Alignment
+from attnkit.attention import attention
+from attnkit.output import AttentionOutput
+from attnkit.scores import REGISTRY as SCORES
+from attnkit.scores import Score
+
+__all__ = ["MultiHeadAttention"]
+
+
+def _positive_int(value: object, name: str) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
+    return value
+
+
+class MultiHeadAttention(nn.Module):
+    """H heads, each attending in its own d = E/H dimensional projection (eqs. 38-40):
+    head_h = Attention(Q W_h^Q, K W_h^K, V W_h^V), output = concat(head_1 … head_H) W^O.
+
+    Args:
+        embed_dim: E, the query size and output size.
+        num_heads: H; must divide E.
+        score: a score module built for per-head inputs (usually with ``heads=num_heads``), or a
+            registered name; a name is built with d_q = d_k = d_w = E/H and one parameter set per
+            head where the score has parameters.
+        align: an alignment module or a registered name of a parameter-free one.
+        kdim, vdim: key and value sizes (default E).
+        bias: biases in the input and output projections.
+        dropout: dropout on the weights in training mode.
+
+    Inputs are batch first: query (B, M, E), key (B, N, kdim), value (B, N, vdim); any number of
+    leading dims works. ``mask``/``bias`` follow attnkit's convention (True = may attend); a mask
+    with as many dims as the query, e.g. (B, M, N) or (B, 1, N) from
+    :func:`attnkit.masks.from_lengths`, applies to all heads; one with an extra dim is
+    (B, H, M, N). The weights returned are per head: (B, H, M, N).
+
+    With a dot-product score, softmax and no weights requested, attention runs through
+    ``torch.nn.functional.scaled_dot_product_attention``.
+    """
+
+    def __init__(
+        self,
+        embed_dim: int,
+        num_heads: int,
+        score: str | Score = "scaled_dot",
+        align: str | Alignment = "softmax",
+        *,
+        kdim: int | None = None,
+        vdim: int | None = None,
+        bias: bool = True,
+        dropout: float = 0.0,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        super().__init__()
+        self.embed_dim = _positive_int(embed_dim, "embed_dim")
+        self.num_heads = _positive_int(num_heads, "num_heads")
+        if embed_dim % num_heads:
+            raise ValueError(f"embed_dim = {embed_dim} is not divisible by num_heads = {num_heads}")
+        self.head_dim = embed_dim // num_heads
+        self.kdim = embed_dim if kdim is None else _positive_int(kdim, "kdim")
+        self.vdim = embed_dim if vdim is None else _positive_int(vdim, "vdim")
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {dropout!r}")
+        self.dropout = dropout
+        kw = {"device": device, "dtype": dtype}
+        e = embed_dim
+        # One packed (3E, E) matrix when all inputs share E, as torch does: self-attention then
+        # projects q, k and v with a single matmul.
+        self.packed = self.kdim == e and self.vdim == e
+        if self.packed:
+            self.in_proj_weight = nn.Parameter(torch.empty(3 * e, e, **kw))
+        else:
+            self.q_proj_weight = nn.Parameter(torch.empty(e, e, **kw))
+            self.k_proj_weight = nn.Parameter(torch.empty(e, self.kdim, **kw))
+            self.v_proj_weight = nn.Parameter(torch.empty(e, self.vdim, **kw))
+        self.in_proj_bias = nn.Parameter(torch.empty(3 * e, **kw)) if bias else None
+        self.out_proj = nn.Linear(e, e, bias=bias, **kw)
+        self._reset_parameters()
+        self.score = self._build_score(score, device, dtype)
+        self.align = checks.resolve_alignment(align)
+
+    def _build_score(self, score: str | Score, device, dtype) -> Score:
+        if not isinstance(score, str):
+            return checks.resolve_score(score)
+        d = self.head_dim
+        offered = {
+            "d_q": d,
+            "d_k": d,
+            "d_w": d,
+            "heads": self.num_heads,
+            "device": device,
+            "dtype": dtype,
+        }
+        accepted = SCORES.accepts(score)
+        return SCORES.build(score, **{k: v for k, v in offered.items() if k in accepted})
+
+    def _reset_parameters(self) -> None:
+        if self.packed:
+            nn.init.xavier_uniform_(self.in_proj_weight)
+        else:
+            for w in (self.q_proj_weight, self.k_proj_weight, self.v_proj_weight):
+                nn.init.xavier_uniform_(w)
+        if self.in_proj_bias is not None:
+            nn.init.zeros_(self.in_proj_bias)
+            nn.init.zeros_(self.out_proj.bias)
+
+    def _project(self, query: Tensor, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        e = self.embed_dim
+        b = self.in_proj_bias
+        bq, bk, bv = (None, None, None) if b is None else b.split(e)
+        if self.packed:
+            if key is query and value is query:
+                return F.linear(query, self.in_proj_weight, b).chunk(3, dim=-1)
+            wq, wk, wv = self.in_proj_weight.split(e)
+        else:
+            wq, wk, wv = self.q_proj_weight, self.k_proj_weight, self.v_proj_weight
+        return F.linear(query, wq, bq), F.linear(key, wk, bk), F.linear(value, wv, bv)
+
+    def _split_heads(self, x: Tensor) -> Tensor:
+        """(…, L, E) -> (…, H, L, d)."""
+        return x.unflatten(-1, (self.num_heads, self.head_dim)).transpose(-2, -3)
+
+    @staticmethod
+    def _per_head(x: Tensor | None, query: Tensor) -> Tensor | None:
+        if x is None or x.dim() != query.dim():
+            return x
+        return x.unsqueeze(-3)  # (…, M, N) -> (…, 1, M, N): the same for every head
+
+    def forward(
+        self,
+        query: Tensor,
+        key: Tensor | None = None,
+        value: Tensor | None = None,
+        *,
+        mask: Tensor | None = None,
+        bias: Tensor | None = None,
+        need_weights: bool = False,
+    ) -> AttentionOutput:
+        """Multi-head attention; key defaults to query and value to key (self-attention)."""
+        key = query if key is None else key
+        value = key if value is None else value
+        for name, x, d in (
+            ("query", query, self.embed_dim),
+            ("key", key, self.kdim),
+            ("value", value, self.vdim),
+        ):
+            checks.tensor(x, name)
+            if x.shape[-1] != d:
+                raise ValueError(
+                    f"{name} has {x.shape[-1]} features (shape {tuple(x.shape)}) but this "
+                    f"MultiHeadAttention expects {d}"
+                )
+        if mask is not None and mask.dim() > query.dim() + 1:
+            raise ValueError(
+                f"mask of shape {tuple(mask.shape)} has too many dims for query "
+                f"{tuple(query.shape)}: use (…, M, N) or (…, H, M, N)"
+            )
+        q, k, v = (self._split_heads(x) for x in self._project(query, key, value))
+        out = attention(
+            q,
+            k,
+            v,
+            score=self.score,
+            align=self.align,
+            mask=self._per_head(mask, query),
+            bias=self._per_head(bias, query),
+            need_weights=need_weights,
+            dropout=self.dropout if self.training else 0.0,
+        )
+        context = out.context.transpose(-2, -3).flatten(-2)
+        return out._replace(context=self.out_proj(context))
+
+    @classmethod
+    def from_torch(cls, module: nn.MultiheadAttention) -> MultiHeadAttention:
+        """Build a MultiHeadAttention with the weights of ``module``, giving the same outputs.
+
+        Our module is always batch first; ``module.batch_first`` only changes how the torch
+        module is called. ``add_bias_kv`` and ``add_zero_attn`` are not supported.
+        """
+        if not isinstance(module, nn.MultiheadAttention):
+            raise TypeError(f"expected torch.nn.MultiheadAttention, got {type(module).__name__}")
+        if module.bias_k is not None or module.add_zero_attn:
+            raise ValueError("from_torch: add_bias_kv and add_zero_attn are not supported")
+        ref = module.out_proj.weight
+        ours = cls(
+            module.embed_dim,
+            module.num_heads,
+            kdim=module.kdim,
+            vdim=module.vdim,
+            bias=module.in_proj_bias is not None,
+            dropout=module.dropout,
+            device=ref.device,
+            dtype=ref.dtype,
+        )
+        with torch.no_grad():
+            if ours.packed:
+                ours.in_proj_weight.copy_(module.in_proj_weight)
+            else:
+                ours.q_proj_weight.copy_(module.q_proj_weight)
+                ours.k_proj_weight.copy_(module.k_proj_weight)
+                ours.v_proj_weight.copy_(module.v_proj_weight)
+            if ours.in_proj_bias is not None:
+                ours.in_proj_bias.copy_(module.in_proj_bias)
+            ours.out_proj.load_state_dict(module.out_proj.state_dict())
+        return ours
+
+    def extra_repr(self) -> str:
+        return (
+            f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, kdim={self.kdim}, "
+            f"vdim={self.vdim}, dropout={self.dropout}"
+        )

@@ -1,0 +1,63 @@
+"""Loud registries: named parts that fail clearly on unknown names or arguments (DESIGN 2)."""
+
+from __future__ import annotations
+
+import difflib
+import inspect
+from collections.abc import Callable
+from typing import Any, Generic, TypeVar
+
+T = TypeVar("T")
+
+
+class Registry(Generic[T]):
+    """A name -> class table for one kind of part (scores, alignments, ...).
+
+    ``build(name, **kw)`` binds ``kw`` against the class signature first, so a misspelt or missing
+    argument raises ``TypeError`` naming it, and an unknown name raises ``ValueError`` listing the
+    options and the closest match.
+    """
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        self._table: dict[str, type[T]] = {}
+
+    def register(self, name: str) -> Callable[[type[T]], type[T]]:
+        def decorate(cls: type[T]) -> type[T]:
+            if name in self._table:
+                raise ValueError(
+                    f"{self.kind} {name!r} is already registered "
+                    f"(by {self._table[name].__qualname__})"
+                )
+            self._table[name] = cls
+            cls.registered_name = name  # type: ignore[attr-defined]
+            return cls
+
+        return decorate
+
+    def available(self) -> list[str]:
+        return sorted(self._table)
+
+    def get(self, name: str) -> type[T]:
+        if not isinstance(name, str):
+            raise TypeError(f"{self.kind} name must be a str, got {type(name).__name__}")
+        try:
+            return self._table[name]
+        except KeyError:
+            close = difflib.get_close_matches(name, self._table, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise ValueError(
+                f"unknown {self.kind} {name!r}{hint} Available: {', '.join(self.available())}"
+            ) from None
+
+    def build(self, name: str, **kwargs: Any) -> T:
+        cls = self.get(name)
+        try:
+            inspect.signature(cls).bind(**kwargs)
+        except TypeError as err:
+            raise TypeError(f"{self.kind} {name!r}: {err}") from None
+        return cls(**kwargs)
+
+    def accepts(self, name: str) -> set[str]:
+        """Names of the keyword arguments that ``name``'s constructor takes."""
+        return set(inspect.signature(self.get(name)).parameters)

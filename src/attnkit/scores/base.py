@@ -1,0 +1,85 @@
+"""The score-function interface (Brauwers eq. 23: e_l = score(q, k_l)) and its registry."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import torch
+from torch import Tensor, nn
+
+from attnkit.registry import Registry
+
+__all__ = ["REGISTRY", "Score", "expect_features"]
+
+REGISTRY: Registry[Score] = Registry("score")
+
+
+def expect_features(x: Tensor, d: int, name: str, what: str) -> None:
+    """Raise ValueError unless the last dimension of ``x`` is ``d``."""
+    if x.shape[-1] != d:
+        raise ValueError(
+            f"{name} has {x.shape[-1]} features (shape {tuple(x.shape)}) but this score "
+            f"expects {what} = {d}"
+        )
+
+
+class Score(nn.Module):
+    """A score function: maps q (…, M, d_q) and k (…, N, d_k) to scores (…, M, N).
+
+    Multi-dimensional scores (Brauwers eq. 31) return (…, M, N, d_out) instead.
+
+    Every score is split in three steps so that kernels can evaluate it block by block without
+    repeating per-query or per-key work (Bahdanau's precomputation of W_2 k, Galassi IV-B):
+
+    - ``project_query(q)`` -> per-query state (or None for query-free scores),
+    - ``project_key(k)`` -> per-key state,
+    - ``pairwise(qp, kp, key_offset)`` -> scores for those queries and keys; ``key_offset`` is
+      the position of ``kp``'s first key, for position-based scores.
+
+    Capabilities, read by kernels and tests:
+
+    - ``content_based``: scores depend on key content only (permuting keys permutes scores).
+    - ``dot_product_form``: ``dot_form(q, k)`` gives (q', k', scale) with score = scale·q'ᵀk',
+      so SDPA can evaluate it.
+    - ``query_free``: the query's content is ignored (self-attentive scores, eq. 33–34); ``q``
+      may be None, and the scores then have M = 1.
+    """
+
+    content_based: ClassVar[bool] = True
+    dot_product_form: ClassVar[bool] = False
+    query_free: bool = False
+    d_out: int | None = None
+
+    @property
+    def multi_dimensional(self) -> bool:
+        return self.d_out is not None
+
+    def check(self, q: Tensor | None, k: Tensor) -> None:
+        """Validate feature sizes; raise ValueError naming the argument. Override as needed."""
+
+    def project_query(self, q: Tensor | None) -> Tensor | None:
+        return q
+
+    def project_key(self, k: Tensor) -> Tensor:
+        return k
+
+    def pairwise(self, qp: Tensor | None, kp: Tensor, key_offset: int = 0) -> Tensor:
+        raise NotImplementedError
+
+    def dot_form(self, q: Tensor | None, k: Tensor) -> tuple[Tensor, Tensor, float]:
+        raise NotImplementedError(f"{type(self).__name__} is not in dot-product form")
+
+    def forward(self, q: Tensor | None, k: Tensor) -> Tensor:
+        if q is None and not self.query_free:
+            raise ValueError(
+                f"{type(self).__name__} needs a query; q=None is only for query-free "
+                "(self-attentive) scores"
+            )
+        self.check(q, k)
+        e = self.pairwise(self.project_query(q), self.project_key(k))
+        if q is not None and self.query_free:
+            # A constant query scores every query row alike (Brauwers eq. 33-34): repeat the row.
+            tail = 2 if self.d_out is None else 3
+            lead = torch.broadcast_shapes(e.shape[:-tail], q.shape[:-2])
+            e = e.expand(*lead, q.shape[-2], *e.shape[e.dim() - tail + 1 :])
+        return e

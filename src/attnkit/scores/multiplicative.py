@@ -1,0 +1,142 @@
+"""Multiplicative score functions (Brauwers Table II): dot, scaled dot, general, biased general,
+activated general."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import ClassVar
+
+import torch
+from torch import Tensor, nn
+
+from attnkit.layers import HeadwiseLinear, resolve_activation
+from attnkit.scores.base import REGISTRY, Score, expect_features
+
+__all__ = ["ActivatedGeneral", "BiasedGeneral", "Dot", "General", "ScaledDot"]
+
+
+def _qk(qp: Tensor, kp: Tensor) -> Tensor:
+    """ "...md,...nd->...mn" with broadcasting of the leading dims."""
+    return torch.matmul(qp, kp.transpose(-1, -2))
+
+
+@REGISTRY.register("dot")
+class Dot(Score):
+    """Multiplicative (Luong) score: e_l = qᵀ k_l (Brauwers Table II). Needs d_q = d_k."""
+
+    dot_product_form: ClassVar[bool] = True
+
+    def scale(self, d_k: int) -> float:
+        return 1.0
+
+    def check(self, q: Tensor | None, k: Tensor) -> None:
+        assert q is not None  # guaranteed by Score.forward
+        if q.shape[-1] != k.shape[-1]:
+            raise ValueError(
+                f"{type(self).__name__} score needs d_q == d_k, got q {tuple(q.shape)} "
+                f"and k {tuple(k.shape)}"
+            )
+
+    def pairwise(self, qp: Tensor | None, kp: Tensor, key_offset: int = 0) -> Tensor:
+        assert qp is not None
+        return _qk(qp, kp) * self.scale(kp.shape[-1])
+
+    def dot_form(self, q: Tensor | None, k: Tensor) -> tuple[Tensor, Tensor, float]:
+        assert q is not None
+        self.check(q, k)
+        return q, k, self.scale(k.shape[-1])
+
+
+@REGISTRY.register("scaled_dot")
+class ScaledDot(Dot):
+    """Scaled multiplicative (Vaswani) score: e_l = qᵀ k_l / √d_k (Brauwers Table II)."""
+
+    def scale(self, d_k: int) -> float:
+        return 1.0 / math.sqrt(d_k)
+
+
+class _QueryMapped(Score):
+    """Shared body of the general family: the query is mapped into key space by W (d_k × d_q)."""
+
+    def __init__(
+        self,
+        d_q: int,
+        d_k: int,
+        *,
+        bias: bool,
+        heads: int | None = None,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        super().__init__()
+        self.d_q, self.d_k = d_q, d_k
+        self.W = HeadwiseLinear(d_q, d_k, heads=heads, bias=bias, device=device, dtype=dtype)
+
+    def check(self, q: Tensor | None, k: Tensor) -> None:
+        assert q is not None
+        expect_features(q, self.d_q, "q", "d_q")
+        expect_features(k, self.d_k, "k", "d_k")
+
+    def project_query(self, q: Tensor | None) -> Tensor | None:
+        assert q is not None
+        return self.W(q)
+
+    def pairwise(self, qp: Tensor | None, kp: Tensor, key_offset: int = 0) -> Tensor:
+        assert qp is not None
+        return _qk(qp, kp)
+
+
+@REGISTRY.register("general")
+class General(_QueryMapped):
+    """General (Luong) score: e_l = k_lᵀ W q, W ∈ R^{d_k×d_q} (Brauwers Table II)."""
+
+    dot_product_form: ClassVar[bool] = True
+    _bias: ClassVar[bool] = False
+
+    def __init__(
+        self,
+        d_q: int,
+        d_k: int,
+        *,
+        heads: int | None = None,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        super().__init__(d_q, d_k, bias=self._bias, heads=heads, device=device, dtype=dtype)
+
+    def dot_form(self, q: Tensor | None, k: Tensor) -> tuple[Tensor, Tensor, float]:
+        self.check(q, k)
+        qp = self.project_query(q)
+        assert qp is not None
+        return qp, k, 1.0
+
+
+@REGISTRY.register("biased_general")
+class BiasedGeneral(General):
+    """Biased general (Sordoni) score: e_l = k_lᵀ (W q + b), b ∈ R^{d_k} (Brauwers Table II)."""
+
+    _bias: ClassVar[bool] = True
+
+
+@REGISTRY.register("activated_general")
+class ActivatedGeneral(_QueryMapped):
+    """Activated general (Ma) score: e_l = act(k_lᵀ W q + b), scalar b (Brauwers Table II)."""
+
+    def __init__(
+        self,
+        d_q: int,
+        d_k: int,
+        *,
+        activation: str | Callable[[Tensor], Tensor] = "tanh",
+        heads: int | None = None,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        super().__init__(d_q, d_k, bias=False, heads=heads, device=device, dtype=dtype)
+        self.act = resolve_activation(activation)
+        shape = () if heads is None else (heads, 1, 1)
+        self.b = nn.Parameter(torch.zeros(shape, device=device, dtype=dtype))
+
+    def pairwise(self, qp: Tensor | None, kp: Tensor, key_offset: int = 0) -> Tensor:
+        return self.act(super().pairwise(qp, kp, key_offset) + self.b)

@@ -1,0 +1,110 @@
+"""Score functions that look at positions or neighbourhoods rather than single keys:
+location-based (Luong; Galassi IV-B) and convolution-based (Galassi IV-B, Table IV)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import ClassVar
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from attnkit.layers import HeadwiseLinear, resolve_activation
+from attnkit.scores.base import REGISTRY, Score, expect_features
+
+__all__ = ["Convolutional", "Location"]
+
+
+@REGISTRY.register("location")
+class Location(Score):
+    """Location-based score (Luong): e = W_a q + b over positions, independent of key content.
+
+    W_a ∈ R^{max_len×d_q}: the score of position l is row l of W_a applied to q. Key sequences
+    longer than ``max_len`` are rejected.
+    """
+
+    content_based: ClassVar[bool] = False
+
+    def __init__(
+        self,
+        d_q: int,
+        max_len: int,
+        *,
+        heads: int | None = None,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        super().__init__()
+        self.d_q, self.max_len = d_q, max_len
+        self.W_a = HeadwiseLinear(d_q, max_len, heads=heads, bias=True, device=device, dtype=dtype)
+
+    def check(self, q: Tensor | None, k: Tensor) -> None:
+        assert q is not None
+        expect_features(q, self.d_q, "q", "d_q")
+        if k.shape[-2] > self.max_len:
+            raise ValueError(
+                f"k has N = {k.shape[-2]} keys (shape {tuple(k.shape)}) but this location score "
+                f"was built for at most max_len = {self.max_len}"
+            )
+
+    def project_query(self, q: Tensor | None) -> Tensor | None:
+        assert q is not None
+        return self.W_a(q)
+
+    def pairwise(self, qp: Tensor | None, kp: Tensor, key_offset: int = 0) -> Tensor:
+        assert qp is not None
+        e = qp[..., key_offset : key_offset + kp.shape[-2]]
+        lead = torch.broadcast_shapes(e.shape[:-2], kp.shape[:-2])
+        return e.expand(*lead, *e.shape[-2:])
+
+
+@REGISTRY.register("convolutional")
+class Convolutional(Score):
+    """Convolution-based score (Galassi IV-B): the importance vector is a filter over key
+    subsequences. Each window of ``width`` consecutive keys gets the energy
+    act(Σ_t w_tᵀ k_{j+t} + b); a key's score is the mean energy of the ``width`` windows that
+    contain it (the sequence is zero-padded at both ends). Query-free (self-attentive).
+    """
+
+    content_based: ClassVar[bool] = False
+    query_free = True
+
+    def __init__(
+        self,
+        d_k: int,
+        width: int = 3,
+        *,
+        activation: str | Callable[[Tensor], Tensor] = "tanh",
+        heads: int | None = None,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        super().__init__()
+        if not isinstance(width, int) or width < 1:
+            raise ValueError(f"width must be an int >= 1, got {width!r}")
+        self.d_k, self.width, self.heads = d_k, width, heads
+        self.act = resolve_activation(activation)
+        h = 1 if heads is None else heads
+        bound = 1.0 / math.sqrt(d_k * width)
+        kw = {"device": device, "dtype": dtype}
+        self.filter = nn.Parameter(torch.empty(h, d_k, width, **kw).uniform_(-bound, bound))
+        self.b = nn.Parameter(torch.zeros(h, **kw))
+
+    def check(self, q: Tensor | None, k: Tensor) -> None:
+        expect_features(k, self.d_k, "k", "d_k")
+
+    def project_key(self, k: Tensor) -> Tensor:
+        """Per-key scores, as (…, N, 1) so keys stay along dim -2."""
+        h = 1 if self.heads is None else self.heads
+        n = k.shape[-2]
+        lead = k.shape[:-2] if self.heads is None else k.shape[:-3]
+        x = k.reshape(-1, h, n, self.d_k).transpose(-1, -2).reshape(-1, h * self.d_k, n)
+        windows = F.conv1d(x, self.filter, self.b, padding=self.width - 1, groups=h)
+        per_key = F.avg_pool1d(self.act(windows), self.width, stride=1)  # (B', h, N)
+        shape = (*lead, n) if self.heads is None else (*lead, h, n)
+        return per_key.reshape(shape).unsqueeze(-1)
+
+    def pairwise(self, qp: Tensor | None, kp: Tensor, key_offset: int = 0) -> Tensor:
+        return kp.squeeze(-1).unsqueeze(-2)
