@@ -37,7 +37,7 @@ def from_lengths(lengths: Tensor, n: int) -> Tensor:
 
 
 def causal(m: int, n: int | None = None, *, device: torch.device | str | None = None) -> Tensor:
-    """(M, N) mask where query i may attend keys j <= i + (N - M) (aligned at the end, as in SDPA)."""
+    """(M, N) mask: query i may attend keys j <= i + (N - M) (aligned at the end, as SDPA)."""
     n = m if n is None else n
     return torch.ones(m, n, dtype=torch.bool, device=device).tril(diagonal=n - m)
 

@@ -39,6 +39,8 @@ class Score(nn.Module):
     Capabilities, read by kernels and tests:
 
     - ``content_based``: scores depend on key content only (permuting keys permutes scores).
+    - ``mixes_keys``: a key's score also depends on its neighbours' content (so masking a key
+      is not the same as removing it).
     - ``dot_product_form``: ``dot_form(q, k)`` gives (q', k', scale) with score = scale·q'ᵀk',
       so SDPA can evaluate it.
     - ``query_free``: the query's content is ignored (self-attentive scores, eq. 33–34); ``q``
@@ -46,6 +48,7 @@ class Score(nn.Module):
     """
 
     content_based: ClassVar[bool] = True
+    mixes_keys: ClassVar[bool] = False
     dot_product_form: ClassVar[bool] = False
     query_free: bool = False
     d_out: int | None = None

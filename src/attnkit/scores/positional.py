@@ -69,6 +69,7 @@ class Convolutional(Score):
     """
 
     content_based: ClassVar[bool] = False
+    mixes_keys: ClassVar[bool] = True
     query_free = True
 
     def __init__(

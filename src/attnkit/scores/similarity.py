@@ -53,6 +53,6 @@ class Euclidean(Score):
         qp = qp.expand(*lead, *qp.shape[-2:])
         kp = kp.expand(*lead, *kp.shape[-2:])
         if qp.dtype in (torch.float16, torch.bfloat16):
-            # cdist has no half-precision kernels on CPU: compute in float32, return the input dtype.
+            # cdist has no half-precision CPU kernels: compute in float32, return the input dtype.
             return -torch.cdist(qp.float(), kp.float()).to(qp.dtype)
         return -torch.cdist(qp, kp)
