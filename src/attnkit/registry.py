@@ -52,6 +52,15 @@ class Registry(Generic[T]):
 
     def build(self, name: str, **kwargs: Any) -> T:
         cls = self.get(name)
+        params = inspect.signature(cls).parameters
+        for key in kwargs:
+            if key not in params:
+                close = difflib.get_close_matches(key, params, n=1)
+                hint = f" (did you mean {close[0]!r}?)" if close else ""
+                raise TypeError(
+                    f"{self.kind} {name!r} got an unexpected argument {key!r}{hint}; "
+                    f"it takes: {', '.join(params)}"
+                )
         try:
             inspect.signature(cls).bind(**kwargs)
         except TypeError as err:

@@ -39,14 +39,16 @@ def attend(
     """Evaluate with SDPA; the caller has checked :func:`can_dispatch`."""
     assert isinstance(align, Softmax)
     qp, kp, scale = score.dot_form(q, k)
-    scale = scale / float(align.temperature)
+    # softmax((scale·q'ᵀk' + bias) / τ): fold 1/τ into the scale and the bias.
+    inv_t = 1.0 / float(align.temperature)
+    scale = scale * inv_t
     lead = torch.broadcast_shapes(qp.shape[:-2], kp.shape[:-2], v.shape[:-2])
     qp = qp.expand(*lead, *qp.shape[-2:])
     kp = kp.expand(*lead, *kp.shape[-2:])
     v = v.expand(*lead, *v.shape[-2:])
     attn_mask: Tensor | None = mask
     if bias is not None:
-        attn_mask = bias.to(qp.dtype)
+        attn_mask = bias.to(qp.dtype) if inv_t == 1.0 else bias.to(qp.dtype) * inv_t
         if mask is not None:
             attn_mask = torch.where(mask, attn_mask, float("-inf"))
     context = F.scaled_dot_product_attention(

@@ -1,0 +1,35 @@
+"""HeadwiseLinear equals one nn.Linear per head."""
+
+import pytest
+import torch
+
+from attnkit.layers import HeadwiseLinear, resolve_activation
+
+
+@pytest.mark.parametrize("inner_dims", [1, 2])
+def test_headwise_equals_linear_per_head(inner_dims):
+    torch.manual_seed(0)
+    layer = HeadwiseLinear(5, 3, heads=4)
+    shape = (2, 4, 6, 5) if inner_dims == 1 else (2, 4, 6, 7, 5)
+    x = torch.randn(*shape)
+    y = layer(x, inner_dims=inner_dims)
+    for h in range(4):
+        ref = x[:, h] @ layer.weight[h].T + layer.bias[h]
+        torch.testing.assert_close(y[:, h], ref)
+
+
+def test_column_slice_uses_part_of_the_weight_without_bias():
+    layer = HeadwiseLinear(5, 3)
+    x = torch.randn(2, 2)
+    torch.testing.assert_close(layer(x, columns=slice(1, 3)), x @ layer.weight[:, 1:3].T)
+
+
+def test_missing_head_dim_is_reported():
+    with pytest.raises(ValueError, match="head dimension of size 4"):
+        HeadwiseLinear(5, 3, heads=4)(torch.randn(2, 3, 6, 5))
+
+
+def test_activation_lookup():
+    assert resolve_activation("relu")(torch.tensor(-1.0)) == 0
+    with pytest.raises(ValueError, match="unknown activation"):
+        resolve_activation("nope")

@@ -1,0 +1,46 @@
+"""Mask builders and the mask check."""
+
+import pytest
+import torch
+
+from attnkit import masks
+
+
+def test_from_lengths():
+    m = masks.from_lengths(torch.tensor([2, 0, 3]), 3)
+    assert m.shape == (3, 1, 3)
+    assert m[:, 0].tolist() == [[True, True, False], [False, False, False], [True, True, True]]
+    with pytest.raises(ValueError, match="lengths"):
+        masks.from_lengths(torch.tensor([4]), 3)
+    with pytest.raises(TypeError, match="integer"):
+        masks.from_lengths(torch.tensor([1.0]), 3)
+
+
+def test_causal_matches_sdpa_convention():
+    assert masks.causal(3).tolist() == [[True, False, False], [True, True, False], [True] * 3]
+    # M < N: aligned at the end, as in torch's is_causal with a KV cache.
+    assert masks.causal(2, 4).tolist() == [[True, True, True, False], [True] * 4]
+
+
+def test_window_and_combine():
+    w = masks.window(4, 4, 1)
+    assert w.tolist() == [
+        [True, True, False, False],
+        [True, True, True, False],
+        [False, True, True, True],
+        [False, False, True, True],
+    ]
+    both = masks.combine(w, masks.causal(4), None)
+    assert both.tolist() == [
+        [True, False, False, False],
+        [True, True, False, False],
+        [False, True, True, False],
+        [False, False, True, True],
+    ]
+    assert masks.combine(None) is None
+
+
+def test_check():
+    masks.check(torch.ones(1, 5, dtype=torch.bool), torch.Size((2, 3, 5)))
+    with pytest.raises(ValueError, match=r"\(2, 5\) does not broadcast"):
+        masks.check(torch.ones(2, 5, dtype=torch.bool), torch.Size((2, 3, 5)))

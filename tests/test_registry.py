@@ -1,0 +1,49 @@
+"""Registries fail loudly (DESIGN 2)."""
+
+import pytest
+
+import attnkit as ak
+from attnkit.registry import Registry
+
+
+def test_available_lists_every_part():
+    assert "additive" in ak.scores.available() and "scaled_dot" in ak.scores.available()
+    assert "entmax15" in ak.alignments.available()
+
+
+def test_build_constructs_with_arguments():
+    s = ak.scores.build("additive", d_q=8, d_k=6, d_w=16)
+    assert isinstance(s, ak.scores.Additive) and s.d_w == 16
+    a = ak.alignments.build("local", window=2)
+    assert isinstance(a, ak.alignments.Local) and a.window == 2
+
+
+def test_registering_twice_fails():
+    reg = Registry("thing")
+
+    @reg.register("x")
+    class A:
+        pass
+
+    with pytest.raises(ValueError, match="already registered"):
+
+        @reg.register("x")
+        class B:
+            pass
+
+
+def test_unknown_name_lists_options_and_the_closest():
+    with pytest.raises(ValueError, match=r"did you mean 'cosine'\?.*Available: .*additive"):
+        ak.scores.build("cosin")
+
+
+def test_unknown_and_missing_arguments():
+    with pytest.raises(TypeError, match="d_w"):
+        ak.scores.build("additive", d_q=1, d_k=1)
+    with pytest.raises(TypeError, match="widow"):
+        ak.alignments.build("local", widow=3)
+
+
+def test_non_string_name():
+    with pytest.raises(TypeError, match="name must be a str"):
+        ak.scores.build(3)
