@@ -1,11 +1,11 @@
 """The dense kernel against loops from Brauwers eqs. 2-4 and, multi-dimensional, eqs. 30-32."""
 
 import torch
+from helpers import assert_same_forward_backward, rand
 
 from attnkit import alignments as al
 from attnkit import scores as sc
 from attnkit.kernels import dense
-from helpers import assert_same_forward_backward, rand
 
 
 def test_multi_dimensional_attention_eqs_30_to_32():

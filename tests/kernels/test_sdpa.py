@@ -2,11 +2,11 @@
 
 import pytest
 import torch
+from helpers import rand
 
 from attnkit import alignments as al
 from attnkit import scores as sc
 from attnkit.kernels import dense, sdpa
-from helpers import rand
 
 DOT_FORM = {
     "dot": lambda: sc.Dot(),
