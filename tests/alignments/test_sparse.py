@@ -12,7 +12,7 @@ from attnkit import alignments as al
 def sparsemax_row(e, allowed, _m):
     """Martins & Astudillo: sort, find the support size k(z), threshold τ, p = [z − τ]_+."""
     z = [e[j] for j in range(len(e)) if allowed[j]]
-    order = sorted(range(len(z)), key=lambda j: -float(z[j]))
+    order = sorted(range(len(z)), key=lambda j: -float(z[j].detach()))
     cumulative, support, total = 0.0, 0, 0.0
     for rank, j in enumerate(order, start=1):
         cumulative = cumulative + z[j]

@@ -52,5 +52,5 @@ class LearnedQuery(Score):
         self.check(q, k)
         lead = k.shape[:-2] if q is None else torch.broadcast_shapes(k.shape[:-2], q.shape[:-2])
         m = 1 if q is None else q.shape[-2]
-        learned = self.query.expand(*lead, m, self.d_k)
+        learned = self.query.expand(*lead, m, self.d_k).contiguous()
         return learned, k, self._scale()

@@ -1,0 +1,16 @@
+"""The attnkit command."""
+
+import pytest
+
+from attnkit import cli
+
+
+def test_demo_command(capsys):
+    assert cli.main(["demo"]) == 0
+    assert "scaled_dot + softmax" in capsys.readouterr().out
+
+
+def test_unknown_command_exits_2(capsys):
+    with pytest.raises(SystemExit) as err:
+        cli.main(["nope"])
+    assert err.value.code == 2
