@@ -10,11 +10,15 @@ from torch import Tensor, nn
 
 from attnkit import checks
 from attnkit.alignments import Alignment
-from attnkit.kernels import dense, sdpa
+from attnkit.kernels import chunked, dense, sdpa
 from attnkit.output import AttentionOutput
 from attnkit.scores import Score
 
-__all__ = ["Attention", "AttentionOutput", "attention"]
+__all__ = ["DENSE_LIMIT", "Attention", "AttentionOutput", "attention"]
+
+# Above this many elements in the dense score tensor(s) (B·…·M·N·d_w), attention() evaluates
+# in chunks when it can (2^24 float32 elements = 64 MiB).
+DENSE_LIMIT = 1 << 24
 
 
 def attention(
@@ -44,28 +48,48 @@ def attention(
             allowed gets weights 0 and context 0.
         bias: float tensor added to the scores, broadcastable to (B, …, M, N).
         need_weights: also return the weights and the scores.
-        chunk_size: reserved for memory-efficient chunked evaluation; must be None for now.
+        chunk_size: evaluate in blocks of this many keys (memory-efficient, exact; see
+            :mod:`attnkit.kernels.chunked`). None chooses: SDPA for a dot-product score with
+            softmax, chunked when the dense score tensor would exceed :data:`DENSE_LIMIT`
+            elements and the alignment streams (softmax, sigmoid, sparsemax, α-entmax with
+            1 < α ≤ 2), dense otherwise.
         dropout: dropout probability on the weights (apply only in training).
 
     Returns:
         :class:`AttentionOutput` (context, weights, scores, log_prob).
 
     When the score is in dot-product form, the alignment is plain softmax and no weights are
-    requested, this calls ``torch.nn.functional.scaled_dot_product_attention``.
+    requested, this calls ``torch.nn.functional.scaled_dot_product_attention``. Weights from
+    the chunked path are recomputed block by block and carry no gradient.
     """
     score_mod = checks.resolve_score(score)
     align_mod = checks.resolve_alignment(align)
     if v is None:
         v = k
-    checks.validate(q, k, v, score_mod, mask=mask, bias=bias)
-    if chunk_size is not None:
-        raise NotImplementedError(
-            "chunk_size: chunked (memory-efficient) evaluation is not available yet; pass None"
-        )
+    shape = checks.validate(q, k, v, score_mod, mask=mask, bias=bias)
     if not 0.0 <= dropout < 1.0:
         raise ValueError(f"dropout must be in [0, 1), got {dropout!r}")
+    if chunk_size is not None:
+        if dropout > 0.0:
+            raise ValueError("chunk_size: chunked evaluation does not apply dropout; pass 0")
+        return chunked.attend(
+            q,
+            k,
+            v,
+            score_mod,
+            align_mod,
+            mask=mask,
+            bias=bias,
+            need_weights=need_weights,
+            chunk_size=chunk_size,
+        )
     if sdpa.can_dispatch(score_mod, align_mod, need_weights=need_weights):
         return sdpa.attend(q, k, v, score_mod, align_mod, mask=mask, bias=bias, dropout=dropout)
+    dense_elements = shape.numel() * chunked.tile_width(score_mod)
+    if dropout == 0.0 and chunked.supports(align_mod) and dense_elements > DENSE_LIMIT:
+        return chunked.attend(
+            q, k, v, score_mod, align_mod, mask=mask, bias=bias, need_weights=need_weights
+        )
     return dense.attend(
         q,
         k,

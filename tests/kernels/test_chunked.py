@@ -1,0 +1,121 @@
+"""Chunked evaluation equals the dense formula for every score × streamable alignment, forward
+and gradients (inputs, bias, and every parameter), with ragged blocks and empty blocks."""
+
+from __future__ import annotations
+
+import itertools
+from unittest import mock
+
+import pytest
+import torch
+from factories import ALIGNMENTS, SCORES, Dims
+
+import attnkit as ak
+from attnkit.kernels import chunked, dense
+
+DIMS = Dims(max_len=32)
+STREAMABLE = [a for a in ALIGNMENTS if chunked.supports(ALIGNMENTS[a](DIMS))]
+
+
+def test_streamable_alignments_are_the_ones_that_declare_it():
+    for name, make in ALIGNMENTS.items():
+        align = make(DIMS)
+        if chunked.supports(align):
+            assert align.streamable, name
+    assert set(STREAMABLE) >= {
+        "softmax",
+        "softmax[learned-temperature]",
+        "sparsemax",
+        "entmax15",
+        "entmax",
+        "sigmoid",
+    }
+
+
+def _case(score: str, align: str, dtype: torch.dtype, seed: int = 0):
+    torch.manual_seed(seed)
+    s = SCORES[score](DIMS).to(dtype)
+    a = ALIGNMENTS[align](DIMS).to(dtype)
+    g = torch.Generator().manual_seed(seed + 1)
+    q = torch.randn(2, 7, DIMS.d_q, generator=g, dtype=dtype, requires_grad=True)
+    k = torch.randn(2, 11, DIMS.d_k, generator=g, dtype=dtype, requires_grad=True)
+    v = torch.randn(2, 11, DIMS.d_v, generator=g, dtype=dtype, requires_grad=True)
+    bias = torch.randn(7, 11, generator=g, dtype=dtype, requires_grad=True)
+    mask = torch.rand(2, 7, 11, generator=g) > 0.25
+    mask[0, :, 3:9] = False  # empties whole key blocks
+    mask[1, 4] = False  # a row with no key
+    return s, a, q, k, v, bias, mask
+
+
+def _grads(out, wrt, r):
+    grads = torch.autograd.grad((out * r).sum(), wrt, allow_unused=True)
+    return [torch.zeros_like(w) if g is None else g for g, w in zip(grads, wrt, strict=True)]
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 4, 11, 16])
+@pytest.mark.parametrize(("score", "align"), list(itertools.product(SCORES, STREAMABLE)))
+def test_chunked_equals_dense_float64(score, align, chunk):
+    s, a, q, k, v, bias, mask = _case(score, align, torch.float64)
+    ref = dense.attend(q, k, v, s, a, mask=mask, bias=bias, need_weights=True)
+    out = chunked.attend(q, k, v, s, a, mask=mask, bias=bias, need_weights=True, chunk_size=chunk)
+    torch.testing.assert_close(out.context, ref.context, atol=1e-10, rtol=1e-10)
+    torch.testing.assert_close(out.weights, ref.weights.detach(), atol=1e-10, rtol=1e-10)
+    wrt = [q, k, v, bias, *s.parameters(), *a.parameters()]
+    r = torch.randn_like(ref.context)
+    for g_out, g_ref in zip(_grads(out.context, wrt, r), _grads(ref.context, wrt, r), strict=True):
+        # Parameters of the alignment (a learned temperature) are float32 buffers of the module.
+        tol = 1e-10 if g_ref.dtype == torch.float64 else 1e-5
+        torch.testing.assert_close(g_out, g_ref, atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize(("score", "align"), list(itertools.product(SCORES, STREAMABLE)))
+def test_chunked_equals_dense_float32(score, align):
+    s, a, q, k, v, bias, mask = _case(score, align, torch.float32)
+    ref = dense.attend(q, k, v, s, a, mask=mask, bias=bias)
+    out = chunked.attend(q, k, v, s, a, mask=mask, bias=bias, chunk_size=4)
+    torch.testing.assert_close(out.context, ref.context, atol=1e-5, rtol=1e-5)
+    wrt = [q, k, v, *s.parameters()]
+    r = torch.randn_like(ref.context)
+    for g_out, g_ref in zip(_grads(out.context, wrt, r), _grads(ref.context, wrt, r), strict=True):
+        torch.testing.assert_close(g_out, g_ref, atol=1e-5, rtol=1e-5)
+
+
+def test_heads_and_broadcast_batch_dims():
+    torch.manual_seed(0)
+    s = ak.scores.Additive(4, 4, 5, heads=3).double()
+    q = torch.randn(2, 3, 6, 4, dtype=torch.float64, requires_grad=True)
+    k = torch.randn(1, 3, 9, 4, dtype=torch.float64, requires_grad=True)  # broadcast over B
+    v = torch.randn(1, 3, 9, 2, dtype=torch.float64, requires_grad=True)
+    a = ak.alignments.Entmax15()
+    ref = dense.attend(q, k, v, s, a)
+    out = chunked.attend(q, k, v, s, a, chunk_size=2)
+    torch.testing.assert_close(out.context, ref.context)
+    r = torch.randn_like(ref.context)
+    for g1, g2 in zip(
+        _grads(out.context, [q, k, v], r), _grads(ref.context, [q, k, v], r), strict=True
+    ):
+        torch.testing.assert_close(g1, g2)
+
+
+def test_unsupported_alignment_is_refused():
+    q = torch.randn(1, 3, 4)
+    with pytest.raises(ValueError, match="does not support the Hard alignment"):
+        ak.attention(q, q, align="hard", chunk_size=2)
+    with pytest.raises(ValueError, match="chunk_size must be a positive int"):
+        ak.attention(q, q, score="dot", align="sparsemax", chunk_size=0)
+
+
+def test_attention_dispatches_large_problems_to_chunks():
+    torch.manual_seed(0)
+    s = ak.scores.Additive(4, 4, 8)
+    q, k = torch.randn(1, 6, 4), torch.randn(1, 10, 4)
+    with mock.patch.object(chunked, "attend", wraps=chunked.attend) as spy:
+        ak.attention(q, k, score=s)
+        assert spy.call_count == 0  # small: dense
+        with mock.patch("attnkit.attention.DENSE_LIMIT", 100):
+            ak.attention(q, k, score=s)
+            assert spy.call_count == 1
+            ak.attention(q, k, score=s, align="hard")  # not streamable: dense
+            assert spy.call_count == 1
+        ak.attention(q, k, score=s, chunk_size=3)  # forced
+        assert spy.call_count == 2
