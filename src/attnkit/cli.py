@@ -12,11 +12,25 @@ def main(argv: list[str] | None = None) -> int:
     )
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("demo", help="compare attention variants on one query and print their weights")
+    bench = sub.add_parser("bench", help="quick benchmarks: ratios against baselines, one run")
+    bench.add_argument("--full", action="store_true", help="the full sizes (slow: many minutes)")
     args = parser.parse_args(argv)
     if args.command == "demo":
         from attnkit import demo
 
         demo.main()
+    elif args.command == "bench":
+        from attnkit.benchmarking import core, kernels
+        from attnkit.benchmarking.timing import machine
+
+        def progress(msg: str) -> None:
+            print(f"... {msg}", file=sys.stderr, flush=True)
+
+        print(f"Machine: {machine()}\n")
+        progress("multi-head attention and score functions")
+        print(core.main(quick=not args.full), flush=True)
+        print()
+        print(kernels.main(quick=not args.full, progress=progress))
     return 0
 
 
