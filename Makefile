@@ -28,7 +28,7 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff format --check src tests benchmarks
 
 bench: $(STAMP)
-	$(PY) benchmarks/bench_core.py
+	$(PY) benchmarks/bench_core.py && $(PY) benchmarks/bench_chunked.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info

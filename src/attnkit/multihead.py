@@ -7,6 +7,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnkit import checks
+from attnkit import taxonomy as tx
 from attnkit.alignments import Alignment
 from attnkit.attention import attention
 from attnkit.output import AttentionOutput
@@ -88,6 +89,9 @@ class MultiHeadAttention(nn.Module):
         self._reset_parameters()
         self.score = self._build_score(score, device, dtype)
         self.align = checks.resolve_alignment(align)
+
+    def taxonomy_tags(self) -> list:
+        return [tx.QueryMultiplicity.MULTI_HEAD]
 
     def _build_score(self, score: str | Score, device, dtype) -> Score:
         if not isinstance(score, str):

@@ -7,6 +7,7 @@ from typing import ClassVar, NamedTuple
 import torch
 from torch import Tensor, nn
 
+from attnkit import taxonomy as tx
 from attnkit.registry import Registry
 
 __all__ = ["REGISTRY", "AlignOutput", "Alignment", "masked_log_softmax", "masked_softmax"]
@@ -65,10 +66,14 @@ class Alignment(nn.Module):
     - ``position_based``: depends on key positions (not invariant to permuting keys).
     """
 
+    label: ClassVar[tx.Alignment]
     normalized: bool = True
     stochastic: ClassVar[bool] = False
     streamable: ClassVar[bool] = False
     position_based: ClassVar[bool] = False
+
+    def taxonomy_tags(self) -> list:
+        return [self.label]
 
     def forward(
         self, scores: Tensor, mask: Tensor | None = None, *, query: Tensor | None = None

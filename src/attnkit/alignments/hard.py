@@ -7,6 +7,7 @@ from typing import ClassVar
 import torch
 from torch import Tensor
 
+from attnkit import taxonomy as tx
 from attnkit.alignments.base import (
     REGISTRY,
     Alignment,
@@ -36,6 +37,7 @@ class Hard(Alignment):
     """
 
     stochastic: ClassVar[bool] = True
+    label = tx.Alignment.HARD
 
     def __init__(
         self, *, straight_through: bool = False, tau: float = 1.0, sample_in_eval: bool = False

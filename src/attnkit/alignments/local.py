@@ -7,6 +7,7 @@ from typing import ClassVar, Literal
 import torch
 from torch import Tensor
 
+from attnkit import taxonomy as tx
 from attnkit.alignments.base import REGISTRY, Alignment, AlignOutput, masked_softmax
 from attnkit.layers import HeadwiseLinear
 
@@ -33,6 +34,7 @@ class Local(Alignment):
     """
 
     position_based: ClassVar[bool] = True
+    label = tx.Alignment.LOCAL
 
     def __init__(
         self,

@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from attnkit import taxonomy as tx
 from attnkit.alignments.base import REGISTRY, Alignment, AlignOutput, masked_softmax
 
 __all__ = ["Reinforced"]
@@ -24,6 +25,7 @@ class Reinforced(Alignment):
     """
 
     stochastic: ClassVar[bool] = True
+    label = tx.Alignment.REINFORCED
 
     def __init__(self, *, scale: float = 1.0, bias: float = 0.0) -> None:
         super().__init__()

@@ -7,6 +7,7 @@ from typing import ClassVar
 import torch
 from torch import Tensor
 
+from attnkit import taxonomy as tx
 from attnkit.alignments.base import REGISTRY, Alignment, AlignOutput
 
 __all__ = ["Sigmoid"]
@@ -17,6 +18,7 @@ class Sigmoid(Alignment):
     """a_l = σ(e_l); masked keys get 0. Weights do not sum to 1 (``normalized`` is False)."""
 
     normalized = False
+    label = tx.Alignment.SIGMOID
     streamable: ClassVar[bool] = True
 
     def forward(

@@ -8,6 +8,7 @@ from typing import ClassVar
 import torch
 from torch import Tensor, nn
 
+from attnkit import taxonomy as tx
 from attnkit.alignments.base import REGISTRY, Alignment, AlignOutput, masked_softmax
 
 __all__ = ["Softmax"]
@@ -24,6 +25,7 @@ class Softmax(Alignment):
     """
 
     streamable: ClassVar[bool] = True
+    label = tx.Alignment.GLOBAL
 
     def __init__(self, temperature: float = 1.0, *, learnable: bool = False) -> None:
         super().__init__()

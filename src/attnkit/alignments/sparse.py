@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from attnkit import taxonomy as tx
 from attnkit.alignments.base import REGISTRY, Alignment, AlignOutput
 
 __all__ = ["Entmax", "Entmax15", "Sparsemax"]
@@ -36,6 +37,7 @@ def _prepare(scores: Tensor, mask: Tensor | None, gap: float) -> tuple[Tensor, T
 
 class _Sparse(Alignment):
     streamable: ClassVar[bool] = True
+    label = tx.Alignment.SPARSE
 
     def _alpha(self) -> float:
         raise NotImplementedError

@@ -75,8 +75,10 @@ def score_costs(b: int, n: int, e: int, h: int, min_run_time: float) -> str:
         "| score | time (ms) | ratio to scaled_dot |",
         "|---|---:|---:|",
     ]
-    lines += [f"| {name} | {t * 1e3:.1f} | {t / base:.2f} |" for name, t in sorted(rows,
-                                                                                   key=lambda r: r[1])]
+    lines += [
+        f"| {name} | {t * 1e3:.1f} | {t / base:.2f} |"
+        for name, t in sorted(rows, key=lambda r: r[1])
+    ]
     return "\n".join(lines)
 
 

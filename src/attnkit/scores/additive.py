@@ -8,6 +8,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
+from attnkit import taxonomy as tx
 from attnkit.layers import HeadwiseLinear, resolve_activation
 from attnkit.scores.base import REGISTRY, Score, expect_features
 
@@ -31,6 +32,8 @@ class Additive(Score):
     The query and key projections are computed once per query and once per key; only the
     activation and the product with w are evaluated per (query, key) pair.
     """
+
+    scoring = tx.Scoring.ADDITIVE
 
     def __init__(
         self,

@@ -7,6 +7,7 @@ from typing import ClassVar
 import torch
 from torch import Tensor, nn
 
+from attnkit import taxonomy as tx
 from attnkit.registry import Registry
 
 __all__ = ["REGISTRY", "Score", "expect_features"]
@@ -47,6 +48,7 @@ class Score(nn.Module):
       may be None, and the scores then have M = 1.
     """
 
+    scoring: ClassVar[tx.Scoring]
     content_based: ClassVar[bool] = True
     mixes_keys: ClassVar[bool] = False
     dot_product_form: ClassVar[bool] = False
@@ -56,6 +58,15 @@ class Score(nn.Module):
     @property
     def multi_dimensional(self) -> bool:
         return self.d_out is not None
+
+    def taxonomy_tags(self) -> list:
+        """Scoring (Table II row), dimensionality, and self-attentive when query-free."""
+        tags: list = [self.scoring]
+        if self.multi_dimensional:
+            tags.append(tx.Dimensionality.MULTI)
+        if self.query_free:
+            tags.append(tx.QueryType.SELF_ATTENTIVE)
+        return tags
 
     def check(self, q: Tensor | None, k: Tensor) -> None:
         """Validate feature sizes; raise ValueError naming the argument. Override as needed."""

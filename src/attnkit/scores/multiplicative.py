@@ -10,6 +10,7 @@ from typing import ClassVar
 import torch
 from torch import Tensor, nn
 
+from attnkit import taxonomy as tx
 from attnkit.layers import HeadwiseLinear, resolve_activation
 from attnkit.scores.base import REGISTRY, Score, expect_features
 
@@ -25,6 +26,7 @@ def _qk(qp: Tensor, kp: Tensor) -> Tensor:
 class Dot(Score):
     """Multiplicative (Luong) score: e_l = qᵀ k_l (Brauwers Table II). Needs d_q = d_k."""
 
+    scoring = tx.Scoring.MULTIPLICATIVE
     dot_product_form: ClassVar[bool] = True
 
     def scale(self, d_k: int) -> float:
@@ -51,6 +53,8 @@ class Dot(Score):
 @REGISTRY.register("scaled_dot")
 class ScaledDot(Dot):
     """Scaled multiplicative (Vaswani) score: e_l = qᵀ k_l / √d_k (Brauwers Table II)."""
+
+    scoring = tx.Scoring.SCALED_MULTIPLICATIVE
 
     def scale(self, d_k: int) -> float:
         return 1.0 / math.sqrt(d_k)
@@ -91,6 +95,7 @@ class _QueryMapped(Score):
 class General(_QueryMapped):
     """General (Luong) score: e_l = k_lᵀ W q, W ∈ R^{d_k×d_q} (Brauwers Table II)."""
 
+    scoring = tx.Scoring.GENERAL
     dot_product_form: ClassVar[bool] = True
     _bias: ClassVar[bool] = False
 
@@ -116,12 +121,15 @@ class General(_QueryMapped):
 class BiasedGeneral(General):
     """Biased general (Sordoni) score: e_l = k_lᵀ (W q + b), b ∈ R^{d_k} (Brauwers Table II)."""
 
+    scoring = tx.Scoring.BIASED_GENERAL
     _bias: ClassVar[bool] = True
 
 
 @REGISTRY.register("activated_general")
 class ActivatedGeneral(_QueryMapped):
     """Activated general (Ma) score: e_l = act(k_lᵀ W q + b), scalar b (Brauwers Table II)."""
+
+    scoring = tx.Scoring.ACTIVATED_GENERAL
 
     def __init__(
         self,

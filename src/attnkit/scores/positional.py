@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from attnkit import taxonomy as tx
 from attnkit.layers import HeadwiseLinear, resolve_activation
 from attnkit.scores.base import REGISTRY, Score, expect_features
 
@@ -25,6 +26,7 @@ class Location(Score):
     longer than ``max_len`` are rejected.
     """
 
+    scoring = tx.Scoring.LOCATION
     content_based: ClassVar[bool] = False
 
     def __init__(
@@ -68,6 +70,7 @@ class Convolutional(Score):
     contain it (the sequence is zero-padded at both ends). Query-free (self-attentive).
     """
 
+    scoring = tx.Scoring.CONVOLUTIONAL
     content_based: ClassVar[bool] = False
     mixes_keys: ClassVar[bool] = True
     query_free = True

@@ -8,6 +8,7 @@ from typing import ClassVar
 import torch
 from torch import Tensor, nn
 
+from attnkit import taxonomy as tx
 from attnkit.scores.base import REGISTRY, Score, expect_features
 
 __all__ = ["LearnedQuery"]
@@ -19,6 +20,7 @@ class LearnedQuery(Score):
     by √d_k. Query-free: the caller's query, if any, only sets the number of rows M.
     """
 
+    scoring = tx.Scoring.MULTIPLICATIVE
     dot_product_form: ClassVar[bool] = True
     query_free = True
 

@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from attnkit import taxonomy as tx
 from attnkit.scores.base import REGISTRY, Score
 from attnkit.scores.multiplicative import Dot
 
@@ -21,6 +22,7 @@ class Cosine(Dot):
     A dot product of unit vectors, hence in dot-product form. ``eps`` guards zero vectors.
     """
 
+    scoring = tx.Scoring.SIMILARITY
     dot_product_form: ClassVar[bool] = True
 
     def __init__(self, eps: float = 1e-8) -> None:
@@ -45,6 +47,7 @@ class Cosine(Dot):
 class Euclidean(Score):
     """Negative Euclidean (L2) distance: e_l = −‖q − k_l‖₂. Needs d_q = d_k."""
 
+    scoring = tx.Scoring.SIMILARITY
     check = Dot.check
 
     def pairwise(self, qp: Tensor | None, kp: Tensor, key_offset: int = 0) -> Tensor:

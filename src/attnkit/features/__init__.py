@@ -1,0 +1,27 @@
+"""Feature-related attention mechanisms (Brauwers Sec. 3.1): multiplicity of features
+(co-attention, rotatory), feature levels, feature representations."""
+
+from attnkit.features.coattention import (
+    AlternatingCoAttention,
+    CoAttentionOutput,
+    InteractiveCoAttention,
+    MultiGrainedCoAttention,
+    NestedCoAttention,
+    ParallelCoAttention,
+)
+from attnkit.features.levels import AttentionViaAttention, HierarchicalAttention
+from attnkit.features.representations import MetaEmbedding
+from attnkit.features.rotatory import RotatoryAttention
+
+__all__ = [
+    "AlternatingCoAttention",
+    "AttentionViaAttention",
+    "CoAttentionOutput",
+    "HierarchicalAttention",
+    "InteractiveCoAttention",
+    "MetaEmbedding",
+    "MultiGrainedCoAttention",
+    "NestedCoAttention",
+    "ParallelCoAttention",
+    "RotatoryAttention",
+]

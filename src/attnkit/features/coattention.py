@@ -1,0 +1,268 @@
+"""Co-attention over two feature matrices (Brauwers 3.1.1, eqs. 6-16; Galassi IV-D2).
+
+Inputs are batch first: F1 (B, n1, d1), F2 (B, n2, d2), with optional boolean masks (B, n1),
+(B, n2) (True = a real feature). As in Lu et al., the features serve as keys and values.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, NamedTuple
+
+import torch
+from torch import Tensor, nn
+
+from attnkit import taxonomy as tx
+from attnkit.alignments import masked_softmax
+from attnkit.attention import Attention
+from attnkit.features._pooling import key_mask, masked_mean
+from attnkit.layers import HeadwiseLinear
+from attnkit.scores import Additive, Score
+
+__all__ = [
+    "AlternatingCoAttention",
+    "CoAttentionOutput",
+    "InteractiveCoAttention",
+    "MultiGrainedCoAttention",
+    "NestedCoAttention",
+    "ParallelCoAttention",
+]
+
+
+class CoAttentionOutput(NamedTuple):
+    """Context vectors c⁽¹⁾ (B, d1), c⁽²⁾ (B, d2) and weights a⁽¹⁾ (B, n1), a⁽²⁾ (B, n2)."""
+
+    context1: Tensor
+    context2: Tensor
+    weights1: Tensor
+    weights2: Tensor
+
+    def concat(self) -> Tensor:
+        """concat(c⁽¹⁾, c⁽²⁾), the usual input of the output model."""
+        return torch.cat([self.context1, self.context2], dim=-1)
+
+
+def _attend(att: Attention, q: Tensor | None, f: Tensor, mask: Tensor | None):
+    """One query vector (B, d_q) or None over features f (B, n, d): context (B, d), weights."""
+    out = att(None if q is None else q.unsqueeze(-2), f, f, mask=key_mask(mask), need_weights=True)
+    return out.context.squeeze(-2), out.weights.squeeze(-2)
+
+
+class AlternatingCoAttention(nn.Module):
+    """Alternating co-attention (Lu et al.; Brauwers Fig. 4, eqs. 6-9).
+
+    c⁽⁰⁾ = self-attentive attention over F1 (eq. 7); c⁽²⁾ = attention over F2 with query c⁽⁰⁾
+    (eq. 8); c⁽¹⁾ = attention over F1 with query c⁽²⁾ (eq. 9), reusing eq. 7's W, b and w with an
+    added query term, as in Lu et al.
+    """
+
+    def __init__(self, d1: int, d2: int, d_w: int) -> None:
+        super().__init__()
+        first = Additive(None, d1, d_w)  # eq. 7
+        self.att0 = Attention(first)
+        self.att2 = Attention(Additive(d1, d2, d_w))  # eq. 8
+        third = Additive(d2, d1, d_w)  # eq. 9: eq. 7 plus a query term
+        third.W2, third.w = first.W2, first.w
+        self.att1 = Attention(third)
+
+    def taxonomy_tags(self) -> list:
+        return [tx.FeatureMultiplicity.ALTERNATING_CO_ATTENTION, tx.QueryType.SPECIALIZED]
+
+    def forward(
+        self, f1: Tensor, f2: Tensor, mask1: Tensor | None = None, mask2: Tensor | None = None
+    ) -> CoAttentionOutput:
+        c0, _ = _attend(self.att0, None, f1, mask1)
+        c2, a2 = _attend(self.att2, c0, f2, mask2)
+        c1, a1 = _attend(self.att1, c2, f1, mask1)
+        return CoAttentionOutput(c1, c2, a1, a2)
+
+
+class InteractiveCoAttention(nn.Module):
+    """Interactive co-attention (Ma et al.; Brauwers Fig. 5, eqs. 10-11): each input's average
+    key (eq. 10) is the query for the other input (eq. 11), in parallel.
+
+    ``score1`` scores F1's keys with F2's average as query (d_q = d2, d_k = d1); ``score2`` the
+    reverse. Both default to additive scores with hidden size ``d_w``.
+    """
+
+    def __init__(
+        self,
+        d1: int,
+        d2: int,
+        d_w: int = 64,
+        *,
+        score1: Score | None = None,
+        score2: Score | None = None,
+        align: str | nn.Module = "softmax",
+    ) -> None:
+        super().__init__()
+        self.att1 = Attention(score1 or Additive(d2, d1, d_w), align)
+        self.att2 = Attention(score2 or Additive(d1, d2, d_w), align)
+
+    def taxonomy_tags(self) -> list:
+        return [tx.FeatureMultiplicity.INTERACTIVE_CO_ATTENTION, tx.QueryType.SPECIALIZED]
+
+    def forward(
+        self, f1: Tensor, f2: Tensor, mask1: Tensor | None = None, mask2: Tensor | None = None
+    ) -> CoAttentionOutput:
+        k1, k2 = masked_mean(f1, mask1), masked_mean(f2, mask2)  # eq. 10
+        c1, a1 = _attend(self.att1, k2, f1, mask1)  # eq. 11
+        c2, a2 = _attend(self.att2, k1, f2, mask2)
+        return CoAttentionOutput(c1, c2, a1, a2)
+
+
+class ParallelCoAttention(nn.Module):
+    """Parallel co-attention (Lu et al.; Brauwers Fig. 6, eqs. 12-16).
+
+    Args:
+        d1, d2: feature sizes of F1 and F2.
+        affinity: ``"bilinear"`` — A = act(F1 W_A F2ᵀ) (eq. 12, tanh); or ``"concat"`` —
+            A_ij = w_Aᵀ[k_i; k_j; k_i ∘ k_j] (eq. 13, needs d1 = d2).
+        score: ``"additive"`` — e⁽¹⁾ = w_1ᵀ tanh(W_2 K⁽²⁾ Aᵀ + W_1 K⁽¹⁾) and e⁽²⁾ alike (eqs.
+            14-15); or ``"max"`` — e⁽¹⁾_i = max_j A_ij, e⁽²⁾_j = max_i A_ij (eq. 16).
+        d_w: hidden size of the additive scores.
+
+    Masked positions take no part: their affinities are excluded from the sums and maxima.
+    Returns :class:`CoAttentionOutput` plus the affinity matrix via ``affinity_matrix()``.
+    """
+
+    def __init__(
+        self,
+        d1: int,
+        d2: int,
+        *,
+        affinity: Literal["bilinear", "concat"] = "bilinear",
+        score: Literal["additive", "max"] = "additive",
+        d_w: int = 64,
+        align: str | nn.Module = "softmax",
+    ) -> None:
+        super().__init__()
+        if affinity not in ("bilinear", "concat"):
+            raise ValueError(f"affinity must be 'bilinear' or 'concat', got {affinity!r}")
+        if score not in ("additive", "max"):
+            raise ValueError(f"score must be 'additive' or 'max', got {score!r}")
+        if affinity == "concat" and d1 != d2:
+            raise ValueError(f"affinity='concat' (eq. 13) needs d1 == d2, got {d1} and {d2}")
+        self.affinity, self.score = affinity, score
+        if affinity == "bilinear":
+            self.W_A = nn.Parameter(torch.randn(d1, d2) / (d1 * d2) ** 0.25)
+        else:
+            self.w_A = HeadwiseLinear(3 * d1, 1, bias=False)
+        if score == "additive":
+            self.W1 = HeadwiseLinear(d1, d_w, bias=False)
+            self.W2 = HeadwiseLinear(d2, d_w, bias=False)
+            self.w1 = HeadwiseLinear(d_w, 1, bias=False)
+            self.w2 = HeadwiseLinear(d_w, 1, bias=False)
+        from attnkit.checks import resolve_alignment
+
+        self.align = resolve_alignment(align)
+
+    def taxonomy_tags(self) -> list:
+        tags: list = [tx.FeatureMultiplicity.PARALLEL_CO_ATTENTION, tx.QueryType.SPECIALIZED]
+        if self.score == "additive":
+            tags.append(tx.Scoring.ADDITIVE)
+        return tags
+
+    def affinity_matrix(self, f1: Tensor, f2: Tensor) -> Tensor:
+        """A (B, n1, n2): eq. 12 or eq. 13."""
+        if self.affinity == "bilinear":
+            return torch.tanh(f1 @ self.W_A @ f2.transpose(-1, -2))
+        n1, n2 = f1.shape[-2], f2.shape[-2]
+        a = f1.unsqueeze(-2).expand(*f1.shape[:-2], n1, n2, f1.shape[-1])
+        b = f2.unsqueeze(-3).expand(*f2.shape[:-2], n1, n2, f2.shape[-1])
+        return self.w_A(torch.cat([a, b, a * b], dim=-1)).squeeze(-1)
+
+    def forward(
+        self, f1: Tensor, f2: Tensor, mask1: Tensor | None = None, mask2: Tensor | None = None
+    ) -> CoAttentionOutput:
+        A = self.affinity_matrix(f1, f2)
+        pair = None
+        if mask1 is not None or mask2 is not None:
+            m1 = (
+                torch.ones(f1.shape[:-1], dtype=torch.bool, device=f1.device)
+                if mask1 is None
+                else mask1
+            )
+            m2 = (
+                torch.ones(f2.shape[:-1], dtype=torch.bool, device=f2.device)
+                if mask2 is None
+                else mask2
+            )
+            pair = m1.unsqueeze(-1) & m2.unsqueeze(-2)
+        if self.score == "additive":
+            if pair is not None:
+                A = A * pair  # a padded position translates nothing
+            h1 = self.W1(f1)
+            h2 = self.W2(f2)
+            e1 = self.w1(torch.tanh(A @ h2 + h1)).squeeze(-1)  # eq. 14
+            e2 = self.w2(torch.tanh(A.transpose(-1, -2) @ h1 + h2)).squeeze(-1)  # eq. 15
+        else:
+            masked = A if pair is None else A.masked_fill(~pair, float("-inf"))
+            e1 = masked.amax(dim=-1)  # eq. 16
+            e2 = masked.amax(dim=-2)
+            e1 = torch.where(torch.isinf(e1), torch.zeros((), dtype=e1.dtype), e1)
+            e2 = torch.where(torch.isinf(e2), torch.zeros((), dtype=e2.dtype), e2)
+        a1 = self.align(e1.unsqueeze(-2), key_mask(mask1)).weights.squeeze(-2)
+        a2 = self.align(e2.unsqueeze(-2), key_mask(mask2)).weights.squeeze(-2)
+        c1 = (a1.unsqueeze(-1) * f1).sum(-2)
+        c2 = (a2.unsqueeze(-1) * f2).sum(-2)
+        return CoAttentionOutput(c1, c2, a1, a2)
+
+
+class NestedCoAttention(nn.Module):
+    """Attention-over-attention (Cui et al.; Galassi IV-D2, nested aggregation).
+
+    With E = Q Kᵀ (B, n_q, n_k): M1 = softmax of E's rows (over keys), M2 = softmax of E's
+    columns (over queries); a_Q = mean over keys of M2 (B, n_q); a_K = M1ᵀ a_Q (B, n_k).
+    Parameter-free. F1 plays the keys (document), F2 the queries (question); d1 = d2.
+    """
+
+    def taxonomy_tags(self) -> list:
+        return [
+            tx.FeatureMultiplicity.NESTED_CO_ATTENTION,
+            tx.Scoring.MULTIPLICATIVE,
+            tx.QueryType.SPECIALIZED,
+        ]
+
+    def forward(
+        self, f1: Tensor, f2: Tensor, mask1: Tensor | None = None, mask2: Tensor | None = None
+    ) -> CoAttentionOutput:
+        if f1.shape[-1] != f2.shape[-1]:
+            raise ValueError(
+                f"NestedCoAttention needs d1 == d2, got {f1.shape[-1]} and {f2.shape[-1]}"
+            )
+        E = f2 @ f1.transpose(-1, -2)  # (B, n_q, n_k)
+        mk = None if mask1 is None else mask1.unsqueeze(-2)
+        mq = None if mask2 is None else mask2.unsqueeze(-2)
+        m1 = masked_softmax(E, mk)  # over keys
+        m2 = masked_softmax(E.transpose(-1, -2), mq).transpose(-1, -2)  # over queries
+        a_q = masked_mean(m2.transpose(-1, -2), mask1)  # mean over (valid) keys: (B, n_q)
+        a_k = (m1 * a_q.unsqueeze(-1)).sum(-2)  # M1ᵀ a_Q
+        c1 = (a_k.unsqueeze(-1) * f1).sum(-2)
+        c2 = (a_q.unsqueeze(-1) * f2).sum(-2)
+        return CoAttentionOutput(c1, c2, a_k, a_q)
+
+
+class MultiGrainedCoAttention(nn.Module):
+    """Multi-grained co-attention (Fan et al.; Brauwers 3.1.1): coarse-grained (interactive)
+    and fine-grained (parallel) co-attention together; the four context vectors are returned
+    and concatenated."""
+
+    def __init__(self, d1: int, d2: int, d_w: int = 64) -> None:
+        super().__init__()
+        self.coarse = InteractiveCoAttention(d1, d2, d_w)
+        self.fine = ParallelCoAttention(d1, d2, score="max", d_w=d_w)
+
+    def taxonomy_tags(self) -> list:
+        return [tx.FeatureMultiplicity.MULTI_GRAINED_CO_ATTENTION]
+
+    taxonomy_final = (tx.FeatureMultiplicity,)
+
+    def forward(
+        self, f1: Tensor, f2: Tensor, mask1: Tensor | None = None, mask2: Tensor | None = None
+    ) -> tuple[CoAttentionOutput, CoAttentionOutput]:
+        return self.coarse(f1, f2, mask1, mask2), self.fine(f1, f2, mask1, mask2)
+
+    @staticmethod
+    def concat(outputs: tuple[CoAttentionOutput, CoAttentionOutput]) -> Tensor:
+        coarse, fine = outputs
+        return torch.cat([coarse.context1, coarse.context2, fine.context1, fine.context2], -1)

@@ -1,0 +1,126 @@
+"""Feature levels (Brauwers 3.1.2): attention-via-attention (Zhao & Zhang, Fig. 7) and
+hierarchical attention (Yang et al., Fig. 8)."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+from torch import Tensor, nn
+
+from attnkit import taxonomy as tx
+from attnkit.attention import Attention
+from attnkit.features._pooling import key_mask
+from attnkit.scores import Additive, Score
+
+__all__ = ["AttentionViaAttention", "HierarchicalAttention", "HierarchicalOutput"]
+
+
+class AttentionViaAttention(nn.Module):
+    """The query attends to word-level features, giving c⁽ʷ⁾; concat(q, c⁽ʷ⁾) then attends to
+    character-level features, giving c⁽ᶜ⁾; the output is concat(c⁽ʷ⁾, c⁽ᶜ⁾) (Fig. 7).
+
+    Args:
+        d_q: query size; d_word, d_char: word and character feature sizes.
+        word_score, char_score: scores with d_q → d_word and (d_q + d_word) → d_char; additive
+            (hidden size d_w) by default.
+    """
+
+    def __init__(
+        self,
+        d_q: int,
+        d_word: int,
+        d_char: int,
+        d_w: int = 64,
+        *,
+        word_score: Score | None = None,
+        char_score: Score | None = None,
+    ) -> None:
+        super().__init__()
+        self.word = Attention(word_score or Additive(d_q, d_word, d_w))
+        self.char = Attention(char_score or Additive(d_q + d_word, d_char, d_w))
+
+    def taxonomy_tags(self) -> list:
+        return [tx.FeatureLevels.ATTENTION_VIA_ATTENTION]
+
+    def forward(
+        self,
+        query: Tensor,
+        words: Tensor,
+        chars: Tensor,
+        word_mask: Tensor | None = None,
+        char_mask: Tensor | None = None,
+    ):
+        """query (B, M, d_q) or (B, d_q); words (B, n_w, d_word); chars (B, n_c, d_char).
+
+        Returns (output (…, d_word + d_char), word weights, char weights).
+        """
+        squeeze = query.dim() == 2
+        q = query.unsqueeze(-2) if squeeze else query
+        w = self.word(q, words, mask=key_mask(word_mask), need_weights=True)
+        q_c = torch.cat([q, w.context], dim=-1)
+        c = self.char(q_c, chars, mask=key_mask(char_mask), need_weights=True)
+        out = torch.cat([w.context, c.context], dim=-1)
+        if squeeze:
+            return out.squeeze(-2), w.weights.squeeze(-2), c.weights.squeeze(-2)
+        return out, w.weights, c.weights
+
+
+class HierarchicalOutput(NamedTuple):
+    """Document vector (B, d), sentence vectors (B, S, d), word weights (B, S, W), sentence
+    weights (B, S)."""
+
+    document: Tensor
+    sentences: Tensor
+    word_weights: Tensor
+    sentence_weights: Tensor
+
+
+class HierarchicalAttention(nn.Module):
+    """Words → sentence vectors → document vector, self-attentive at each level (Yang et al.;
+    Brauwers Fig. 8): c⁽ˢ⁾ = attention over sentence s's words; c⁽ᴰ⁾ = attention over the c⁽ˢ⁾.
+
+    Documents are (B, S, W, d) with ``word_mask`` (B, S, W): a variable number of words per
+    sentence and, through empty sentences, of sentences per document. Padding never leaks: a
+    sentence with no word has no weight at the document level.
+
+    Args:
+        d: feature size; d_w: hidden size of the additive self-attentive scores (eq. 33).
+        word_score, sentence_score: query-free (self-attentive) scores; additive by default.
+        sentence_encoder: optional module applied to the sentence vectors (B, S, d) before the
+            document level (Yang et al. use a bidirectional GRU); it must keep the size d.
+    """
+
+    def __init__(
+        self,
+        d: int,
+        d_w: int = 64,
+        *,
+        word_score: Score | None = None,
+        sentence_score: Score | None = None,
+        sentence_encoder: nn.Module | None = None,
+    ) -> None:
+        super().__init__()
+        self.word = Attention(word_score or Additive(None, d, d_w))
+        self.sentence = Attention(sentence_score or Additive(None, d, d_w))
+        self.sentence_encoder = sentence_encoder
+
+    def taxonomy_tags(self) -> list:
+        return [tx.FeatureLevels.HIERARCHICAL]
+
+    def forward(self, words: Tensor, word_mask: Tensor | None = None) -> HierarchicalOutput:
+        if words.dim() != 4:
+            raise ValueError(f"words must be (B, S, W, d), got shape {tuple(words.shape)}")
+        b, s, w, d = words.shape
+        flat = words.reshape(b * s, w, d)
+        wm = None if word_mask is None else word_mask.reshape(b * s, 1, w)
+        level1 = self.word(None, flat, mask=wm, need_weights=True)
+        sentences = level1.context.reshape(b, s, -1)
+        word_weights = level1.weights.reshape(b, s, w)
+        if self.sentence_encoder is not None:
+            sentences = self.sentence_encoder(sentences)
+        sm = None if word_mask is None else word_mask.any(dim=-1).unsqueeze(-2)  # (B, 1, S)
+        level2 = self.sentence(None, sentences, mask=sm, need_weights=True)
+        return HierarchicalOutput(
+            level2.context.squeeze(-2), sentences, word_weights, level2.weights.squeeze(-2)
+        )

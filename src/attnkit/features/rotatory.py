@@ -1,0 +1,112 @@
+"""Rotatory attention (LCR-Rot, Zheng & Chen; Brauwers 3.1.1, eqs. 17-20) and its multi-hop form
+(LCR-Rot-hop, Wallaart & Frasincar)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import NamedTuple
+
+import torch
+from torch import Tensor, nn
+
+from attnkit import taxonomy as tx
+from attnkit.attention import Attention
+from attnkit.features._pooling import key_mask, masked_mean
+from attnkit.scores import ActivatedGeneral, Score
+
+__all__ = ["RotatoryAttention", "RotatoryOutput"]
+
+
+class RotatoryOutput(NamedTuple):
+    """r = concat(r^l, r^r, r^{lt}, r^{rt}) (eq. 20) and the last hop's weights."""
+
+    representation: Tensor
+    weights_left: Tensor
+    weights_right: Tensor
+    weights_target_left: Tensor
+    weights_target_right: Tensor
+
+
+def _attend(att: Attention, q: Tensor, f: Tensor, mask: Tensor | None) -> tuple[Tensor, Tensor]:
+    out = att(q.unsqueeze(-2), f, f, mask=key_mask(mask), need_weights=True)
+    return out.context.squeeze(-2), out.weights.squeeze(-2)
+
+
+class RotatoryAttention(nn.Module):
+    """Left context, target and right context attend to one another in rotation.
+
+    r^t = mean of the target's features (eq. 17); r^l and r^r attend over the left and right
+    contexts with r^t as query (eq. 18); r^{lt} and r^{rt} attend over the target with r^l and
+    r^r as queries (eq. 19); r = concat(r^l, r^r, r^{lt}, r^{rt}) (eq. 20). With ``hops`` > 1
+    (LCR-Rot-hop) the rotation repeats, r^{lt} and r^{rt} becoming the queries over the left and
+    right contexts.
+
+    Args:
+        d_l, d_t, d_r: feature sizes of the left context, target and right context. With hops
+            > 1, d_l = d_r is needed (r^{lt} then queries the left context).
+        hops: rounds of rotation.
+        score: factory ``score(d_q, d_k) -> Score``; default the activated general score
+            (tanh, Wallaart & Frasincar).
+        share_weights: one set of four attention modules for all hops, or one per hop.
+    """
+
+    def __init__(
+        self,
+        d_l: int,
+        d_t: int,
+        d_r: int,
+        *,
+        hops: int = 1,
+        score: Callable[[int, int], Score] | None = None,
+        share_weights: bool = True,
+    ) -> None:
+        super().__init__()
+        if not isinstance(hops, int) or hops < 1:
+            raise ValueError(f"hops must be an int >= 1, got {hops!r}")
+        if hops > 1 and d_t != d_l:
+            raise ValueError(
+                f"hops > 1 uses r^lt (size d_t = {d_t}) as query over the left "
+                f"context: it needs d_t == d_l, got d_l = {d_l}"
+            )
+        make = score or (lambda dq, dk: ActivatedGeneral(dq, dk))
+        self.hops = hops
+        rounds = 1 if share_weights else hops
+
+        def four(q_left: int, q_right: int) -> nn.ModuleDict:
+            return nn.ModuleDict(
+                {
+                    "left": Attention(make(q_left, d_l)),
+                    "right": Attention(make(q_right, d_r)),
+                    "target_left": Attention(make(d_l, d_t)),
+                    "target_right": Attention(make(d_r, d_t)),
+                }
+            )
+
+        self.rounds = nn.ModuleList([four(d_t, d_t) for _ in range(rounds)])
+
+    def taxonomy_tags(self) -> list:
+        tags: list = [tx.FeatureMultiplicity.ROTATORY, tx.QueryType.SPECIALIZED]
+        if self.hops > 1:
+            tags.append(tx.QueryMultiplicity.MULTI_HOP)
+        return tags
+
+    def forward(
+        self,
+        left: Tensor,
+        target: Tensor,
+        right: Tensor,
+        mask_left: Tensor | None = None,
+        mask_target: Tensor | None = None,
+        mask_right: Tensor | None = None,
+    ) -> RotatoryOutput:
+        r_t = masked_mean(target, mask_target)  # eq. 17
+        q_left = q_right = r_t
+        for hop in range(self.hops):
+            m = self.rounds[min(hop, len(self.rounds) - 1)]
+            r_l, a_l = _attend(m["left"], q_left, left, mask_left)  # eq. 18
+            r_r, a_r = _attend(m["right"], q_right, right, mask_right)
+            r_lt, a_lt = _attend(m["target_left"], r_l, target, mask_target)  # eq. 19
+            r_rt, a_rt = _attend(m["target_right"], r_r, target, mask_target)
+            q_left, q_right = r_lt, r_rt
+        r = torch.cat([r_l, r_r, r_lt, r_rt], dim=-1)  # eq. 20
+        return RotatoryOutput(r, a_l, a_r, a_lt, a_rt)

@@ -1,0 +1,25 @@
+"""Query-related attention mechanisms (Brauwers Sec. 3.3): query types and multiplicity of
+queries (multi-hop, capsule-based, multiple outputs). Multi-head attention is
+:class:`attnkit.MultiHeadAttention`."""
+
+from attnkit.queries.capsule import CapsuleAttention, CapsuleOutput, capsule_loss
+from attnkit.queries.multi_output import (
+    ImportanceMatrixAttention,
+    LabelWiseAttention,
+    frobenius_penalty,
+)
+from attnkit.queries.multihop import MultiHop, MultiHopOutput
+from attnkit.queries.self_attentive import QueryTagged, SelfAttention
+
+__all__ = [
+    "CapsuleAttention",
+    "CapsuleOutput",
+    "ImportanceMatrixAttention",
+    "LabelWiseAttention",
+    "MultiHop",
+    "MultiHopOutput",
+    "QueryTagged",
+    "SelfAttention",
+    "capsule_loss",
+    "frobenius_penalty",
+]

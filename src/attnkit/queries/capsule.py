@@ -1,0 +1,78 @@
+"""Capsule-based attention (Wang et al.; Brauwers 3.3.2, Fig. 11, eqs. 43-45)."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from attnkit import taxonomy as tx
+from attnkit.checks import resolve_alignment
+from attnkit.features._pooling import key_mask, masked_mean
+
+__all__ = ["CapsuleAttention", "CapsuleOutput", "capsule_loss"]
+
+
+class CapsuleOutput(NamedTuple):
+    """Per class c: probability p_c (B, C), context c_c (B, C, d_v), representation r_c
+    (B, C, d_v), weights (B, C, n)."""
+
+    probabilities: Tensor
+    contexts: Tensor
+    representations: Tensor
+    weights: Tensor
+
+
+class CapsuleAttention(nn.Module):
+    """One capsule per class: a learned query q_c with e_{c,l} = q_cᵀ k_l (eq. 43), context c_c,
+    probability p_c = σ(w_cᵀ c_c + b_c) (eq. 44), representation r_c = p_c c_c (eq. 45).
+
+    Keys and values are the features (d_k = d_v = d_f), as the reconstruction loss compares r_c
+    with the mean feature vector.
+    """
+
+    def __init__(self, d_f: int, n_classes: int, *, align: str | nn.Module = "softmax") -> None:
+        super().__init__()
+        self.queries = nn.Parameter(torch.randn(n_classes, d_f) / d_f**0.5)
+        self.w = nn.Parameter(torch.randn(n_classes, d_f) / d_f**0.5)
+        self.b = nn.Parameter(torch.zeros(n_classes))
+        self.align = resolve_alignment(align)
+
+    def taxonomy_tags(self) -> list:
+        return [
+            tx.QueryMultiplicity.CAPSULE_BASED,
+            tx.QueryType.SELF_ATTENTIVE,
+            tx.Scoring.MULTIPLICATIVE,
+        ]
+
+    def forward(self, features: Tensor, mask: Tensor | None = None) -> CapsuleOutput:
+        e = torch.einsum("cd,bnd->bcn", self.queries, features)  # eq. 43
+        a = self.align(e, key_mask(mask)).weights
+        c = a @ features  # (B, C, d)
+        p = torch.sigmoid((c * self.w).sum(-1) + self.b)  # eq. 44
+        return CapsuleOutput(p, c, p.unsqueeze(-1) * c, a)  # eq. 45
+
+
+def capsule_loss(
+    out: CapsuleOutput,
+    features: Tensor,
+    target: Tensor,
+    mask: Tensor | None = None,
+    reconstruction_weight: float = 1.0,
+) -> Tensor:
+    """Joint loss of capsule attention: binary cross-entropy of p against the one-hot target,
+    plus a hinge on the dot product between each r_c and the mean feature vector f̄ (unit
+    length): the true class's r_c should align with f̄ (max(0, 1 − r_yᵀf̄)), the others not
+    (max(0, r_cᵀf̄)). Averaged over the batch."""
+    onehot = F.one_hot(target, out.probabilities.shape[-1]).to(out.probabilities.dtype)
+    bce = F.binary_cross_entropy(out.probabilities, onehot)
+    f = F.normalize(masked_mean(features, mask), dim=-1)
+    sim = torch.einsum(
+        "bcd,bd->bc",
+        F.normalize(out.representations, dim=-1, eps=1e-8) * out.probabilities.unsqueeze(-1),
+        f,
+    )
+    hinge = onehot * F.relu(1 - sim) + (1 - onehot) * F.relu(sim)
+    return bce + reconstruction_weight * hinge.sum(-1).mean()

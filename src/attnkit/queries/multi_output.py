@@ -1,0 +1,73 @@
+"""Multiple outputs (Galassi IV-D1): an importance matrix gives several distributions over the
+same keys at once (Lin et al.), with the Frobenius penalty ‖AAᵀ − I‖²_F; label-wise attention is
+the same with one distribution per label."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+from torch import Tensor, nn
+
+from attnkit import taxonomy as tx
+from attnkit.checks import resolve_alignment
+from attnkit.features._pooling import key_mask
+from attnkit.scores import Additive
+
+__all__ = ["ImportanceMatrixAttention", "LabelWiseAttention", "MultiOutput", "frobenius_penalty"]
+
+
+class MultiOutput(NamedTuple):
+    """Context matrix C = A V (B, r, d_v) and weights A (B, r, n)."""
+
+    contexts: Tensor
+    weights: Tensor
+
+
+class ImportanceMatrixAttention(nn.Module):
+    """A = align(W_imp act(W k_l + b)) with W_imp ∈ R^{r×d_w}: r self-attentive distributions over
+    the n keys (Lin et al.'s structured self-attention), C = A V.
+
+    The score is the additive self-attentive score with r outputs (``Additive(None, d_k, d_w,
+    d_out=r)``), aligned over keys separately for each of the r rows.
+    """
+
+    def __init__(
+        self, d_k: int, d_w: int, n_outputs: int, *, align: str | nn.Module = "softmax"
+    ) -> None:
+        super().__init__()
+        self.score = Additive(None, d_k, d_w, d_out=n_outputs)
+        self.align = resolve_alignment(align)
+
+    # Several distributions, one weight per key each: single-dimensional attention with
+    # multiple outputs, although the score has r outputs per key.
+    taxonomy_final = (tx.Dimensionality,)
+
+    def taxonomy_tags(self) -> list:
+        return [tx.Dimensionality.SINGLE]
+
+    def forward(
+        self, keys: Tensor, values: Tensor | None = None, mask: Tensor | None = None
+    ) -> MultiOutput:
+        values = keys if values is None else values
+        e = self.score(None, keys).squeeze(-3).transpose(-1, -2)  # (B, r, n)
+        a = self.align(e, key_mask(mask)).weights
+        return MultiOutput(a @ values, a)
+
+
+class LabelWiseAttention(ImportanceMatrixAttention):
+    """One attention distribution per label (Galassi IV-D1): an importance matrix with
+    ``n_labels`` rows."""
+
+    def __init__(
+        self, d_k: int, d_w: int, n_labels: int, *, align: str | nn.Module = "softmax"
+    ) -> None:
+        super().__init__(d_k, d_w, n_labels, align=align)
+
+
+def frobenius_penalty(weights: Tensor) -> Tensor:
+    """‖A Aᵀ − I‖²_F per batch item, averaged (Lin et al.): pushes the r distributions apart."""
+    r = weights.shape[-2]
+    eye = torch.eye(r, dtype=weights.dtype, device=weights.device)
+    gram = weights @ weights.transpose(-1, -2)
+    return ((gram - eye) ** 2).sum(dim=(-1, -2)).mean()

@@ -1,0 +1,90 @@
+"""Types of queries (Brauwers 3.3.1): self-attention with Q = W_Q F (eq. 35) and its feature
+updates (eqs. 36-37); a tag for where a query comes from (basic / specialized / self-attentive).
+
+The constant- and learned-query forms of eqs. 33-34 are score functions:
+``attnkit.scores.Additive(None, d_k, d_w)`` and ``attnkit.scores.LearnedQuery(d_k)``.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from torch import Tensor, nn
+
+from attnkit import taxonomy as tx
+from attnkit.attention import Attention
+from attnkit.output import AttentionOutput
+
+__all__ = ["QueryTagged", "SelfAttention"]
+
+
+class SelfAttention(nn.Module):
+    """Each feature vector queries all of them: Q = W_Q F (eq. 35), K = W_K F, V = W_V F (eq. 1);
+    the context vectors become the new features, either as they are, f_new = c (eq. 36,
+    ``update="replace"``), or f_new = Normalize(f_old + c) with layer normalisation (eq. 37,
+    ``update="residual"``).
+
+    Args:
+        d_f: feature size (d_v = d_f so that the update keeps the size).
+        d_k: query/key size (default d_f).
+        attention: the attention part (score × alignment) for Q, K; default scaled dot + softmax.
+    """
+
+    def __init__(
+        self,
+        d_f: int,
+        d_k: int | None = None,
+        *,
+        update: Literal["replace", "residual"] = "residual",
+        attention: Attention | None = None,
+    ) -> None:
+        super().__init__()
+        if update not in ("replace", "residual"):
+            raise ValueError(
+                f"update must be 'replace' (eq. 36) or 'residual' (eq. 37), got {update!r}"
+            )
+        d_k = d_f if d_k is None else d_k
+        self.W_Q = nn.Linear(d_f, d_k, bias=False)
+        self.W_K = nn.Linear(d_f, d_k, bias=False)
+        self.W_V = nn.Linear(d_f, d_f, bias=False)
+        self.attention = attention or Attention("scaled_dot", "softmax")
+        self.update = update
+        self.norm = nn.LayerNorm(d_f) if update == "residual" else None
+
+    def taxonomy_tags(self) -> list:
+        return [tx.QueryType.SELF_ATTENTIVE]
+
+    def forward(
+        self, f: Tensor, mask: Tensor | None = None, need_weights: bool = False
+    ) -> tuple[Tensor, AttentionOutput]:
+        """f (B, n, d_f) -> (new features (B, n, d_f), the attention output)."""
+        out = self.attention(
+            self.W_Q(f), self.W_K(f), self.W_V(f), mask=mask, need_weights=need_weights
+        )
+        if self.norm is None:
+            return out.context, out  # eq. 36
+        return self.norm(f + out.context), out  # eq. 37
+
+
+class QueryTagged(nn.Module):
+    """Wraps an attention module and records where its query comes from, for ``describe``:
+    ``"basic"`` (e.g. a decoder state), ``"specialized"`` (built by another attention module)
+    or ``"self-attentive"``. Calls pass through unchanged."""
+
+    _TYPES = {
+        "basic": tx.QueryType.BASIC,
+        "specialized": tx.QueryType.SPECIALIZED,
+        "self-attentive": tx.QueryType.SELF_ATTENTIVE,
+    }
+
+    def __init__(self, module: nn.Module, query: str) -> None:
+        super().__init__()
+        if query not in self._TYPES:
+            raise ValueError(f"query must be one of {sorted(self._TYPES)}, got {query!r}")
+        self.module, self.query = module, query
+
+    def taxonomy_tags(self) -> list:
+        return [self._TYPES[self.query]]
+
+    def forward(self, *args, **kwargs):
+        return self.module(*args, **kwargs)

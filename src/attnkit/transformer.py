@@ -1,0 +1,103 @@
+"""Transformer blocks (Vaswani et al.) from attnkit parts, with any score × alignment: multi-head
+self-attention + residual + norm + feed-forward (encoder), and causal self-attention +
+cross-attention (decoder). Brauwers 3.3.2 reads a stack of them as multi-head + multi-hop."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import Tensor, nn
+
+from attnkit import masks
+from attnkit import taxonomy as tx
+from attnkit.multihead import MultiHeadAttention
+from attnkit.queries.self_attentive import QueryTagged
+
+__all__ = ["TransformerDecoderLayer", "TransformerEncoder", "TransformerEncoderLayer"]
+
+
+class _FeedForward(nn.Sequential):
+    def __init__(self, d_model: int, d_ff: int, dropout: float) -> None:
+        super().__init__(
+            nn.Linear(d_model, d_ff), nn.ReLU(), nn.Dropout(dropout), nn.Linear(d_ff, d_model)
+        )
+
+
+class TransformerEncoderLayer(nn.Module):
+    """x = Norm(x + SelfAttention(x)); x = Norm(x + FF(x)) (post-norm, Vaswani et al.).
+
+    ``score``/``align`` are passed to :class:`attnkit.MultiHeadAttention` (names or modules).
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        heads: int,
+        d_ff: int | None = None,
+        *,
+        score: Any = "scaled_dot",
+        align: Any = "softmax",
+        dropout: float = 0.0,
+    ) -> None:
+        super().__init__()
+        self.self_attention = QueryTagged(
+            MultiHeadAttention(d_model, heads, score, align, dropout=dropout), "self-attentive"
+        )
+        self.ff = _FeedForward(d_model, d_ff or 4 * d_model, dropout)
+        self.norm1, self.norm2 = nn.LayerNorm(d_model), nn.LayerNorm(d_model)
+        self.drop = nn.Dropout(dropout)
+
+    def forward(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
+        x = self.norm1(x + self.drop(self.self_attention(x, mask=mask).context))
+        return self.norm2(x + self.drop(self.ff(x)))
+
+
+class TransformerDecoderLayer(nn.Module):
+    """Causal self-attention, then cross-attention to the encoder output (the decoder states
+    are basic queries), then feed-forward; each with residual and norm."""
+
+    def __init__(
+        self,
+        d_model: int,
+        heads: int,
+        d_ff: int | None = None,
+        *,
+        score: Any = "scaled_dot",
+        align: Any = "softmax",
+        dropout: float = 0.0,
+    ) -> None:
+        super().__init__()
+        self.self_attention = QueryTagged(
+            MultiHeadAttention(d_model, heads, score, align, dropout=dropout), "self-attentive"
+        )
+        self.cross_attention = QueryTagged(
+            MultiHeadAttention(d_model, heads, score, align, dropout=dropout), "basic"
+        )
+        self.ff = _FeedForward(d_model, d_ff or 4 * d_model, dropout)
+        self.norms = nn.ModuleList([nn.LayerNorm(d_model) for _ in range(3)])
+        self.drop = nn.Dropout(dropout)
+
+    def forward(self, x: Tensor, memory: Tensor, *, memory_mask: Tensor | None = None) -> Tensor:
+        causal = masks.causal(x.shape[-2], device=x.device)
+        x = self.norms[0](x + self.drop(self.self_attention(x, mask=causal).context))
+        cross = self.cross_attention(x, memory, memory, mask=memory_mask).context
+        x = self.norms[1](x + self.drop(cross))
+        return self.norms[2](x + self.drop(self.ff(x)))
+
+
+class TransformerEncoder(nn.Module):
+    """A stack of encoder layers; each layer is one hop over the refined features."""
+
+    def __init__(self, layers: int, d_model: int, heads: int, **kw: Any) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(
+            [TransformerEncoderLayer(d_model, heads, **kw) for _ in range(layers)]
+        )
+
+    def taxonomy_tags(self) -> list:
+        return [tx.QueryMultiplicity.MULTI_HOP] if len(self.layers) > 1 else []
+
+    def forward(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
+        for layer in self.layers:
+            x = layer(x, mask)
+        return x
