@@ -12,6 +12,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("demo", help="compare attention variants on one query and print their weights")
+    sub.add_parser(
+        "taxonomy", help="rebuild Brauwers Table III from attnkit's models and check each row"
+    )
     bench = sub.add_parser("bench", help="quick benchmarks: ratios against baselines, one run")
     bench.add_argument("--full", action="store_true", help="the full sizes (slow: many minutes)")
     args = parser.parse_args(argv)
@@ -19,6 +22,17 @@ def main(argv: list[str] | None = None) -> int:
         from attnkit import demo
 
         demo.main()
+    elif args.command == "taxonomy":
+        from attnkit.models import table3
+        from attnkit.taxonomy import table_markdown
+
+        rows, marks = table3.reproduce()
+        print(table_markdown(rows, marks))
+        print(f"\n{sum(marks.values())} of {len(marks)} rows match the survey's Table III")
+        for name, ok in marks.items():
+            if not ok:
+                print(f"  {name}: survey has {' | '.join(table3.SURVEY[name])}")
+        return 0 if all(marks.values()) else 1
     elif args.command == "bench":
         from attnkit.benchmarking import core, kernels
         from attnkit.benchmarking.timing import machine

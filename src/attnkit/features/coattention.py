@@ -29,12 +29,15 @@ __all__ = [
 
 
 class CoAttentionOutput(NamedTuple):
-    """Context vectors c⁽¹⁾ (B, d1), c⁽²⁾ (B, d2) and weights a⁽¹⁾ (B, n1), a⁽²⁾ (B, n2)."""
+    """Context vectors c⁽¹⁾ (B, d1), c⁽²⁾ (B, d2), weights a⁽¹⁾ (B, n1), a⁽²⁾ (B, n2), and for
+    stochastic alignments the log-probabilities of the sampled choices (B,)."""
 
     context1: Tensor
     context2: Tensor
     weights1: Tensor
     weights2: Tensor
+    log_prob1: Tensor | None = None
+    log_prob2: Tensor | None = None
 
     def concat(self) -> Tensor:
         """concat(c⁽¹⁾, c⁽²⁾), the usual input of the output model."""
@@ -201,11 +204,14 @@ class ParallelCoAttention(nn.Module):
             e2 = masked.amax(dim=-2)
             e1 = torch.where(torch.isinf(e1), torch.zeros((), dtype=e1.dtype), e1)
             e2 = torch.where(torch.isinf(e2), torch.zeros((), dtype=e2.dtype), e2)
-        a1 = self.align(e1.unsqueeze(-2), key_mask(mask1)).weights.squeeze(-2)
-        a2 = self.align(e2.unsqueeze(-2), key_mask(mask2)).weights.squeeze(-2)
+        out1 = self.align(e1.unsqueeze(-2), key_mask(mask1))
+        out2 = self.align(e2.unsqueeze(-2), key_mask(mask2))
+        a1, a2 = out1.weights.squeeze(-2), out2.weights.squeeze(-2)
         c1 = (a1.unsqueeze(-1) * f1).sum(-2)
         c2 = (a2.unsqueeze(-1) * f2).sum(-2)
-        return CoAttentionOutput(c1, c2, a1, a2)
+        lp1 = None if out1.log_prob is None else out1.log_prob.squeeze(-1)
+        lp2 = None if out2.log_prob is None else out2.log_prob.squeeze(-1)
+        return CoAttentionOutput(c1, c2, a1, a2, lp1, lp2)
 
 
 class NestedCoAttention(nn.Module):

@@ -118,7 +118,9 @@ class HierarchicalAttention(nn.Module):
         sentences = level1.context.reshape(b, s, -1)
         word_weights = level1.weights.reshape(b, s, w)
         if self.sentence_encoder is not None:
-            sentences = self.sentence_encoder(sentences)
+            encoded = self.sentence_encoder(sentences)
+            # RNN modules return (output, state): take the output.
+            sentences = encoded[0] if isinstance(encoded, tuple) else encoded
         sm = None if word_mask is None else word_mask.any(dim=-1).unsqueeze(-2)  # (B, 1, S)
         level2 = self.sentence(None, sentences, mask=sm, need_weights=True)
         return HierarchicalOutput(
