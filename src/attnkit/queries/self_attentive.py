@@ -7,7 +7,7 @@ The constant- and learned-query forms of eqs. 33-34 are score functions:
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 from torch import Tensor, nn
 
@@ -71,7 +71,7 @@ class QueryTagged(nn.Module):
     ``"basic"`` (e.g. a decoder state), ``"specialized"`` (built by another attention module)
     or ``"self-attentive"``. Calls pass through unchanged."""
 
-    _TYPES = {
+    _TYPES: ClassVar[dict[str, tx.QueryType]] = {
         "basic": tx.QueryType.BASIC,
         "specialized": tx.QueryType.SPECIALIZED,
         "self-attentive": tx.QueryType.SELF_ATTENTIVE,

@@ -1,0 +1,207 @@
+"""Co-attention against loops from Brauwers eqs. 6-16 and Galassi's nested aggregation."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from helpers import assert_same_forward_backward, rand
+
+from attnkit.features import (
+    AlternatingCoAttention,
+    InteractiveCoAttention,
+    MultiGrainedCoAttention,
+    NestedCoAttention,
+    ParallelCoAttention,
+)
+
+
+def softmax(xs):
+    ex = [torch.exp(x) for x in xs]
+    s = sum(ex)
+    return [e / s for e in ex]
+
+
+def weighted(ws, fs):
+    return sum(w * f for w, f in zip(ws, fs, strict=True))
+
+
+def additive(score, q, k):
+    """wᵀ tanh(W1 q + W2 k + b) from an attnkit Additive's parameters (eq. 6/7)."""
+    h = score.W2.weight @ k + score.W2.bias
+    if q is not None:
+        h = h + score.W1.weight @ q
+    return score.w.weight[0] @ torch.tanh(h)
+
+
+def _inputs(b=2, n1=5, n2=4, d1=6, d2=3):
+    return rand(b, n1, d1, seed=1), rand(b, n2, d2, seed=2)
+
+
+def _params(m):
+    return list(m.parameters())
+
+
+def test_alternating_eqs_6_to_9():
+    torch.manual_seed(0)
+    m = AlternatingCoAttention(6, 3, 7).double()
+    f1, f2 = _inputs()
+    s0, s2, s1 = m.att0.score, m.att2.score, m.att1.score
+
+    def loop():
+        rows = []
+        for b in range(2):
+            F1, F2 = list(f1[b]), list(f2[b])
+            c0 = weighted(softmax([additive(s0, None, k) for k in F1]), F1)  # eq. 7
+            c2 = weighted(softmax([additive(s2, c0, k) for k in F2]), F2)  # eq. 8
+            c1 = weighted(softmax([additive(s1, c2, k) for k in F1]), F1)  # eq. 9
+            rows.append(torch.cat([c1, c2]))
+        return torch.stack(rows)
+
+    assert_same_forward_backward(lambda: m(f1, f2).concat(), loop, [f1, f2, *_params(m)])
+    assert s1.W2 is s0.W2 and s1.w is s0.w  # eq. 9 reuses eq. 7's weights
+
+
+def test_interactive_eqs_10_11():
+    torch.manual_seed(0)
+    m = InteractiveCoAttention(6, 3, 7).double()
+    f1, f2 = _inputs()
+
+    def loop():
+        rows = []
+        for b in range(2):
+            F1, F2 = list(f1[b]), list(f2[b])
+            k1, k2 = sum(F1) / len(F1), sum(F2) / len(F2)  # eq. 10
+            c1 = weighted(softmax([additive(m.att1.score, k2, k) for k in F1]), F1)  # eq. 11
+            c2 = weighted(softmax([additive(m.att2.score, k1, k) for k in F2]), F2)
+            rows.append(torch.cat([c1, c2]))
+        return torch.stack(rows)
+
+    assert_same_forward_backward(lambda: m(f1, f2).concat(), loop, [f1, f2, *_params(m)])
+
+
+@pytest.mark.parametrize("affinity", ["bilinear", "concat"])
+@pytest.mark.parametrize("score", ["additive", "max"])
+def test_parallel_eqs_12_to_16(affinity, score):
+    torch.manual_seed(0)
+    d2 = 6 if affinity == "concat" else 3
+    m = ParallelCoAttention(6, d2, affinity=affinity, score=score, d_w=5).double()
+    f1, f2 = _inputs(d2=d2)
+
+    def A(k1, k2):
+        if affinity == "bilinear":
+            return torch.tanh(k1 @ m.W_A @ k2)  # eq. 12
+        return m.w_A.weight[0] @ torch.cat([k1, k2, k1 * k2])  # eq. 13
+
+    def loop():
+        rows = []
+        for b in range(2):
+            F1, F2 = list(f1[b]), list(f2[b])
+            aff = [[A(x, y) for y in F2] for x in F1]
+            if score == "additive":
+                e1 = [
+                    m.w1.weight[0]
+                    @ torch.tanh(
+                        sum(aff[i][j] * (m.W2.weight @ F2[j]) for j in range(len(F2)))
+                        + m.W1.weight @ F1[i]
+                    )
+                    for i in range(len(F1))
+                ]  # eq. 14
+                e2 = [
+                    m.w2.weight[0]
+                    @ torch.tanh(
+                        sum(aff[i][j] * (m.W1.weight @ F1[i]) for i in range(len(F1)))
+                        + m.W2.weight @ F2[j]
+                    )
+                    for j in range(len(F2))
+                ]  # eq. 15
+            else:
+                e1 = [max(row, key=float) for row in aff]  # eq. 16
+                e2 = [max((aff[i][j] for i in range(len(F1))), key=float) for j in range(len(F2))]
+            rows.append(torch.cat([weighted(softmax(e1), F1), weighted(softmax(e2), F2)]))
+        return torch.stack(rows)
+
+    assert_same_forward_backward(lambda: m(f1, f2).concat(), loop, [f1, f2, *_params(m)])
+
+
+def test_nested_attention_over_attention():
+    f1, f2 = _inputs(d2=6)  # f1: keys (document), f2: queries (question)
+
+    def loop():
+        rows = []
+        for b in range(2):
+            K, Q = list(f1[b]), list(f2[b])
+            E = [[q @ k for k in K] for q in Q]
+            M1 = [softmax(row) for row in E]  # each query over keys
+            cols = [softmax([E[i][j] for i in range(len(Q))]) for j in range(len(K))]
+            a_q = [sum(cols[j][i] for j in range(len(K))) / len(K) for i in range(len(Q))]
+            a_k = [sum(M1[i][j] * a_q[i] for i in range(len(Q))) for j in range(len(K))]
+            rows.append(torch.cat([weighted(a_k, K), weighted(a_q, Q)]))
+        return torch.stack(rows)
+
+    assert_same_forward_backward(lambda: NestedCoAttention()(f1, f2).concat(), loop, [f1, f2])
+
+
+MODULES = {
+    "alternating": lambda: AlternatingCoAttention(6, 3, 7),
+    "interactive": lambda: InteractiveCoAttention(6, 3, 7),
+    "parallel-additive": lambda: ParallelCoAttention(6, 3, d_w=5),
+    "parallel-max": lambda: ParallelCoAttention(6, 3, score="max"),
+    "parallel-concat": lambda: ParallelCoAttention(6, 6, affinity="concat"),
+}
+
+
+@pytest.mark.parametrize("name", list(MODULES))
+def test_masks_equal_truncation_and_batch_equals_items(name):
+    torch.manual_seed(0)
+    m = MODULES[name]().double()
+    d2 = 6 if name == "parallel-concat" else 3
+    f1, f2 = _inputs(d2=d2)
+    m1 = torch.tensor([[True] * 5, [True] * 3 + [False] * 2])
+    m2 = torch.tensor([[True] * 2 + [False] * 2, [True] * 4])
+    out = m(f1, f2, m1, m2)
+    for b in range(2):
+        n1, n2 = int(m1[b].sum()), int(m2[b].sum())
+        alone = m(f1[b : b + 1, :n1], f2[b : b + 1, :n2])
+        torch.testing.assert_close(out.concat()[b : b + 1], alone.concat())
+        torch.testing.assert_close(out.weights1[b, :n1], alone.weights1[0])
+        assert (out.weights1[b, n1:] == 0).all() and (out.weights2[b, n2:] == 0).all()
+
+
+def test_nested_masks_equal_truncation():
+    f1, f2 = _inputs(d2=6)
+    m1 = torch.tensor([[True] * 5, [True] * 3 + [False] * 2])
+    m2 = torch.tensor([[True] * 2 + [False] * 2, [True] * 4])
+    out = NestedCoAttention()(f1, f2, m1, m2)
+    for b in range(2):
+        n1, n2 = int(m1[b].sum()), int(m2[b].sum())
+        alone = NestedCoAttention()(f1[b : b + 1, :n1], f2[b : b + 1, :n2])
+        torch.testing.assert_close(out.concat()[b : b + 1], alone.concat())
+
+
+def test_multi_grained_gives_four_contexts():
+    torch.manual_seed(0)
+    m = MultiGrainedCoAttention(6, 3, 5).double()
+    f1, f2 = _inputs()
+    outs = m(f1, f2)
+    assert m.concat(outs).shape == (2, 6 + 3 + 6 + 3)
+    torch.testing.assert_close(m.concat(outs)[:, :9], m.coarse(f1, f2).concat())
+    torch.testing.assert_close(m.concat(outs)[:, 9:], m.fine(f1, f2).concat())
+
+
+@pytest.mark.parametrize("name", list(MODULES))
+def test_gradients_reach_every_parameter(name):
+    m = MODULES[name]()
+    f1 = torch.randn(2, 5, 6)
+    f2 = torch.randn(2, 4, 6 if name == "parallel-concat" else 3)
+    m(f1, f2).concat().sum().backward()
+    for pname, p in m.named_parameters():
+        assert p.grad is not None and p.grad.abs().sum() > 0, pname
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="d1 == d2"):
+        ParallelCoAttention(6, 3, affinity="concat")
+    with pytest.raises(ValueError, match="affinity"):
+        ParallelCoAttention(6, 3, affinity="dot")
+    with pytest.raises(ValueError, match="score"):
+        ParallelCoAttention(6, 3, score="mean")

@@ -1,0 +1,32 @@
+"""Meta-embeddings against a loop from Brauwers eqs. 21-22."""
+
+import pytest
+import torch
+from features.test_coattention import additive, softmax, weighted
+from helpers import assert_same_forward_backward, rand
+
+from attnkit.features import MetaEmbedding
+
+
+def test_eqs_21_22():
+    torch.manual_seed(0)
+    m = MetaEmbedding([3, 5], 4, 6).double()
+    e1, e2 = rand(2, 3, 3, seed=1), rand(2, 3, 5, seed=2)
+
+    def loop():
+        rows = []
+        for b in range(2):
+            for t in range(3):
+                xs = [
+                    p.weight @ e[b, t] + p.bias for p, e in zip(m.project, (e1, e2), strict=True)
+                ]  # eq. 21
+                a = softmax([additive(m.attention.score, None, x) for x in xs])
+                rows.append(weighted(a, xs))  # eq. 22
+        return torch.stack(rows).reshape(2, 3, 4)
+
+    assert_same_forward_backward(lambda: m([e1, e2]).embedding, loop, [e1, e2, *m.parameters()])
+
+
+def test_wrong_number_of_embeddings():
+    with pytest.raises(ValueError, match="expected 2 embeddings, got 1"):
+        MetaEmbedding([3, 5], 4)([torch.randn(1, 3)])

@@ -1,0 +1,35 @@
+"""Self-attention with Q = W_Q F (eq. 35) and the updates of eqs. 36-37; query tags."""
+
+import math
+
+import pytest
+import torch
+from helpers import rand
+
+from attnkit.queries import QueryTagged, SelfAttention
+from attnkit.taxonomy import QueryType, describe
+
+
+@pytest.mark.parametrize("update", ["replace", "residual"])
+def test_eqs_35_to_37(update):
+    torch.manual_seed(0)
+    m = SelfAttention(4, 3, update=update).double()
+    f = rand(2, 5, 4, seed=1, grad=False)
+    new, _ = m(f)
+    Q, K, V = f @ m.W_Q.weight.T, f @ m.W_K.weight.T, f @ m.W_V.weight.T  # eq. 35
+    c = torch.softmax(Q @ K.transpose(-1, -2) / math.sqrt(3), -1) @ V
+    expected = (
+        c
+        if update == "replace"
+        else torch.nn.functional.layer_norm(f + c, (4,), m.norm.weight, m.norm.bias)
+    )  # eq. 36 / 37
+    torch.testing.assert_close(new, expected)
+    assert describe(m).query_type == "Self-Attentive"
+
+
+def test_query_tags():
+    tagged = QueryTagged(torch.nn.Identity(), "basic")
+    assert tagged.taxonomy_tags() == [QueryType.BASIC]
+    assert tagged(3) == 3
+    with pytest.raises(ValueError, match="query must be one of"):
+        QueryTagged(torch.nn.Identity(), "sideways")
