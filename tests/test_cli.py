@@ -14,3 +14,10 @@ def test_unknown_command_exits_2(capsys):
     with pytest.raises(SystemExit) as err:
         cli.main(["nope"])
     assert err.value.code == 2
+
+
+def test_taxonomy_command_prints_seventeen_matching_rows(capsys):
+    assert cli.main(["taxonomy"]) == 0
+    out = capsys.readouterr().out
+    assert "17 of 17 rows match" in out
+    assert out.count("| ✓ |") == 17

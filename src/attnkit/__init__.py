@@ -1,9 +1,10 @@
 """attnkit: every attention mechanism of the survey taxonomy as composable PyTorch parts."""
 
-from attnkit import alignments, masks, scores
+from attnkit import alignments, features, masks, queries, scores, taxonomy
 from attnkit.attention import Attention, attention
 from attnkit.multihead import MultiHeadAttention
 from attnkit.output import AttentionOutput
+from attnkit.taxonomy import describe
 
 __version__ = "0.1.0"
 
@@ -13,6 +14,10 @@ __all__ = [
     "MultiHeadAttention",
     "alignments",
     "attention",
+    "describe",
+    "features",
     "masks",
+    "queries",
     "scores",
+    "taxonomy",
 ]

@@ -34,8 +34,10 @@ from attnkit.scores import Score
 
 __all__ = ["attend", "default_chunk_size", "supports", "tile_width"]
 
-# Elements per (block_q, block_k, width) score tile when the caller gives no chunk size.
-TILE_ELEMENTS = 1 << 21
+# Elements per (block_q, block_k, width) score tile: small tiles for cheap scores (memory),
+# larger for wide ones (additive: amortise the per-tile Python overhead).
+TILE_ELEMENTS = 1 << 19
+WIDE_TILE_ELEMENTS = 1 << 21
 
 
 def tile_width(score: Score) -> int:
@@ -395,8 +397,9 @@ def attend(
     """Evaluate attention block by block; inputs are assumed validated and ``supports(align)``.
 
     ``chunk_size`` is the key block size (default :func:`default_chunk_size`); query blocks are
-    sized so that a score tile holds about 2²¹ elements. With ``need_weights`` the weights and
-    scores are recomputed block by block into (…, M, N) tensors, without gradient.
+    sized so that a score tile holds about 2¹⁹ elements (2²¹ for wide scores such as
+    additive). With ``need_weights`` the weights and scores are recomputed block by block into
+    (…, M, N) tensors, without gradient.
     """
     if not supports(align):
         raise ValueError(
@@ -410,7 +413,8 @@ def attend(
         raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}")
     lead = math.prod(torch.broadcast_shapes(k.shape[:-2], (q.shape[:-2] if q is not None else ())))
     per_row = block_k * tile_width(score) * max(1, lead)
-    block_q = max(1, min(m, TILE_ELEMENTS // per_row))
+    budget = TILE_ELEMENTS if tile_width(score) == 1 else WIDE_TILE_ELEMENTS
+    block_q = max(1, min(m, budget // per_row))
     plan = _Plan(
         score, align, mask, score.multi_dimensional, m, n, block_q, min(block_k, n), _alpha(align)
     )
