@@ -60,6 +60,7 @@ ALIGNMENTS: dict[str, AlignFactory] = {
     "local[gaussian]": lambda d: al.Local(1, gaussian=True),
     "local[predictive]": lambda d: al.Local(1, "predictive", d_q=d.d_q, d_p=3),
     "reinforced": lambda d: al.Reinforced(),
+    "uniform": lambda d: al.Uniform(),
 }
 
 

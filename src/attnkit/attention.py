@@ -10,6 +10,7 @@ from torch import Tensor, nn
 
 from attnkit import checks
 from attnkit.alignments import Alignment
+from attnkit.evaluation.capture import weights_forced
 from attnkit.kernels import chunked, dense, sdpa
 from attnkit.output import AttentionOutput
 from attnkit.scores import Score
@@ -160,7 +161,7 @@ class Attention(nn.Module):
             align=self.align,
             mask=mask,
             bias=bias,
-            need_weights=need_weights,
+            need_weights=need_weights or weights_forced(),
             chunk_size=chunk_size,
             dropout=self.dropout if self.training else 0.0,
         )

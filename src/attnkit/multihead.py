@@ -10,6 +10,7 @@ from attnkit import checks
 from attnkit import taxonomy as tx
 from attnkit.alignments import Alignment
 from attnkit.attention import attention
+from attnkit.evaluation.capture import weights_forced
 from attnkit.output import AttentionOutput
 from attnkit.scores import REGISTRY as SCORES
 from attnkit.scores import Score
@@ -178,7 +179,7 @@ class MultiHeadAttention(nn.Module):
             align=self.align,
             mask=self._per_head(mask, query),
             bias=self._per_head(bias, query),
-            need_weights=need_weights,
+            need_weights=need_weights or weights_forced(),
             dropout=self.dropout if self.training else 0.0,
         )
         context = out.context.transpose(-2, -3).flatten(-2)

@@ -17,6 +17,7 @@ from attnkit.alignments.reinforced import Reinforced
 from attnkit.alignments.sigmoid import Sigmoid
 from attnkit.alignments.softmax import Softmax
 from attnkit.alignments.sparse import Entmax, Entmax15, Sparsemax
+from attnkit.alignments.uniform import Uniform
 
 available = REGISTRY.available
 build = REGISTRY.build
@@ -33,6 +34,7 @@ __all__ = [
     "Sigmoid",
     "Softmax",
     "Sparsemax",
+    "Uniform",
     "available",
     "build",
     "masked_log_softmax",

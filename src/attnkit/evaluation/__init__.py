@@ -1,0 +1,23 @@
+"""Evaluation of attention (Brauwers Sec. 4; Galassi V-VI): capture the weights of any model
+built from attnkit parts, intrinsic metrics against gold attention, the uniform-weights
+ablation, and supervised attention."""
+
+from attnkit.evaluation.ablation import uniform_weights
+from attnkit.evaluation.capture import capture
+from attnkit.evaluation.metrics import (
+    alignment_error_rate,
+    attention_correctness,
+    entropy,
+    rank_correlation,
+)
+from attnkit.evaluation.supervision import supervised_attention_loss
+
+__all__ = [
+    "alignment_error_rate",
+    "attention_correctness",
+    "capture",
+    "entropy",
+    "rank_correlation",
+    "supervised_attention_loss",
+    "uniform_weights",
+]

@@ -1,0 +1,1 @@
+"""Embedded tasks with gold attention, generated locally (nothing is downloaded at run time)."""
