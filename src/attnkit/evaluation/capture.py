@@ -30,15 +30,19 @@ def capture(model: nn.Module) -> Iterator[dict[str, list[Tensor]]]:
 
     records: dict[str, list[Tensor]] = {}
     handles = []
+
+    def recorder(key: str):
+        def hook(mod, args, output):
+            if getattr(output, "weights", None) is not None:
+                records[key].append(output.weights.detach())
+
+        return hook
+
     for name, module in model.named_modules():
         if isinstance(module, (Attention, MultiHeadAttention)):
-            records[name or type(module).__name__] = []
-
-            def hook(mod, args, output, key=name or type(module).__name__):
-                if getattr(output, "weights", None) is not None:
-                    records[key].append(output.weights.detach())
-
-            handles.append(module.register_forward_hook(hook))
+            key = name or type(module).__name__
+            records[key] = []
+            handles.append(module.register_forward_hook(recorder(key)))
     token = _FORCE.set(True)
     try:
         yield records
