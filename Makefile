@@ -18,7 +18,7 @@ $(STAMP): $(PY) pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(PY) -m attnkit.demo
+	$(PY) -m attnkit run dates
 
 test: $(STAMP)
 	$(PY) -m pytest

@@ -30,8 +30,9 @@ class Seq2SeqAttention(nn.Module):
         vocab_in, vocab_out: vocabulary sizes.
         d: embedding and decoder state size.
         attention: the attention part; its score takes queries of size d (the decoder state)
-            and keys of size d_enc = 2d if ``bidirectional`` else d.
+            and keys of size d_enc = 2·enc_hidden if ``bidirectional`` else enc_hidden.
         bidirectional: bidirectional encoder (Bahdanau) or not (Luong).
+        enc_hidden: encoder GRU size per direction (default d).
 
     ``forward(src, tgt_in, src_mask)`` runs teacher forcing: the decoder reads ``tgt_in`` (B, T)
     and predicts the next tokens; ``src_mask`` (B, N) marks real source tokens.
@@ -45,12 +46,15 @@ class Seq2SeqAttention(nn.Module):
         attention: Attention,
         *,
         bidirectional: bool = True,
+        enc_hidden: int | None = None,
     ) -> None:
         super().__init__()
-        d_enc = 2 * d if bidirectional else d
+        enc_hidden = d if enc_hidden is None else enc_hidden
+        d_enc = 2 * enc_hidden if bidirectional else enc_hidden
+        self.d_enc = d_enc
         self.embed_in = nn.Embedding(vocab_in, d)
         self.embed_out = nn.Embedding(vocab_out, d)
-        self.encoder = nn.GRU(d, d, batch_first=True, bidirectional=bidirectional)
+        self.encoder = nn.GRU(d, enc_hidden, batch_first=True, bidirectional=bidirectional)
         self.bridge = nn.Linear(d_enc, d)
         self.cell = nn.GRUCell(d + d_enc, d)
         self.attention = QueryTagged(attention, "basic")
@@ -66,16 +70,31 @@ class Seq2SeqAttention(nn.Module):
         return states, torch.tanh(self.bridge(mean))
 
     def forward(self, src: Tensor, tgt_in: Tensor, src_mask: Tensor | None = None) -> Seq2SeqOutput:
+        return self._decode(src, src_mask, tgt_in.shape[1], tgt_in)
+
+    @torch.no_grad()
+    def generate(
+        self, src: Tensor, length: int, bos: int, src_mask: Tensor | None = None
+    ) -> tuple[Tensor, Seq2SeqOutput]:
+        """Greedy decoding of ``length`` tokens: (tokens (B, length), the step outputs)."""
+        out = self._decode(src, src_mask, length, None, bos=bos)
+        return out.logits.argmax(-1), out
+
+    def _decode(
+        self, src: Tensor, src_mask: Tensor | None, length: int, tgt_in: Tensor | None, bos: int = 1
+    ) -> Seq2SeqOutput:
         states, h = self.encode(src, src_mask)
         mask = None if src_mask is None else src_mask.unsqueeze(-2)
         context = states.new_zeros(states.shape[0], states.shape[-1])
         logits, weights, log_probs = [], [], []
-        emb = self.embed_out(tgt_in)
-        for t in range(tgt_in.shape[1]):
-            h = self.cell(torch.cat([emb[:, t], context], dim=-1), h)
+        token = torch.full((src.shape[0],), bos, dtype=torch.long, device=src.device)
+        for t in range(length):
+            inp = self.embed_out(tgt_in[:, t] if tgt_in is not None else token)
+            h = self.cell(torch.cat([inp, context], dim=-1), h)
             out = self.attention(h.unsqueeze(-2), states, mask=mask, need_weights=True)
             context = out.context.squeeze(-2)
             logits.append(self.out(torch.cat([h, context], dim=-1)))
+            token = logits[-1].argmax(-1)
             weights.append(out.weights.squeeze(-2))
             if out.log_prob is not None:
                 log_probs.append(out.log_prob.squeeze(-1))

@@ -1,0 +1,23 @@
+"""Score and alignment modules from the names given on the command line."""
+
+from __future__ import annotations
+
+import attnkit as ak
+from attnkit import alignments as al
+from attnkit.scores import Score
+
+__all__ = ["build_alignment", "build_score"]
+
+
+def build_score(name: str, d_q: int, d_k: int, d_w: int) -> Score:
+    """A score for queries of size d_q and keys of size d_k (d_w for the additive family)."""
+    offered = {"d_q": d_q, "d_k": d_k, "d_w": d_w}
+    accepted = ak.scores.REGISTRY.accepts(name)
+    return ak.scores.build(name, **{k: v for k, v in offered.items() if k in accepted})
+
+
+def build_alignment(name: str, d_q: int) -> al.Alignment:
+    """An alignment by name; ``local`` is Luong's predictive local alignment (D = 2)."""
+    if name == "local":
+        return al.Local(2, "predictive", d_q=d_q)
+    return ak.alignments.build(name)
