@@ -48,7 +48,7 @@ def test_a_pickle_that_would_run_code_is_refused(tmp_path, monkeypatch):
 
 
 def test_missing_checkpoint(tmp_path):
-    with pytest.raises(checkpoints.CheckpointError, match="state.json missing"):
+    with pytest.raises(checkpoints.CheckpointError, match=r"state\.json missing"):
         checkpoints.load(tmp_path, _model())
 
 

@@ -127,6 +127,7 @@ def test_ddp_two_processes_equal_one(tmp_path):
         stderr=subprocess.DEVNULL,
         timeout=300,
     )
-    w1, w2 = load_file(str(single / "model.safetensors")), load_file(str(ddp / "model.safetensors"))
+    w1 = load_file(str(single / "model.safetensors"))
+    w2 = load_file(str(ddp / "model.safetensors"))
     for k in w1:
         torch.testing.assert_close(w1[k], w2[k], atol=1e-4, rtol=1e-4)
