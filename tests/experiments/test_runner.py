@@ -131,3 +131,12 @@ def test_ddp_two_processes_equal_one(tmp_path):
     w2 = load_file(str(ddp / "model.safetensors"))
     for k in w1:
         torch.testing.assert_close(w1[k], w2[k], atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("task", ["dates", "digits"])
+def test_quick_variant_finishes_within_a_minute(task, tmp_path, capsys):
+    start = time.perf_counter()
+    assert cli.main(["run", task, "--quick", "--no-progress", "--out", str(tmp_path)]) == 0
+    assert time.perf_counter() - start < 60
+    assert (tmp_path / "report.html").exists()
+    assert f"| {task} | additive | softmax |" in capsys.readouterr().out

@@ -205,3 +205,22 @@ def test_bad_arguments():
         ParallelCoAttention(6, 3, affinity="dot")
     with pytest.raises(ValueError, match="score"):
         ParallelCoAttention(6, 3, score="mean")
+
+
+@pytest.mark.parametrize("name", [*MODULES, "nested"])
+def test_contract_simplex_and_permutations(name):
+    """Weights lie on the simplex; permuting either input's features permutes its weights and
+    leaves both context vectors unchanged (content-based mechanisms, SPEC 8)."""
+    torch.manual_seed(0)
+    m = NestedCoAttention() if name == "nested" else MODULES[name]().double()
+    d2 = 6 if name in ("parallel-concat", "nested") else 3
+    f1, f2 = _inputs(d2=d2)
+    out = m(f1, f2)
+    for w in (out.weights1, out.weights2):
+        assert (w >= 0).all()
+        torch.testing.assert_close(w.sum(-1), torch.ones(2, dtype=w.dtype))
+    p1, p2 = torch.randperm(5), torch.randperm(4)
+    permuted = m(f1[:, p1], f2[:, p2])
+    torch.testing.assert_close(permuted.concat(), out.concat())
+    torch.testing.assert_close(permuted.weights1, out.weights1[:, p1])
+    torch.testing.assert_close(permuted.weights2, out.weights2[:, p2])

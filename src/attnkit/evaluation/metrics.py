@@ -90,4 +90,5 @@ def rank_correlation(weights: Tensor, reference: Tensor) -> float:
 def entropy(weights: Tensor) -> float:
     """Mean entropy −Σ a log a of the rows (nats); 0 log 0 = 0."""
     w = weights.double()
-    return float(-(torch.where(w > 0, w * w.log(), torch.zeros_like(w))).sum(-1).mean())
+    value = -(torch.where(w > 0, w * w.log(), torch.zeros_like(w))).sum(-1).mean()
+    return max(0.0, float(value))  # no "-0.0" for one-hot rows

@@ -59,7 +59,7 @@ class RunConfig:
             ("dates", False): (6, 12000, 1000),
             ("dates", True): (3, 2000, 300),
             ("digits", False): (10, 6000, 1000),
-            ("digits", True): (3, 1500, 300),
+            ("digits", True): (4, 2400, 300),
         }[(self.task, self.quick)]
         out = RunConfig(**asdict(self))
         out.epochs = defaults[0] if self.epochs is None else self.epochs
