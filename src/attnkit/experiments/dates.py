@@ -7,7 +7,6 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from attnkit.attention import Attention
 from attnkit.evaluation import (
     alignment_error_rate,
     capture,
@@ -16,7 +15,7 @@ from attnkit.evaluation import (
     uniform_weights,
 )
 from attnkit.experiments.config import RunConfig
-from attnkit.experiments.parts import build_alignment, build_score
+from attnkit.experiments.parts import build_attention, task_loss
 from attnkit.models.seq2seq import Seq2SeqAttention
 from attnkit.tasks.dates import OUTPUT_LEN, Vocab, make_dates
 
@@ -34,13 +33,11 @@ class DatesTask:
     def build_model(self) -> Seq2SeqAttention:
         c = self.config
         d = c.d_model
-        score = build_score(c.score, d, d, d)
-        attention = Attention(score, build_alignment(c.align, d))
         return Seq2SeqAttention(
             len(self.data.src_vocab),
             len(self.data.tgt_vocab),
             d,
-            attention,
+            build_attention(c.score, c.align, d),
             bidirectional=True,
             enc_hidden=d // 2,
         )
@@ -54,10 +51,7 @@ class DatesTask:
         bos = torch.full((tgt.shape[0], 1), Vocab.BOS, dtype=torch.long)
         out = model(src, torch.cat([bos, tgt[:, :-1]], 1), mask)
         per_token = F.cross_entropy(out.logits.transpose(1, 2), tgt, reduction="none")
-        loss = per_token.mean()
-        if out.log_prob is not None:  # hard / reinforced: REINFORCE with a batch-mean baseline
-            reward = -per_token.detach()
-            loss = loss - ((reward - reward.mean()) * out.log_prob).mean()
+        loss = task_loss(per_token, out.log_prob)
         if self.config.supervise_attention > 0:
             gold = b["sure"][index][:, :, : src.shape[1]]
             loss = loss + self.config.supervise_attention * supervised_attention_loss(

@@ -11,7 +11,7 @@ from attnkit import taxonomy as tx
 from attnkit.attention import Attention
 from attnkit.evaluation import attention_correctness, capture, entropy, uniform_weights
 from attnkit.experiments.config import RunConfig
-from attnkit.experiments.parts import build_alignment, build_score
+from attnkit.experiments.parts import build_attention, task_loss
 from attnkit.tasks.digits import box_region, make_digits
 
 __all__ = ["DigitsModel", "DigitsTask"]
@@ -60,8 +60,7 @@ class DigitsTask:
     def build_model(self) -> DigitsModel:
         c = self.config
         d = c.d_model // 2
-        attention = Attention(build_score(c.score, d, d, d), build_alignment(c.align, d))
-        return DigitsModel(d, attention)
+        return DigitsModel(d, build_attention(c.score, c.align, d))
 
     def n_train(self) -> int:
         return self.train["labels"].shape[0]
@@ -69,11 +68,7 @@ class DigitsTask:
     def loss(self, model, index: Tensor) -> Tensor:
         logits, _, log_prob = model(self.train["images"][index])
         per_item = F.cross_entropy(logits, self.train["labels"][index], reduction="none")
-        loss = per_item.mean()
-        if log_prob is not None:  # hard attention: REINFORCE, batch-mean baseline
-            reward = -per_item.detach()
-            loss = loss - ((reward - reward.mean()) * log_prob).mean()
-        return loss
+        return task_loss(per_item, log_prob)
 
     @torch.no_grad()
     def evaluate(self, model, split_name: str = "test") -> dict[str, float]:
