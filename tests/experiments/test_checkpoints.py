@@ -41,7 +41,7 @@ def test_a_pickle_that_would_run_code_is_refused(tmp_path, monkeypatch):
     m = _model()
     opt = torch.optim.Adam(m.parameters())
     checkpoints.save(tmp_path, m, opt, {"epoch": 1})
-    (tmp_path / "optimizer.pt").write_bytes(pickle.dumps({"state": Evil()}))
+    (tmp_path / "optimizer.pt").write_bytes(pickle.dumps({"state": Evil()}, protocol=2))
     with pytest.raises(checkpoints.CheckpointError, match="refusing to load"):
         checkpoints.load(tmp_path, _model(), torch.optim.Adam(_model().parameters()))
     assert not (tmp_path / "pwned.txt").exists()
