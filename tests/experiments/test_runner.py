@@ -4,6 +4,7 @@
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -17,6 +18,12 @@ from attnkit.experiments.config import RunConfig
 from attnkit.experiments.runner import run
 
 TINY = ["--n-train", "256", "--n-test", "64", "--batch-size", "32", "--no-progress"]
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 def _metrics(d):
@@ -114,7 +121,7 @@ def test_ddp_two_processes_equal_one(tmp_path):
             "--nproc_per_node",
             "2",
             "--master_port",
-            "29517",
+            str(_free_port()),
             "-m",
             "attnkit",
             *args,

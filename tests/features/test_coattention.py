@@ -115,8 +115,9 @@ def test_parallel_eqs_12_to_16(affinity, score):
                     for j in range(len(F2))
                 ]  # eq. 15
             else:
-                e1 = [max(row, key=float) for row in aff]  # eq. 16
-                e2 = [max((aff[i][j] for i in range(len(F1))), key=float) for j in range(len(F2))]
+                value = lambda t: float(t.detach())  # noqa: E731
+                e1 = [max(row, key=value) for row in aff]  # eq. 16
+                e2 = [max((aff[i][j] for i in range(len(F1))), key=value) for j in range(len(F2))]
             rows.append(torch.cat([weighted(softmax(e1), F1), weighted(softmax(e2), F2)]))
         return torch.stack(rows)
 
