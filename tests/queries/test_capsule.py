@@ -40,9 +40,9 @@ def test_joint_loss_trains_the_right_capsule():
     first = None
     for _ in range(60):
         loss = capsule_loss(m(f), f, y)
-        first = float(loss) if first is None else first
+        first = float(loss.detach()) if first is None else first
         opt.zero_grad()
         loss.backward()
         opt.step()
-    assert float(loss) < first
+    assert float(loss.detach()) < first
     assert (m(f).probabilities.argmax(-1) == y).float().mean() > 0.7
