@@ -52,7 +52,8 @@ class Registry(Generic[T]):
 
     def build(self, name: str, **kwargs: Any) -> T:
         cls = self.get(name)
-        params = inspect.signature(cls).parameters
+        signature = inspect.signature(cls)
+        params = signature.parameters
         for key in kwargs:
             if key not in params:
                 close = difflib.get_close_matches(key, params, n=1)
@@ -62,7 +63,7 @@ class Registry(Generic[T]):
                     f"it takes: {', '.join(params)}"
                 )
         try:
-            inspect.signature(cls).bind(**kwargs)
+            signature.bind(**kwargs)
         except TypeError as err:
             raise TypeError(f"{self.kind} {name!r}: {err}") from None
         return cls(**kwargs)

@@ -23,6 +23,13 @@ class _FeedForward(nn.Sequential):
         )
 
 
+def _heads(
+    d_model: int, heads: int, score: Any, align: Any, dropout: float, query: str
+) -> QueryTagged:
+    """A multi-head attention part, tagged with where its queries come from."""
+    return QueryTagged(MultiHeadAttention(d_model, heads, score, align, dropout=dropout), query)
+
+
 class TransformerEncoderLayer(nn.Module):
     """x = Norm(x + SelfAttention(x)); x = Norm(x + FF(x)) (post-norm, Vaswani et al.).
 
@@ -40,9 +47,7 @@ class TransformerEncoderLayer(nn.Module):
         dropout: float = 0.0,
     ) -> None:
         super().__init__()
-        self.self_attention = QueryTagged(
-            MultiHeadAttention(d_model, heads, score, align, dropout=dropout), "self-attentive"
-        )
+        self.self_attention = _heads(d_model, heads, score, align, dropout, "self-attentive")
         self.ff = _FeedForward(d_model, d_ff or 4 * d_model, dropout)
         self.norm1, self.norm2 = nn.LayerNorm(d_model), nn.LayerNorm(d_model)
         self.drop = nn.Dropout(dropout)
@@ -67,12 +72,8 @@ class TransformerDecoderLayer(nn.Module):
         dropout: float = 0.0,
     ) -> None:
         super().__init__()
-        self.self_attention = QueryTagged(
-            MultiHeadAttention(d_model, heads, score, align, dropout=dropout), "self-attentive"
-        )
-        self.cross_attention = QueryTagged(
-            MultiHeadAttention(d_model, heads, score, align, dropout=dropout), "basic"
-        )
+        self.self_attention = _heads(d_model, heads, score, align, dropout, "self-attentive")
+        self.cross_attention = _heads(d_model, heads, score, align, dropout, "basic")
         self.ff = _FeedForward(d_model, d_ff or 4 * d_model, dropout)
         self.norms = nn.ModuleList([nn.LayerNorm(d_model) for _ in range(3)])
         self.drop = nn.Dropout(dropout)

@@ -1,4 +1,5 @@
-"""Masked pooling over the feature axis, shared by the feature-related mechanisms."""
+"""Masked pooling over the feature axis and single-query attention, shared by the
+feature- and query-related mechanisms."""
 
 from __future__ import annotations
 
@@ -19,3 +20,10 @@ def masked_mean(x: Tensor, mask: Tensor | None) -> Tensor:
 def key_mask(mask: Tensor | None) -> Tensor | None:
     """A (B, n) feature mask as an attention mask (B, 1, n) for a single query row."""
     return None if mask is None else mask.unsqueeze(-2)
+
+
+def attend_one(att, q: Tensor | None, f: Tensor, mask: Tensor | None) -> tuple[Tensor, Tensor]:
+    """One query vector q (B, d_q) (or None for a query-free score) attends features f
+    (B, n, d) as keys and values, with a (B, n) feature mask: context (B, d), weights (B, n)."""
+    out = att(None if q is None else q.unsqueeze(-2), f, f, mask=key_mask(mask), need_weights=True)
+    return out.context.squeeze(-2), out.weights.squeeze(-2)

@@ -14,7 +14,7 @@ from torch import Tensor, nn
 from attnkit import taxonomy as tx
 from attnkit.alignments import masked_softmax
 from attnkit.attention import Attention
-from attnkit.features._pooling import key_mask, masked_mean
+from attnkit.features._pooling import attend_one, key_mask, masked_mean
 from attnkit.layers import HeadwiseLinear
 from attnkit.scores import Additive, Score
 
@@ -44,12 +44,6 @@ class CoAttentionOutput(NamedTuple):
         return torch.cat([self.context1, self.context2], dim=-1)
 
 
-def _attend(att: Attention, q: Tensor | None, f: Tensor, mask: Tensor | None):
-    """One query vector (B, d_q) or None over features f (B, n, d): context (B, d), weights."""
-    out = att(None if q is None else q.unsqueeze(-2), f, f, mask=key_mask(mask), need_weights=True)
-    return out.context.squeeze(-2), out.weights.squeeze(-2)
-
-
 class AlternatingCoAttention(nn.Module):
     """Alternating co-attention (Lu et al.; Brauwers Fig. 4, eqs. 6-9).
 
@@ -73,9 +67,9 @@ class AlternatingCoAttention(nn.Module):
     def forward(
         self, f1: Tensor, f2: Tensor, mask1: Tensor | None = None, mask2: Tensor | None = None
     ) -> CoAttentionOutput:
-        c0, _ = _attend(self.att0, None, f1, mask1)
-        c2, a2 = _attend(self.att2, c0, f2, mask2)
-        c1, a1 = _attend(self.att1, c2, f1, mask1)
+        c0, _ = attend_one(self.att0, None, f1, mask1)
+        c2, a2 = attend_one(self.att2, c0, f2, mask2)
+        c1, a1 = attend_one(self.att1, c2, f1, mask1)
         return CoAttentionOutput(c1, c2, a1, a2)
 
 
@@ -108,8 +102,8 @@ class InteractiveCoAttention(nn.Module):
         self, f1: Tensor, f2: Tensor, mask1: Tensor | None = None, mask2: Tensor | None = None
     ) -> CoAttentionOutput:
         k1, k2 = masked_mean(f1, mask1), masked_mean(f2, mask2)  # eq. 10
-        c1, a1 = _attend(self.att1, k2, f1, mask1)  # eq. 11
-        c2, a2 = _attend(self.att2, k1, f2, mask2)
+        c1, a1 = attend_one(self.att1, k2, f1, mask1)  # eq. 11
+        c2, a2 = attend_one(self.att2, k1, f2, mask2)
         return CoAttentionOutput(c1, c2, a1, a2)
 
 

@@ -11,7 +11,7 @@ from torch import Tensor, nn
 
 from attnkit import taxonomy as tx
 from attnkit.attention import Attention
-from attnkit.features._pooling import key_mask, masked_mean
+from attnkit.features._pooling import attend_one, masked_mean
 from attnkit.scores import ActivatedGeneral, Score
 
 __all__ = ["RotatoryAttention", "RotatoryOutput"]
@@ -25,11 +25,6 @@ class RotatoryOutput(NamedTuple):
     weights_right: Tensor
     weights_target_left: Tensor
     weights_target_right: Tensor
-
-
-def _attend(att: Attention, q: Tensor, f: Tensor, mask: Tensor | None) -> tuple[Tensor, Tensor]:
-    out = att(q.unsqueeze(-2), f, f, mask=key_mask(mask), need_weights=True)
-    return out.context.squeeze(-2), out.weights.squeeze(-2)
 
 
 class RotatoryAttention(nn.Module):
@@ -103,10 +98,10 @@ class RotatoryAttention(nn.Module):
         q_left = q_right = r_t
         for hop in range(self.hops):
             m = self.rounds[min(hop, len(self.rounds) - 1)]
-            r_l, a_l = _attend(m["left"], q_left, left, mask_left)  # eq. 18
-            r_r, a_r = _attend(m["right"], q_right, right, mask_right)
-            r_lt, a_lt = _attend(m["target_left"], r_l, target, mask_target)  # eq. 19
-            r_rt, a_rt = _attend(m["target_right"], r_r, target, mask_target)
+            r_l, a_l = attend_one(m["left"], q_left, left, mask_left)  # eq. 18
+            r_r, a_r = attend_one(m["right"], q_right, right, mask_right)
+            r_lt, a_lt = attend_one(m["target_left"], r_l, target, mask_target)  # eq. 19
+            r_rt, a_rt = attend_one(m["target_right"], r_r, target, mask_target)
             q_left, q_right = r_lt, r_rt
         r = torch.cat([r_l, r_r, r_lt, r_rt], dim=-1)  # eq. 20
         return RotatoryOutput(r, a_l, a_r, a_lt, a_rt)
