@@ -6,20 +6,38 @@ alignment part.
 
 from __future__ import annotations
 
+import dataclasses
+
+import torch
 from torch import Tensor, nn
 
-from attnkit import checks
+from attnkit import checks, hooks, kernels
 from attnkit.alignments import Alignment
-from attnkit.evaluation.capture import weights_forced
-from attnkit.kernels import chunked, dense, sdpa
+from attnkit.kernels.base import Call
+from attnkit.kernels.chunked import DENSE_LIMIT
 from attnkit.output import AttentionOutput
 from attnkit.scores import Score
 
 __all__ = ["DENSE_LIMIT", "Attention", "AttentionOutput", "attention"]
 
-# Above this many elements in the dense score tensor(s) (B·…·M·N·d_w), attention() evaluates
-# in chunks when it can (2^24 float32 elements = 64 MiB).
-DENSE_LIMIT = 1 << 24
+
+def _without_dead_keys(call: Call) -> Call:
+    """Zero the keys and values that no query may attend, when one of them is not finite.
+
+    A masked position's content must not influence anything: not the scores of other keys, not
+    the context (0·NaN is NaN), not the gradients. Scores that mix neighbouring keys (a
+    convolution over keys) read masked keys by design and are left as they are.
+    """
+    if call.mask is None or call.score.mixes_keys:
+        return call
+    k_ok, v_ok = bool(torch.isfinite(call.k).all()), bool(torch.isfinite(call.v).all())
+    if k_ok and v_ok:
+        return call
+    dead = ~call.mask.any(dim=-2).unsqueeze(-1)  # (…, N, 1): masked for every query row
+    zero = torch.zeros((), dtype=call.k.dtype)
+    k = call.k if k_ok else torch.where(dead, zero, call.k)
+    v = call.v if v_ok else torch.where(dead, zero, call.v)
+    return dataclasses.replace(call, k=k, v=v)
 
 
 def attention(
@@ -34,6 +52,7 @@ def attention(
     need_weights: bool = False,
     chunk_size: int | None = None,
     dropout: float = 0.0,
+    kernel: str | None = None,
 ) -> AttentionOutput:
     """General attention: e = score(q, k) (eq. 2), a = align(e) (eq. 3), c = Σ_l a_l v_l (eq. 4).
 
@@ -46,62 +65,50 @@ def attention(
         align: a registered name of a parameter-free alignment (``"softmax"``,
             ``"sparsemax"``, ``"entmax15"``, ``"sigmoid"``, ``"hard"``, …) or a module.
         mask: boolean, True = may attend, broadcastable to (B, …, M, N). A row with no key
-            allowed gets weights 0 and context 0.
+            allowed gets weights 0 and context 0; a masked key's content (even NaN) has no
+            influence.
         bias: float tensor added to the scores, broadcastable to (B, …, M, N).
         need_weights: also return the weights and the scores.
-        chunk_size: evaluate in blocks of this many keys (memory-efficient, exact; see
-            :mod:`attnkit.kernels.chunked`). None chooses: SDPA for a dot-product score with
-            softmax, chunked when the dense score tensor would exceed :data:`DENSE_LIMIT`
-            elements and the alignment streams (softmax, sigmoid, sparsemax, α-entmax with
-            1 < α ≤ 2), dense otherwise.
+        chunk_size: key block size of the chunked kernel (selects it).
         dropout: dropout probability on the weights (apply only in training).
+        kernel: a name from :func:`attnkit.kernels.available` to force a kernel (``"dense"``,
+            ``"sdpa"``, ``"chunked"``); it raises with the kernel's reasons when it cannot
+            evaluate the call. None chooses by priority: SDPA when the score is in dot-product
+            form, the alignment softmax with a constant temperature and no weights are
+            requested; chunked when the dense score tensor would exceed :data:`DENSE_LIMIT`
+            elements and the alignment streams; dense otherwise.
 
     Returns:
-        :class:`AttentionOutput` (context, weights, scores, log_prob).
-
-    When the score is in dot-product form, the alignment is plain softmax and no weights are
-    requested, this calls ``torch.nn.functional.scaled_dot_product_attention``. Weights from
-    the chunked path are recomputed block by block and carry no gradient.
+        :class:`AttentionOutput` (context, weights, scores, log_prob). Weights from the chunked
+        kernel are recomputed block by block and carry no gradient.
     """
     score_mod = checks.resolve_score(score)
     align_mod = checks.resolve_alignment(align)
     if v is None:
         v = k
     shape = checks.validate(q, k, v, score_mod, mask=mask, bias=bias)
+    if isinstance(dropout, bool) or not isinstance(dropout, (int, float)):
+        raise TypeError(f"dropout must be a number in [0, 1), got {dropout!r}")
     if not 0.0 <= dropout < 1.0:
         raise ValueError(f"dropout must be in [0, 1), got {dropout!r}")
-    if chunk_size is not None:
-        if dropout > 0.0:
-            raise ValueError("chunk_size: chunked evaluation does not apply dropout; pass 0")
-        return chunked.attend(
-            q,
-            k,
-            v,
-            score_mod,
-            align_mod,
-            mask=mask,
-            bias=bias,
-            need_weights=need_weights,
-            chunk_size=chunk_size,
-        )
-    if sdpa.can_dispatch(score_mod, align_mod, need_weights=need_weights):
-        return sdpa.attend(q, k, v, score_mod, align_mod, mask=mask, bias=bias, dropout=dropout)
-    dense_elements = shape.numel() * chunked.tile_width(score_mod)
-    if dropout == 0.0 and chunked.supports(align_mod) and dense_elements > DENSE_LIMIT:
-        return chunked.attend(
-            q, k, v, score_mod, align_mod, mask=mask, bias=bias, need_weights=need_weights
-        )
-    return dense.attend(
+    if chunk_size is not None and (
+        isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1
+    ):
+        raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}")
+    call = Call(
         q,
         k,
         v,
         score_mod,
         align_mod,
+        shape,
         mask=mask,
         bias=bias,
         need_weights=need_weights,
-        dropout=dropout,
+        chunk_size=chunk_size,
+        dropout=float(dropout),
     )
+    return kernels.select(call, kernel).attend(_without_dead_keys(call))
 
 
 class Attention(nn.Module):
@@ -116,7 +123,8 @@ class Attention(nn.Module):
             True or False to have a mismatch raise at construction.
         dropout: dropout on the weights in training mode.
 
-    ``forward(q, k, v=None, *, mask=None, bias=None, need_weights=False, chunk_size=None)``
+    ``forward(q, k, v=None, *, mask=None, bias=None, need_weights=False, chunk_size=None,
+    kernel=None)``
     returns an :class:`AttentionOutput`; see :func:`attention`.
     """
 
@@ -152,8 +160,9 @@ class Attention(nn.Module):
         bias: Tensor | None = None,
         need_weights: bool = False,
         chunk_size: int | None = None,
+        kernel: str | None = None,
     ) -> AttentionOutput:
-        return attention(
+        out = attention(
             q,
             k,
             v,
@@ -161,7 +170,10 @@ class Attention(nn.Module):
             align=self.align,
             mask=mask,
             bias=bias,
-            need_weights=need_weights or weights_forced(),
+            need_weights=need_weights or hooks.listening(),
             chunk_size=chunk_size,
             dropout=self.dropout if self.training else 0.0,
+            kernel=kernel,
         )
+        hooks.report(self, out.weights)
+        return out

@@ -6,11 +6,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnkit import checks
+from attnkit import checks, hooks
 from attnkit import taxonomy as tx
 from attnkit.alignments import Alignment
 from attnkit.attention import attention
-from attnkit.evaluation.capture import weights_forced
 from attnkit.output import AttentionOutput
 from attnkit.scores import REGISTRY as SCORES
 from attnkit.scores import Score
@@ -179,9 +178,10 @@ class MultiHeadAttention(nn.Module):
             align=self.align,
             mask=self._per_head(mask, query),
             bias=self._per_head(bias, query),
-            need_weights=need_weights or weights_forced(),
+            need_weights=need_weights or hooks.listening(),
             dropout=self.dropout if self.training else 0.0,
         )
+        hooks.report(self, out.weights)
         context = out.context.transpose(-2, -3).flatten(-2)
         return out._replace(context=self.out_proj(context))
 

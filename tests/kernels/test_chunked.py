@@ -99,7 +99,7 @@ def test_heads_and_broadcast_batch_dims():
 
 def test_unsupported_alignment_is_refused():
     q = torch.randn(1, 3, 4)
-    with pytest.raises(ValueError, match="does not support the Hard alignment"):
+    with pytest.raises(ValueError, match="the Hard alignment does not implement the streaming protocol"):
         ak.attention(q, q, align="hard", chunk_size=2)
     with pytest.raises(ValueError, match="chunk_size must be a positive int"):
         ak.attention(q, q, score="dot", align="sparsemax", chunk_size=0)
@@ -112,7 +112,7 @@ def test_attention_dispatches_large_problems_to_chunks():
     with mock.patch.object(chunked, "attend", wraps=chunked.attend) as spy:
         ak.attention(q, k, score=s)
         assert spy.call_count == 0  # small: dense
-        with mock.patch("attnkit.attention.DENSE_LIMIT", 100):
+        with mock.patch.object(chunked, "DENSE_LIMIT", 100):
             ak.attention(q, k, score=s)
             assert spy.call_count == 1
             ak.attention(q, k, score=s, align="hard")  # not streamable: dense

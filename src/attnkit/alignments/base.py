@@ -75,6 +75,12 @@ class Alignment(nn.Module):
     def taxonomy_tags(self) -> list:
         return [self.label]
 
+    def softmax_temperature(self) -> float | None:
+        """The constant τ when this alignment is exactly softmax(e/τ) (eq. 25), else None.
+
+        Read by kernels that implement softmax themselves (SDPA)."""
+        return None
+
     def forward(
         self, scores: Tensor, mask: Tensor | None = None, *, query: Tensor | None = None
     ) -> AlignOutput:

@@ -9,12 +9,13 @@ from torch import Tensor
 
 from attnkit import taxonomy as tx
 from attnkit.alignments.base import REGISTRY, Alignment, AlignOutput
+from attnkit.alignments.streaming import Streaming, Tiles
 
 __all__ = ["Sigmoid"]
 
 
 @REGISTRY.register("sigmoid")
-class Sigmoid(Alignment):
+class Sigmoid(Streaming, Alignment):
     """a_l = σ(e_l); masked keys get 0. Weights do not sum to 1 (``normalized`` is False)."""
 
     normalized = False
@@ -25,4 +26,18 @@ class Sigmoid(Alignment):
         self, scores: Tensor, mask: Tensor | None = None, *, query: Tensor | None = None
     ) -> AlignOutput:
         weights = torch.sigmoid(scores)
-        return AlignOutput(weights if mask is None else weights * mask)
+        if mask is None:
+            return AlignOutput(weights)
+        # where, not a product: a masked score may be NaN and must not reach the weights.
+        return AlignOutput(torch.where(mask, weights, torch.zeros((), dtype=weights.dtype)))
+
+    # ---- streaming protocol: every weight is independent, so no statistic ------------------
+
+    def stream_statistic(self, tiles: Tiles) -> None:
+        return None
+
+    def stream_weights(self, e: Tensor, stat: Tensor | None) -> Tensor:
+        return torch.sigmoid(e)
+
+    def stream_slope(self, p: Tensor, stat: Tensor | None) -> tuple[Tensor, Tensor | None]:
+        return p * (1 - p), None

@@ -10,44 +10,108 @@ from torch import Tensor, nn
 
 from attnkit import taxonomy as tx
 from attnkit.alignments.base import REGISTRY, Alignment, AlignOutput, masked_softmax
+from attnkit.alignments.streaming import Streaming, Tiles
 
 __all__ = ["Softmax"]
 
 
 @REGISTRY.register("softmax")
-class Softmax(Alignment):
+class Softmax(Streaming, Alignment):
     """a_l = exp(e_l/τ) / Σ_j exp(e_j/τ) (Brauwers eq. 25; τ = 1 by default).
 
     Args:
-        temperature: τ > 0. Higher is smoother.
+        temperature: τ > 0 and finite. Higher is smoother.
         learnable: learn τ (Lin et al.'s adaptive temperature, Galassi IV-C); it is kept
-            positive by learning log τ.
+            positive by learning log τ, a parameter that follows ``.to()``/``.double()``. A fixed
+            τ is kept as a Python float, so it is exact in every dtype.
+        device, dtype: of the learned log τ.
+
+    Streaming (chunked kernels): online softmax with the row maximum and the log-normaliser kept
+    apart, so the weights ignore a constant added to a row at any magnitude.
     """
 
     streamable: ClassVar[bool] = True
+    stream_online: ClassVar[bool] = True
+    stream_weights_are_correction: ClassVar[bool] = True
     label = tx.Alignment.GLOBAL
 
-    def __init__(self, temperature: float = 1.0, *, learnable: bool = False) -> None:
+    def __init__(
+        self,
+        temperature: float = 1.0,
+        *,
+        learnable: bool = False,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
         super().__init__()
-        if not temperature > 0:
-            raise ValueError(f"temperature must be > 0, got {temperature!r}")
-        log_t = torch.tensor(math.log(temperature))
+        if isinstance(temperature, bool) or not isinstance(temperature, (int, float)):
+            raise TypeError(f"temperature must be a number, got {type(temperature).__name__}")
+        if not (temperature > 0 and math.isfinite(temperature)):
+            raise ValueError(f"temperature must be finite and > 0, got {temperature!r}")
+        if not isinstance(learnable, bool):
+            raise TypeError(f"learnable must be a bool, got {type(learnable).__name__}")
+        self.fixed_temperature = None if learnable else float(temperature)
         if learnable:
-            self.log_temperature = nn.Parameter(log_t)
-        else:
-            self.register_buffer("log_temperature", log_t)
+            self.log_temperature = nn.Parameter(
+                torch.tensor(math.log(temperature), device=device, dtype=dtype)
+            )
 
     @property
     def temperature(self) -> Tensor:
-        return self.log_temperature.exp()
+        """τ as a tensor (a parameter's function when learned)."""
+        if self.fixed_temperature is None:
+            return self.log_temperature.exp()
+        return torch.tensor(self.fixed_temperature, dtype=torch.float64)
 
-    def is_plain(self) -> bool:
-        """True when this is the standard softmax (τ = 1 and not learned)."""
-        return not self.log_temperature.requires_grad and float(self.log_temperature) == 0.0
+    def softmax_temperature(self) -> float | None:
+        return self.fixed_temperature
+
+    def _scaled(self, e: Tensor) -> Tensor:
+        if self.fixed_temperature is None:
+            return e / self.log_temperature.to(e.dtype).exp()
+        if self.fixed_temperature == 1.0:
+            return e
+        return e / self.fixed_temperature
 
     def forward(
         self, scores: Tensor, mask: Tensor | None = None, *, query: Tensor | None = None
     ) -> AlignOutput:
-        if not self.is_plain():
-            scores = scores / self.temperature.to(scores.dtype)
-        return AlignOutput(masked_softmax(scores, mask))
+        return AlignOutput(masked_softmax(self._scaled(scores), mask))
+
+    # ---- streaming protocol -----------------------------------------------------------------
+
+    def stream_prepare(self, e: Tensor) -> Tensor:
+        return self._scaled(e)
+
+    def stream_accumulate(self, e, state):
+        blk = e.amax(dim=-1, keepdim=True)
+        old = None if state is None else state[0]
+        new = blk if old is None else torch.maximum(old, blk)
+        ref = torch.where(torch.isinf(new), torch.zeros((), dtype=e.dtype), new)
+        p = torch.exp(e - ref)
+        total = p.sum(dim=-1, keepdim=True)
+        if state is None:
+            return p, None, (new, total)
+        rescale = torch.exp(old - ref)  # 0 while the row had no key yet (old = −inf)
+        return p, rescale, (new, state[1] * rescale + total)
+
+    def stream_finish(self, state):
+        top, total = state
+        empty = total == 0
+        top = torch.where(empty, torch.zeros((), dtype=top.dtype), top)
+        norm = torch.where(empty, torch.ones((), dtype=total.dtype), total)
+        return norm, torch.cat([top, torch.log(norm)], dim=-1)
+
+    def stream_statistic(self, tiles: Tiles) -> Tensor:
+        state = None
+        for e in tiles():
+            _, _, state = self.stream_accumulate(e, state)
+        assert state is not None
+        return self.stream_finish(state)[1]
+
+    def stream_weights(self, e: Tensor, stat: Tensor | None) -> Tensor:
+        assert stat is not None
+        return torch.exp((e - stat[..., :1]) - stat[..., 1:])
+
+    def stream_slope(self, p: Tensor, stat: Tensor | None) -> tuple[Tensor, Tensor | None]:
+        return p, p

@@ -1,7 +1,8 @@
 """Sparse alignments with exact zeros: sparsemax and α-entmax (Galassi IV-C; Peters et al.).
 
-The distributions come from the ``entmax`` package; this module adds masks, fully-masked rows
-and a learnable α.
+The dense distributions come from the ``entmax`` package; this module adds masks, fully-masked
+rows, a learnable α, shift-safe evaluation at any logit magnitude, and the streaming protocol
+(the threshold τ found block by block) for chunked kernels.
 """
 
 from __future__ import annotations
@@ -16,30 +17,97 @@ from torch import Tensor, nn
 
 from attnkit import taxonomy as tx
 from attnkit.alignments.base import REGISTRY, Alignment, AlignOutput
+from attnkit.alignments.streaming import Streaming, Tiles
 
 __all__ = ["Entmax", "Entmax15", "Sparsemax"]
 
+# Newton steps on the threshold are capped; each is a sweep over the keys.
+_MAX_NEWTON = 100
 
-def _prepare(scores: Tensor, mask: Tensor | None, gap: float) -> tuple[Tensor, Tensor | None]:
-    """Replace masked scores by (row max − gap): a value that α-entmax maps to exactly 0.
 
-    For α-entmax, p_l > 0 needs (α−1)(max − e_l) < 1, so any gap > 1/(α−1) gives p_l = 0
-    while keeping everything finite (−inf breaks the sort-based algorithms). The fill is
-    detached: masked keys receive no gradient.
+def _shifted(scores: Tensor, mask: Tensor | None, gap: float) -> tuple[Tensor, Tensor | None]:
+    """Scores minus their row maximum over allowed keys, masked keys at −gap.
+
+    α-entmax ignores a constant added to a row, so subtracting the (detached) maximum changes
+    nothing mathematically, but keeps every value within a few units of 0: the masked fill cannot
+    round to the row maximum at large logits (1e8 in float32), and the algorithms never meet
+    overflow. p_l > 0 needs (α−1)(max − e_l) < 1, so a gap > 1/(α−1) gives masked keys exactly 0.
     """
     if mask is None:
-        return scores, None
+        top = scores.amax(dim=-1, keepdim=True).detach()
+        return scores - torch.where(torch.isfinite(top), top, torch.zeros_like(top)), None
     any_key = mask.any(dim=-1, keepdim=True)
-    row_max = scores.masked_fill(~mask, float("-inf")).amax(dim=-1, keepdim=True)
-    row_max = torch.where(any_key, row_max, torch.zeros((), dtype=scores.dtype)).detach()
-    return torch.where(mask, scores, row_max - gap), mask & any_key
+    top = scores.masked_fill(~mask, float("-inf")).amax(dim=-1, keepdim=True).detach()
+    top = torch.where(any_key & torch.isfinite(top), top, torch.zeros((), dtype=scores.dtype))
+    filled = torch.where(mask, scores - top, torch.full((), -gap, dtype=scores.dtype))
+    return filled, mask & any_key
 
 
-class _Sparse(Alignment):
+def _threshold(tiles: Tiles, alpha: float) -> Tensor:
+    """(…, M_b, 2): the row maximum m and τ with Σ_l [(α−1)(e_l − m) − τ]_+^{1/(α−1)} = 1.
+
+    Newton's method on the row sum, whose value and slope are accumulated over key blocks (one
+    sweep per step). The sum is convex and decreasing in τ for 1 < α ≤ 2, so Newton from the
+    left, τ₀ = −1 (where the maximum alone weighs 1), rises monotonically to the root; for
+    sparsemax each step is Michelot's support update and ends exact, for 1.5-entmax the last
+    step solves the quadratic on the final support exactly. Working relative to m keeps every
+    quantity O(1), so the result ignores a constant added to the row at any magnitude.
+    """
+    a1 = alpha - 1.0
+    power = 1.0 / a1
+    top = None
+    for e in tiles():
+        blk = e.amax(dim=-1, keepdim=True)
+        top = blk if top is None else torch.maximum(top, blk)
+    assert top is not None
+    top = torch.where(torch.isfinite(top), top, torch.zeros((), dtype=top.dtype))
+
+    def sweep(tau: Tensor) -> tuple[Tensor, ...]:
+        sums = None
+        for e in tiles():
+            z = a1 * (e - top)
+            gap = torch.clamp(z - tau, min=0)
+            inside = gap > 0
+            zero = torch.zeros((), dtype=z.dtype)
+            parts = (
+                (gap**power).sum(-1, keepdim=True),
+                (gap ** (power - 1.0) * inside).sum(-1, keepdim=True),
+                inside.sum(-1, keepdim=True, dtype=z.dtype),
+                torch.where(inside, z, zero).sum(-1, keepdim=True),
+                torch.where(inside, z * z, zero).sum(-1, keepdim=True),
+            )
+            sums = parts if sums is None else tuple(a + b for a, b in zip(sums, parts, strict=True))
+        assert sums is not None
+        return sums
+
+    tau = torch.full_like(top, -1.0)
+    tol = 64 * torch.finfo(tau.dtype).eps
+    for _ in range(_MAX_NEWTON):
+        total, slope, count, s1, _ = sweep(tau)
+        if alpha == 2.0:
+            new = torch.where(count > 0, (s1 - 1.0) / count.clamp_min(1), tau)
+        else:
+            step = (total - 1.0) / (power * slope).clamp_min(torch.finfo(tau.dtype).tiny)
+            new = torch.where(slope > 0, tau + step, tau)
+        done = bool((((new - tau).abs() <= tol) | torch.isnan(new)).all())
+        tau = torch.maximum(tau, new)  # monotone from the left; guards rounding
+        if done:
+            break
+    if alpha == 1.5:
+        # On the final support S: Σ_S (z − τ)² = 1, the smaller root of the quadratic.
+        _, _, count, s1, s2 = sweep(tau)
+        disc = (s1 * s1 - count * (s2 - 1.0)).clamp_min(0)
+        exact = (s1 - torch.sqrt(disc)) / count.clamp_min(1)
+        tau = torch.where(count > 0, exact, tau)
+    return torch.cat([top, tau], dim=-1)
+
+
+class _Sparse(Streaming, Alignment):
     streamable: ClassVar[bool] = True
     label = tx.Alignment.SPARSE
 
-    def _alpha(self) -> float:
+    def alpha_value(self) -> float:
+        """α as a Python float."""
         raise NotImplementedError
 
     def _map(self, scores: Tensor) -> Tensor:
@@ -48,16 +116,51 @@ class _Sparse(Alignment):
     def forward(
         self, scores: Tensor, mask: Tensor | None = None, *, query: Tensor | None = None
     ) -> AlignOutput:
-        filled, keep = _prepare(scores, mask, 1.0 / (self._alpha() - 1.0) + 1.0)
+        # Half precision has too few digits for the threshold search: work in float32.
+        work = scores.float() if scores.dtype in (torch.float16, torch.bfloat16) else scores
+        filled, keep = _shifted(work, mask, 1.0 / (self.alpha_value() - 1.0) + 1.0)
         weights = self._map(filled)
-        return AlignOutput(weights if keep is None else weights * keep)
+        if keep is not None:
+            weights = torch.where(keep, weights, torch.zeros((), dtype=weights.dtype))
+        return AlignOutput(weights.to(scores.dtype))
+
+    # ---- streaming protocol: stat = (row max, τ) ------------------------------------------
+
+    def stream_reasons(self) -> list[str]:
+        alpha = self.alpha_value()
+        if not 1.0 < alpha <= 2.0:
+            return [
+                f"α-entmax streams for 1 < α ≤ 2 (Newton's method needs a convex sum); α = {alpha}"
+            ]
+        return []
+
+    def stream_statistic(self, tiles: Tiles) -> Tensor:
+        return _threshold(tiles, self.alpha_value())
+
+    def stream_weights(self, e: Tensor, stat: Tensor | None) -> Tensor:
+        assert stat is not None
+        a1 = self.alpha_value() - 1.0
+        gap = torch.clamp(a1 * (e - stat[..., :1]) - stat[..., 1:], min=0)
+        if a1 == 1.0:
+            return gap
+        return gap * gap if a1 == 0.5 else gap ** (1.0 / a1)
+
+    def stream_slope(self, p: Tensor, stat: Tensor | None) -> tuple[Tensor, Tensor | None]:
+        # ∂p/∂e = diag(s) − s sᵀ/Σ s with s_l = p_l^{2−α} on the support (Peters et al.).
+        alpha = self.alpha_value()
+        inside = p > 0
+        if alpha == 2.0:
+            s = inside.to(p.dtype)
+        else:
+            s = torch.where(inside, p, torch.zeros((), dtype=p.dtype)) ** (2.0 - alpha)
+        return s, s
 
 
 @REGISTRY.register("sparsemax")
 class Sparsemax(_Sparse):
     """sparsemax(e) = argmin_{a ∈ Δ} ‖a − e‖² (Martins & Astudillo; Galassi IV-C); α = 2."""
 
-    def _alpha(self) -> float:
+    def alpha_value(self) -> float:
         return 2.0
 
     def _map(self, scores: Tensor) -> Tensor:
@@ -68,11 +171,16 @@ class Sparsemax(_Sparse):
 class Entmax15(_Sparse):
     """1.5-entmax (Peters et al.), computed exactly by sorting."""
 
-    def _alpha(self) -> float:
+    def alpha_value(self) -> float:
         return 1.5
 
     def _map(self, scores: Tensor) -> Tensor:
         return entmax.entmax15(scores, dim=-1)
+
+
+def _inverse_softplus(x: float) -> float:
+    """ρ with softplus(ρ) = x > 0, without overflow for large x."""
+    return x + math.log(-math.expm1(-x))
 
 
 @REGISTRY.register("entmax")
@@ -80,31 +188,55 @@ class Entmax(_Sparse):
     """α-entmax for any α > 1 (α → 1 is softmax, α = 2 sparsemax), by bisection.
 
     Args:
-        alpha: α > 1.
+        alpha: α > 1, finite.
         learnable: learn α (kept above 1 as α = 1 + softplus(ρ)), as in adaptively sparse
-            Transformers (Soydaner).
-        n_iter: bisection steps.
+            Transformers (Soydaner); ρ is a parameter that follows ``.to()``/``.double()``. A
+            fixed α is kept as a Python float, exact in every dtype.
+        n_iter: bisection steps, ≥ 1.
+        device, dtype: of the learned ρ.
     """
 
-    def __init__(self, alpha: float = 1.5, *, learnable: bool = False, n_iter: int = 50) -> None:
+    def __init__(
+        self,
+        alpha: float = 1.5,
+        *,
+        learnable: bool = False,
+        n_iter: int = 50,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
         super().__init__()
-        if not alpha > 1:
-            raise ValueError(f"alpha must be > 1 (alpha = 1 is softmax), got {alpha!r}")
-        # inverse softplus of alpha - 1
-        rho = torch.tensor(math.log(math.expm1(alpha - 1.0)))
+        if isinstance(alpha, bool) or not isinstance(alpha, (int, float)):
+            raise TypeError(f"alpha must be a number, got {type(alpha).__name__}")
+        if not (alpha > 1 and math.isfinite(alpha)):
+            raise ValueError(f"alpha must be finite and > 1 (alpha = 1 is softmax), got {alpha!r}")
+        if isinstance(n_iter, bool) or not isinstance(n_iter, int) or n_iter < 1:
+            raise ValueError(f"n_iter must be an int >= 1, got {n_iter!r}")
+        if not isinstance(learnable, bool):
+            raise TypeError(f"learnable must be a bool, got {type(learnable).__name__}")
+        self.fixed_alpha = None if learnable else float(alpha)
         if learnable:
+            rho = torch.tensor(_inverse_softplus(alpha - 1.0), device=device, dtype=dtype)
             self.rho = nn.Parameter(rho)
-        else:
-            self.register_buffer("rho", rho)
         self.n_iter = n_iter
 
     @property
     def alpha(self) -> Tensor:
+        if self.fixed_alpha is not None:
+            return torch.tensor(self.fixed_alpha, dtype=torch.float64)
         return 1.0 + F.softplus(self.rho)
 
-    def _alpha(self) -> float:
-        return float(self.alpha.detach())
+    def alpha_value(self) -> float:
+        return self.fixed_alpha if self.fixed_alpha is not None else float(self.alpha.detach())
+
+    def stream_reasons(self) -> list[str]:
+        if self.fixed_alpha is None:
+            return ["α is learned; the chunked kernel needs a fixed α"]
+        return super().stream_reasons()
 
     def _map(self, scores: Tensor) -> Tensor:
-        alpha = self.alpha.to(scores.dtype).expand(*scores.shape[:-1], 1)
-        return entmax.entmax_bisect(scores, alpha, dim=-1, n_iter=self.n_iter)
+        if self.fixed_alpha is not None:
+            alpha = torch.full((*scores.shape[:-1], 1), self.fixed_alpha, dtype=scores.dtype)
+        else:
+            alpha = self.alpha.to(scores.dtype).expand(*scores.shape[:-1], 1)
+        return entmax.entmax_bisect(scores, alpha.to(scores.device), dim=-1, n_iter=self.n_iter)

@@ -1,52 +1,38 @@
-"""Record every attention module's weights during a forward pass, by module name."""
+"""Record the attention weights of every part of a model during a forward pass, by module name."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from contextvars import ContextVar
 
 from torch import Tensor, nn
 
-__all__ = ["capture", "weights_forced"]
+from attnkit import hooks
 
-_FORCE = ContextVar("attnkit_force_weights", default=False)
+__all__ = ["capture", "weights_forced"]
 
 
 def weights_forced() -> bool:
-    """True inside :func:`capture`: attention modules then compute their weights."""
-    return _FORCE.get()
+    """True inside :func:`capture` (see :func:`attnkit.hooks.listening`)."""
+    return hooks.listening()
 
 
 @contextmanager
 def capture(model: nn.Module) -> Iterator[dict[str, list[Tensor]]]:
-    """``with capture(model) as records: model(x)`` fills ``records[name]`` with the weights of
-    each call of every :class:`attnkit.Attention` and :class:`attnkit.MultiHeadAttention` in
-    ``model`` (one entry per call, e.g. per decoding step), detached. Weights are computed even
-    when the model's code does not ask for them.
+    """``with capture(model) as records: model(x)`` fills ``records[name]`` with the weights that
+    each attention part inside ``model`` reports (through :mod:`attnkit.hooks`), one entry per
+    call (e.g. per decoding step), detached. Weights are computed even when the model's code does
+    not ask for them. A part that reports several named weight tensors (e.g. both directions of
+    co-attention) appears as ``"name.weights_name"``; parts outside ``model`` are ignored.
     """
-    from attnkit.attention import Attention
-    from attnkit.multihead import MultiHeadAttention
-
+    names = {id(module): name or type(module).__name__ for name, module in model.named_modules()}
     records: dict[str, list[Tensor]] = {}
-    handles = []
 
-    def recorder(key: str):
-        def hook(mod, args, output):
-            if getattr(output, "weights", None) is not None:
-                records[key].append(output.weights.detach())
+    def keep(rep: hooks.Report) -> None:
+        name = names.get(id(rep.module))
+        if name is not None:
+            key = name if rep.name == "weights" else f"{name}.{rep.name}"
+            records.setdefault(key, []).append(rep.weights)
 
-        return hook
-
-    for name, module in model.named_modules():
-        if isinstance(module, (Attention, MultiHeadAttention)):
-            key = name or type(module).__name__
-            records[key] = []
-            handles.append(module.register_forward_hook(recorder(key)))
-    token = _FORCE.set(True)
-    try:
+    with hooks.listen(keep):
         yield records
-    finally:
-        _FORCE.reset(token)
-        for h in handles:
-            h.remove()

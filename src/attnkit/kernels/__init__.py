@@ -1,5 +1,19 @@
-"""How attention is evaluated: the dense reference path and the SDPA dispatch."""
+"""How attention is evaluated: kernels as registered parts (dense reference, SDPA dispatch,
+chunked exact attention). ``available()`` lists them by priority; ``get(name)`` returns one;
+``select(call, kernel=None)`` picks the kernel that :func:`attnkit.attention` runs."""
 
-from attnkit.kernels import dense, sdpa
+from attnkit.kernels import base, chunked, dense, sdpa
+from attnkit.kernels.base import Call, Kernel, available, get, register, select
 
-__all__ = ["dense", "sdpa"]
+__all__ = [
+    "Call",
+    "Kernel",
+    "available",
+    "base",
+    "chunked",
+    "dense",
+    "get",
+    "register",
+    "sdpa",
+    "select",
+]

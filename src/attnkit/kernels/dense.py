@@ -8,10 +8,19 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from attnkit.alignments import Alignment
+from attnkit.kernels.base import Call, Kernel, guarded_sum, register
 from attnkit.output import AttentionOutput
 from attnkit.scores import Score
 
-__all__ = ["attend"]
+__all__ = ["Dense", "attend"]
+
+
+def _sum(a: Tensor, v: Tensor) -> Tensor:
+    return torch.matmul(a, v)  # eq. 4
+
+
+def _sum_multi(a: Tensor, v: Tensor) -> Tensor:
+    return torch.einsum("...dmn,...nd->...md", a, v)  # eq. 30
 
 
 def attend(
@@ -26,7 +35,10 @@ def attend(
     need_weights: bool = False,
     dropout: float = 0.0,
 ) -> AttentionOutput:
-    """Evaluate attention densely; inputs are assumed validated."""
+    """Evaluate attention densely; inputs are assumed validated.
+
+    With a mask, a masked value that is NaN or infinite does not reach the context (it has
+    weight 0, and 0·NaN would otherwise be NaN)."""
     e = score(q, k)  # (…, M, N) or (…, M, N, d_v)
     multi = score.multi_dimensional
     if bias is not None:
@@ -42,13 +54,43 @@ def attend(
         a, log_prob = align(e, mask, query=q)
     if dropout > 0.0:
         a = F.dropout(a, p=dropout, training=True)
+    combine = _sum_multi if multi else _sum
+    if mask is not None and not bool(torch.isfinite(v).all()):
+        context = guarded_sum(combine, a, v)
+    else:
+        context = combine(a, v)
     if multi:
-        context = torch.einsum("...dmn,...nd->...md", a, v)  # eq. 30
         a = a.movedim(-3, -1)
         if log_prob is not None:
             log_prob = log_prob.movedim(-2, -1)
-    else:
-        context = torch.matmul(a, v)  # eq. 4
     if not need_weights:
         return AttentionOutput(context, log_prob=log_prob)
     return AttentionOutput(context, a, e, log_prob)
+
+
+class Dense(Kernel):
+    """The reference: evaluates every score × alignment, with dropout and every output."""
+
+    name = "dense"
+    priority = 0
+
+    def reasons_not_supported(self, call: Call) -> list[str]:
+        if call.chunk_size is not None:
+            return ["chunk_size is an argument of the chunked kernel"]
+        return []
+
+    def attend(self, call: Call) -> AttentionOutput:
+        return attend(
+            call.q,
+            call.k,
+            call.v,
+            call.score,
+            call.align,
+            mask=call.mask,
+            bias=call.bias,
+            need_weights=call.need_weights,
+            dropout=call.dropout,
+        )
+
+
+register(Dense())

@@ -1,5 +1,6 @@
 """Dispatch to ``torch.nn.functional.scaled_dot_product_attention`` when it computes the same
-thing: a score in dot-product form, plain softmax alignment, and no weights requested."""
+thing: a score in dot-product form, an alignment that is softmax with a constant temperature, and
+no weights requested."""
 
 from __future__ import annotations
 
@@ -7,22 +8,32 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from attnkit.alignments import Alignment, Softmax
+from attnkit.alignments import Alignment
+from attnkit.kernels.base import Call, Kernel, register
 from attnkit.output import AttentionOutput
 from attnkit.scores import Score
 
-__all__ = ["attend", "can_dispatch"]
+__all__ = ["SDPA", "attend", "can_dispatch"]
+
+
+def _reasons(score: Score, align: Alignment, *, need_weights: bool) -> list[str]:
+    reasons = []
+    if need_weights:
+        reasons.append("SDPA does not return the weights (need_weights=True)")
+    if not score.dot_product_form:
+        reasons.append(f"the {type(score).__name__} score is not in dot-product form")
+    if score.multi_dimensional:
+        reasons.append("multi-dimensional scores are not dot products")
+    if align.softmax_temperature() is None:
+        reasons.append(
+            f"the {type(align).__name__} alignment is not softmax with a constant temperature"
+        )
+    return reasons
 
 
 def can_dispatch(score: Score, align: Alignment, *, need_weights: bool) -> bool:
     """Whether SDPA computes exactly this attention."""
-    return (
-        not need_weights
-        and score.dot_product_form
-        and not score.multi_dimensional
-        and isinstance(align, Softmax)
-        and not align.log_temperature.requires_grad
-    )
+    return not _reasons(score, align, need_weights=need_weights)
 
 
 def attend(
@@ -37,10 +48,11 @@ def attend(
     dropout: float = 0.0,
 ) -> AttentionOutput:
     """Evaluate with SDPA; the caller has checked :func:`can_dispatch`."""
-    assert isinstance(align, Softmax)
+    temperature = align.softmax_temperature()
+    assert temperature is not None
     qp, kp, scale = score.dot_form(q, k)
     # softmax((scale·q'ᵀk' + bias) / τ): fold 1/τ into the scale and the bias.
-    inv_t = 1.0 / float(align.temperature)
+    inv_t = 1.0 / temperature
     scale = scale * inv_t
     lead = torch.broadcast_shapes(qp.shape[:-2], kp.shape[:-2], v.shape[:-2])
     qp = qp.expand(*lead, *qp.shape[-2:])
@@ -48,10 +60,46 @@ def attend(
     v = v.expand(*lead, *v.shape[-2:])
     attn_mask: Tensor | None = mask
     if bias is not None:
-        attn_mask = bias.to(qp.dtype) if inv_t == 1.0 else bias.to(qp.dtype) * inv_t
+        attn_mask = bias if inv_t == 1.0 else bias * inv_t
         if mask is not None:
             attn_mask = torch.where(mask, attn_mask, float("-inf"))
     context = F.scaled_dot_product_attention(
         qp, kp, v, attn_mask=attn_mask, dropout_p=dropout, scale=scale
     )
+    if mask is not None:
+        # SDPA gives NaN for a row with no key; attnkit gives 0 (DESIGN 2).
+        any_key = mask.any(dim=-1, keepdim=True)
+        context = torch.where(any_key, context, torch.zeros((), dtype=context.dtype))
     return AttentionOutput(context)
+
+
+class SDPA(Kernel):
+    """PyTorch's fused kernel for dot-product softmax attention (FlashAttention on CUDA)."""
+
+    name = "sdpa"
+    priority = 30
+
+    def reasons_not_supported(self, call: Call) -> list[str]:
+        reasons = _reasons(call.score, call.align, need_weights=call.need_weights)
+        if call.chunk_size is not None:
+            reasons.append("chunk_size is an argument of the chunked kernel")
+        if call.bias is not None and call.bias.dtype != call.k.dtype:
+            reasons.append(f"bias dtype {call.bias.dtype} differs from the inputs' {call.k.dtype}")
+        if call.mask is not None and not bool(torch.isfinite(call.v).all()):
+            reasons.append("a masked value is not finite (SDPA would let it reach the context)")
+        return reasons
+
+    def attend(self, call: Call) -> AttentionOutput:
+        return attend(
+            call.q,
+            call.k,
+            call.v,
+            call.score,
+            call.align,
+            mask=call.mask,
+            bias=call.bias,
+            dropout=call.dropout,
+        )
+
+
+register(SDPA())
