@@ -11,9 +11,12 @@ from attnkit import alignments as al
 
 
 def local_row(e, allowed, p, window, gaussian):
+    """Brauwers eqs. 27 and 29 for one row: the window is every key l with p − D ≤ l ≤ p + D."""
     p = torch.as_tensor(p, dtype=e.dtype)
-    centre = round(float(p.detach()))
-    inside = [allowed[j] and abs(j - centre) <= window for j in range(len(e))]
+    lo, hi = float(p.detach()) - window, float(p.detach()) + window
+    inside = [allowed[j] and lo <= j <= hi for j in range(len(e))]
+    if not any(inside):
+        return e * 0
     denom = sum(torch.exp(e[j]) for j in range(len(e)) if inside[j])
     out = []
     for j in range(len(e)):
@@ -81,3 +84,93 @@ def test_gaussian_sigma():
     e = torch.zeros(1, 3, 7, dtype=torch.float64)
     w = align(e).weights
     torch.testing.assert_close(w[0, 2, 4], torch.tensor(math.exp(-2) / 5, dtype=torch.float64))
+
+
+def _predictor_at_half(align):
+    """Zero W_p: tanh(0) = 0, so eq. 28 gives p = (S − 1)·sigmoid(0) = (S − 1)/2."""
+    with torch.no_grad():
+        align.W_p.weight.zero_()
+    return align
+
+
+@pytest.mark.parametrize("gaussian", [False, True])
+def test_predictive_window_is_p_minus_d_to_p_plus_d(gaussian):
+    # S = 6 keys: p = 2.5 and D = 1 -> the window [1.5, 3.5] holds keys 2 and 3 only (not the
+    # three keys around round(p)); key 1 or 4 must neither get weight nor enter the normaliser.
+    align = _predictor_at_half(al.Local(1, "predictive", d_q=3, gaussian=gaussian).double())
+    e, q = rand(1, 2, 6, seed=3), rand(1, 2, 3, seed=4)
+    w = align(e, query=q).weights
+    assert (w[..., [0, 1, 4, 5]] == 0).all()
+    ref = per_row(lambda r, a, m: local_row(r, a, 2.5, 1, gaussian), e)
+    assert_same_forward_backward(lambda: align(e, query=q).weights, lambda: ref, [e])
+    if not gaussian:
+        soft = torch.softmax(e[..., 2:4], dim=-1)
+        torch.testing.assert_close(w[..., 2:4], soft)
+
+
+def test_predictive_with_mask_counts_only_real_keys():
+    # S = 4 real keys of 7: p = 1.5, window [0.5, 2.5] -> keys 1 and 2.
+    align = _predictor_at_half(al.Local(1, "predictive", d_q=3, gaussian=False).double())
+    e, q = rand(1, 1, 7, seed=5), rand(1, 1, 3, seed=6)
+    mask = torch.tensor([[[True] * 4 + [False] * 3]])
+    w = align(e, mask, query=q).weights
+    torch.testing.assert_close(w[0, 0, 1:3], torch.softmax(e[0, 0, 1:3], -1))
+    assert w[0, 0, [0, 3, 4, 5, 6]].abs().sum() == 0
+
+
+@pytest.mark.parametrize("gaussian", [False, True])
+def test_monotonic_explicit_positions(gaussian):
+    # A decoder at steps 4, 0 and 9 (beyond the 7 keys: an empty window, weights 0).
+    e = rand(2, 3, 7)
+    mask = torch.ones(2, 1, 7, dtype=torch.bool)
+    mask[1, :, 5:] = False
+    steps = torch.tensor([4, 0, 9])
+    align = al.Local(1, gaussian=gaussian)
+    assert_same_forward_backward(
+        lambda: align(e, mask, positions=steps).weights,
+        lambda: per_row(lambda r, a, m: local_row(r, a, int(steps[m]), 1, gaussian), e, mask),
+        [e],
+    )
+    assert (align(e, mask, positions=steps).weights[:, 2] == 0).all()
+
+
+def test_monotonic_position_per_batch_item_and_int():
+    e = rand(2, 1, 6)
+    align = al.Local(1)
+    w = align(e, positions=torch.tensor([[1], [3]])).weights
+    ref = torch.stack(
+        [local_row(e[0, 0], [True] * 6, 1, 1, False), local_row(e[1, 0], [True] * 6, 3, 1, False)]
+    )
+    torch.testing.assert_close(w[:, 0], ref)
+    torch.testing.assert_close(
+        align(e, positions=3).weights[1, 0], local_row(e[1, 0], [True] * 6, 3, 1, False)
+    )
+
+
+@pytest.mark.parametrize(
+    ("positions", "error", "match"),
+    [
+        (torch.tensor([1.0, 2.0]), TypeError, "positions must be an integer tensor, got dtype"),
+        (torch.tensor([True, False]), TypeError, "positions must be an integer tensor"),
+        (torch.tensor([1, 2, 3]), ValueError, r"positions of shape \(3,\) does not broadcast"),
+        (1.5, TypeError, "positions must be an int or an integer tensor"),
+        (True, TypeError, "positions must be an int or an integer tensor"),
+    ],
+)
+def test_bad_positions(positions, error, match):
+    with pytest.raises(error, match=match):
+        al.Local(1)(torch.randn(1, 2, 5), positions=positions)
+
+
+def test_predictive_refuses_positions():
+    with pytest.raises(ValueError, match="positions= is for monotonic"):
+        al.Local(1, "predictive", d_q=3)(
+            torch.randn(1, 2, 5), query=torch.randn(1, 2, 3), positions=1
+        )
+
+
+def test_bfloat16_positions_beyond_256_are_exact():
+    # bfloat16 cannot hold 257; the window must still be [p − D, p + D] in exact indices.
+    e = torch.zeros(1, 1, 300, dtype=torch.bfloat16)
+    w = al.Local(1)(e, positions=257).weights
+    assert w[0, 0].nonzero().flatten().tolist() == [256, 257, 258]

@@ -14,15 +14,26 @@ from attnkit.layers import HeadwiseLinear
 __all__ = ["Local"]
 
 
+def _exact(dtype: torch.dtype) -> torch.dtype:
+    """A dtype that holds key indices exactly (bfloat16 holds integers only up to 256)."""
+    return torch.promote_types(dtype, torch.float32)
+
+
 @REGISTRY.register("local")
 class Local(Alignment):
-    """a_l = exp(e_l) / Σ_{j=p−D}^{p+D} exp(e_j) for |l − p| ≤ D, else 0 (eq. 27).
+    """a_l = exp(e_l) / Σ_{j: |j−p| ≤ D} exp(e_j) for |l − p| ≤ D, else 0 (Brauwers eq. 27).
+
+    The window is exactly [p − D, p + D]: for a fractional p (predictive) it holds the keys
+    whose index lies in that interval, not 2D+1 keys centred on round(p). Keys outside the
+    window get weight 0 and take no part in the normaliser.
 
     Args:
-        window: D ≥ 0, the half-width; the window holds 2D+1 keys, centred on round(p).
-        position: ``"monotonic"`` — p = m, the query's own index (row of the scores); or
-            ``"predictive"`` — p = (S−1)·sigmoid(w_pᵀ tanh(W_p q)) (eq. 28, positions counted
-            from 0), S the number of keys the row may attend.
+        window: D ≥ 0, the half-width.
+        position: ``"monotonic"`` — p_t = t, the query's position (local-m): by default the row
+            index of the scores, or the ``positions`` given to :meth:`forward` (a decoder that
+            runs one step at a time passes its step); or ``"predictive"`` —
+            p = (S−1)·sigmoid(w_pᵀ tanh(W_p q)) (eq. 28, positions counted from 0), S the number
+            of keys the row may attend.
         d_q, d_p: query size and hidden size of the position predictor (predictive only;
             d_p defaults to d_q).
         gaussian: multiply by exp(−(l−p)²/2σ²), σ = D/2 (eq. 29), which makes p trainable.
@@ -49,17 +60,21 @@ class Local(Alignment):
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
-        if not isinstance(window, int) or window < 0:
+        if isinstance(window, bool) or not isinstance(window, int) or window < 0:
             raise ValueError(f"window must be an int >= 0, got {window!r}")
         if position not in ("monotonic", "predictive"):
             raise ValueError(f"position must be 'monotonic' or 'predictive', got {position!r}")
         if position == "predictive" and d_q is None:
             raise TypeError("Local(position='predictive') needs d_q, the query size (eq. 28)")
+        if gaussian is not None and not isinstance(gaussian, bool):
+            raise TypeError(f"gaussian must be a bool or None, got {gaussian!r}")
         self.window, self.position = window, position
         self.gaussian = (position == "predictive") if gaussian is None else gaussian
         if self.gaussian and window == 0:
             raise ValueError("gaussian local alignment needs window >= 1 (σ = window/2)")
         self.normalized = not self.gaussian
+        # A step-by-step decoder reads this to pass its step as p_t (monotonic form only).
+        self.takes_positions = position == "monotonic"
         if position == "predictive":
             assert d_q is not None
             d_p = d_q if d_p is None else d_p
@@ -67,11 +82,54 @@ class Local(Alignment):
             self.W_p = HeadwiseLinear(d_q, d_p, bias=False, **kw)
             self.w_p = HeadwiseLinear(d_p, 1, bias=False, **kw)
 
-    def positions(self, scores: Tensor, mask: Tensor | None, query: Tensor | None) -> Tensor:
+    def _given(self, positions: Tensor | int, scores: Tensor) -> Tensor:
+        """Validated query positions as (…, M, 1) in the scores' dtype."""
+        rows = tuple(scores.shape[:-1])
+        if isinstance(positions, bool) or not isinstance(positions, (int, Tensor)):
+            raise TypeError(
+                f"positions must be an int or an integer tensor (…, M), got {positions!r}"
+            )
+        if isinstance(positions, int):
+            positions = torch.tensor(positions, device=scores.device)
+        if (
+            positions.dtype.is_floating_point
+            or positions.dtype.is_complex
+            or (positions.dtype == torch.bool)
+        ):
+            raise TypeError(f"positions must be an integer tensor, got dtype {positions.dtype}")
+        if positions.device != scores.device:
+            raise ValueError(
+                f"positions is on {positions.device} but the scores are on {scores.device}"
+            )
+        try:
+            ok = torch.broadcast_shapes(positions.shape, rows) == rows
+        except RuntimeError:
+            ok = False
+        if not ok:
+            raise ValueError(
+                f"positions of shape {tuple(positions.shape)} does not broadcast to the query "
+                f"rows (…, M) = {rows} of scores {tuple(scores.shape)}"
+            )
+        return positions.to(_exact(scores.dtype)).unsqueeze(-1)
+
+    def positions(
+        self,
+        scores: Tensor,
+        mask: Tensor | None,
+        query: Tensor | None,
+        given: Tensor | int | None = None,
+    ) -> Tensor:
         """p for every row: (…, M, 1)."""
-        m = scores.shape[-2]
         if self.position == "monotonic":
-            return torch.arange(m, device=scores.device, dtype=scores.dtype).unsqueeze(-1)
+            if given is not None:
+                return self._given(given, scores)
+            m = scores.shape[-2]
+            return torch.arange(m, device=scores.device, dtype=_exact(scores.dtype)).unsqueeze(-1)
+        if given is not None:
+            raise ValueError(
+                "positions= is for monotonic local alignment (p_t = t); predictive local "
+                "alignment computes p from the query (eq. 28)"
+            )
         if query is None:
             raise ValueError("predictive local alignment needs the query (eq. 28); got query=None")
         if mask is None:
@@ -82,21 +140,34 @@ class Local(Alignment):
         return (s - 1).clamp_min(0) * gate
 
     def forward(
-        self, scores: Tensor, mask: Tensor | None = None, *, query: Tensor | None = None
+        self,
+        scores: Tensor,
+        mask: Tensor | None = None,
+        *,
+        query: Tensor | None = None,
+        positions: Tensor | int | None = None,
     ) -> AlignOutput:
+        """Weights (…, M, N) from scores (…, M, N).
+
+        Args:
+            scores: (…, M, N).
+            mask: boolean, broadcastable to (…, M, N), True = may attend.
+            query: (…, M, d_q), needed by the predictive form (eq. 28).
+            positions: monotonic form only: p_t for every query row, an int or an integer
+                tensor broadcastable to (…, M); default the row index 0 … M−1.
+        """
         n = scores.shape[-1]
         if 2 * self.window + 1 > n:
             raise ValueError(
                 f"local window of 2·{self.window}+1 = {2 * self.window + 1} keys is larger than "
                 f"the sequence: scores have N = {n} (shape {tuple(scores.shape)})"
             )
-        p = self.positions(scores, mask, query)
-        offset = torch.arange(n, device=scores.device, dtype=scores.dtype) - p  # l − p
-        inside = (torch.arange(n, device=scores.device) - torch.round(p.detach())).abs()
-        inside = inside <= self.window
+        p = self.positions(scores, mask, query, positions)
+        offset = torch.arange(n, device=scores.device, dtype=p.dtype) - p  # l − p
+        inside = offset.detach().abs() <= self.window  # l ∈ [p − D, p + D] (eq. 27)
         allowed = inside if mask is None else inside & mask
         weights = masked_softmax(scores, allowed)
         if self.gaussian:
             sigma = self.window / 2.0
-            weights = weights * torch.exp(-(offset**2) / (2 * sigma**2))
+            weights = weights * torch.exp(-(offset**2) / (2 * sigma**2)).to(weights.dtype)  # eq. 29
         return AlignOutput(weights)

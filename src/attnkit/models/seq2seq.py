@@ -8,7 +8,10 @@ from typing import NamedTuple
 import torch
 from torch import Tensor, nn
 
-from attnkit.attention import Attention
+from attnkit import hooks
+from attnkit.alignments import Alignment, AlignOutput
+from attnkit.attention import Attention, attention
+from attnkit.output import AttentionOutput
 from attnkit.queries.self_attentive import QueryTagged
 
 __all__ = ["Seq2SeqAttention", "Seq2SeqOutput"]
@@ -21,6 +24,23 @@ class Seq2SeqOutput(NamedTuple):
     logits: Tensor
     weights: Tensor
     log_prob: Tensor | None
+
+
+class _AtStep(Alignment):
+    """The decoder's alignment at one step: the step is the query position p_t = t of a
+    position-based alignment (local-m, Brauwers eq. 27), which would otherwise read the row
+    index of a one-row score matrix, 0 at every step."""
+
+    def __init__(self, inner: Alignment, step: int) -> None:
+        super().__init__()
+        self.inner, self.step = inner, step
+        self.label = inner.label
+        self.normalized = inner.normalized
+
+    def forward(
+        self, scores: Tensor, mask: Tensor | None = None, *, query: Tensor | None = None
+    ) -> AlignOutput:
+        return self.inner(scores, mask, query=query, positions=self.step)
 
 
 class Seq2SeqAttention(nn.Module):
@@ -36,6 +56,9 @@ class Seq2SeqAttention(nn.Module):
 
     ``forward(src, tgt_in, src_mask)`` runs teacher forcing: the decoder reads ``tgt_in`` (B, T)
     and predicts the next tokens; ``src_mask`` (B, N) marks real source tokens.
+
+    An alignment that takes query positions (``takes_positions``, e.g. monotonic local
+    alignment, local-m) is given the decoder step t as p_t at step t.
     """
 
     def __init__(
@@ -80,6 +103,22 @@ class Seq2SeqAttention(nn.Module):
         out = self._decode(src, src_mask, length, None, bos=bos)
         return out.logits.argmax(-1), out
 
+    def _attend(self, q: Tensor, states: Tensor, mask: Tensor | None, step: int) -> AttentionOutput:
+        att = self.attention.module
+        if not getattr(att.align, "takes_positions", False):
+            return self.attention(q, states, mask=mask, need_weights=True)
+        out = attention(
+            q,
+            states,
+            score=att.score,
+            align=_AtStep(att.align, step),
+            mask=mask,
+            need_weights=True,
+            dropout=att.dropout if att.training else 0.0,
+        )
+        hooks.report(att, out.weights)
+        return out
+
     def _decode(
         self, src: Tensor, src_mask: Tensor | None, length: int, tgt_in: Tensor | None, bos: int = 1
     ) -> Seq2SeqOutput:
@@ -91,7 +130,7 @@ class Seq2SeqAttention(nn.Module):
         for t in range(length):
             inp = self.embed_out(tgt_in[:, t] if tgt_in is not None else token)
             h = self.cell(torch.cat([inp, context], dim=-1), h)
-            out = self.attention(h.unsqueeze(-2), states, mask=mask, need_weights=True)
+            out = self._attend(h.unsqueeze(-2), states, mask, t)
             context = out.context.squeeze(-2)
             logits.append(self.out(torch.cat([h, context], dim=-1)))
             token = logits[-1].argmax(-1)
