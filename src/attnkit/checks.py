@@ -11,7 +11,16 @@ from attnkit.alignments import Alignment
 from attnkit.scores import REGISTRY as SCORES
 from attnkit.scores import Score
 
-__all__ = ["resolve_alignment", "resolve_score", "scores_shape", "tensor", "validate"]
+__all__ = [
+    "feature_mask",
+    "features",
+    "resolve_alignment",
+    "resolve_score",
+    "same_batch",
+    "scores_shape",
+    "tensor",
+    "validate",
+]
 
 
 def _resolve(part, registry, base, what: str):
@@ -132,3 +141,69 @@ def validate(
         if bias.device != k.device:
             raise ValueError(f"bias is on {bias.device} but k is on {k.device}")
     return shape
+
+
+def features(
+    x: object, name: str, d: int | None = None, *, what: str = "d", rank: int = 3
+) -> Tensor:
+    """Check a feature tensor of a mechanism: floating, exactly ``rank`` dims ((B, n, d) by
+    default), and ``d`` features when given (``what`` names the constructor argument)."""
+    x = tensor(x, name, min_dim=1)
+    if x.dim() != rank:
+        layout = {2: "(B, d)", 3: "(B, n, d)", 4: "(B, S, W, d)"}.get(rank, f"{rank} dims")
+        raise ValueError(f"{name} must be {layout}, got shape {tuple(x.shape)}")
+    if d is not None and x.shape[-1] != d:
+        raise ValueError(
+            f"{name} has {x.shape[-1]} features (shape {tuple(x.shape)}) but the module was "
+            f"built for {what} = {d}"
+        )
+    return x
+
+
+def same_batch(*named: tuple[str, Tensor | None]) -> None:
+    """Check that the given inputs share batch size (dim 0), dtype and device."""
+    present = [(n, x) for n, x in named if x is not None]
+    if not present:
+        return
+    first_name, first = present[0]
+    for name, x in present[1:]:
+        if x.shape[0] != first.shape[0]:
+            raise ValueError(
+                f"{name} has batch size {x.shape[0]} (shape {tuple(x.shape)}) but {first_name} "
+                f"has {first.shape[0]} (shape {tuple(first.shape)})"
+            )
+        if x.dtype != first.dtype:
+            raise TypeError(
+                f"{name} has dtype {x.dtype} but {first_name} has {first.dtype}; "
+                "convert them to one dtype"
+            )
+        if x.device != first.device:
+            raise ValueError(f"{name} is on {x.device} but {first_name} is on {first.device}")
+
+
+def feature_mask(mask: object, x: Tensor, name: str, x_name: str) -> Tensor | None:
+    """A padding mask over the n features of ``x`` (B, …, n, d), as (B, …, n).
+
+    Accepts (B, …, n) or (B, …, 1, n), the shape :func:`attnkit.masks.from_lengths` returns;
+    anything else raises, so a mask never broadcasts across the batch.
+    """
+    if mask is None:
+        return None
+    if not isinstance(mask, Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(mask).__name__}")
+    if mask.dtype != torch.bool:
+        raise TypeError(f"{name} must be boolean (True = a real feature), got dtype {mask.dtype}")
+    rows = tuple(x.shape[:-1])
+    if tuple(mask.shape) == rows:
+        out = mask
+    elif tuple(mask.shape) == (*rows[:-1], 1, rows[-1]):
+        out = mask.squeeze(-2)
+    else:
+        raise ValueError(
+            f"{name} of shape {tuple(mask.shape)} does not fit {x_name} of shape "
+            f"{tuple(x.shape)}: expected {rows} or {(*rows[:-1], 1, rows[-1])} "
+            "(as attnkit.masks.from_lengths gives)"
+        )
+    if mask.device != x.device:
+        raise ValueError(f"{name} is on {mask.device} but {x_name} is on {x.device}")
+    return out

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from features.batching import assert_batch_equals_items
 from helpers import assert_same_forward_backward, rand
 
+import attnkit as ak
 from attnkit.features import (
     AlternatingCoAttention,
     InteractiveCoAttention,
@@ -225,3 +227,82 @@ def test_contract_simplex_and_permutations(name):
     torch.testing.assert_close(permuted.concat(), out.concat())
     torch.testing.assert_close(permuted.weights1, out.weights1[:, p1])
     torch.testing.assert_close(permuted.weights2, out.weights2[:, p2])
+
+
+CO_ALL = {**MODULES, "nested": NestedCoAttention, "multi-grained": lambda: MultiGrained()}
+
+
+class MultiGrained(MultiGrainedCoAttention):
+    """The multi-grained output as one tensor, for the batch test."""
+
+    def __init__(self):
+        super().__init__(6, 3, 5)
+
+    def forward(self, *args):
+        return self.concat(super().forward(*args))
+
+
+def _concat(out):
+    return out if isinstance(out, torch.Tensor) else out.concat()
+
+
+@pytest.mark.parametrize("name", list(CO_ALL))
+def test_batch_equals_items_with_masks_from_lengths(name):
+    """Issue 8.9: (B, 1, n) masks from ak.masks.from_lengths must not mix the batch (B = 3)."""
+    torch.manual_seed(0)
+    m = CO_ALL[name]().double()
+    d2 = 6 if name in ("parallel-concat", "nested") else 3
+    f1, f2 = rand(3, 5, 6, seed=1, grad=False), rand(3, 4, d2, seed=2, grad=False)
+    assert_batch_equals_items(
+        lambda xs, ms: _concat(m(xs[0], xs[1], ms[0], ms[1])),
+        [f1, f2],
+        [[5, 3, 1], [2, 4, 3]],
+    )
+
+
+@pytest.mark.parametrize("name", list(CO_ALL))
+def test_two_and_three_dim_masks_agree(name):
+    torch.manual_seed(0)
+    m = CO_ALL[name]().double()
+    d2 = 6 if name in ("parallel-concat", "nested") else 3
+    f1, f2 = rand(3, 5, 6, seed=1, grad=False), rand(3, 4, d2, seed=2, grad=False)
+    m1 = ak.masks.from_lengths(torch.tensor([5, 3, 1]), 5)
+    m2 = ak.masks.from_lengths(torch.tensor([2, 4, 3]), 4)
+    torch.testing.assert_close(
+        _concat(m(f1, f2, m1, m2)), _concat(m(f1, f2, m1.squeeze(1), m2.squeeze(1)))
+    )
+
+
+@pytest.mark.parametrize("name", list(CO_ALL))
+@pytest.mark.parametrize(
+    ("mask", "error", "match"),
+    [
+        (torch.ones(5, dtype=torch.bool), ValueError, r"mask1 of shape \(5,\) does not fit f1"),
+        (torch.ones(1, 5, dtype=torch.bool), ValueError, r"mask1 of shape \(1, 5\).*\(3, 5\)"),
+        (torch.ones(3, 3, 5, dtype=torch.bool), ValueError, r"mask1 of shape \(3, 3, 5\)"),
+        (torch.ones(3, 6, dtype=torch.bool), ValueError, r"expected \(3, 5\) or \(3, 1, 5\)"),
+        (torch.ones(3, 5), TypeError, r"mask1 must be boolean.*float32"),
+    ],
+)
+def test_masks_that_do_not_fit_are_refused(name, mask, error, match):
+    m = CO_ALL[name]()
+    d2 = 6 if name in ("parallel-concat", "nested") else 3
+    with pytest.raises(error, match=match):
+        m(torch.randn(3, 5, 6), torch.randn(3, 4, d2), mask)
+
+
+@pytest.mark.parametrize("name", list(CO_ALL))
+def test_bad_inputs_are_named(name):
+    m = CO_ALL[name]()
+    d2 = 6 if name in ("parallel-concat", "nested") else 3
+    with pytest.raises(ValueError, match=r"f2 has batch size 2 .* f1 has 3"):
+        m(torch.randn(3, 5, 6), torch.randn(2, 4, d2))
+    with pytest.raises(ValueError, match=r"f1 must be \(B, n, d\), got shape \(5, 6\)"):
+        m(torch.randn(5, 6), torch.randn(3, 4, d2))
+    with pytest.raises(TypeError, match=r"f2 has dtype torch.float64 but f1 has torch.float32"):
+        m(torch.randn(3, 5, 6), torch.randn(3, 4, d2, dtype=torch.float64))
+    with pytest.raises(TypeError, match=r"f1 must be a floating-point tensor"):
+        m(torch.ones(3, 5, 6, dtype=torch.long), torch.randn(3, 4, d2))
+    if name != "nested":
+        with pytest.raises(ValueError, match=r"f1 has 7 features .* d1 = 6"):
+            m(torch.randn(3, 5, 7), torch.randn(3, 4, d2))

@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from features.batching import assert_batch_equals_items
 from features.test_coattention import softmax, weighted
 from helpers import assert_same_forward_backward, rand
 
@@ -61,3 +62,25 @@ def test_hops_need_matching_sizes():
         RotatoryAttention(4, 5, 4, hops=2)
     with pytest.raises(ValueError, match="hops"):
         RotatoryAttention(4, 4, 4, hops=0)
+
+
+def test_batch_equals_items_with_masks_from_lengths():
+    torch.manual_seed(0)
+    m = RotatoryAttention(4, 4, 4, hops=2).double()
+    xs = [rand(3, 5, 4, seed=1, grad=False), rand(3, 3, 4, seed=2), rand(3, 6, 4, seed=3)]
+    assert_batch_equals_items(
+        lambda x, ms: m(*x, *ms).representation,
+        [x.detach() for x in xs],
+        [[5, 2, 1], [3, 1, 2], [4, 6, 1]],
+    )
+
+
+def test_refuses_masks_and_inputs_that_do_not_fit():
+    m = RotatoryAttention(4, 4, 4)
+    left, target, right = torch.randn(3, 5, 4), torch.randn(3, 3, 4), torch.randn(3, 6, 4)
+    with pytest.raises(ValueError, match=r"mask_target of shape \(1, 3\) does not fit target"):
+        m(left, target, right, None, torch.ones(1, 3, dtype=torch.bool))
+    with pytest.raises(ValueError, match=r"right has 5 features .* d_r = 4"):
+        m(left, target, torch.randn(3, 6, 5))
+    with pytest.raises(ValueError, match=r"target has batch size 2"):
+        m(left, target[:2], right)

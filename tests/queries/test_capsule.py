@@ -1,6 +1,8 @@
 """Capsule-based attention against a loop from Brauwers eqs. 43-45, and its joint loss."""
 
+import pytest
 import torch
+from features.batching import assert_batch_equals_items
 from features.test_coattention import softmax, weighted
 from helpers import assert_same_forward_backward, rand
 
@@ -46,3 +48,24 @@ def test_joint_loss_trains_the_right_capsule():
         opt.step()
     assert float(loss.detach()) < first
     assert (m(f).probabilities.argmax(-1) == y).float().mean() > 0.7
+
+
+def test_batch_equals_items_with_masks_from_lengths():
+    torch.manual_seed(0)
+    m = CapsuleAttention(4, 3).double()
+
+    def run(xs, ms):
+        o = m(xs[0], ms[0])
+        return torch.cat([o.probabilities.unsqueeze(-1), o.representations], -1)
+
+    assert_batch_equals_items(run, [rand(3, 5, 4, seed=1, grad=False)], [[5, 2, 1]])
+
+
+def test_refuses_masks_and_features_that_do_not_fit():
+    m = CapsuleAttention(4, 3)
+    with pytest.raises(ValueError, match=r"mask of shape \(5,\) does not fit features"):
+        m(torch.randn(3, 5, 4), torch.ones(5, dtype=torch.bool))
+    with pytest.raises(ValueError, match=r"features has 6 features .* d_f = 4"):
+        m(torch.randn(3, 5, 6))
+    with pytest.raises(ValueError, match=r"features must be \(B, n, d\), got shape \(5, 4\)"):
+        m(torch.randn(5, 4))

@@ -1,6 +1,8 @@
 """Importance-matrix attention (Lin et al.) and the Frobenius penalty."""
 
+import pytest
 import torch
+from features.batching import assert_batch_equals_items
 from features.test_coattention import softmax, weighted
 from helpers import assert_same_forward_backward, rand
 
@@ -41,3 +43,23 @@ def test_label_wise_is_one_distribution_per_label():
     out = m(torch.randn(2, 6, 4))
     assert out.weights.shape == (2, 7, 6)
     torch.testing.assert_close(out.weights.sum(-1), torch.ones(2, 7))
+
+
+@pytest.mark.parametrize("cls", [ImportanceMatrixAttention, LabelWiseAttention])
+def test_batch_equals_items_with_masks_from_lengths(cls):
+    torch.manual_seed(0)
+    m = cls(4, 5, 3).double()
+    k, v = rand(3, 6, 4, seed=1, grad=False), rand(3, 6, 2, seed=2, grad=False)
+    assert_batch_equals_items(
+        lambda xs, ms: m(xs[0], xs[1], ms[0]).contexts, [k, v], [[6, 3, 1], [6, 3, 1]]
+    )
+
+
+def test_refuses_masks_and_inputs_that_do_not_fit():
+    m = ImportanceMatrixAttention(4, 5, 3)
+    with pytest.raises(ValueError, match=r"mask of shape \(2, 6, 6\) does not fit keys"):
+        m(torch.randn(2, 6, 4), mask=torch.ones(2, 6, 6, dtype=torch.bool))
+    with pytest.raises(ValueError, match=r"values has 5 rows .* keys has 6"):
+        m(torch.randn(2, 6, 4), torch.randn(2, 5, 4))
+    with pytest.raises(ValueError, match=r"keys has 3 features .* d_k = 4"):
+        m(torch.randn(2, 6, 3))

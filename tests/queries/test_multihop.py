@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from features.batching import assert_batch_equals_items
 from features.test_coattention import additive, softmax, weighted
 from helpers import assert_same_forward_backward, rand
 
@@ -41,3 +42,25 @@ def test_mask_equals_truncation():
     out = m(q, k, mask=mask)
     torch.testing.assert_close(out.context[1:], m(q[1:], k[1:, :4]).context)
     assert out.contexts.shape == (2, 2, 4) and out.weights.shape == (2, 2, 6)
+
+
+def test_batch_equals_items_with_masks_from_lengths():
+    torch.manual_seed(0)
+    m = MultiHop(3, 4, 5, hops=2).double()
+    q, k, v = rand(3, 3, seed=1), rand(3, 6, 4, seed=2), rand(3, 6, 5, seed=3)
+    assert_batch_equals_items(
+        lambda xs, ms: m(xs[0], xs[1], xs[2], ms[1]).context,
+        [q.detach(), k.detach(), v.detach()],
+        [None, [6, 2, 1], [6, 2, 1]],
+    )
+
+
+def test_refuses_masks_and_inputs_that_do_not_fit():
+    m = MultiHop(3, 4, 4)
+    q, k = torch.randn(3, 3), torch.randn(3, 6, 4)
+    with pytest.raises(ValueError, match=r"mask of shape \(1, 6\) does not fit keys"):
+        m(q, k, mask=torch.ones(1, 6, dtype=torch.bool))
+    with pytest.raises(ValueError, match=r"query must be \(B, d\), got shape \(3, 1, 3\)"):
+        m(q.unsqueeze(1), k)
+    with pytest.raises(ValueError, match=r"keys has batch size 2 .* query has 3"):
+        m(q, k[:2])

@@ -6,6 +6,7 @@ import pytest
 import torch
 from helpers import rand
 
+import attnkit as ak
 from attnkit.queries import QueryTagged, SelfAttention
 from attnkit.taxonomy import QueryType, describe
 
@@ -33,3 +34,21 @@ def test_query_tags():
     assert tagged(3) == 3
     with pytest.raises(ValueError, match="query must be one of"):
         QueryTagged(torch.nn.Identity(), "sideways")
+
+
+def test_batch_equals_items_with_masks_from_lengths():
+    torch.manual_seed(0)
+    m = SelfAttention(4, 3).double()
+    f = rand(3, 5, 4, seed=1, grad=False)
+    lengths = [5, 2, 1]
+    new, _ = m(f, ak.masks.from_lengths(torch.tensor(lengths), 5))
+    for b, n in enumerate(lengths):
+        torch.testing.assert_close(new[b : b + 1, :n], m(f[b : b + 1, :n])[0])
+
+
+def test_refuses_two_dim_masks():
+    m = SelfAttention(4)
+    with pytest.raises(ValueError, match=r"mask of shape \(3, 3\) for f of shape \(3, 3, 4\)"):
+        m(torch.randn(3, 3, 4), torch.ones(3, 3, dtype=torch.bool))
+    with pytest.raises(ValueError, match=r"f has 5 features .* d_f = 4"):
+        m(torch.randn(3, 3, 5))

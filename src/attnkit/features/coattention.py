@@ -1,7 +1,8 @@
 """Co-attention over two feature matrices (Brauwers 3.1.1, eqs. 6-16; Galassi IV-D2).
 
-Inputs are batch first: F1 (B, n1, d1), F2 (B, n2, d2), with optional boolean masks (B, n1),
-(B, n2) (True = a real feature). As in Lu et al., the features serve as keys and values.
+Inputs are batch first: F1 (B, n1, d1), F2 (B, n2, d2), with optional boolean masks (True = a
+real feature) of shape (B, n1) or (B, 1, n1) — the latter is what :func:`attnkit.masks.from_lengths`
+gives — and likewise for F2. As in Lu et al., the features serve as keys and values.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from typing import Literal, NamedTuple
 import torch
 from torch import Tensor, nn
 
+from attnkit import checks
 from attnkit import taxonomy as tx
 from attnkit.alignments import masked_softmax
 from attnkit.attention import Attention
@@ -26,6 +28,23 @@ __all__ = [
     "NestedCoAttention",
     "ParallelCoAttention",
 ]
+
+
+def co_inputs(
+    f1: object,
+    f2: object,
+    mask1: object,
+    mask2: object,
+    d1: int | None = None,
+    d2: int | None = None,
+) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None]:
+    """Validate co-attention inputs; masks come back as (B, n)."""
+    f1 = checks.features(f1, "f1", d1, what="d1")
+    f2 = checks.features(f2, "f2", d2, what="d2")
+    checks.same_batch(("f1", f1), ("f2", f2))
+    m1 = checks.feature_mask(mask1, f1, "mask1", "f1")
+    m2 = checks.feature_mask(mask2, f2, "mask2", "f2")
+    return f1, f2, m1, m2
 
 
 class CoAttentionOutput(NamedTuple):
@@ -54,6 +73,7 @@ class AlternatingCoAttention(nn.Module):
 
     def __init__(self, d1: int, d2: int, d_w: int) -> None:
         super().__init__()
+        self.d1, self.d2 = d1, d2
         first = Additive(None, d1, d_w)  # eq. 7
         self.att0 = Attention(first)
         self.att2 = Attention(Additive(d1, d2, d_w))  # eq. 8
@@ -67,6 +87,9 @@ class AlternatingCoAttention(nn.Module):
     def forward(
         self, f1: Tensor, f2: Tensor, mask1: Tensor | None = None, mask2: Tensor | None = None
     ) -> CoAttentionOutput:
+        """f1 (B, n1, d1), f2 (B, n2, d2); mask1 (B, n1) or (B, 1, n1) and mask2 (B, n2) or
+        (B, 1, n2) boolean, True = a real feature (None: all real)."""
+        f1, f2, mask1, mask2 = co_inputs(f1, f2, mask1, mask2, self.d1, self.d2)
         c0, _ = attend_one(self.att0, None, f1, mask1)
         c2, a2 = attend_one(self.att2, c0, f2, mask2)
         c1, a1 = attend_one(self.att1, c2, f1, mask1)
@@ -92,6 +115,7 @@ class InteractiveCoAttention(nn.Module):
         align: str | nn.Module = "softmax",
     ) -> None:
         super().__init__()
+        self.d1, self.d2 = d1, d2
         self.att1 = Attention(score1 or Additive(d2, d1, d_w), align)
         self.att2 = Attention(score2 or Additive(d1, d2, d_w), align)
 
@@ -101,6 +125,9 @@ class InteractiveCoAttention(nn.Module):
     def forward(
         self, f1: Tensor, f2: Tensor, mask1: Tensor | None = None, mask2: Tensor | None = None
     ) -> CoAttentionOutput:
+        """f1 (B, n1, d1), f2 (B, n2, d2); mask1 (B, n1) or (B, 1, n1) and mask2 (B, n2) or
+        (B, 1, n2) boolean, True = a real feature (None: all real)."""
+        f1, f2, mask1, mask2 = co_inputs(f1, f2, mask1, mask2, self.d1, self.d2)
         k1, k2 = masked_mean(f1, mask1), masked_mean(f2, mask2)  # eq. 10
         c1, a1 = attend_one(self.att1, k2, f1, mask1)  # eq. 11
         c2, a2 = attend_one(self.att2, k1, f2, mask2)
@@ -140,6 +167,7 @@ class ParallelCoAttention(nn.Module):
         if affinity == "concat" and d1 != d2:
             raise ValueError(f"affinity='concat' (eq. 13) needs d1 == d2, got {d1} and {d2}")
         self.affinity, self.score = affinity, score
+        self.d1, self.d2 = d1, d2
         if affinity == "bilinear":
             self.W_A = nn.Parameter(torch.randn(d1, d2) / (d1 * d2) ** 0.25)
         else:
@@ -171,6 +199,9 @@ class ParallelCoAttention(nn.Module):
     def forward(
         self, f1: Tensor, f2: Tensor, mask1: Tensor | None = None, mask2: Tensor | None = None
     ) -> CoAttentionOutput:
+        """f1 (B, n1, d1), f2 (B, n2, d2); mask1 (B, n1) or (B, 1, n1) and mask2 (B, n2) or
+        (B, 1, n2) boolean, True = a real feature (None: all real)."""
+        f1, f2, mask1, mask2 = co_inputs(f1, f2, mask1, mask2, self.d1, self.d2)
         A = self.affinity_matrix(f1, f2)
         pair = None
         if mask1 is not None or mask2 is not None:
@@ -226,9 +257,13 @@ class NestedCoAttention(nn.Module):
     def forward(
         self, f1: Tensor, f2: Tensor, mask1: Tensor | None = None, mask2: Tensor | None = None
     ) -> CoAttentionOutput:
+        """f1 (B, n1, d1), f2 (B, n2, d2); mask1 (B, n1) or (B, 1, n1) and mask2 (B, n2) or
+        (B, 1, n2) boolean, True = a real feature (None: all real)."""
+        f1, f2, mask1, mask2 = co_inputs(f1, f2, mask1, mask2)
         if f1.shape[-1] != f2.shape[-1]:
             raise ValueError(
-                f"NestedCoAttention needs d1 == d2, got {f1.shape[-1]} and {f2.shape[-1]}"
+                f"NestedCoAttention needs d1 == d2: f1 has {f1.shape[-1]} features (shape "
+                f"{tuple(f1.shape)}), f2 has {f2.shape[-1]} (shape {tuple(f2.shape)})"
             )
         E = f2 @ f1.transpose(-1, -2)  # (B, n_q, n_k)
         mk = None if mask1 is None else mask1.unsqueeze(-2)
@@ -260,6 +295,7 @@ class MultiGrainedCoAttention(nn.Module):
     def forward(
         self, f1: Tensor, f2: Tensor, mask1: Tensor | None = None, mask2: Tensor | None = None
     ) -> tuple[CoAttentionOutput, CoAttentionOutput]:
+        """(coarse, fine) outputs; inputs and mask shapes as :class:`InteractiveCoAttention`."""
         return self.coarse(f1, f2, mask1, mask2), self.fine(f1, f2, mask1, mask2)
 
     @staticmethod

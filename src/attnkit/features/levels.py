@@ -8,6 +8,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor, nn
 
+from attnkit import checks
 from attnkit import taxonomy as tx
 from attnkit.attention import Attention
 from attnkit.features._pooling import key_mask
@@ -37,6 +38,7 @@ class AttentionViaAttention(nn.Module):
         char_score: Score | None = None,
     ) -> None:
         super().__init__()
+        self.d_q, self.d_word, self.d_char = d_q, d_word, d_char
         self.word = Attention(word_score or Additive(d_q, d_word, d_w))
         self.char = Attention(char_score or Additive(d_q + d_word, d_char, d_w))
 
@@ -51,10 +53,23 @@ class AttentionViaAttention(nn.Module):
         word_mask: Tensor | None = None,
         char_mask: Tensor | None = None,
     ):
-        """query (B, M, d_q) or (B, d_q); words (B, n_w, d_word); chars (B, n_c, d_char).
+        """query (B, M, d_q) or (B, d_q); words (B, n_w, d_word); chars (B, n_c, d_char);
+        word_mask (B, n_w) or (B, 1, n_w), char_mask (B, n_c) or (B, 1, n_c) boolean (True = a
+        real word / character).
 
         Returns (output (…, d_word + d_char), word weights, char weights).
         """
+        query = checks.tensor(query, "query", min_dim=2)
+        if query.dim() > 3 or query.shape[-1] != self.d_q:
+            raise ValueError(
+                f"query must be (B, M, d_q) or (B, d_q) with d_q = {self.d_q}, got shape "
+                f"{tuple(query.shape)}"
+            )
+        words = checks.features(words, "words", self.d_word, what="d_word")
+        chars = checks.features(chars, "chars", self.d_char, what="d_char")
+        checks.same_batch(("query", query), ("words", words), ("chars", chars))
+        word_mask = checks.feature_mask(word_mask, words, "word_mask", "words")
+        char_mask = checks.feature_mask(char_mask, chars, "char_mask", "chars")
         squeeze = query.dim() == 2
         q = query.unsqueeze(-2) if squeeze else query
         w = self.word(q, words, mask=key_mask(word_mask), need_weights=True)
@@ -101,6 +116,7 @@ class HierarchicalAttention(nn.Module):
         sentence_encoder: nn.Module | None = None,
     ) -> None:
         super().__init__()
+        self.d = d
         self.word = Attention(word_score or Additive(None, d, d_w))
         self.sentence = Attention(sentence_score or Additive(None, d, d_w))
         self.sentence_encoder = sentence_encoder
@@ -109,8 +125,10 @@ class HierarchicalAttention(nn.Module):
         return [tx.FeatureLevels.HIERARCHICAL]
 
     def forward(self, words: Tensor, word_mask: Tensor | None = None) -> HierarchicalOutput:
-        if words.dim() != 4:
-            raise ValueError(f"words must be (B, S, W, d), got shape {tuple(words.shape)}")
+        """words (B, S, W, d); word_mask (B, S, W) or (B, S, 1, W) boolean, True = a real word
+        (a sentence with no real word is padding)."""
+        words = checks.features(words, "words", self.d, rank=4)
+        word_mask = checks.feature_mask(word_mask, words, "word_mask", "words")
         b, s, w, d = words.shape
         flat = words.reshape(b * s, w, d)
         wm = None if word_mask is None else word_mask.reshape(b * s, 1, w)

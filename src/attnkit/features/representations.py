@@ -7,6 +7,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor, nn
 
+from attnkit import checks
 from attnkit import taxonomy as tx
 from attnkit.attention import Attention
 from attnkit.scores import Additive, Score
@@ -44,9 +45,28 @@ class MetaEmbedding(nn.Module):
         return [tx.FeatureRepresentations.MULTI]
 
     def forward(self, embeddings: list[Tensor]) -> MetaEmbeddingOutput:
-        """embeddings: E tensors (…, d_{e_i}) with the same leading dims."""
+        """embeddings: E tensors (…, d_{e_i}) with the same leading dims. No mask: every
+        representation of every token takes part."""
+        if not isinstance(embeddings, (list, tuple)):
+            raise TypeError(
+                f"embeddings must be a list of {len(self.project)} tensors, got "
+                f"{type(embeddings).__name__}"
+            )
         if len(embeddings) != len(self.project):
             raise ValueError(f"expected {len(self.project)} embeddings, got {len(embeddings)}")
+        for i, (e, p) in enumerate(zip(embeddings, self.project, strict=True)):
+            name = f"embeddings[{i}]"
+            checks.tensor(e, name, min_dim=1)
+            if e.shape[-1] != p.in_features:
+                raise ValueError(
+                    f"{name} has {e.shape[-1]} features (shape {tuple(e.shape)}) but the module "
+                    f"was built for dims[{i}] = {p.in_features}"
+                )
+            if e.shape[:-1] != embeddings[0].shape[:-1]:
+                raise ValueError(
+                    f"{name} has leading dims {tuple(e.shape[:-1])} but embeddings[0] has "
+                    f"{tuple(embeddings[0].shape[:-1])}"
+                )
         x = torch.stack([p(e) for p, e in zip(self.project, embeddings, strict=True)], dim=-2)
         out = self.attention(None, x, need_weights=True)  # x: (…, E, d_t)
         return MetaEmbeddingOutput(out.context.squeeze(-2), out.weights.squeeze(-2))

@@ -9,6 +9,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor, nn
 
+from attnkit import checks
 from attnkit import taxonomy as tx
 from attnkit.attention import Attention
 from attnkit.features._pooling import attend_one, masked_mean
@@ -63,6 +64,7 @@ class RotatoryAttention(nn.Module):
                 f"hops > 1 uses r^lt (size d_t = {d_t}) as query over the left "
                 f"context: it needs d_t == d_l, got d_l = {d_l}"
             )
+        self.d_l, self.d_t, self.d_r = d_l, d_t, d_r
         make = score or (lambda dq, dk: ActivatedGeneral(dq, dk))
         self.hops = hops
         rounds = 1 if share_weights else hops
@@ -94,6 +96,15 @@ class RotatoryAttention(nn.Module):
         mask_target: Tensor | None = None,
         mask_right: Tensor | None = None,
     ) -> RotatoryOutput:
+        """left (B, n_l, d_l), target (B, n_t, d_t), right (B, n_r, d_r); each mask None, (B, n)
+        or (B, 1, n) boolean (True = a real feature) for the matching input."""
+        left = checks.features(left, "left", self.d_l, what="d_l")
+        target = checks.features(target, "target", self.d_t, what="d_t")
+        right = checks.features(right, "right", self.d_r, what="d_r")
+        checks.same_batch(("left", left), ("target", target), ("right", right))
+        mask_left = checks.feature_mask(mask_left, left, "mask_left", "left")
+        mask_target = checks.feature_mask(mask_target, target, "mask_target", "target")
+        mask_right = checks.feature_mask(mask_right, right, "mask_right", "right")
         r_t = masked_mean(target, mask_target)  # eq. 17
         q_left = q_right = r_t
         for hop in range(self.hops):

@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from attnkit import checks
 from attnkit import taxonomy as tx
 from attnkit.checks import resolve_alignment
 from attnkit.features._pooling import key_mask, masked_mean
@@ -35,6 +36,7 @@ class CapsuleAttention(nn.Module):
 
     def __init__(self, d_f: int, n_classes: int, *, align: str | nn.Module = "softmax") -> None:
         super().__init__()
+        self.d_f, self.n_classes = d_f, n_classes
         self.queries = nn.Parameter(torch.randn(n_classes, d_f) / d_f**0.5)
         self.w = nn.Parameter(torch.randn(n_classes, d_f) / d_f**0.5)
         self.b = nn.Parameter(torch.zeros(n_classes))
@@ -48,6 +50,9 @@ class CapsuleAttention(nn.Module):
         ]
 
     def forward(self, features: Tensor, mask: Tensor | None = None) -> CapsuleOutput:
+        """features (B, n, d_f); mask None, (B, n) or (B, 1, n) boolean, True = a real feature."""
+        features = checks.features(features, "features", self.d_f, what="d_f")
+        mask = checks.feature_mask(mask, features, "mask", "features")
         e = torch.einsum("cd,bnd->bcn", self.queries, features)  # eq. 43
         a = self.align(e, key_mask(mask)).weights
         c = a @ features  # (B, C, d)

@@ -9,6 +9,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor, nn
 
+from attnkit import checks
 from attnkit import taxonomy as tx
 from attnkit.checks import resolve_alignment
 from attnkit.features._pooling import key_mask
@@ -36,6 +37,7 @@ class ImportanceMatrixAttention(nn.Module):
         self, d_k: int, d_w: int, n_outputs: int, *, align: str | nn.Module = "softmax"
     ) -> None:
         super().__init__()
+        self.d_k = d_k
         self.score = Additive(None, d_k, d_w, d_out=n_outputs)
         self.align = resolve_alignment(align)
 
@@ -49,7 +51,17 @@ class ImportanceMatrixAttention(nn.Module):
     def forward(
         self, keys: Tensor, values: Tensor | None = None, mask: Tensor | None = None
     ) -> MultiOutput:
-        values = keys if values is None else values
+        """keys (B, n, d_k); values (B, n, d_v) (default keys); mask None, (B, n) or (B, 1, n)
+        boolean, True = a real key."""
+        keys = checks.features(keys, "keys", self.d_k, what="d_k")
+        values = keys if values is None else checks.features(values, "values")
+        checks.same_batch(("keys", keys), ("values", values))
+        if values.shape[-2] != keys.shape[-2]:
+            raise ValueError(
+                f"values has {values.shape[-2]} rows (shape {tuple(values.shape)}) but keys has "
+                f"{keys.shape[-2]} (shape {tuple(keys.shape)}); they must match"
+            )
+        mask = checks.feature_mask(mask, keys, "mask", "keys")
         e = self.score(None, keys).squeeze(-3).transpose(-1, -2)  # (B, r, n)
         a = self.align(e, key_mask(mask)).weights
         return MultiOutput(a @ values, a)

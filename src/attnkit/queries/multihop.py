@@ -7,6 +7,7 @@ from typing import Literal, NamedTuple
 import torch
 from torch import Tensor, nn
 
+from attnkit import checks
 from attnkit import taxonomy as tx
 from attnkit.attention import Attention
 from attnkit.features._pooling import key_mask, masked_mean
@@ -60,6 +61,7 @@ class MultiHop(nn.Module):
         d_in = {"query": d_q, "context": d_v, "both": d_q + d_v}[transform]
         n = 1 if share_weights else hops
         self.hops, self.transform = hops, transform
+        self.d_q, self.d_k, self.d_v = d_q, d_k, d_v
         self.transforms = nn.ModuleList([nn.Linear(d_in, d_q) for _ in range(n)])
         self.attentions = nn.ModuleList(
             [Attention(Additive(d_q + d_v, d_k, d_w), align) for _ in range(n)]
@@ -71,8 +73,19 @@ class MultiHop(nn.Module):
     def forward(
         self, query: Tensor, keys: Tensor, values: Tensor | None = None, mask: Tensor | None = None
     ) -> MultiHopOutput:
-        """query (B, d_q); keys (B, n, d_k); values (B, n, d_v) (default keys); mask (B, n)."""
+        """query (B, d_q); keys (B, n, d_k); values (B, n, d_v) (default keys); mask None,
+        (B, n) or (B, 1, n) boolean, True = a real key."""
+        query = checks.features(query, "query", self.d_q, what="d_q", rank=2)
+        keys = checks.features(keys, "keys", self.d_k, what="d_k")
         values = keys if values is None else values
+        values = checks.features(values, "values", self.d_v, what="d_v")
+        checks.same_batch(("query", query), ("keys", keys), ("values", values))
+        if values.shape[-2] != keys.shape[-2]:
+            raise ValueError(
+                f"values has {values.shape[-2]} rows (shape {tuple(values.shape)}) but keys has "
+                f"{keys.shape[-2]} (shape {tuple(keys.shape)}); they must match"
+            )
+        mask = checks.feature_mask(mask, keys, "mask", "keys")
         q, c = query, masked_mean(values, mask)  # c⁽⁰⁾
         contexts, weights = [], []
         for s in range(self.hops):

@@ -11,6 +11,7 @@ from typing import ClassVar, Literal
 
 from torch import Tensor, nn
 
+from attnkit import checks
 from attnkit import taxonomy as tx
 from attnkit.attention import Attention
 from attnkit.output import AttentionOutput
@@ -44,6 +45,7 @@ class SelfAttention(nn.Module):
                 f"update must be 'replace' (eq. 36) or 'residual' (eq. 37), got {update!r}"
             )
         d_k = d_f if d_k is None else d_k
+        self.d_f = d_f
         self.W_Q = nn.Linear(d_f, d_k, bias=False)
         self.W_K = nn.Linear(d_f, d_k, bias=False)
         self.W_V = nn.Linear(d_f, d_f, bias=False)
@@ -57,7 +59,19 @@ class SelfAttention(nn.Module):
     def forward(
         self, f: Tensor, mask: Tensor | None = None, need_weights: bool = False
     ) -> tuple[Tensor, AttentionOutput]:
-        """f (B, n, d_f) -> (new features (B, n, d_f), the attention output)."""
+        """f (B, n, d_f) -> (new features (B, n, d_f), the attention output).
+
+        ``mask`` is an attention mask with three dims: (B, 1, n) (padding, as
+        :func:`attnkit.masks.from_lengths` gives), (B, n, n) or (1, n, n); True = may attend.
+        A 2-D mask is refused: (B, n) padding and (n, n) query-key masks cannot be told apart.
+        """
+        f = checks.features(f, "f", self.d_f, what="d_f")
+        if mask is not None and isinstance(mask, Tensor) and mask.dim() != 3:
+            raise ValueError(
+                f"mask of shape {tuple(mask.shape)} for f of shape {tuple(f.shape)}: pass a 3-D "
+                "mask, (B, 1, n) for padding (attnkit.masks.from_lengths) or (B, n, n) / "
+                "(1, n, n) per query"
+            )
         out = self.attention(
             self.W_Q(f), self.W_K(f), self.W_V(f), mask=mask, need_weights=need_weights
         )
