@@ -1,8 +1,10 @@
-"""Runs: files written, reproducible, resume after a kill equals an uninterrupted run, the
---compare table, digits soft and hard."""
+"""Runs: files written, reproducible; a run stopped at any checkpoint boundary, by Ctrl-C or by a
+divergence continues (or stops) correctly; digits soft and hard; DDP equals one process."""
 
 import json
+import math
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -11,12 +13,152 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from attnkit import cli
 from attnkit.experiments import checkpoints
 from attnkit.experiments.config import RunConfig
-from attnkit.experiments.runner import run
+from attnkit.experiments.runner import Interrupted, TrainingError, run
+from attnkit.tasks.dates_task import DatesTask
 
-TINY = ["--n-train", "256", "--n-test", "64", "--batch-size", "32", "--no-progress"]
+TINY = {"n_train": 96, "n_test": 16, "batch_size": 32, "d_model": 8}
+
+
+def _config(**kw):
+    return RunConfig(**{"epochs": 2, **TINY, **kw})
+
+
+def _run(config, out, threads=1, **kw):
+    lines = []
+    run_dir, metrics = run(config, out, progress=False, echo=lines.append, threads=threads, **kw)
+    return run_dir, metrics, lines
+
+
+def _weights(run_dir):
+    return load_file(str(checkpoints.latest(run_dir) / "model.safetensors"))
+
+
+def _assert_same_run(a, b):
+    assert json.loads((a / "metrics.json").read_text()) == json.loads(
+        (b / "metrics.json").read_text()
+    )
+    wa, wb = _weights(a), _weights(b)
+    assert wa.keys() == wb.keys()
+    for k in wa:
+        assert torch.equal(wa[k], wb[k]), k
+
+
+@pytest.fixture(scope="module")
+def whole(tmp_path_factory):
+    """The uninterrupted run every stopped run must end up equal to."""
+    return _run(_config(), tmp_path_factory.mktemp("whole") / "run")[0]
+
+
+def test_a_run_writes_everything_says_where_and_is_reproducible(tmp_path, whole):
+    d, m, lines = _run(_config(), tmp_path / "a", threads=None)
+    for name in ("config.json", "metrics.json", "report.html", "heatmap_0.png", "curves.png"):
+        assert (d / name).exists(), name
+    assert "data:image/png;base64," in (d / "report.html").read_text()
+    assert {"exact_match", "aer_argmax", "uniform_ablation_drop"} <= set(m)
+    assert f"run directory: {d}" in lines
+    assert any(line.startswith("threads: 1 (auto") for line in lines)
+    assert [line.split()[:2] for line in lines if "validation:" in line] == [
+        ["epoch", "1/2"],
+        ["epoch", "2/2"],
+    ]
+    _assert_same_run(d, whole)
+
+
+class Killed(BaseException):
+    """Stands for the process dying: nothing in the runner catches it."""
+
+
+@pytest.mark.parametrize("boundary", range(5))
+def test_killed_at_any_checkpoint_boundary_resumes_to_the_same_run(
+    tmp_path, monkeypatch, whole, boundary
+):
+    """Kill inside the second epoch's save: after model, optimizer, RNG, manifest, switch."""
+    calls = []
+
+    def written(path):
+        calls.append(path)
+        if len(calls) == 5 + boundary + 1:
+            raise Killed
+
+    monkeypatch.setattr(checkpoints, "_written", written)
+    with pytest.raises(Killed):
+        _run(_config(), tmp_path / "killed")
+    monkeypatch.undo()
+    assert not (tmp_path / "killed" / "metrics.json").exists()
+    _, _, lines = _run(None, None, resume=tmp_path / "killed")
+    if boundary < 4:
+        assert "resuming at epoch 2, step 1 of 3" in lines
+    else:
+        assert "all 2 epochs are trained: evaluating" in lines
+    _assert_same_run(tmp_path / "killed", whole)
+
+
+def test_killed_before_the_first_checkpoint_starts_again_and_says_so(tmp_path, monkeypatch, whole):
+    def written(path):
+        raise Killed
+
+    monkeypatch.setattr(checkpoints, "_written", written)
+    with pytest.raises(Killed):
+        _run(_config(), tmp_path / "killed")
+    monkeypatch.undo()
+    _, _, lines = _run(None, None, resume=tmp_path / "killed")
+    assert f"no checkpoint in {tmp_path / 'killed'} yet: starting at epoch 1" in lines
+    _assert_same_run(tmp_path / "killed", whole)
+
+
+def _on_training_call(monkeypatch, n, action):
+    """Call ``action`` inside the n-th training step's loss."""
+    loss = DatesTask.loss
+    calls = []
+
+    def patched(self, model, index):
+        calls.append(index)
+        value = loss(self, model, index)
+        return action(value) if len(calls) == n else value
+
+    monkeypatch.setattr(DatesTask, "loss", patched)
+
+
+@pytest.mark.parametrize("step", [1, 5])
+def test_ctrl_c_saves_the_position_and_resume_finishes_the_same_run(
+    tmp_path, monkeypatch, whole, step
+):
+    def interrupt(value):
+        os.kill(os.getpid(), signal.SIGINT)  # held until the step is complete
+        return value
+
+    _on_training_call(monkeypatch, step, interrupt)
+    with pytest.raises(Interrupted) as err:
+        _run(_config(), tmp_path / "stopped")
+    monkeypatch.undo()
+    text = str(err.value)
+    epoch, after = divmod(step, 3)
+    assert f"interrupted at epoch {epoch + 1}, after step {after} of 3" in text
+    assert f"continue with: attnkit run --resume {tmp_path / 'stopped'}" in text
+    _run(None, None, resume=tmp_path / "stopped")
+    _assert_same_run(tmp_path / "stopped", whole)
+
+
+def test_a_loss_that_stops_being_finite_ends_the_run_and_keeps_the_checkpoint(
+    tmp_path, monkeypatch
+):
+    _on_training_call(monkeypatch, 4, lambda value: value * math.nan)
+    with pytest.raises(TrainingError, match=r"the loss is nan at epoch 2, step 1 \(lr 0.003\)"):
+        _run(_config(), tmp_path / "diverged")
+    manifest = checkpoints.latest(tmp_path / "diverged") / checkpoints.MANIFEST
+    assert json.loads(manifest.read_text())["state"]["epoch"] == 1
+    assert not (tmp_path / "diverged" / "metrics.json").exists()
+
+
+@pytest.mark.parametrize("align", ["softmax", "hard"])
+def test_digits_soft_and_hard(tmp_path, align):
+    cfg = _config(task="digits", align=align, epochs=1)
+    d, m, lines = _run(cfg, tmp_path / align)
+    assert 0 <= m["accuracy"] <= 1 and 0 <= m["attention_correctness"] <= 1
+    assert (d / "report.html").exists()
+    assert any("validation: accuracy" in line for line in lines)
 
 
 def _free_port() -> int:
@@ -25,126 +167,30 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _metrics(d):
-    return json.loads((d / "metrics.json").read_text())
-
-
-def test_a_run_writes_everything_and_is_reproducible(tmp_path):
-    cfg = RunConfig(epochs=2, n_train=256, n_test=64, batch_size=32)
-    d1, m1 = run(cfg, tmp_path / "a", progress=False)
-    for name in (
-        "config.json",
-        "metrics.json",
-        "model.safetensors",
-        "optimizer.pt",
-        "state.json",
-        "report.html",
-        "heatmap_0.png",
-        "curves.png",
-    ):
-        assert (d1 / name).exists(), name
-    assert "data:image/png;base64," in (d1 / "report.html").read_text()
-    assert {"exact_match", "aer_argmax", "uniform_ablation_drop"} <= set(m1)
-    _, m2 = run(cfg, tmp_path / "b", progress=False)
-    assert m1 == m2
-
-
-class Killed(BaseException):
-    """Stands for the process dying: nothing in the runner catches it."""
-
-
-def test_resume_after_kill_matches_an_uninterrupted_run(tmp_path, monkeypatch):
-    args = ["run", "dates", "--epochs", "3", *TINY]
-    whole = tmp_path / "whole"
-    assert cli.main([*args, "--out", str(whole)]) == 0
-    save = checkpoints.save
-    saved = []
-
-    def save_then_die_after_the_first(*a, **kw):
-        if saved:
-            raise Killed
-        save(*a, **kw)
-        saved.append(1)
-
-    monkeypatch.setattr(checkpoints, "save", save_then_die_after_the_first)
-    killed = tmp_path / "killed"
-    with pytest.raises(Killed):
-        cli.main([*args, "--out", str(killed)])
-    monkeypatch.setattr(checkpoints, "save", save)
-    assert json.loads((killed / "state.json").read_text())["epoch"] == 1
-    assert not (killed / "metrics.json").exists()
-    assert cli.main(["run", "--resume", str(killed), "--no-progress"]) == 0
-    assert _metrics(killed) == _metrics(whole)
-    w1, w2 = (
-        load_file(str(whole / "model.safetensors")),
-        load_file(str(killed / "model.safetensors")),
-    )
-    for k in w1:
-        torch.testing.assert_close(w1[k], w2[k])
-
-
-def test_compare_prints_one_row_per_variant(tmp_path, capsys):
-    argv = [
-        "run",
-        "dates",
-        "--epochs",
-        "1",
-        *TINY,
-        "--compare",
-        "score=additive,dot",
-        "--out",
-        str(tmp_path),
-    ]
-    assert cli.main(argv) == 0
-    out = capsys.readouterr().out
-    rows = [line for line in out.splitlines() if line.startswith("| dates |")]
-    assert len(rows) == 2 and "| additive |" in rows[0] and "| dot |" in rows[1]
-
-
-@pytest.mark.parametrize("align", ["softmax", "hard"])
-def test_digits_soft_and_hard(tmp_path, align):
-    cfg = RunConfig(task="digits", align=align, epochs=1, n_train=256, n_test=64, batch_size=32)
-    d, m = run(cfg, tmp_path / align, progress=False)
-    assert 0 <= m["accuracy"] <= 1 and 0 <= m["attention_correctness"] <= 1
-    assert (d / "report.html").exists()
-
-
+@pytest.mark.slow
 def test_ddp_two_processes_equal_one(tmp_path):
-    args = ["run", "dates", "--epochs", "1", *TINY]
+    args = ["run", "dates", "--epochs", "1", "--n-train", "256", "--n-test", "64"]
+    args += ["--batch-size", "32", "--no-progress"]
     single = tmp_path / "single"
-    assert cli.main([*args, "--out", str(single)]) == 0
+    subprocess.run([sys.executable, "-m", "attnkit", *args, "--out", str(single)], check=True)
     ddp = tmp_path / "ddp"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     subprocess.run(
         [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--nproc_per_node",
-            "2",
-            "--master_port",
-            str(_free_port()),
-            "-m",
-            "attnkit",
-            *args,
-            "--out",
-            str(ddp),
+            *(sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2"),
+            *("--master_port", str(_free_port()), "-m", "attnkit", *args, "--out", str(ddp)),
         ],
         check=True,
         env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        timeout=300,
     )
-    w1 = load_file(str(single / "model.safetensors"))
-    w2 = load_file(str(ddp / "model.safetensors"))
+    w1, w2 = _weights(single), _weights(ddp)
+    assert w1.keys() == w2.keys()
     for k in w1:
         torch.testing.assert_close(w1[k], w2[k], atol=1e-4, rtol=1e-4)
 
 
-@pytest.mark.parametrize("task", ["dates", "digits"])
 @pytest.mark.slow
-def test_quick_variant_runs_end_to_end(task, tmp_path, capsys):
-    assert cli.main(["run", task, "--quick", "--no-progress", "--out", str(tmp_path)]) == 0
-    assert (tmp_path / "report.html").exists()
-    assert f"| {task} | additive | softmax |" in capsys.readouterr().out
+@pytest.mark.parametrize("task", ["dates", "digits"])
+def test_quick_variant_runs_end_to_end(task, tmp_path):
+    _, metrics, _ = _run(RunConfig(task=task, quick=True), tmp_path / "quick")
+    assert metrics

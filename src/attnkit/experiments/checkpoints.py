@@ -1,13 +1,23 @@
-"""Checkpoints that lose nothing and run no code: weights in safetensors, optimizer state loaded
-with ``torch.load(weights_only=True)``, progress in JSON; each file written atomically
-(temporary file, then rename)."""
+"""Checkpoints that are atomic as a set and run no code when loaded.
+
+A checkpoint is one directory ``<run>/checkpoints/<n>/`` holding ``model.safetensors``,
+``optimizer.pt`` (plain tensors only, loaded with ``torch.load(weights_only=True)``),
+``rng.safetensors`` and, written last, ``state.json``: the progress plus the SHA-256 of every
+other file. The files are written into a hidden partial directory, which is then renamed to the
+next number in one step; only then are older checkpoints removed. A process killed at any point
+leaves either the previous checkpoint or the new one complete, and a damaged file is named
+instead of loaded.
+"""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import pickle
+import shutil
 import tempfile
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -15,11 +25,23 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-__all__ = ["CheckpointError", "atomic_write", "load", "save"]
+__all__ = ["CheckpointError", "atomic_write", "latest", "load", "save"]
+
+FOLDER = "checkpoints"
+PARTIAL = ".partial-"
+MANIFEST = "state.json"
+FILES = ("model.safetensors", "optimizer.pt", "rng.safetensors")
 
 
 class CheckpointError(RuntimeError):
-    """A checkpoint that is missing, damaged or unsafe to load."""
+    """A checkpoint that is missing, damaged or unsafe to load; the message names the file."""
+
+
+def _written(path: Path) -> None:
+    """Called after each file of a checkpoint is complete and after the switch to it.
+
+    Does nothing; tests replace it to stop a save at every boundary, as a kill would.
+    """
 
 
 def atomic_write(path: Path, write) -> None:
@@ -35,43 +57,150 @@ def atomic_write(path: Path, write) -> None:
         raise
 
 
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _numbered(root: Path) -> list[Path]:
+    """Complete checkpoints under ``root``, oldest first."""
+    if not root.is_dir():
+        return []
+    return sorted((p for p in root.iterdir() if p.name.isdigit()), key=lambda p: int(p.name))
+
+
+def latest(run_dir: Path) -> Path | None:
+    """The newest complete checkpoint directory of a run, or None."""
+    found = _numbered(run_dir / FOLDER)
+    return found[-1] if found else None
+
+
+def _sync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def save(
-    directory: Path, model: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]
-) -> None:
-    """Write model.safetensors, optimizer.pt, rng.safetensors, then state.json (last, so a
-    state.json always describes complete files)."""
+    run_dir: Path, model: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]
+) -> Path:
+    """Write a new complete checkpoint of ``model``, ``optimizer``, the RNG and ``state``
+    (JSON-serialisable progress); return its directory."""
+    root = run_dir / FOLDER
+    root.mkdir(parents=True, exist_ok=True)
+    partial = Path(tempfile.mkdtemp(dir=root, prefix=PARTIAL))
     weights = {k: v.detach().contiguous().clone() for k, v in model.state_dict().items()}
-    atomic_write(directory / "model.safetensors", lambda p: save_file(weights, str(p)))
-    atomic_write(directory / "optimizer.pt", lambda p: torch.save(optimizer.state_dict(), p))
-    rng = {"torch": torch.get_rng_state()}
-    atomic_write(directory / "rng.safetensors", lambda p: save_file(rng, str(p)))
-    text = json.dumps(state, indent=2)
-    atomic_write(directory / "state.json", lambda p: p.write_text(text))
+    writers = {
+        "model.safetensors": lambda p: save_file(weights, str(p)),
+        "optimizer.pt": lambda p: torch.save(optimizer.state_dict(), p),
+        "rng.safetensors": lambda p: save_file({"torch": torch.get_rng_state()}, str(p)),
+    }
+    hashes = {}
+    for name in FILES:
+        writers[name](partial / name)
+        _sync(partial / name)
+        hashes[name] = _sha256(partial / name)
+        _written(partial / name)
+    manifest = partial / MANIFEST
+    manifest.write_text(json.dumps({"state": state, "sha256": hashes}, indent=2))
+    _sync(manifest)
+    _written(manifest)
+    previous = _numbered(root)
+    final = root / str(int(previous[-1].name) + 1 if previous else 1)
+    os.rename(partial, final)
+    _sync(root)
+    _written(final)
+    _clean(root, keep=final)
+    return final
+
+
+def _clean(root: Path, keep: Path) -> None:
+    """Remove older checkpoints and partial directories left by an interrupted save."""
+    for p in root.iterdir():
+        if p != keep and (p.name.isdigit() or p.name.startswith(PARTIAL)):
+            shutil.rmtree(p, ignore_errors=True)
+
+
+def _damaged(path: Path, what: str) -> CheckpointError:
+    return CheckpointError(f"damaged checkpoint: {path}: {what}")
+
+
+def _manifest(directory: Path) -> dict[str, Any]:
+    path = directory / MANIFEST
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise _damaged(path, "file missing") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise _damaged(path, f"not valid JSON ({err})") from None
+    if (
+        not isinstance(data, dict)
+        or not isinstance(data.get("state"), dict)
+        or not isinstance(data.get("sha256"), dict)
+        or set(data["sha256"]) != set(FILES)
+    ):
+        raise _damaged(path, "not a checkpoint manifest (expected keys 'state' and 'sha256')")
+    return data
+
+
+def _verified(directory: Path, name: str, hashes: dict[str, str]) -> Path:
+    path = directory / name
+    if not path.is_file():
+        raise _damaged(path, "file missing")
+    if _sha256(path) != hashes[name]:
+        raise _damaged(
+            path,
+            "contents differ from the checksum recorded when it was saved (truncated "
+            "or overwritten)",
+        )
+    return path
 
 
 def load(
-    directory: Path, model: nn.Module, optimizer: torch.optim.Optimizer | None = None
-) -> dict[str, Any]:
-    """Restore model (and optimizer and RNG); returns the saved state. Nothing is unpickled
-    beyond plain tensors and containers: a file that would run code is refused."""
-    state_file = directory / "state.json"
-    if not state_file.exists():
-        raise CheckpointError(f"no checkpoint in {str(directory)!r} (state.json missing)")
+    run_dir: Path, model: nn.Module, optimizer: torch.optim.Optimizer | None = None
+) -> dict[str, Any] | None:
+    """Restore model (and optimizer and RNG) from the run's newest checkpoint; return its saved
+    state, or None when the run has no checkpoint yet. Partial directories left by a kill are
+    removed. Raises CheckpointError naming the file that is missing, damaged or unsafe."""
+    root = run_dir / FOLDER
+    directory = latest(run_dir)
+    if root.is_dir():
+        for p in root.iterdir():
+            if p.name.startswith(PARTIAL):
+                shutil.rmtree(p, ignore_errors=True)
+    if directory is None:
+        return None
+    data = _manifest(directory)
+    hashes = data["sha256"]
+    path = _verified(directory, "model.safetensors", hashes)
     try:
-        model.load_state_dict(load_file(str(directory / "model.safetensors")))
-    except Exception as err:  # safetensors raises several types
-        raise CheckpointError(
-            f"cannot read {str(directory / 'model.safetensors')!r}: {err}"
-        ) from err
+        model.load_state_dict(load_file(str(path)))
+    except Exception as err:  # safetensors and load_state_dict raise several types
+        raise _damaged(path, f"not weights for this model ({str(err).splitlines()[0]})") from None
+    path = _verified(directory, "optimizer.pt", hashes)
     if optimizer is not None:
-        path = directory / "optimizer.pt"
+        if not zipfile.is_zipfile(path):
+            raise _damaged(path, "not a file written by torch.save (no zip archive)")
         try:
             optimizer.load_state_dict(torch.load(path, weights_only=True))
         except pickle.UnpicklingError as err:
+            found = [line for line in str(err).splitlines() if "global" in line.lower()]
+            if not found:
+                raise _damaged(path, "not readable as plain tensors and containers") from None
             raise CheckpointError(
-                f"refusing to load {str(path)!r}: it holds more than plain tensors and could run "
-                f"code when unpickled ({str(err).splitlines()[0]})"
-            ) from err
-    rng = load_file(str(directory / "rng.safetensors"))
-    torch.set_rng_state(rng["torch"])
-    return json.loads(state_file.read_text())
+                f"refusing to load {path}: it holds more than plain tensors and could run code "
+                f"when unpickled ({found[-1].strip()})"
+            ) from None
+        except Exception as err:
+            raise _damaged(path, f"not an optimizer state ({str(err).splitlines()[0]})") from None
+    path = _verified(directory, "rng.safetensors", hashes)
+    try:
+        torch.set_rng_state(load_file(str(path))["torch"])
+    except Exception as err:
+        raise _damaged(path, f"not a random-number state ({str(err).splitlines()[0]})") from None
+    return data["state"]

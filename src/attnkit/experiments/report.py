@@ -1,11 +1,13 @@
-"""The run report: one self-contained HTML page (configuration, metrics, training curves, and
-attention heatmaps of held-out examples with the gold alignment overlaid), plus the PNGs."""
+"""The run report: one self-contained HTML page (metrics with what they mean, configuration,
+training curves, and attention heatmaps of held-out examples with the gold alignment overlaid),
+plus the PNGs."""
 
 from __future__ import annotations
 
 import base64
 import html
 import io
+from collections.abc import Mapping
 from pathlib import Path
 
 import matplotlib
@@ -13,8 +15,20 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
+from matplotlib.ticker import MaxNLocator
 
-__all__ = ["write_report"]
+from attnkit.tasks.base import Metric
+
+__all__ = ["PAGE_STYLE", "html_page", "html_table", "metric_rows", "write_report"]
+
+PAGE_STYLE = """
+body { font-family: system-ui, sans-serif; margin: 2em; color: #222; max-width: 1100px; }
+table { border-collapse: collapse; margin: 0.5em 0 1.5em; }
+th, td { border: 1px solid #ccc; padding: 0.25em 0.7em; text-align: left; }
+th { background: #f3f3f3; }
+img { max-width: 100%; margin: 0.5em 0; border: 1px solid #eee; }
+.grid { display: flex; flex-wrap: wrap; gap: 1em; }
+"""
 
 
 def _png(fig) -> bytes:
@@ -25,42 +39,53 @@ def _png(fig) -> bytes:
 
 
 def _curves(history: list[dict]) -> bytes:
-    fig, axes = plt.subplots(1, 2, figsize=(9, 3))
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.2))
     epochs = [h["epoch"] for h in history]
     axes[0].plot(epochs, [h["loss"] for h in history], marker="o")
-    axes[0].set(title="training loss", xlabel="epoch")
-    keys = [k for k in history[0] if k.startswith("val_")] if history else []
+    axes[0].set(title="training loss (lower is better)", xlabel="epoch", ylabel="loss")
+    keys = [k for k in history[0] if k.startswith("val_")]
     for k in keys:
         axes[1].plot(epochs, [h[k] for h in history], marker="o", label=k[4:])
-    axes[1].set(title="validation", xlabel="epoch")
+    axes[1].set(title="validation", xlabel="epoch", ylabel="metric value")
     if keys:
-        axes[1].legend()
+        axes[1].legend(fontsize=7)
+    else:
+        axes[1].text(0.5, 0.5, "this task has no validation split", ha="center", va="center")
+    for ax in axes:
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     return _png(fig)
 
 
 def _heatmap(item: dict) -> bytes:
     w, gold = np.asarray(item["weights"]), np.asarray(item["gold"], dtype=bool)
-    if "image" in item:
-        fig, axes = plt.subplots(1, 2, figsize=(6.4, 3.2))
+    if "image" in item:  # square grid over an image: keep cells square, image beside it
+        fig, axes = plt.subplots(1, 2, figsize=(7.4, 3.4))
         axes[0].imshow(item["image"], cmap="gray")
-        axes[0].set_title("input")
+        axes[0].set(title="input image", xlabel="pixel column", ylabel="pixel row")
         ax = axes[1]
+        shown = ax.imshow(w, cmap="viridis", aspect="equal", vmin=0)
     else:
-        fig, ax = plt.subplots(figsize=(max(4, 0.28 * w.shape[1] + 1.5), 0.3 * w.shape[0] + 1.2))
-    ax.imshow(w, cmap="viridis", aspect="auto", vmin=0)
+        fig, ax = plt.subplots(figsize=(max(4, 0.28 * w.shape[1] + 2), 0.3 * w.shape[0] + 1.6))
+        shown = ax.imshow(w, cmap="viridis", aspect="auto", vmin=0)
     ys, xs = np.nonzero(gold)
     ax.scatter(xs, ys, s=12, facecolors="none", edgecolors="red", linewidths=0.8, label="gold")
     if "x_labels" in item:
         ax.set_xticks(range(len(item["x_labels"])), item["x_labels"], fontsize=7)
         ax.set_yticks(range(len(item["y_labels"])), item["y_labels"], fontsize=7)
-    ax.set_title("attention (red: gold)", fontsize=8)
+    ax.set_xlabel(item.get("x_title", "key"))
+    ax.set_ylabel(item.get("y_title", "query"))
+    ax.set_title("attention weights (red circles: gold)", fontsize=8)
+    fig.colorbar(shown, ax=ax, fraction=0.046, pad=0.04, label="weight")
     fig.suptitle(item["title"], fontsize=8)
     return _png(fig)
 
 
-def _table(rows: list[tuple[str, str]]) -> str:
-    body = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>" for k, v in rows)
-    return f"<table>{body}</table>"
+def html_table(header: list[str], rows: list[list[str]]) -> str:
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
+    body = "".join(
+        "<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in rows
+    )
+    return f"<table><tr>{head}</tr>{body}</table>"
 
 
 def _img(data: bytes, alt: str) -> str:
@@ -68,8 +93,34 @@ def _img(data: bytes, alt: str) -> str:
     return f'<img alt="{html.escape(alt)}" src="data:image/png;base64,{encoded}">'
 
 
+def html_page(title: str, body: str) -> str:
+    return (
+        f'<!doctype html>\n<html><head><meta charset="utf-8"><title>{html.escape(title)}</title>'
+        f"<style>{PAGE_STYLE}</style></head><body>\n{body}\n</body></html>\n"
+    )
+
+
+def metric_rows(metrics: Mapping[str, float], info: Mapping[str, Metric]) -> list[list[str]]:
+    """[name, value, reading, meaning] in the task's order; metrics it does not describe last."""
+    names = [k for k in info if k in metrics] + sorted(k for k in metrics if k not in info)
+    rows = []
+    for name in names:
+        value = metrics[name]
+        text = f"{value:.4f}" if isinstance(value, float) else str(value)
+        about = info.get(name)
+        rows.append(
+            [name, text, about.reading if about else "", about.description if about else ""]
+        )
+    return rows
+
+
 def write_report(
-    run_dir: Path, config: dict, metrics: dict, history: list[dict], heatmaps: list[dict]
+    run_dir: Path,
+    config: dict,
+    metrics: dict,
+    history: list[dict],
+    heatmaps: list[dict],
+    info: Mapping[str, Metric],
 ) -> Path:
     """Write heatmap_*.png, curves.png and report.html into ``run_dir``; return the report."""
     images = []
@@ -80,26 +131,16 @@ def write_report(
     curves = _curves(history) if history else None
     if curves:
         (run_dir / "curves.png").write_bytes(curves)
-    fmt = {k: (f"{v:.4f}" if isinstance(v, float) else str(v)) for k, v in metrics.items()}
-    page = f"""<!doctype html>
-<html><head><meta charset="utf-8"><title>attnkit run: {html.escape(run_dir.name)}</title>
-<style>
-body {{ font-family: system-ui, sans-serif; margin: 2em; color: #222; max-width: 1100px; }}
-table {{ border-collapse: collapse; margin: 0.5em 0 1.5em; }}
-th, td {{ border: 1px solid #ccc; padding: 0.25em 0.7em; text-align: left; }}
-th {{ background: #f3f3f3; }}
-img {{ max-width: 100%; margin: 0.5em 0; border: 1px solid #eee; }}
-.grid {{ display: flex; flex-wrap: wrap; gap: 1em; }}
-</style></head><body>
-<h1>attnkit run <code>{html.escape(run_dir.name)}</code></h1>
-<h2>Metrics (held-out)</h2>{_table(sorted(fmt.items()))}
-<h2>Configuration</h2>{_table([(k, str(v)) for k, v in config.items()])}
+    body = f"""<h1>attnkit run <code>{html.escape(run_dir.name)}</code></h1>
+<h2>Metrics (held-out)</h2>
+{html_table(["metric", "value", "reading", "meaning"], metric_rows(metrics, info))}
+<h2>Configuration</h2>
+{html_table(["key", "value"], [[k, str(v)] for k, v in config.items()])}
 <h2>Training</h2>{_img(curves, "training curves") if curves else "<p>no epochs run</p>"}
 <h2>Attention on held-out examples</h2>
-<p>Each heatmap shows the weights of one example; red circles mark the gold alignment.</p>
-<div class="grid">{"".join(images)}</div>
-</body></html>
-"""
+<p>Each heatmap shows the weights of one example (colour bar: weight); red circles mark the gold
+alignment.</p>
+<div class="grid">{"".join(images)}</div>"""
     path = run_dir / "report.html"
-    path.write_text(page, encoding="utf-8")
+    path.write_text(html_page(f"attnkit run: {run_dir.name}", body), encoding="utf-8")
     return path

@@ -1,1 +1,14 @@
-"""Embedded tasks with gold attention, generated locally (nothing is downloaded at run time)."""
+"""Tasks for ``attnkit run``: embedded data sets with gold attention, generated locally (nothing
+is downloaded at run time), each registered with its model, metrics, heatmaps and defaults.
+
+``available()`` lists the registered names; ``get(name)`` returns the task class, failing
+loudly (with the closest name) on an unknown one.
+"""
+
+from attnkit.tasks import dates_task, digits_task
+from attnkit.tasks.base import REGISTRY, Metric, Task
+
+available = REGISTRY.available
+get = REGISTRY.get
+
+__all__ = ["REGISTRY", "Metric", "Task", "available", "dates_task", "digits_task", "get"]

@@ -1,7 +1,9 @@
-"""The dates experiment: a Bahdanau-style encoder-decoder normalising dates, evaluated against
+"""The ``dates`` task: a Bahdanau-style encoder-decoder normalising dates, evaluated against
 the gold character alignment."""
 
 from __future__ import annotations
+
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -14,36 +16,72 @@ from attnkit.evaluation import (
     supervised_attention_loss,
     uniform_weights,
 )
-from attnkit.experiments.config import RunConfig
-from attnkit.experiments.parts import build_attention, task_loss
 from attnkit.models.seq2seq import Seq2SeqAttention
+from attnkit.tasks.base import REGISTRY, Metric, Task
 from attnkit.tasks.dates import OUTPUT_LEN, Vocab, make_dates
+from attnkit.tasks.parts import build_attention, task_loss
 
 __all__ = ["DatesTask"]
 
 
-class DatesTask:
-    name = "dates"
+@REGISTRY.register("dates")
+class DatesTask(Task):
+    description = "normalise written dates (5 locales) to YYYY-MM-DD; gold character alignment"
+    defaults: ClassVar[dict[str, dict[str, Any]]] = {
+        "full": {"epochs": 6, "n_train": 12000, "n_test": 1000, "batch_size": 64, "lr": 3e-3,
+                 "d_model": 64},
+        "quick": {"epochs": 3, "n_train": 2000, "n_test": 300, "batch_size": 64, "lr": 3e-3,
+                  "d_model": 64},
+    }  # fmt: skip
+    metrics: ClassVar[dict[str, Metric]] = {
+        "exact_match": Metric("share of dates whose whole ISO output is right"),
+        "char_accuracy": Metric("share of output characters that are right"),
+        "unseen_patterns_exact_match": Metric(
+            "exact match on date patterns never seen in training"
+        ),
+        "argmax_in_gold_field": Metric(
+            "share of output characters whose most-weighted input character is in the gold field"
+        ),
+        "aer_argmax": Metric(
+            "alignment error rate of the most-weighted input character against the gold links",
+            "lower",
+        ),
+        "aer_threshold": Metric(
+            "alignment error rate of the input characters weighted above 0.2", "lower"
+        ),
+        "entropy": Metric("mean entropy of the attention weights in nats (lower: sharper)", None),
+        "uniform_ablation_exact_match": Metric(
+            "exact match when every attention is replaced by uniform weights", None
+        ),
+        "uniform_ablation_drop": Metric(
+            "exact match lost under uniform weights: how much the model relies on its attention",
+            None,
+        ),
+    }
+    gold_alignment = True
 
-    def __init__(self, config: RunConfig) -> None:
-        self.config = config
+    def __init__(self, config) -> None:
+        super().__init__(config)
         self.data = make_dates(config.n_train, config.n_test, seed=config.seed)
         self.train = self.data.splits["train"]
+        self.max_len = max(s["src"].shape[1] for s in self.data.splits.values())
 
     def build_model(self) -> Seq2SeqAttention:
-        c = self.config
-        d = c.d_model
+        d = self.config.d_model
         return Seq2SeqAttention(
             len(self.data.src_vocab),
             len(self.data.tgt_vocab),
             d,
-            build_attention(c.score, c.align, d),
+            build_attention(self.config.score, self.config.align, d, self.max_len),
             bidirectional=True,
             enc_hidden=d // 2,
         )
 
     def n_train(self) -> int:
         return self.train["src"].shape[0]
+
+    def has_split(self, name: str) -> bool:
+        return name in self.data.splits
 
     def loss(self, model, index: Tensor) -> Tensor:
         b = self.train
@@ -66,40 +104,47 @@ class DatesTask:
         return tokens, out.weights
 
     @torch.no_grad()
-    def evaluate(self, model, split_name: str = "test") -> dict[str, float]:
+    def evaluate(self, model, split: str) -> dict[str, float]:
         model.eval()
-        split = self.data.splits[split_name]
-        tokens, weights = self._decode(model, split)
-        correct = tokens == split["tgt"]
+        data = self.data.splits[split]
+        tokens, weights = self._decode(model, data)
+        correct = tokens == data["tgt"]
         metrics = {
             "exact_match": float(correct.all(-1).float().mean()),
             "char_accuracy": float(correct.float().mean()),
         }
-        if split_name == "test":
-            width = weights.shape[-1]
-            sure, possible = split["sure"][..., :width], split["possible"][..., :width]
-            rows = sure.any(-1)  # output characters with gold links (not the dashes)
-            metrics["aer_argmax"] = alignment_error_rate(weights, sure, possible, rows=rows)
-            metrics["aer_threshold"] = alignment_error_rate(
-                weights, sure, possible, mode="threshold", threshold=0.2, rows=rows
-            )
-            # AER has a floor with one predicted link per character and several sure links per
-            # field, so also report how often the argmax falls inside the gold field.
-            top = weights.argmax(-1, keepdim=True)
-            metrics["argmax_in_gold_field"] = float(
-                sure.gather(-1, top).squeeze(-1)[rows].float().mean()
-            )
-            metrics["entropy"] = entropy(weights[rows])
-            with uniform_weights(model):
-                ablated, _ = self._decode(model, split)
-            uniform_em = float((ablated == split["tgt"]).all(-1).float().mean())
-            metrics["uniform_ablation_exact_match"] = uniform_em
-            metrics["uniform_ablation_drop"] = metrics["exact_match"] - uniform_em
+        if split != "test":
+            return metrics
+        width = weights.shape[-1]
+        sure, possible = data["sure"][..., :width], data["possible"][..., :width]
+        rows = sure.any(-1)  # output characters with gold links (not the dashes)
+        metrics["aer_argmax"] = alignment_error_rate(weights, sure, possible, rows=rows)
+        metrics["aer_threshold"] = alignment_error_rate(
+            weights, sure, possible, mode="threshold", threshold=0.2, rows=rows
+        )
+        # AER has a floor with one predicted link per character and several sure links per
+        # field, so also report how often the argmax falls inside the gold field.
+        top = weights.argmax(-1, keepdim=True)
+        metrics["argmax_in_gold_field"] = float(
+            sure.gather(-1, top).squeeze(-1)[rows].float().mean()
+        )
+        metrics["entropy"] = entropy(weights[rows])
+        with uniform_weights(model):
+            ablated, _ = self._decode(model, data)
+        uniform_em = float((ablated == data["tgt"]).all(-1).float().mean())
+        metrics["uniform_ablation_exact_match"] = uniform_em
+        metrics["uniform_ablation_drop"] = metrics["exact_match"] - uniform_em
+        return metrics
+
+    def final_metrics(self, model) -> dict[str, float]:
+        metrics = self.evaluate(model, "test")
+        unseen = self.evaluate(model, "unseen_patterns")
+        metrics["unseen_patterns_exact_match"] = unseen["exact_match"]
         return metrics
 
     @torch.no_grad()
     def heatmaps(self, model, n: int = 4) -> list[dict]:
-        """Held-out examples: weights (10 × len(text)) with labels and gold sure links."""
+        """Held-out examples: weights (10 × len(text)); rows are the predicted characters."""
         model.eval()
         split = self.data.splits["test"]
         with capture(model) as records:
@@ -107,16 +152,18 @@ class DatesTask:
         steps = next(iter(records.values()))  # one (B, 1, N) tensor per decoding step
         weights = torch.cat(steps, dim=-2)
         out = []
-        for i in range(n):
+        for i in range(min(n, len(split["examples"]))):
             ex = split["examples"][i]
-            n_chars = len(ex.text)
+            predicted = [self.data.tgt_vocab.chars[t] for t in tokens[i].tolist()]
             out.append(
                 {
-                    "title": f"{ex.text!r} → {self.data.tgt_vocab.decode(tokens[i].tolist())} "
-                    f"(gold {ex.target}; {ex.locale}, {ex.pattern})",
-                    "weights": weights[i, :, :n_chars].numpy(),
+                    "title": f"{ex.text!r} → {''.join(predicted)} (gold {ex.target}; "
+                    f"{ex.locale}, {ex.pattern})",
+                    "weights": weights[i, :, : len(ex.text)].numpy(),
                     "x_labels": list(ex.text),
-                    "y_labels": list(ex.target),
+                    "y_labels": predicted,
+                    "x_title": "input character",
+                    "y_title": "predicted output character",
                     "gold": torch.tensor(ex.sure).numpy(),
                 }
             )

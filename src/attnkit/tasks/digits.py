@@ -26,9 +26,17 @@ def _upscale(img: np.ndarray, factor: int) -> np.ndarray:
 
 
 def make_digits(
-    n_train: int, n_test: int, *, canvas: int = 48, scale: int = 2, clutter: int = 4, seed: int = 0
+    n_train: int,
+    n_test: int,
+    *,
+    n_validation: int = 0,
+    canvas: int = 48,
+    scale: int = 2,
+    clutter: int = 4,
+    seed: int = 0,
 ) -> DigitsData:
-    """Deterministic given ``seed``. Train and test use disjoint source scans."""
+    """Deterministic given ``seed``. Train, validation and test use disjoint source scans
+    (70%, 10%, 20% of them); the validation split is made only when ``n_validation > 0``."""
     from sklearn.datasets import load_digits
 
     digits = load_digits()
@@ -36,11 +44,14 @@ def make_digits(
     labels = digits.target
     rng = np.random.default_rng(seed)
     order = rng.permutation(len(images))
-    split_at = int(0.8 * len(order))
-    sources = {"train": order[:split_at], "test": order[split_at:]}
+    cut1, cut2 = int(0.7 * len(order)), int(0.8 * len(order))
+    sources = {"train": order[:cut1], "validation": order[cut1:cut2], "test": order[cut2:]}
     size = 8 * scale
     out = {}
-    for split, n in (("train", n_train), ("test", n_test)):
+    sizes = {"train": n_train, "validation": n_validation, "test": n_test}
+    for split, n in sizes.items():
+        if split == "validation" and n == 0:
+            continue
         pool = sources[split]
         xs = np.zeros((n, 1, canvas, canvas), dtype=np.float32)
         ys = np.zeros(n, dtype=np.int64)

@@ -1,7 +1,9 @@
-"""The digits experiment: attention with a learned query over a small CNN's feature grid
+"""The ``digits`` task: attention with a learned query over a small CNN's feature grid
 (show-attend-tell style), soft or hard (REINFORCE), on cluttered handwritten digits."""
 
 from __future__ import annotations
+
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -10,9 +12,9 @@ from torch import Tensor, nn
 from attnkit import taxonomy as tx
 from attnkit.attention import Attention
 from attnkit.evaluation import attention_correctness, capture, entropy, uniform_weights
-from attnkit.experiments.config import RunConfig
-from attnkit.experiments.parts import build_attention, task_loss
+from attnkit.tasks.base import REGISTRY, Metric, Task
 from attnkit.tasks.digits import box_region, make_digits
+from attnkit.tasks.parts import build_attention, task_loss
 
 __all__ = ["DigitsModel", "DigitsTask"]
 
@@ -49,18 +51,43 @@ class DigitsModel(nn.Module):
         return logits, out.weights.squeeze(1), log_prob
 
 
-class DigitsTask:
-    name = "digits"
+@REGISTRY.register("digits")
+class DigitsTask(Task):
+    description = "classify a handwritten digit pasted among clutter; gold region = its box"
+    defaults: ClassVar[dict[str, dict[str, Any]]] = {
+        "full": {"epochs": 10, "n_train": 6000, "n_test": 1000, "batch_size": 64, "lr": 3e-3,
+                 "d_model": 64},
+        "quick": {"epochs": 4, "n_train": 2400, "n_test": 300, "batch_size": 32, "lr": 3e-3,
+                  "d_model": 64},
+    }  # fmt: skip
+    metrics: ClassVar[dict[str, Metric]] = {
+        "accuracy": Metric("share of test images whose digit is classified right (chance 0.1)"),
+        "attention_correctness": Metric(
+            "attention weight that falls on grid cells overlapping the digit's box"
+        ),
+        "entropy": Metric("mean entropy of the attention weights in nats (lower: sharper)", None),
+        "uniform_ablation_accuracy": Metric(
+            "accuracy when the attention is replaced by uniform weights", None
+        ),
+        "uniform_ablation_drop": Metric(
+            "accuracy lost under uniform weights: how much the model relies on its attention",
+            None,
+        ),
+    }
 
-    def __init__(self, config: RunConfig) -> None:
-        self.config = config
-        self.data = make_digits(config.n_train, config.n_test, seed=config.seed)
+    def __init__(self, config) -> None:
+        super().__init__(config)
+        self.data = make_digits(
+            config.n_train, config.n_test, n_validation=max(1, config.n_test // 2), seed=config.seed
+        )
         self.train = self.data.splits["train"]
 
     def build_model(self) -> DigitsModel:
-        c = self.config
-        d = c.d_model // 2
-        return DigitsModel(d, build_attention(c.score, c.align, d))
+        d = self.config.d_model // 2
+        return DigitsModel(d, build_attention(self.config.score, self.config.align, d, GRID * GRID))
+
+    def has_split(self, name: str) -> bool:
+        return name in self.data.splits
 
     def n_train(self) -> int:
         return self.train["labels"].shape[0]
@@ -71,21 +98,21 @@ class DigitsTask:
         return task_loss(per_item, log_prob)
 
     @torch.no_grad()
-    def evaluate(self, model, split_name: str = "test") -> dict[str, float]:
+    def evaluate(self, model, split: str) -> dict[str, float]:
         model.eval()
-        split = self.data.splits[split_name]
-        logits, weights, _ = model(split["images"])
-        acc = float((logits.argmax(-1) == split["labels"]).float().mean())
-        region = box_region(split["boxes"], self.data.canvas, GRID)
+        data = self.data.splits[split]
+        logits, weights, _ = model(data["images"])
+        acc = float((logits.argmax(-1) == data["labels"]).float().mean())
+        region = box_region(data["boxes"], self.data.canvas, GRID)
         metrics = {
             "accuracy": acc,
             "attention_correctness": attention_correctness(weights, region),
             "entropy": entropy(weights),
         }
         with uniform_weights(model):
-            ablated, _, _ = model(split["images"])
+            ablated, _, _ = model(data["images"])
         metrics["uniform_ablation_accuracy"] = float(
-            (ablated.argmax(-1) == split["labels"]).float().mean()
+            (ablated.argmax(-1) == data["labels"]).float().mean()
         )
         metrics["uniform_ablation_drop"] = acc - metrics["uniform_ablation_accuracy"]
         return metrics
@@ -105,6 +132,8 @@ class DigitsTask:
                     "title": (
                         f"label {int(split['labels'][i])}, predicted {int(logits[i].argmax())}"
                     ),
+                    "x_title": "grid column (4 pixels each)",
+                    "y_title": "grid row",
                     "weights": weights[i].reshape(GRID, GRID).numpy(),
                     "image": split["images"][i, 0].numpy(),
                     "gold": region[i].reshape(GRID, GRID).numpy(),

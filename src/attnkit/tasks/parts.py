@@ -1,6 +1,14 @@
-"""Score and alignment modules from the names given on the command line."""
+"""Attention parts built from the names given to ``attnkit run``, with explicit arguments.
+
+Every score gets exactly the sizes listed for it in :data:`SCORE_SIZES`; a registered score that
+is not listed there, or an alignment that needs arguments not listed in :data:`ALIGNMENT_ARGUMENTS`,
+is refused with a message saying so, instead of being built with guessed or default sizes.
+"""
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
 
 from torch import Tensor
 
@@ -9,26 +17,83 @@ from attnkit import alignments as al
 from attnkit.attention import Attention
 from attnkit.scores import Score
 
-__all__ = ["build_alignment", "build_attention", "build_score", "task_loss"]
+__all__ = [
+    "ALIGNMENT_ARGUMENTS",
+    "SCORE_SIZES",
+    "build_alignment",
+    "build_attention",
+    "build_score",
+    "task_loss",
+    "usable_scores",
+]
+
+# Which of the task's sizes each score takes: d_q (query), d_k (key), d_w (hidden size of the
+# additive family), max_len (the most keys any input of the task has, for position scores).
+SCORE_SIZES: dict[str, tuple[str, ...]] = {
+    "dot": (),
+    "scaled_dot": (),
+    "cosine": (),
+    "euclidean": (),
+    "general": ("d_q", "d_k"),
+    "biased_general": ("d_q", "d_k"),
+    "activated_general": ("d_q", "d_k"),
+    "additive": ("d_q", "d_k", "d_w"),
+    "concat": ("d_q", "d_k", "d_w"),
+    "deep": ("d_q", "d_k", "d_w"),
+    "convolutional": ("d_k",),
+    "learned_query": ("d_k",),
+    "location": ("d_q", "max_len"),
+}
+
+# Alignments that need arguments, as functions of the query size; the rest take none.
+ALIGNMENT_ARGUMENTS: dict[str, Callable[[int], dict[str, Any]]] = {
+    # Luong's predictive local alignment with a half-window of 2.
+    "local": lambda d_q: {"window": 2, "position": "predictive", "d_q": d_q},
+}
 
 
-def build_score(name: str, d_q: int, d_k: int, d_w: int) -> Score:
-    """A score for queries of size d_q and keys of size d_k (d_w for the additive family)."""
-    offered = {"d_q": d_q, "d_k": d_k, "d_w": d_w}
-    accepted = ak.scores.REGISTRY.accepts(name)
-    return ak.scores.build(name, **{k: v for k, v in offered.items() if k in accepted})
+def usable_scores() -> list[str]:
+    """Registered scores that ``attnkit run`` can build."""
+    return [name for name in ak.scores.available() if name in SCORE_SIZES]
+
+
+def build_score(name: str, *, d_q: int, d_k: int, d_w: int, max_len: int) -> Score:
+    """The score ``name`` given exactly the sizes :data:`SCORE_SIZES` lists for it.
+
+    Raises ValueError for an unknown name (with the closest one) or a registered score whose
+    sizes are not listed.
+    """
+    ak.scores.REGISTRY.get(name)  # unknown names: ValueError listing the options
+    if name not in SCORE_SIZES:
+        raise ValueError(
+            f"score {name!r} is registered but attnkit run does not know which sizes to give it; "
+            f"add it to SCORE_SIZES in attnkit.tasks.parts (usable: {', '.join(usable_scores())})"
+        )
+    sizes = {"d_q": d_q, "d_k": d_k, "d_w": d_w, "max_len": max_len}
+    return ak.scores.build(name, **{key: sizes[key] for key in SCORE_SIZES[name]})
 
 
 def build_alignment(name: str, d_q: int) -> al.Alignment:
-    """An alignment by name; ``local`` is Luong's predictive local alignment (D = 2)."""
-    if name == "local":
-        return al.Local(2, "predictive", d_q=d_q)
-    return ak.alignments.build(name)
+    """The alignment ``name``: with the arguments in :data:`ALIGNMENT_ARGUMENTS`, else none.
+
+    Raises ValueError for an unknown name, or for an alignment that cannot be built without
+    arguments ``attnkit run`` does not give.
+    """
+    arguments = ALIGNMENT_ARGUMENTS[name](d_q) if name in ALIGNMENT_ARGUMENTS else {}
+    try:
+        return ak.alignments.build(name, **arguments)
+    except TypeError as err:
+        raise ValueError(
+            f"alignment {name!r} cannot be built by attnkit run ({err}); add its arguments to "
+            "ALIGNMENT_ARGUMENTS in attnkit.tasks.parts"
+        ) from None
 
 
-def build_attention(score: str, align: str, d: int) -> Attention:
-    """Attention with queries and keys of size d (and d_w = d) from the two names."""
-    return Attention(build_score(score, d, d, d), build_alignment(align, d))
+def build_attention(score: str, align: str, d: int, max_len: int) -> Attention:
+    """Attention with queries and keys of size d (and d_w = d) over at most ``max_len`` keys."""
+    return Attention(
+        build_score(score, d_q=d, d_k=d, d_w=d, max_len=max_len), build_alignment(align, d)
+    )
 
 
 def task_loss(per_item: Tensor, log_prob: Tensor | None) -> Tensor:

@@ -1,0 +1,195 @@
+"""The ``attnkit run`` subcommand: its flags (with help and defaults), and how a command line
+becomes one run or a comparison. Every refusal is one line on stderr and exit status 2."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from attnkit import tasks
+from attnkit.tasks import parts
+
+__all__ = ["add_parser", "execute"]
+
+# Flags that set a configuration key: flag -> (key, type, metavar, help). Their defaults are
+# the task's (or RunConfig's), so a flag left out is not in the parsed arguments at all: that
+# is how --resume tells a contradicting flag from an unset one.
+_CONFIG_FLAGS: dict[str, tuple[str, type, str, str]] = {
+    "--score": ("score", str, "NAME", "score function (default: additive); one of: {scores}"),
+    "--align": ("align", str, "NAME", "alignment function (default: softmax); one of: {aligns}"),
+    "--epochs": ("epochs", int, "N", "training epochs (default: the task's; {epochs})"),
+    "--batch-size": ("batch_size", int, "N", "examples per step (default: {batch_size})"),
+    "--lr": ("lr", float, "LR", "Adam learning rate (default: {lr})"),
+    "--seed": ("seed", int, "N", "seed of data, initialisation and order, 0 <= N < 2**32 "
+               "(default: 0)"),
+    "--d-model": ("d_model", int, "N", "model width, even (default: {d_model})"),
+    "--n-train": ("n_train", int, "N", "training examples (default: {n_train})"),
+    "--n-test": ("n_test", int, "N", "test examples; validation has half as many "
+                 "(default: {n_test})"),
+    "--supervise-attention": ("supervise_attention", float, "LAMBDA", "add LAMBDA × KL(gold ‖ "
+                              "weights) to the loss; tasks with gold alignments only: "
+                              "{supervisable} (default: 0)"),
+}  # fmt: skip
+
+
+def _task_defaults(key: str) -> str:
+    parts_ = []
+    for name in tasks.available():
+        d = tasks.get(name).defaults
+        full, quick = d["full"].get(key), d["quick"].get(key)
+        parts_.append(f"{name} {full}" + (f", quick {quick}" if quick != full else ""))
+    return "; ".join(parts_)
+
+
+def add_parser(sub) -> argparse.ArgumentParser:
+    import attnkit as ak
+
+    names = {
+        "scores": ", ".join(parts.usable_scores()),
+        "aligns": ", ".join(ak.alignments.available()),
+        "supervisable": ", ".join(n for n in tasks.available() if tasks.get(n).gold_alignment),
+        **{key: _task_defaults(key) for key in ("epochs", "batch_size", "lr", "d_model",
+                                                  "n_train", "n_test")},
+    }  # fmt: skip
+    task_lines = "; ".join(f"{n}: {tasks.get(n).description}" for n in tasks.available())
+    runp = sub.add_parser(
+        "run",
+        help="train an attention model on an embedded task and report",
+        description="Train an attention model on an embedded task, checkpoint every epoch, "
+        "evaluate its attention against the gold alignment and write an HTML report. "
+        f"Tasks: {task_lines}.",
+        epilog="examples: attnkit run dates --quick; attnkit run digits --align hard; "
+        "attnkit run dates --compare score=additive,dot; attnkit run --resume runs/<dir>",
+    )
+    runp.add_argument(
+        "task",
+        nargs="?",
+        default=argparse.SUPPRESS,
+        help=f"task to run (default: dates); one of: {', '.join(tasks.available())}",
+    )
+    for flag, (key, kind, metavar, text) in _CONFIG_FLAGS.items():
+        runp.add_argument(
+            flag, dest=key, type=kind, metavar=metavar, default=argparse.SUPPRESS,
+            help=text.format(**names),
+        )  # fmt: skip
+    runp.add_argument(
+        "--quick",
+        action="store_true",
+        default=argparse.SUPPRESS,
+        help="the task's small quick settings (dates: about 15 s on 2 cores)",
+    )
+    runp.add_argument(
+        "--compare",
+        metavar="KEY=V1,V2,...",
+        help="one run per value of any configuration key (score, align, lr, seed, ...); "
+        "prints and writes a combined table (compare.md, compare.html)",
+    )
+    runp.add_argument(
+        "--out", type=Path, metavar="DIR", help="new or empty run directory "
+        "(default: runs/<task>-<score>-<align>-s<seed>-<time>)"
+    )  # fmt: skip
+    runp.add_argument(
+        "--resume",
+        type=Path,
+        metavar="RUN_DIR",
+        help="continue an interrupted run where it stopped, as it was configured",
+    )
+    runp.add_argument(
+        "--threads",
+        type=int,
+        metavar="N",
+        help="intra-op threads (default: chosen for the model's size; 1 for the embedded tasks)",
+    )
+    runp.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return runp
+
+
+def _say(message: str) -> None:
+    print(f"attnkit run: error: {message}", file=sys.stderr)
+
+
+def execute(args: argparse.Namespace) -> int:
+    """Run what ``args`` asks; the exit status (0, 1 diverged, 2 refused, 130 interrupted)."""
+    from attnkit.experiments.checkpoints import CheckpointError
+    from attnkit.experiments.config import ConfigError
+    from attnkit.experiments.runner import Interrupted, TrainingError
+
+    try:
+        return _execute(args)
+    except (ConfigError, CheckpointError) as err:
+        _say(str(err))
+        return 2
+    except TrainingError as err:
+        _say(str(err))
+        return 1
+    except Interrupted as err:
+        print(f"\nattnkit run: {err}", file=sys.stderr)
+        return 130
+    except KeyboardInterrupt:
+        print("\nattnkit run: interrupted", file=sys.stderr)
+        return 130
+
+
+def _execute(args: argparse.Namespace) -> int:
+    from attnkit.experiments.compare import markdown_table, write_comparison
+    from attnkit.experiments.config import ConfigError, RunConfig, parse_value
+    from attnkit.experiments.runner import load_config, run
+
+    given = {k: v for k, v in vars(args).items() if k in RunConfig.names()}
+    if args.threads is not None and args.threads < 1:
+        raise ConfigError(f"--threads must be a positive int, got {args.threads}")
+    options = {"progress": not args.no_progress, "threads": args.threads}
+    if args.resume is not None:
+        if args.compare:
+            raise ConfigError(
+                "--compare cannot be combined with --resume: resume each variant's run "
+                "directory on its own"
+            )
+        if args.out is not None:
+            raise ConfigError("--out cannot be combined with --resume: a run continues in its "
+                              "own directory")  # fmt: skip
+        saved = load_config(args.resume).resolved()
+        for key, value in given.items():
+            if getattr(saved, key) != value:
+                raise ConfigError(
+                    f"--resume {str(args.resume)!r} continues the run as it was configured: "
+                    f"{key} = {value!r} contradicts its {key} = {getattr(saved, key)!r} (start "
+                    "a new run with --out to change it)"
+                )
+        run_dir, metrics = run(saved, resume=args.resume, **options)
+        _table(saved.task, run_dir, metrics, markdown_table)
+        return 0
+    base = RunConfig(**given)
+    if not args.compare:
+        run_dir, metrics = run(base, args.out, **options)
+        _table(base.task, run_dir, metrics, markdown_table)
+        return 0
+    key, sep, values = args.compare.partition("=")
+    if not sep or not values:
+        raise ConfigError(f"--compare must be KEY=V1,V2,..., got {args.compare!r}")
+    if key in given:
+        raise ConfigError(f"--compare {key}=... and the flag for {key} both set {key}; give one")
+    variants = [(v, RunConfig(**{**given, key: parse_value(key, v)})) for v in values.split(",")]
+    for _, config in variants:  # every variant is checked before any runs
+        config.resolved()
+    out = args.out
+    if out is None:
+        out = Path("runs") / f"compare-{base.task}-{key}-{time.strftime('%Y%m%d-%H%M%S')}"
+    from attnkit.experiments.config import check_output_dir
+
+    check_output_dir(out)
+    rows = []
+    for value, config in variants:
+        run_dir, metrics = run(config, out / f"{key}-{value}", **options)
+        rows.append((value, run_dir, metrics))
+    info = tasks.get(base.task).metrics
+    page = write_comparison(out, key, rows, info)
+    print("\n" + markdown_table(key, rows, info))
+    print(f"\ncomparison: {page}")
+    return 0
+
+
+def _table(task: str, run_dir: Path, metrics, markdown_table) -> None:
+    print("\n" + markdown_table("task", [(task, run_dir, metrics)], tasks.get(task).metrics))

@@ -1,0 +1,91 @@
+"""What a task for ``attnkit run`` provides, and the registry the runner finds tasks in.
+
+A task registers its data, model builder, loss, metrics (with what each means and which way is
+better), heatmaps and its own defaults for a full and a quick run. The runner only calls these
+methods; it names no task.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from torch import Tensor, nn
+
+from attnkit.registry import Registry
+
+__all__ = ["REGISTRY", "Metric", "Task"]
+
+
+@dataclass(frozen=True)
+class Metric:
+    """How to read one metric: what it measures, and whether higher or lower is better
+    (``better=None``: neither, it describes the model)."""
+
+    description: str
+    better: str | None = "higher"
+
+    def __post_init__(self) -> None:
+        if self.better not in ("higher", "lower", None):
+            raise ValueError(f"better must be 'higher', 'lower' or None, got {self.better!r}")
+
+    @property
+    def reading(self) -> str:
+        return f"{self.better} is better" if self.better else "descriptive"
+
+
+class Task:
+    """Base class of a task for ``attnkit run``.
+
+    Class attributes, read before any data is made:
+
+    - ``description``: one line for ``attnkit run --help``.
+    - ``defaults``: ``{"full": {...}, "quick": {...}}``, values for the run-configuration keys
+      left unset (epochs, batch_size, lr, d_model, n_train, n_test).
+    - ``metrics``: metric name -> :class:`Metric`, in the order reports show them.
+    - ``gold_alignment``: True when the data carries gold attention, so that the loss can be
+      supervised (``supervise_attention``).
+
+    An instance is made from a resolved run configuration and makes its data.
+    """
+
+    description: ClassVar[str] = ""
+    defaults: ClassVar[dict[str, dict[str, Any]]] = {}
+    metrics: ClassVar[dict[str, Metric]] = {}
+    gold_alignment: ClassVar[bool] = False
+
+    def __init__(self, config: Any) -> None:
+        self.config = config
+
+    def build_model(self) -> nn.Module:
+        """A freshly initialised model for this task and configuration."""
+        raise NotImplementedError
+
+    def n_train(self) -> int:
+        """Number of training examples."""
+        raise NotImplementedError
+
+    def loss(self, model: nn.Module, index: Tensor) -> Tensor:
+        """Mean training loss over the training examples at ``index``."""
+        raise NotImplementedError
+
+    def has_split(self, name: str) -> bool:
+        raise NotImplementedError
+
+    def evaluate(self, model: nn.Module, split: str) -> dict[str, float]:
+        """Metrics of ``model`` on one split (``validation`` after each epoch, ``test`` at the
+        end)."""
+        raise NotImplementedError
+
+    def final_metrics(self, model: nn.Module) -> dict[str, float]:
+        """The held-out metrics reported at the end of a run."""
+        return self.evaluate(model, "test")
+
+    def heatmaps(self, model: nn.Module, n: int = 4) -> list[dict]:
+        """Held-out examples for the report: dicts with ``title``, ``weights`` (2-D), ``gold``
+        (same shape, bool), and either ``image`` or ``x_labels``/``y_labels`` with
+        ``x_title``/``y_title``."""
+        raise NotImplementedError
+
+
+REGISTRY: Registry[Task] = Registry("task")

@@ -1,0 +1,210 @@
+"""``attnkit run`` on the command line: every refusal is one line and exit 2, a diverged run
+exits 1, Ctrl-C exits 130 with the resume command; --resume, --out and --compare."""
+
+import json
+import os
+import signal
+
+import pytest
+import torch
+
+from attnkit import cli
+from attnkit.experiments import checkpoints
+from attnkit.tasks.dates_task import DatesTask
+
+TINY = ["--n-train", "64", "--n-test", "16", "--batch-size", "32", "--d-model", "8"]
+TINY += ["--epochs", "1", "--no-progress", "--threads", "1"]
+
+
+def _one_error_line(capsys, *fragments):
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    assert err[0].startswith(("attnkit run: error:", "attnkit: error:")), err[0]
+    for fragment in fragments:
+        assert fragment in err[0], (fragment, err[0])
+    return err[0]
+
+
+BAD = [
+    (["run", "nosuchtask"], "unknown task 'nosuchtask'"),
+    (["run", "dates", "--score", "additve"], "did you mean 'additive'"),
+    (["run", "dates", "--align", "softmx"], "did you mean 'softmax'"),
+    (["run", "dates", "--epochs", "0"], "epochs must be a positive int"),
+    (["run", "dates", "--batch-size", "100", "--n-train", "50"], "no training step would run"),
+    (["run", "dates", "--lr", "inf"], "lr must be a finite number > 0, got inf"),
+    (["run", "dates", "--supervise-attention", "nan"], "supervise_attention must be a finite"),
+    (["run", "dates", "--seed", str(2**64)], "seed must be an int in [0, 2**32)"),
+    (["run", "digits", "--supervise-attention", "1"], "needs gold alignments"),
+    (["run", "dates", "--compare", "depth=1,2"], "unknown key 'depth'"),
+    (["run", "dates", "--compare", "score"], "--compare must be KEY=V1,V2"),
+    (["run", "dates", "--compare", "score=dot,nope"], "unknown score 'nope'"),
+    (["run", "dates", "--score", "dot", "--compare", "score=dot,general"], "both set score"),
+    (["run", "dates", "--threads", "0"], "--threads must be a positive int"),
+    (["run", "dates", "--seed", "abc"], "invalid int value: 'abc'"),
+    (["run", "dates", "--epochz", "3"], "unrecognized arguments: --epochz"),
+]
+
+
+def _main(argv):
+    try:
+        return cli.main(argv)
+    except SystemExit as exc:  # argparse's own refusals
+        return exc.code
+
+
+@pytest.mark.parametrize(("argv", "message"), BAD, ids=[" ".join(a) for a, _ in BAD])
+def test_a_refused_command_is_one_line_and_exit_2_and_writes_nothing(
+    argv, message, tmp_path, capsys
+):
+    out = tmp_path / "run"
+    assert _main([*argv, "--out", str(out)]) == 2
+    _one_error_line(capsys, message)
+    assert not out.exists()
+
+
+def test_unwritable_output_dir_is_refused_cleanly(capsys):
+    assert cli.main(["run", "dates", *TINY, "--out", "/proc/nope"]) == 2
+    _one_error_line(capsys, "/proc/nope")
+
+
+def test_an_existing_non_empty_output_dir_is_refused(tmp_path, capsys):
+    (tmp_path / "notes.txt").write_text("mine")
+    assert cli.main(["run", "dates", *TINY, "--out", str(tmp_path)]) == 2
+    _one_error_line(capsys, "is not empty", "--resume")
+    assert [p.name for p in tmp_path.iterdir()] == ["notes.txt"]
+
+
+@pytest.fixture
+def finished(tmp_path):
+    out = tmp_path / "done"
+    assert cli.main(["run", "dates", *TINY, "--out", str(out)]) == 0
+    return out
+
+
+def test_a_finished_run_is_not_overwritten_by_a_new_one(finished, capsys):
+    before = (finished / "metrics.json").read_text()
+    capsys.readouterr()
+    assert cli.main(["run", "dates", *TINY, "--seed", "1", "--out", str(finished)]) == 2
+    _one_error_line(capsys, "is not empty")
+    assert (finished / "metrics.json").read_text() == before
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--epochs", "5"], "epochs = 5 contradicts its epochs = 1"),
+        (["--align", "sparsemax"], "align = 'sparsemax' contradicts its align = 'softmax'"),
+        (["--compare", "score=dot,general"], "--compare cannot be combined with --resume"),
+        (["--out", "elsewhere"], "--out cannot be combined with --resume"),
+        (["digits"], "task = 'digits' contradicts its task = 'dates'"),
+    ],
+)
+def test_resume_refuses_contradicting_flags(finished, capsys, flags, message):
+    before = (finished / "metrics.json").read_text()
+    capsys.readouterr()
+    assert cli.main(["run", "--resume", str(finished), *flags]) == 2
+    _one_error_line(capsys, message)
+    assert (finished / "metrics.json").read_text() == before
+
+
+def test_resume_accepts_flags_that_agree_with_the_run(finished, capsys):
+    argv = ["run", "dates", "--resume", str(finished), "--epochs", "1", "--no-progress"]
+    assert cli.main(argv) == 0
+    assert "all 1 epochs are trained: evaluating" in capsys.readouterr().out
+
+
+DAMAGE = [
+    ("model.safetensors", lambda p: p.write_bytes(p.read_bytes()[:100]), "checksum"),
+    ("optimizer.pt", lambda p: p.unlink(), "file missing"),
+    ("rng.safetensors", lambda p: p.unlink(), "file missing"),
+    ("rng.safetensors", lambda p: p.write_bytes(os.urandom(64)), "checksum"),
+    ("state.json", lambda p: p.write_text("{"), "not valid JSON"),
+]
+
+
+@pytest.mark.parametrize(("name", "damage", "message"), DAMAGE, ids=[d[0] for d in DAMAGE])
+def test_a_damaged_checkpoint_is_one_line_naming_the_file(finished, capsys, name, damage, message):
+    path = checkpoints.latest(finished) / name
+    damage(path)
+    capsys.readouterr()
+    assert cli.main(["run", "--resume", str(finished), "--no-progress"]) == 2
+    _one_error_line(capsys, str(path), message)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (lambda d: {**d, "quick": "no"}, "quick must be bool, got str 'no'"),
+        (lambda d: {**d, "colour": "red"}, "unknown key 'colour'"),
+    ],
+)
+def test_a_damaged_config_is_one_line_naming_the_file(finished, capsys, text, message):
+    data = json.loads((finished / "config.json").read_text())
+    (finished / "config.json").write_text(json.dumps(text(data)))
+    capsys.readouterr()
+    assert cli.main(["run", "--resume", str(finished)]) == 2
+    _one_error_line(capsys, str(finished / "config.json"), message)
+
+
+def test_resume_of_a_directory_that_is_not_a_run(tmp_path, capsys):
+    assert cli.main(["run", "--resume", str(tmp_path)]) == 2
+    _one_error_line(capsys, "not a run directory")
+
+
+def test_a_diverged_run_exits_1_with_one_line(tmp_path, capsys, monkeypatch):
+    loss = DatesTask.loss
+    monkeypatch.setattr(DatesTask, "loss", lambda *a: loss(*a) * float("nan"))
+    assert cli.main(["run", "dates", *TINY, "--out", str(tmp_path / "r")]) == 1
+    _one_error_line(capsys, "training diverged: the loss is nan at epoch 1, step 1")
+
+
+def test_ctrl_c_exits_130_and_prints_the_resume_command(tmp_path, capsys, monkeypatch):
+    loss = DatesTask.loss
+
+    def interrupted(*a):
+        os.kill(os.getpid(), signal.SIGINT)
+        return loss(*a)
+
+    monkeypatch.setattr(DatesTask, "loss", interrupted)
+    out = tmp_path / "r"
+    assert cli.main(["run", "dates", *TINY, "--out", str(out)]) == 130
+    err = capsys.readouterr().err
+    assert f"continue with: attnkit run --resume {out}" in err
+    assert "Traceback" not in err
+    monkeypatch.undo()
+    assert cli.main(["run", "--resume", str(out), "--no-progress"]) == 0
+    assert (out / "metrics.json").exists()
+
+
+def test_compare_over_any_key_writes_a_combined_table(tmp_path, capsys):
+    out = tmp_path / "cmp"
+    assert cli.main(["run", "dates", *TINY, "--compare", "lr=0.01,0.001", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    rows = [line for line in printed.splitlines() if line.startswith("| 0.0")]
+    assert [row.split("|")[1].strip() for row in rows] == ["0.01", "0.001"]
+    assert "exact_match (higher is better)" in printed
+    for value in ("0.01", "0.001"):
+        saved = json.loads((out / f"lr-{value}" / "config.json").read_text())
+        assert saved["lr"] == float(value)
+    assert (out / "compare.md").read_text().strip() in printed
+    page = (out / "compare.html").read_text()
+    assert "lr-0.01/report.html" in page and "higher is better" in page
+    w = [
+        torch.load(checkpoints.latest(out / f"lr-{v}") / "optimizer.pt")["param_groups"][0]["lr"]
+        for v in ("0.01", "0.001")
+    ]
+    assert w == [0.01, 0.001]
+
+
+def test_help_lists_names_and_defaults(capsys):
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["run", "--help"])
+    assert exc.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())
+    import attnkit as ak
+
+    for name in [*ak.alignments.available(), "additive", "location", "dates", "digits"]:
+        assert name in text
+    for flag in ("--epochs", "--batch-size", "--lr", "--seed", "--n-train", "--n-test"):
+        help_of_flag = text.split(flag, 2)[-1][:200]
+        assert "default" in help_of_flag, flag
