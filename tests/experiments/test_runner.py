@@ -8,14 +8,17 @@ import signal
 import socket
 import subprocess
 import sys
+from typing import ClassVar
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
+from attnkit import tasks
 from attnkit.experiments import checkpoints
 from attnkit.experiments.config import RunConfig
 from attnkit.experiments.runner import Interrupted, TrainingError, run
+from attnkit.tasks.base import Metric, Task
 from attnkit.tasks.dates_task import DatesTask
 
 TINY = {"n_train": 96, "n_test": 16, "batch_size": 32, "d_model": 8}
@@ -194,3 +197,61 @@ def test_ddp_two_processes_equal_one(tmp_path):
 def test_quick_variant_runs_end_to_end(task, tmp_path):
     _, metrics, _ = _run(RunConfig(task=task, quick=True), tmp_path / "quick")
     assert metrics
+
+
+class Toy(Task):
+    """A task defined here alone: find which of 6 keys carries the marker."""
+
+    description = "toy"
+    sizes: ClassVar = {"epochs": 2, "n_train": 64, "n_test": 16, "batch_size": 16, "lr": 1e-2}
+    defaults: ClassVar = {"full": {**sizes, "d_model": 8}, "quick": {**sizes, "d_model": 8}}
+    metrics: ClassVar = {"accuracy": Metric("share right")}
+
+    def __init__(self, config):
+        super().__init__(config)
+        g = torch.Generator().manual_seed(config.seed)
+        n = config.n_train + 2 * config.n_test
+        self.x = torch.randn(n, 6, config.d_model, generator=g)
+        self.y = torch.randint(0, 6, (n,), generator=g)
+        self.x[torch.arange(n), self.y, 0] += 3.0
+        self.split = {"train": slice(0, config.n_train)}
+        self.split["validation"] = slice(config.n_train, config.n_train + config.n_test)
+        self.split["test"] = slice(config.n_train + config.n_test, n)
+
+    def build_model(self):
+        from attnkit.tasks.parts import build_attention
+
+        d = self.config.d_model
+        return build_attention(self.config.score, self.config.align, d, 6)
+
+    def n_train(self):
+        return self.config.n_train
+
+    def has_split(self, name):
+        return name in self.split
+
+    def _weights(self, model, x):
+        q = torch.zeros(x.shape[0], 1, x.shape[-1])
+        q[..., 0] = 1.0
+        return model(q, x, need_weights=True).weights.squeeze(1)
+
+    def loss(self, model, index):
+        w = self._weights(model, self.x[index])
+        return -w[torch.arange(len(index)), self.y[index]].clamp_min(1e-9).log().mean()
+
+    @torch.no_grad()
+    def evaluate(self, model, split):
+        s = self.split[split]
+        right = self._weights(model, self.x[s]).argmax(-1) == self.y[s]
+        return {"accuracy": float(right.float().mean())}
+
+    def heatmaps(self, model, n=4):
+        return []
+
+
+def test_a_task_registered_in_a_test_file_runs(tmp_path, monkeypatch):
+    monkeypatch.setitem(tasks.REGISTRY._table, "toy", Toy)
+    _, metrics, lines = _run(RunConfig(task="toy", score="general"), tmp_path / "toy")
+    assert set(metrics) == {"accuracy"} and 0 <= metrics["accuracy"] <= 1
+    assert any("validation: accuracy" in line for line in lines)
+    assert "toy" in (tmp_path / "toy" / "report.html").read_text()

@@ -19,7 +19,15 @@ from matplotlib.ticker import MaxNLocator
 
 from attnkit.tasks.base import Metric
 
-__all__ = ["PAGE_STYLE", "html_page", "html_table", "metric_rows", "write_report"]
+__all__ = [
+    "PAGE_STYLE",
+    "curves_figure",
+    "heatmap_figure",
+    "html_page",
+    "html_table",
+    "metric_rows",
+    "write_report",
+]
 
 PAGE_STYLE = """
 body { font-family: system-ui, sans-serif; margin: 2em; color: #222; max-width: 1100px; }
@@ -38,7 +46,8 @@ def _png(fig) -> bytes:
     return buf.getvalue()
 
 
-def _curves(history: list[dict]) -> bytes:
+def curves_figure(history: list[dict]):
+    """Training loss and validation metrics per epoch (integer epoch ticks)."""
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.2))
     epochs = [h["epoch"] for h in history]
     axes[0].plot(epochs, [h["loss"] for h in history], marker="o")
@@ -53,10 +62,11 @@ def _curves(history: list[dict]) -> bytes:
         axes[1].text(0.5, 0.5, "this task has no validation split", ha="center", va="center")
     for ax in axes:
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    return _png(fig)
+    return fig
 
 
-def _heatmap(item: dict) -> bytes:
+def heatmap_figure(item: dict):
+    """One example's weights with the gold links circled, a colour bar and axis titles."""
     w, gold = np.asarray(item["weights"]), np.asarray(item["gold"], dtype=bool)
     if "image" in item:  # square grid over an image: keep cells square, image beside it
         fig, axes = plt.subplots(1, 2, figsize=(7.4, 3.4))
@@ -77,7 +87,7 @@ def _heatmap(item: dict) -> bytes:
     ax.set_title("attention weights (red circles: gold)", fontsize=8)
     fig.colorbar(shown, ax=ax, fraction=0.046, pad=0.04, label="weight")
     fig.suptitle(item["title"], fontsize=8)
-    return _png(fig)
+    return fig
 
 
 def html_table(header: list[str], rows: list[list[str]]) -> str:
@@ -125,10 +135,10 @@ def write_report(
     """Write heatmap_*.png, curves.png and report.html into ``run_dir``; return the report."""
     images = []
     for i, item in enumerate(heatmaps):
-        data = _heatmap(item)
+        data = _png(heatmap_figure(item))
         (run_dir / f"heatmap_{i}.png").write_bytes(data)
         images.append(_img(data, item["title"]))
-    curves = _curves(history) if history else None
+    curves = _png(curves_figure(history)) if history else None
     if curves:
         (run_dir / "curves.png").write_bytes(curves)
     body = f"""<h1>attnkit run <code>{html.escape(run_dir.name)}</code></h1>
