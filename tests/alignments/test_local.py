@@ -64,9 +64,14 @@ def test_predictive_eq28():
     assert_same_forward_backward(lambda: align(e, mask, query=q).weights, loop, [e, q, Wp, wp])
 
 
-def test_window_larger_than_sequence():
-    with pytest.raises(ValueError, match=r"2·3\+1 = 7 keys .* N = 5"):
-        al.Local(3)(torch.randn(1, 2, 5))
+def test_window_larger_than_sequence_keeps_the_keys_inside():
+    e = torch.randn(1, 2, 5, dtype=torch.float64)
+    w = al.Local(3)(e).weights
+    for t in range(2):  # p = t, window [t − 3, t + 3] ∩ [0, 5)
+        inside = [j for j in range(5) if abs(j - t) <= 3]
+        ref = torch.zeros(5, dtype=torch.float64)
+        ref[inside] = torch.softmax(e[0, t, inside], dim=-1)
+        torch.testing.assert_close(w[0, t], ref)
 
 
 def test_predictive_needs_query_size_and_query():

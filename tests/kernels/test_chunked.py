@@ -99,7 +99,9 @@ def test_heads_and_broadcast_batch_dims():
 
 def test_unsupported_alignment_is_refused():
     q = torch.randn(1, 3, 4)
-    with pytest.raises(ValueError, match="the Hard alignment does not implement the streaming protocol"):
+    with pytest.raises(
+        ValueError, match="the Hard alignment does not implement the streaming protocol"
+    ):
         ak.attention(q, q, align="hard", chunk_size=2)
     with pytest.raises(ValueError, match="chunk_size must be a positive int"):
         ak.attention(q, q, score="dot", align="sparsemax", chunk_size=0)

@@ -156,12 +156,9 @@ class Local(Alignment):
             positions: monotonic form only: p_t for every query row, an int or an integer
                 tensor broadcastable to (…, M); default the row index 0 … M−1.
         """
+        # A window that crosses the sequence's ends keeps only the keys inside it (Luong et al.:
+        # "we simply ignore the outside part").
         n = scores.shape[-1]
-        if 2 * self.window + 1 > n:
-            raise ValueError(
-                f"local window of 2·{self.window}+1 = {2 * self.window + 1} keys is larger than "
-                f"the sequence: scores have N = {n} (shape {tuple(scores.shape)})"
-            )
         p = self.positions(scores, mask, query, positions)
         offset = torch.arange(n, device=scores.device, dtype=p.dtype) - p  # l − p
         inside = offset.detach().abs() <= self.window  # l ∈ [p − D, p + D] (eq. 27)

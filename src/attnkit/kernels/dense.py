@@ -37,11 +37,17 @@ def attend(
 ) -> AttentionOutput:
     """Evaluate attention densely; inputs are assumed validated.
 
-    With a mask, a masked value that is NaN or infinite does not reach the context (it has
-    weight 0, and 0·NaN would otherwise be NaN)."""
+    For float16/bfloat16 inputs the scores are aligned in float32 (the bias is added there too)
+    and the weighted sum accumulates in float32: half precision cannot hold a score plus a large
+    bias, nor a normaliser. With a mask, a masked value that is NaN or infinite does not reach the
+    context (it has weight 0, and 0·NaN would otherwise be NaN)."""
     e = score(q, k)  # (…, M, N) or (…, M, N, d_v)
+    dtype = v.dtype
+    if e.dtype in (torch.float16, torch.bfloat16):
+        e = e.float()
     multi = score.multi_dimensional
     if bias is not None:
+        bias = bias.to(e.dtype)
         e = e + (bias.unsqueeze(-1) if multi else bias)
     if multi:
         # Align each feature across keys (eq. 32): put features before (M, N).
@@ -55,17 +61,19 @@ def attend(
     if dropout > 0.0:
         a = F.dropout(a, p=dropout, training=True)
     combine = _sum_multi if multi else _sum
+    work = v.to(a.dtype) if a.dtype != dtype else v
     if mask is not None and not bool(torch.isfinite(v).all()):
-        context = guarded_sum(combine, a, v)
+        context = guarded_sum(combine, a, work)
     else:
-        context = combine(a, v)
+        context = combine(a, work)
+    context = context.to(dtype)
     if multi:
         a = a.movedim(-3, -1)
         if log_prob is not None:
             log_prob = log_prob.movedim(-2, -1)
     if not need_weights:
         return AttentionOutput(context, log_prob=log_prob)
-    return AttentionOutput(context, a, e, log_prob)
+    return AttentionOutput(context, a.to(dtype), e.to(dtype), log_prob)
 
 
 class Dense(Kernel):

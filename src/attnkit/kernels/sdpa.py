@@ -15,6 +15,10 @@ from attnkit.scores import Score
 
 __all__ = ["SDPA", "attend", "can_dispatch"]
 
+_HALF = (torch.float16, torch.bfloat16)
+# bfloat16 holds every integer up to 2^8 exactly; above, adding a bias rounds the score.
+_HALF_EXACT = 256.0
+
 
 def _reasons(score: Score, align: Alignment, *, need_weights: bool) -> list[str]:
     reasons = []
@@ -83,8 +87,16 @@ class SDPA(Kernel):
         reasons = _reasons(call.score, call.align, need_weights=call.need_weights)
         if call.chunk_size is not None:
             reasons.append("chunk_size is an argument of the chunked kernel")
-        if call.bias is not None and call.bias.dtype != call.k.dtype:
-            reasons.append(f"bias dtype {call.bias.dtype} differs from the inputs' {call.k.dtype}")
+        if call.bias is not None:
+            if call.bias.dtype != call.k.dtype:
+                reasons.append(
+                    f"bias dtype {call.bias.dtype} differs from the inputs' {call.k.dtype}"
+                )
+            elif call.k.dtype in _HALF and bool((call.bias.abs() > _HALF_EXACT).any()):
+                reasons.append(
+                    f"a {call.k.dtype} bias larger than {_HALF_EXACT} in magnitude would round "
+                    "the scores by more than one unit inside SDPA"
+                )
         if call.mask is not None and not bool(torch.isfinite(call.v).all()):
             reasons.append("a masked value is not finite (SDPA would let it reach the context)")
         return reasons
