@@ -1,5 +1,7 @@
 """Softmax alignment against a loop from Brauwers eq. 25."""
 
+import math
+
 import pytest
 import torch
 from alignments.rows import per_row
@@ -40,3 +42,19 @@ def test_learned_temperature_gets_gradient():
 def test_bad_temperature():
     with pytest.raises(ValueError, match="temperature"):
         al.Softmax(0.0)
+
+
+def test_temperature_is_exact_in_float64_and_follows_double():
+    e = torch.randn(2, 3, 5, dtype=torch.float64)
+    ref = torch.exp(e / 0.3) / torch.exp(e / 0.3).sum(-1, keepdim=True)  # eq. 25 with τ = 0.3
+    torch.testing.assert_close(al.Softmax(0.3)(e).weights, ref, atol=1e-15, rtol=1e-14)
+    learned = al.Softmax(0.3, learnable=True).double()
+    assert learned.log_temperature.dtype == torch.float64
+    learned.log_temperature.data.fill_(math.log(0.3))
+    torch.testing.assert_close(learned(e).weights, ref, atol=1e-14, rtol=1e-13)
+
+
+@pytest.mark.parametrize("bad", [0.0, -1.0, float("inf"), float("nan")])
+def test_temperature_must_be_finite_and_positive(bad):
+    with pytest.raises(ValueError, match="temperature"):
+        al.Softmax(bad)

@@ -90,3 +90,56 @@ def test_learned_alpha():
 def test_bad_alpha():
     with pytest.raises(ValueError, match="alpha"):
         al.Entmax(1.0)
+
+
+@pytest.mark.parametrize("align", [al.Sparsemax(), al.Entmax15(), al.Entmax(1.3)])
+@pytest.mark.parametrize(("dtype", "scale"), [(torch.float32, 1e8), (torch.bfloat16, 1e3)])
+def test_masked_rows_keep_their_mass_at_large_logits(align, dtype, scale):
+    e = (scale + torch.randn(2, 3, 6)).to(dtype)
+    mask = torch.ones(2, 3, 6, dtype=torch.bool)
+    mask[..., 4:] = False
+    w = align(e, mask).weights.float()
+    torch.testing.assert_close(w.sum(-1), torch.ones(2, 3), atol=1e-2, rtol=0)
+    assert (w[..., 4:] == 0).all()
+
+
+@pytest.mark.parametrize("offset", [1e4, -1e4])
+def test_bisection_is_shift_invariant(offset):
+    e = torch.randn(2, 3, 6, dtype=torch.float64)
+    align = al.Entmax(1.3)
+    torch.testing.assert_close(align(e + offset).weights, align(e).weights, atol=1e-8, rtol=0)
+
+
+@pytest.mark.parametrize(("offset", "dtype"), [(1e30, torch.float64), (-1e30, torch.float32)])
+def test_bisection_is_finite_at_huge_logits(offset, dtype):
+    # at 1e30 the row's differences are below rounding: every key ties, weights are uniform
+    w = al.Entmax(1.3)(torch.randn(2, 3, 6, dtype=dtype) + offset).weights
+    torch.testing.assert_close(w, torch.full_like(w, 1 / 6))
+
+
+def test_fixed_alpha_is_exact_and_learned_alpha_follows_double():
+    e = torch.randn(2, 3, 6, dtype=torch.float64)
+    ref = per_row(lambda r, a, m: entmax_row(r, a, m, 1.3), e, torch.ones(2, 3, 6, dtype=bool))
+    torch.testing.assert_close(al.Entmax(1.3, n_iter=80)(e).weights, ref, atol=1e-12, rtol=0)
+    learned = al.Entmax(1.3, learnable=True).double()
+    assert learned.rho.dtype == torch.float64
+    assert abs(learned.alpha_value() - 1.3) < 1e-7
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"alpha": float("inf")}, "alpha"),
+        ({"alpha": float("nan")}, "alpha"),
+        ({"n_iter": 0}, "n_iter"),
+        ({"n_iter": 2.5}, "n_iter"),
+    ],
+)
+def test_bad_entmax_arguments(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        al.Entmax(**kwargs)
+
+
+def test_large_alpha_builds_and_is_close_to_sparse():
+    w = al.Entmax(1000)(torch.tensor([[3.0, 1.0, 0.5]])).weights
+    assert torch.isfinite(w).all() and abs(float(w.sum()) - 1) < 1e-5
