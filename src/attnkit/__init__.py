@@ -1,6 +1,6 @@
 """attnkit: every attention mechanism of the survey taxonomy as composable PyTorch parts."""
 
-from attnkit import alignments, features, masks, queries, scores, taxonomy
+from attnkit import alignments, features, hooks, kernels, masks, queries, scores, taxonomy
 from attnkit.attention import Attention, attention
 from attnkit.multihead import MultiHeadAttention
 from attnkit.output import AttentionOutput
@@ -16,6 +16,8 @@ __all__ = [
     "attention",
     "describe",
     "features",
+    "hooks",
+    "kernels",
     "masks",
     "queries",
     "scores",
