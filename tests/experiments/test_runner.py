@@ -196,7 +196,8 @@ def test_ddp_two_processes_equal_one(tmp_path):
 @pytest.mark.parametrize("task", ["dates", "digits"])
 def test_quick_variant_runs_end_to_end(task, tmp_path):
     _, metrics, _ = _run(RunConfig(task=task, quick=True), tmp_path / "quick")
-    assert metrics
+    # Visibly learnt: well above chance (dates: 1 in 11 characters; digits: 1 in 10).
+    assert metrics["char_accuracy" if task == "dates" else "accuracy"] > 0.25
 
 
 class Toy(Task):

@@ -158,13 +158,11 @@ def _execute(args: argparse.Namespace) -> int:
                     f"{key} = {value!r} contradicts its {key} = {getattr(saved, key)!r} (start "
                     "a new run with --out to change it)"
                 )
-        run_dir, metrics = run(saved, resume=args.resume, **options)
-        _table(saved.task, run_dir, metrics, markdown_table)
+        run(saved, resume=args.resume, **options)
         return 0
     base = RunConfig(**given)
     if not args.compare:
-        run_dir, metrics = run(base, args.out, **options)
-        _table(base.task, run_dir, metrics, markdown_table)
+        run(base, args.out, **options)
         return 0
     key, sep, values = args.compare.partition("=")
     if not sep or not values:
@@ -189,7 +187,3 @@ def _execute(args: argparse.Namespace) -> int:
     print("\n" + markdown_table(key, rows, info))
     print(f"\ncomparison: {page}")
     return 0
-
-
-def _table(task: str, run_dir: Path, metrics, markdown_table) -> None:
-    print("\n" + markdown_table("task", [(task, run_dir, metrics)], tasks.get(task).metrics))

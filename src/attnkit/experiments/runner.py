@@ -30,7 +30,7 @@ from torch.nn.parallel import DistributedDataParallel
 from attnkit import tasks
 from attnkit.experiments import checkpoints
 from attnkit.experiments.config import ConfigError, RunConfig, check_output_dir
-from attnkit.experiments.report import write_report
+from attnkit.experiments.report import metric_rows, write_report
 from attnkit.experiments.threads import choose_threads, count_flops
 
 __all__ = ["Interrupted", "TrainingError", "load_config", "resume_command", "run"]
@@ -267,7 +267,10 @@ def run(
         report = write_report(
             run_dir, asdict(config), metrics, history, task.heatmaps(model), task.metrics
         )
-        say(f"held-out: {_format(metrics)}")
+        say("held-out metrics:")
+        width = max(len(name) for name in metrics)
+        for name, value, reading, meaning in metric_rows(metrics, task.metrics):
+            say(f"  {name:<{width}}  {value}  {reading:<16}  {meaning}".rstrip())
         say(f"report: {report}")
     if world > 1:
         dist.barrier()
