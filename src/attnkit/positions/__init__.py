@@ -1,0 +1,13 @@
+"""Position schemes for the position slot of multi-head attention and the Transformer layers.
+
+``available()`` lists the registered names; ``build(name, **kw)`` constructs one, failing loudly
+on unknown names or arguments.
+"""
+
+from attnkit.positions.base import REGISTRY, Positioned, PositionScheme
+from attnkit.positions.none import NoPosition
+
+available = REGISTRY.available
+build = REGISTRY.build
+
+__all__ = ["REGISTRY", "NoPosition", "PositionScheme", "Positioned", "available", "build"]

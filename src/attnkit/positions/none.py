@@ -1,0 +1,17 @@
+"""No position information: the default of the position slot."""
+
+from __future__ import annotations
+
+from torch import Tensor
+
+from attnkit.positions.base import REGISTRY, Positioned, PositionScheme
+
+__all__ = ["NoPosition"]
+
+
+@REGISTRY.register("none")
+class NoPosition(PositionScheme):
+    """Leaves queries and keys as they are and adds no bias (attention stays order-blind)."""
+
+    def forward(self, q: Tensor, k: Tensor, *, q_offset: int = 0, k_offset: int = 0) -> Positioned:
+        return Positioned(q, k)

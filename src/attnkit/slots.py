@@ -1,0 +1,61 @@
+"""The extension slots of multi-head attention and the Transformer layers (DESIGN 7).
+
+- **attention slot**: any per-head attention part, an ``nn.Module`` called as
+  ``part(q, k, v, *, mask=None, bias=None, need_weights=False) -> AttentionOutput`` with q
+  (B, …, H, M, d), k (B, …, H, N, d), v (B, …, H, N, d_v), a boolean mask and a float bias
+  broadcastable to (B, …, H, M, N). :class:`attnkit.Attention` (score → align → weighted sum) is
+  one such part and the default. A part reports its weights through :mod:`attnkit.hooks` so that
+  evaluation sees them.
+- **position slot**: a :class:`attnkit.positions.PositionScheme`, or a registered name.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+from torch import nn
+
+from attnkit.positions import REGISTRY as POSITIONS
+from attnkit.positions import NoPosition, PositionScheme
+
+__all__ = ["ATTENTION_KEYWORDS", "attention_part", "position_scheme"]
+
+ATTENTION_KEYWORDS = ("mask", "bias", "need_weights")
+
+
+def attention_part(part: object) -> nn.Module:
+    """``part`` if it follows the attention-slot protocol; a clear TypeError otherwise."""
+    if not isinstance(part, nn.Module):
+        raise TypeError(
+            f"attention must be an nn.Module called as part(q, k, v, *, mask, bias, "
+            f"need_weights) -> AttentionOutput (e.g. attnkit.Attention), got {type(part).__name__}"
+        )
+    params = inspect.signature(part.forward).parameters
+    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    missing = [name for name in ATTENTION_KEYWORDS if name not in params and not takes_any]
+    positional = [
+        p
+        for p in params.values()
+        if p.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    ]
+    if missing or len(positional) < 3:
+        raise TypeError(
+            f"attention part {type(part).__name__}.forward must take (q, k, v, *, mask, bias, "
+            f"need_weights); it lacks {', '.join(missing) or 'three positional inputs'}"
+        )
+    return part
+
+
+def position_scheme(position: object) -> PositionScheme:
+    """A position scheme from None (no positions), a registered name or a module."""
+    if position is None:
+        return NoPosition()
+    if isinstance(position, str):
+        return POSITIONS.build(position)
+    if isinstance(position, PositionScheme):
+        return position
+    raise TypeError(
+        "position must be None, a registered name "
+        f"({', '.join(POSITIONS.available())}) or an attnkit.positions.PositionScheme, got "
+        f"{type(position).__name__}"
+    )
