@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from attnkit import masks
 from attnkit.alignments import REGISTRY as ALIGNMENTS
 from attnkit.alignments import Alignment
 from attnkit.scores import REGISTRY as SCORES
 from attnkit.scores import Score
+from attnkit.scores.base import check_heads
 
 __all__ = [
     "feature_mask",
     "features",
+    "part_matches",
     "resolve_alignment",
     "resolve_score",
     "same_batch",
@@ -71,6 +73,25 @@ def scores_shape(q: Tensor | None, k: Tensor) -> torch.Size:
     return torch.Size((*lead, m, k.shape[-2]))
 
 
+def part_matches(part: nn.Module, what: str, name: str, x: Tensor) -> None:
+    """Raise unless every floating parameter and buffer of ``part`` has the dtype and device of
+    the input ``x`` (named ``name``): a part on "meta" would return uninitialised numbers, and
+    a float64 part with float32 inputs would be a raw matmul error deep inside."""
+    for pname, p in (*part.named_parameters(), *part.named_buffers()):
+        if not p.is_floating_point():
+            continue
+        if p.device != x.device:
+            raise ValueError(
+                f"the {what} ({type(part).__name__}) has {pname} on {p.device} but {name} is on "
+                f"{x.device}; move one of them (e.g. {what}.to({str(x.device)!r}))"
+            )
+        if p.dtype != x.dtype:
+            raise TypeError(
+                f"the {what} ({type(part).__name__}) has {pname} of dtype {p.dtype} but {name} "
+                f"has {x.dtype}; convert one of them (e.g. {what}.to({x.dtype}))"
+            )
+
+
 def validate(
     q: Tensor | None,
     k: Tensor,
@@ -79,19 +100,22 @@ def validate(
     *,
     mask: Tensor | None,
     bias: Tensor | None,
+    align: Alignment | None = None,
 ) -> torch.Size:
-    """Validate an attention call; returns the scores' (B, …, M, N) shape."""
+    """Validate an attention call; returns the scores' (B, …, M, N) shape.
+
+    Inputs, the bias and the parts' parameters must share one dtype and one device: a float64
+    bias with float32 inputs is refused (one rule on every kernel) rather than cast.
+    """
+    named = [] if q is None else [("q", tensor(q, "q"))]
     k = tensor(k, "k")
     v = tensor(v, "v")
-    named = [("k", k), ("v", v)]
-    if q is None:
-        if not score.query_free:
-            raise ValueError(
-                f"q is None but the {type(score).__name__} score needs a query; only "
-                "query-free (self-attentive) scores accept q=None"
-            )
-    else:
-        named.insert(0, ("q", tensor(q, "q")))
+    named += [("k", k), ("v", v)]
+    if q is None and not score.query_free:
+        raise ValueError(
+            f"q is None but the {type(score).__name__} score needs a query; only "
+            "query-free (self-attentive) scores accept q=None"
+        )
     first_name, first = named[0]
     for name, x in named[1:]:
         if x.dtype != first.dtype:
@@ -104,6 +128,15 @@ def validate(
                 f"{name} is on {x.device} but {first_name} is on {first.device}; "
                 "move them to one device"
             )
+    for name, x in named:
+        if x.shape[-1] == 0:
+            raise ValueError(
+                f"{name} has no features (size 0 in the last dim, shape {tuple(x.shape)})"
+            )
+    check_heads(score, q, k)
+    part_matches(score, "score", first_name, first)
+    if align is not None:
+        part_matches(align, "alignment", first_name, first)
     if k.shape[-2] == 0:
         raise ValueError(f"k has no keys (N = 0, shape {tuple(k.shape)}); attention needs N >= 1")
     if v.shape[-2] != k.shape[-2]:
@@ -140,6 +173,11 @@ def validate(
             )
         if bias.device != k.device:
             raise ValueError(f"bias is on {bias.device} but k is on {k.device}")
+        if bias.dtype != first.dtype:
+            raise TypeError(
+                f"bias has dtype {bias.dtype} but {first_name} has {first.dtype}; pass the bias "
+                f"in the inputs' dtype (bias.to({first.dtype}))"
+            )
     return shape
 
 

@@ -9,6 +9,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from attnkit import arguments
+
 __all__ = ["ACTIVATIONS", "HeadwiseLinear", "resolve_activation"]
 
 ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
@@ -25,6 +27,10 @@ def resolve_activation(act: str | Callable[[Tensor], Tensor]) -> Callable[[Tenso
     """Return the activation named ``act`` (one of :data:`ACTIVATIONS`), or ``act`` if callable."""
     if callable(act):
         return act
+    if not isinstance(act, str):
+        raise TypeError(
+            f"activation must be a name from {sorted(ACTIVATIONS)} or a callable, got {act!r}"
+        )
     try:
         return ACTIVATIONS[act]
     except KeyError:
@@ -52,11 +58,10 @@ class HeadwiseLinear(nn.Module):
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
-        for name, value in (("d_in", d_in), ("d_out", d_out)):
-            if not isinstance(value, int) or value <= 0:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
-        if heads is not None and (not isinstance(heads, int) or heads <= 0):
-            raise ValueError(f"heads must be a positive int or None, got {heads!r}")
+        arguments.positive_int(d_in, "d_in")
+        arguments.positive_int(d_out, "d_out")
+        arguments.optional_positive_int(heads, "heads")
+        arguments.boolean(bias, "bias")
         self.d_in, self.d_out, self.heads = d_in, d_out, heads
         lead = () if heads is None else (heads,)
         kw = {"device": device, "dtype": dtype}

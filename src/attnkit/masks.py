@@ -10,6 +10,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from attnkit import arguments
+
 __all__ = ["causal", "check", "combine", "from_lengths", "window"]
 
 
@@ -23,14 +25,20 @@ def from_lengths(lengths: Tensor, n: int) -> Tensor:
     Returns:
         (B, 1, N) boolean mask, True for the first ``lengths[b]`` keys; broadcasts over M.
     """
+    arguments.nonnegative_int(n, "n")
     if not isinstance(lengths, Tensor):
         lengths = torch.as_tensor(lengths)
-    if lengths.dim() != 1 or lengths.dtype.is_floating_point or lengths.dtype == torch.bool:
+    if (
+        lengths.dim() != 1
+        or lengths.dtype.is_floating_point
+        or lengths.dtype.is_complex
+        or (lengths.dtype == torch.bool)
+    ):
         raise TypeError(
             f"lengths must be a 1-D integer tensor, got shape {tuple(lengths.shape)} "
             f"dtype {lengths.dtype}"
         )
-    if n < 0 or (lengths.numel() and (int(lengths.min()) < 0 or int(lengths.max()) > n)):
+    if lengths.numel() and (int(lengths.min()) < 0 or int(lengths.max()) > n):
         raise ValueError(f"lengths must lie in [0, n={n}], got {lengths.tolist()}")
     positions = torch.arange(n, device=lengths.device)
     return (positions[None, :] < lengths[:, None]).unsqueeze(-2)
@@ -38,14 +46,16 @@ def from_lengths(lengths: Tensor, n: int) -> Tensor:
 
 def causal(m: int, n: int | None = None, *, device: torch.device | str | None = None) -> Tensor:
     """(M, N) mask: query i may attend keys j <= i + (N - M) (aligned at the end, as SDPA)."""
-    n = m if n is None else n
+    arguments.nonnegative_int(m, "m")
+    n = m if n is None else arguments.nonnegative_int(n, "n")
     return torch.ones(m, n, dtype=torch.bool, device=device).tril(diagonal=n - m)
 
 
 def window(m: int, n: int, size: int, *, device: torch.device | str | None = None) -> Tensor:
     """(M, N) band mask: query i may attend keys j with |i - j| <= size."""
-    if size < 0:
-        raise ValueError(f"window size must be >= 0, got {size}")
+    arguments.nonnegative_int(m, "m")
+    arguments.nonnegative_int(n, "n")
+    arguments.nonnegative_int(size, "size")
     i = torch.arange(m, device=device)[:, None]
     j = torch.arange(n, device=device)[None, :]
     return (i - j).abs() <= size
@@ -54,9 +64,12 @@ def window(m: int, n: int, size: int, *, device: torch.device | str | None = Non
 def combine(*masks: Tensor | None) -> Tensor | None:
     """Logical AND of masks (None entries are ignored); broadcasting as usual."""
     out: Tensor | None = None
-    for mask in masks:
+    for i, mask in enumerate(masks):
         if mask is None:
             continue
+        if not isinstance(mask, Tensor) or mask.dtype != torch.bool:
+            what = mask.dtype if isinstance(mask, Tensor) else type(mask).__name__
+            raise TypeError(f"combine: mask {i} must be a boolean tensor or None, got {what}")
         out = mask if out is None else out & mask
     return out
 

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnkit import checks, hooks
+from attnkit import arguments, checks, hooks
 from attnkit import taxonomy as tx
 from attnkit.alignments import Alignment
 from attnkit.attention import attention
@@ -15,12 +15,6 @@ from attnkit.scores import REGISTRY as SCORES
 from attnkit.scores import Score
 
 __all__ = ["MultiHeadAttention"]
-
-
-def _positive_int(value: object, name: str) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
-    return value
 
 
 class MultiHeadAttention(nn.Module):
@@ -39,8 +33,9 @@ class MultiHeadAttention(nn.Module):
         dropout: dropout on the weights in training mode.
 
     Inputs are batch first: query (B, M, E), key (B, N, kdim), value (B, N, vdim); any number of
-    leading dims works. ``mask``/``bias`` follow attnkit's convention (True = may attend); a mask
-    with as many dims as the query, e.g. (B, M, N) or (B, 1, N) from
+    leading dims works, and an unbatched query (M, E) with key (N, kdim) and value (N, vdim)
+    gives an unbatched output. ``mask``/``bias`` follow attnkit's convention (True = may
+    attend); a mask with as many dims as the query, e.g. (B, M, N) or (B, 1, N) from
     :func:`attnkit.masks.from_lengths`, applies to all heads; one with an extra dim is
     (B, H, M, N). The weights returned are per head: (B, H, M, N).
 
@@ -63,16 +58,15 @@ class MultiHeadAttention(nn.Module):
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
-        self.embed_dim = _positive_int(embed_dim, "embed_dim")
-        self.num_heads = _positive_int(num_heads, "num_heads")
+        self.embed_dim = arguments.positive_int(embed_dim, "embed_dim")
+        self.num_heads = arguments.positive_int(num_heads, "num_heads")
         if embed_dim % num_heads:
             raise ValueError(f"embed_dim = {embed_dim} is not divisible by num_heads = {num_heads}")
         self.head_dim = embed_dim // num_heads
-        self.kdim = embed_dim if kdim is None else _positive_int(kdim, "kdim")
-        self.vdim = embed_dim if vdim is None else _positive_int(vdim, "vdim")
-        if not 0.0 <= dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {dropout!r}")
-        self.dropout = dropout
+        self.kdim = embed_dim if kdim is None else arguments.positive_int(kdim, "kdim")
+        self.vdim = embed_dim if vdim is None else arguments.positive_int(vdim, "vdim")
+        self.dropout = arguments.probability(dropout, "dropout")
+        arguments.boolean(bias, "bias")
         kw = {"device": device, "dtype": dtype}
         e = embed_dim
         # One packed (3E, E) matrix when all inputs share E, as torch does: self-attention then
@@ -150,9 +144,19 @@ class MultiHeadAttention(nn.Module):
         bias: Tensor | None = None,
         need_weights: bool = False,
     ) -> AttentionOutput:
-        """Multi-head attention; key defaults to query and value to key (self-attention)."""
+        """Multi-head attention; key defaults to query and value to key (self-attention).
+
+        Args:
+            query: (B, …, M, E); key: (B, …, N, kdim); value: (B, …, N, vdim).
+            mask: boolean, True = may attend: (…, M, N) — e.g. (B, 1, N) from
+                :func:`attnkit.masks.from_lengths` or (M, N) from :func:`attnkit.masks.causal`
+                — the same for every head, or (B, …, H, M, N) per head.
+            bias: float, in the inputs' dtype, shaped like ``mask``.
+            need_weights: return the per-head weights (B, …, H, M, N) and scores.
+        """
         key = query if key is None else key
         value = key if value is None else value
+        arguments.boolean(need_weights, "need_weights")
         for name, x, d in (
             ("query", query, self.embed_dim),
             ("key", key, self.kdim),
@@ -164,6 +168,35 @@ class MultiHeadAttention(nn.Module):
                     f"{name} has {x.shape[-1]} features (shape {tuple(x.shape)}) but this "
                     f"MultiHeadAttention expects {d}"
                 )
+        for name, x in (("key", key), ("value", value)):
+            if x.dtype != query.dtype:
+                raise TypeError(f"{name} has dtype {x.dtype} but query has {query.dtype}")
+            if x.device != query.device:
+                raise ValueError(f"{name} is on {x.device} but query is on {query.device}")
+        if key.shape[:-1] != value.shape[:-1]:
+            raise ValueError(
+                f"key of shape {tuple(key.shape)} and value of shape {tuple(value.shape)} must "
+                "have the same batch dims and length N"
+            )
+        try:
+            torch.broadcast_shapes(query.shape[:-2], key.shape[:-2])
+        except RuntimeError:
+            raise ValueError(
+                f"batch dims of query {tuple(query.shape)} and key {tuple(key.shape)} do not "
+                "broadcast"
+            ) from None
+        checks.part_matches(self, "MultiHeadAttention", "query", query)
+        if query.dim() == 2:  # unbatched: the per-head parts take (B, …, H, L, d)
+            unbatched = [None if t is None else t.unsqueeze(0) for t in (mask, bias)]
+            out = self(
+                query.unsqueeze(0),
+                key.unsqueeze(0),
+                value.unsqueeze(0),
+                mask=unbatched[0],
+                bias=unbatched[1],
+                need_weights=need_weights,
+            )
+            return AttentionOutput(*(None if t is None else t.squeeze(0) for t in out))
         if mask is not None and mask.dim() > query.dim() + 1:
             raise ValueError(
                 f"mask of shape {tuple(mask.shape)} has too many dims for query "

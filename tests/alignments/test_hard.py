@@ -2,6 +2,7 @@
 
 import torch
 
+import attnkit as ak
 from attnkit import alignments as al
 
 
@@ -45,3 +46,29 @@ def test_reinforce_gradient_flows_through_log_prob():
     out = al.Hard().train()(e)
     out.log_prob.sum().backward()
     assert e.grad is not None and e.grad.abs().sum() > 0
+
+
+def _nan_rows(align):
+    e = torch.randn(2, 3, 5, dtype=torch.float64)
+    e[0, 1, 2] = float("nan")  # an attendable key: the row is undefined
+    e[1, 0, 4] = float("nan")  # a masked key: no influence
+    mask = torch.ones(2, 1, 5, dtype=torch.bool)
+    mask[1, :, 4] = False
+    return align(e, mask)
+
+
+def test_nan_in_an_attendable_score_gives_nan_not_a_finite_choice():
+    for train in (False, True):
+        out = _nan_rows(al.Hard().train(train))
+        assert out.weights[0, 1].isnan().all() and out.log_prob[0, 1].isnan()
+        rest = torch.ones(2, 3, dtype=torch.bool)
+        rest[0, 1] = False
+        assert torch.isfinite(out.weights[rest]).all() and torch.isfinite(out.log_prob[rest]).all()
+        assert (out.weights[rest].sum(-1) == 1).all()
+
+
+def test_nan_query_row_reaches_the_context_through_attention():
+    q = torch.randn(1, 3, 4)
+    q[0, 2, 0] = float("nan")
+    out = ak.attention(q, torch.randn(1, 5, 4), align="hard", need_weights=True)
+    assert out.context[0, 2].isnan().all() and torch.isfinite(out.context[0, :2]).all()

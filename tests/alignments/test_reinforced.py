@@ -43,3 +43,19 @@ def test_eval_keeps_keys_with_positive_policy_logit():
     e = torch.tensor([[[1.0, -1.0, 0.5, -0.2]]])
     w = align(e).weights
     assert ((w > 0) == torch.tensor([True, False, True, False])).all()
+
+
+def test_nan_in_an_attendable_score_gives_nan_rows_in_training_and_eval():
+    for train in (False, True):
+        align = al.Reinforced().double().train(train)
+        e = torch.randn(2, 3, 5, dtype=torch.float64)
+        e[0, 1, 2] = float("nan")
+        e[1, 0, 4] = float("nan")  # masked: no influence
+        mask = torch.ones(2, 1, 5, dtype=torch.bool)
+        mask[1, :, 4] = False
+        out = align(e, mask)
+        assert out.weights[0, 1].isnan().all() and out.log_prob[0, 1].isnan()
+        rest = torch.ones(2, 3, dtype=torch.bool)
+        rest[0, 1] = False
+        assert torch.isfinite(out.weights[rest]).all() and torch.isfinite(out.log_prob[rest]).all()
+        torch.testing.assert_close(out.weights[rest].sum(-1), torch.ones(5, dtype=torch.float64))

@@ -7,6 +7,7 @@ from typing import ClassVar
 import torch
 from torch import Tensor
 
+from attnkit import arguments
 from attnkit import taxonomy as tx
 from attnkit.alignments.base import (
     REGISTRY,
@@ -34,6 +35,9 @@ class Hard(Alignment):
 
     With ``straight_through=True`` the forward pass is the same one-hot choice, but gradients flow
     through the Gumbel-softmax relaxation with temperature ``tau`` (Jang et al.).
+
+    A row whose attendable scores hold NaN (or +inf, where softmax is undefined) gets NaN weights
+    and a NaN ``log_prob``: the choice is undefined, and a finite one-hot would hide the NaN.
     """
 
     stochastic: ClassVar[bool] = True
@@ -43,9 +47,9 @@ class Hard(Alignment):
         self, *, straight_through: bool = False, tau: float = 1.0, sample_in_eval: bool = False
     ) -> None:
         super().__init__()
-        if not tau > 0:
-            raise ValueError(f"tau must be > 0, got {tau!r}")
-        self.straight_through, self.tau, self.sample_in_eval = straight_through, tau, sample_in_eval
+        self.straight_through = arguments.boolean(straight_through, "straight_through")
+        self.tau = arguments.finite_float(tau, "tau", positive=True)
+        self.sample_in_eval = arguments.boolean(sample_in_eval, "sample_in_eval")
 
     def forward(
         self, scores: Tensor, mask: Tensor | None = None, *, query: Tensor | None = None
@@ -63,4 +67,9 @@ class Hard(Alignment):
         if self.straight_through:
             relaxed = masked_softmax(perturbed / self.tau, mask)
             weights = weights + relaxed - relaxed.detach()
+        undefined = log_p.isnan().any(dim=-1)  # masked keys are −inf in log_p, never NaN
+        if bool(undefined.any()):
+            nan = torch.full((), float("nan"), dtype=weights.dtype)
+            weights = torch.where(undefined.unsqueeze(-1), nan, weights)
+            log_prob = torch.where(undefined, nan, log_prob)
         return AlignOutput(weights, log_prob)

@@ -7,6 +7,7 @@ from typing import ClassVar, Literal
 import torch
 from torch import Tensor
 
+from attnkit import arguments
 from attnkit import taxonomy as tx
 from attnkit.alignments.base import REGISTRY, Alignment, AlignOutput, masked_softmax
 from attnkit.layers import HeadwiseLinear
@@ -41,7 +42,7 @@ class Local(Alignment):
             local-m). With the Gaussian the weights no longer sum to 1.
         heads: one position predictor per head.
 
-    A sequence shorter than the window (N < 2D+1) is rejected.
+    A window that crosses an end of the sequence keeps the keys inside it (Luong et al.).
     """
 
     position_based: ClassVar[bool] = True
@@ -66,6 +67,11 @@ class Local(Alignment):
             raise ValueError(f"position must be 'monotonic' or 'predictive', got {position!r}")
         if position == "predictive" and d_q is None:
             raise TypeError("Local(position='predictive') needs d_q, the query size (eq. 28)")
+        if position == "predictive":
+            arguments.positive_int(d_q, "d_q")
+            arguments.optional_positive_int(d_p, "d_p")
+        elif d_q is not None or d_p is not None:
+            raise TypeError("d_q and d_p are for position='predictive' (eq. 28) only")
         if gaussian is not None and not isinstance(gaussian, bool):
             raise TypeError(f"gaussian must be a bool or None, got {gaussian!r}")
         self.window, self.position = window, position
@@ -132,6 +138,12 @@ class Local(Alignment):
             )
         if query is None:
             raise ValueError("predictive local alignment needs the query (eq. 28); got query=None")
+        w = self.W_p.weight
+        if query.dtype != w.dtype or query.device != w.device:
+            raise TypeError(
+                f"query is {query.dtype} on {query.device} but the local alignment's position "
+                f"predictor is {w.dtype} on {w.device}; convert one of them (alignment.to(...))"
+            )
         if mask is None:
             s = torch.tensor(float(scores.shape[-1]), dtype=scores.dtype, device=scores.device)
         else:

@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from attnkit import arguments
 from attnkit import taxonomy as tx
 from attnkit.alignments.base import REGISTRY, Alignment, AlignOutput, masked_softmax
 
@@ -22,6 +23,9 @@ class Reinforced(Alignment):
     In training mode the subset is sampled and ``log_prob`` (…, M) is Σ_l log P(z_l) over the
     keys the row may attend, for REINFORCE. In eval mode a key is kept when π_l > 1/2. The key
     with the highest score is always kept, so the context is never empty.
+
+    ``scale`` and ``bias`` are the initial s and b (finite). A row whose attendable scores hold
+    NaN gets NaN weights and a NaN ``log_prob`` (the policy is undefined there).
     """
 
     stochastic: ClassVar[bool] = True
@@ -29,21 +33,28 @@ class Reinforced(Alignment):
 
     def __init__(self, *, scale: float = 1.0, bias: float = 0.0) -> None:
         super().__init__()
-        self.scale = nn.Parameter(torch.tensor(float(scale)))
-        self.bias = nn.Parameter(torch.tensor(float(bias)))
+        self.scale = nn.Parameter(torch.tensor(arguments.finite_float(scale, "scale")))
+        self.bias = nn.Parameter(torch.tensor(arguments.finite_float(bias, "bias")))
 
     def forward(
         self, scores: Tensor, mask: Tensor | None = None, *, query: Tensor | None = None
     ) -> AlignOutput:
         logits = self.scale.to(scores.dtype) * scores + self.bias.to(scores.dtype)
+        valid = torch.ones_like(scores, dtype=torch.bool)
+        valid = valid if mask is None else valid & mask
+        undefined = (scores.isnan() & valid).any(dim=-1)
         if self.training:
-            keep = torch.bernoulli(torch.sigmoid(logits.detach())).bool()
+            # Sample on a defined probability; undefined rows are set to NaN below.
+            keep = torch.bernoulli(torch.sigmoid(logits.detach()).nan_to_num(0.5)).bool()
         else:
             keep = logits.detach() > 0
-        valid = torch.ones_like(keep) if mask is None else mask.expand_as(keep)
         best = scores.detach().masked_fill(~valid, float("-inf")).argmax(dim=-1, keepdim=True)
         keep = keep.scatter(-1, best, True) & valid
         weights = masked_softmax(scores, keep)
         step = torch.where(keep, F.logsigmoid(logits), F.logsigmoid(-logits))
-        log_prob = (step * valid).sum(dim=-1)
+        log_prob = torch.where(valid, step, torch.zeros((), dtype=step.dtype)).sum(dim=-1)
+        if bool(undefined.any()):
+            nan = torch.full((), float("nan"), dtype=weights.dtype)
+            weights = torch.where(undefined.unsqueeze(-1), nan, weights)
+            log_prob = torch.where(undefined, nan, log_prob)
         return AlignOutput(weights, log_prob)

@@ -15,6 +15,7 @@ from torch import Tensor, nn
 from attnkit import checks
 from attnkit import taxonomy as tx
 from attnkit.alignments import masked_softmax
+from attnkit.arguments import sizes
 from attnkit.attention import Attention
 from attnkit.features._pooling import attend_one, key_mask, masked_mean
 from attnkit.layers import HeadwiseLinear
@@ -73,6 +74,7 @@ class AlternatingCoAttention(nn.Module):
 
     def __init__(self, d1: int, d2: int, d_w: int) -> None:
         super().__init__()
+        sizes(d1=d1, d2=d2, d_w=d_w)
         self.d1, self.d2 = d1, d2
         first = Additive(None, d1, d_w)  # eq. 7
         self.att0 = Attention(first)
@@ -115,6 +117,7 @@ class InteractiveCoAttention(nn.Module):
         align: str | nn.Module = "softmax",
     ) -> None:
         super().__init__()
+        sizes(d1=d1, d2=d2, d_w=d_w)
         self.d1, self.d2 = d1, d2
         self.att1 = Attention(score1 or Additive(d2, d1, d_w), align)
         self.att2 = Attention(score2 or Additive(d1, d2, d_w), align)
@@ -160,6 +163,7 @@ class ParallelCoAttention(nn.Module):
         align: str | nn.Module = "softmax",
     ) -> None:
         super().__init__()
+        sizes(d1=d1, d2=d2, d_w=d_w)
         if affinity not in ("bilinear", "concat"):
             raise ValueError(f"affinity must be 'bilinear' or 'concat', got {affinity!r}")
         if score not in ("additive", "max"):
@@ -284,6 +288,7 @@ class MultiGrainedCoAttention(nn.Module):
 
     def __init__(self, d1: int, d2: int, d_w: int = 64) -> None:
         super().__init__()
+        sizes(d1=d1, d2=d2, d_w=d_w)
         self.coarse = InteractiveCoAttention(d1, d2, d_w)
         self.fine = ParallelCoAttention(d1, d2, score="max", d_w=d_w)
 

@@ -10,6 +10,7 @@ from torch import Tensor, nn
 
 from attnkit import checks
 from attnkit import taxonomy as tx
+from attnkit.arguments import sizes
 from attnkit.attention import Attention
 from attnkit.features._pooling import key_mask
 from attnkit.scores import Additive, Score
@@ -38,6 +39,7 @@ class AttentionViaAttention(nn.Module):
         char_score: Score | None = None,
     ) -> None:
         super().__init__()
+        sizes(d_q=d_q, d_word=d_word, d_char=d_char, d_w=d_w)
         self.d_q, self.d_word, self.d_char = d_q, d_word, d_char
         self.word = Attention(word_score or Additive(d_q, d_word, d_w))
         self.char = Attention(char_score or Additive(d_q + d_word, d_char, d_w))
@@ -116,6 +118,11 @@ class HierarchicalAttention(nn.Module):
         sentence_encoder: nn.Module | None = None,
     ) -> None:
         super().__init__()
+        sizes(d=d, d_w=d_w)
+        if sentence_encoder is not None and not isinstance(sentence_encoder, nn.Module):
+            raise TypeError(
+                f"sentence_encoder must be an nn.Module or None, got {sentence_encoder!r}"
+            )
         self.d = d
         self.word = Attention(word_score or Additive(None, d, d_w))
         self.sentence = Attention(sentence_score or Additive(None, d, d_w))

@@ -9,6 +9,7 @@ from torch import Tensor, nn
 
 from attnkit import checks
 from attnkit import taxonomy as tx
+from attnkit.arguments import sizes
 from attnkit.attention import Attention
 from attnkit.scores import Additive, Score
 
@@ -36,6 +37,9 @@ class MetaEmbedding(nn.Module):
         self, dims: list[int], d_t: int, d_w: int = 32, *, score: Score | None = None
     ) -> None:
         super().__init__()
+        if not isinstance(dims, (list, tuple)):
+            raise TypeError(f"dims must be a list of positive ints, got {dims!r}")
+        sizes(d_t=d_t, d_w=d_w, **{f"dims[{i}]": d for i, d in enumerate(dims)})
         if len(dims) < 1:
             raise ValueError("MetaEmbedding needs at least one embedding size")
         self.project = nn.ModuleList([nn.Linear(d, d_t) for d in dims])

@@ -9,8 +9,9 @@ from typing import NamedTuple
 import torch
 from torch import Tensor, nn
 
-from attnkit import checks
+from attnkit import arguments, checks
 from attnkit import taxonomy as tx
+from attnkit.arguments import sizes
 from attnkit.attention import Attention
 from attnkit.features._pooling import attend_one, masked_mean
 from attnkit.scores import ActivatedGeneral, Score
@@ -57,8 +58,9 @@ class RotatoryAttention(nn.Module):
         share_weights: bool = True,
     ) -> None:
         super().__init__()
-        if not isinstance(hops, int) or hops < 1:
-            raise ValueError(f"hops must be an int >= 1, got {hops!r}")
+        sizes(d_l=d_l, d_t=d_t, d_r=d_r)
+        arguments.boolean(share_weights, "share_weights")
+        arguments.positive_int(hops, "hops")
         if hops > 1 and d_t != d_l:
             raise ValueError(
                 f"hops > 1 uses r^lt (size d_t = {d_t}) as query over the left "

@@ -8,8 +8,9 @@ from typing import NamedTuple
 import torch
 from torch import Tensor, nn
 
-from attnkit import hooks
+from attnkit import arguments, hooks
 from attnkit.alignments import Alignment, AlignOutput
+from attnkit.arguments import sizes
 from attnkit.attention import Attention, attention
 from attnkit.output import AttentionOutput
 from attnkit.queries.self_attentive import QueryTagged
@@ -72,6 +73,13 @@ class Seq2SeqAttention(nn.Module):
         enc_hidden: int | None = None,
     ) -> None:
         super().__init__()
+        sizes(vocab_in=vocab_in, vocab_out=vocab_out, d=d)
+        arguments.optional_positive_int(enc_hidden, "enc_hidden")
+        arguments.boolean(bidirectional, "bidirectional")
+        if not isinstance(attention, Attention):
+            raise TypeError(
+                f"attention must be an attnkit Attention, got {type(attention).__name__}"
+            )
         enc_hidden = d if enc_hidden is None else enc_hidden
         d_enc = 2 * enc_hidden if bidirectional else enc_hidden
         self.d_enc = d_enc

@@ -10,6 +10,7 @@ from torch import Tensor, nn
 
 from attnkit import checks
 from attnkit import taxonomy as tx
+from attnkit.arguments import sizes
 from attnkit.checks import resolve_alignment
 from attnkit.features._pooling import key_mask, masked_mean
 
@@ -36,6 +37,7 @@ class CapsuleAttention(nn.Module):
 
     def __init__(self, d_f: int, n_classes: int, *, align: str | nn.Module = "softmax") -> None:
         super().__init__()
+        sizes(d_f=d_f, n_classes=n_classes)
         self.d_f, self.n_classes = d_f, n_classes
         self.queries = nn.Parameter(torch.randn(n_classes, d_f) / d_f**0.5)
         self.w = nn.Parameter(torch.randn(n_classes, d_f) / d_f**0.5)

@@ -11,6 +11,7 @@ from torch import Tensor, nn
 
 from attnkit import checks
 from attnkit import taxonomy as tx
+from attnkit.arguments import sizes
 from attnkit.checks import resolve_alignment
 from attnkit.features._pooling import key_mask
 from attnkit.scores import Additive
@@ -37,6 +38,7 @@ class ImportanceMatrixAttention(nn.Module):
         self, d_k: int, d_w: int, n_outputs: int, *, align: str | nn.Module = "softmax"
     ) -> None:
         super().__init__()
+        sizes(d_k=d_k, d_w=d_w, n_outputs=n_outputs)
         self.d_k = d_k
         self.score = Additive(None, d_k, d_w, d_out=n_outputs)
         self.align = resolve_alignment(align)
@@ -78,7 +80,10 @@ class LabelWiseAttention(ImportanceMatrixAttention):
 
 
 def frobenius_penalty(weights: Tensor) -> Tensor:
-    """‖A Aᵀ − I‖²_F per batch item, averaged (Lin et al.): pushes the r distributions apart."""
+    """‖A Aᵀ − I‖²_F per batch item, averaged (Lin et al.): pushes the r distributions apart.
+
+    ``weights``: A, (B, r, n) or (r, n)."""
+    checks.tensor(weights, "weights", min_dim=2)
     r = weights.shape[-2]
     eye = torch.eye(r, dtype=weights.dtype, device=weights.device)
     gram = weights @ weights.transpose(-1, -2)

@@ -7,8 +7,9 @@ from typing import Literal, NamedTuple
 import torch
 from torch import Tensor, nn
 
-from attnkit import checks
+from attnkit import arguments, checks
 from attnkit import taxonomy as tx
+from attnkit.arguments import sizes
 from attnkit.attention import Attention
 from attnkit.features._pooling import key_mask, masked_mean
 from attnkit.scores import Additive
@@ -54,8 +55,9 @@ class MultiHop(nn.Module):
         align: str | nn.Module = "softmax",
     ) -> None:
         super().__init__()
-        if not isinstance(hops, int) or hops < 1:
-            raise ValueError(f"hops must be an int >= 1, got {hops!r}")
+        sizes(d_q=d_q, d_k=d_k, d_v=d_v, d_w=d_w)
+        arguments.boolean(share_weights, "share_weights")
+        arguments.positive_int(hops, "hops")
         if transform not in ("query", "context", "both"):
             raise ValueError(f"transform must be 'query', 'context' or 'both', got {transform!r}")
         d_in = {"query": d_q, "context": d_v, "both": d_q + d_v}[transform]

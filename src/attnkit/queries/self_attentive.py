@@ -11,8 +11,9 @@ from typing import ClassVar, Literal
 
 from torch import Tensor, nn
 
-from attnkit import checks
+from attnkit import arguments, checks
 from attnkit import taxonomy as tx
+from attnkit.arguments import sizes
 from attnkit.attention import Attention
 from attnkit.output import AttentionOutput
 
@@ -40,6 +41,10 @@ class SelfAttention(nn.Module):
         attention: Attention | None = None,
     ) -> None:
         super().__init__()
+        sizes(d_f=d_f)
+        arguments.optional_positive_int(d_k, "d_k")
+        if attention is not None and not isinstance(attention, nn.Module):
+            raise TypeError(f"attention must be an attention module or None, got {attention!r}")
         if update not in ("replace", "residual"):
             raise ValueError(
                 f"update must be 'replace' (eq. 36) or 'residual' (eq. 37), got {update!r}"
@@ -93,6 +98,8 @@ class QueryTagged(nn.Module):
 
     def __init__(self, module: nn.Module, query: str) -> None:
         super().__init__()
+        if not isinstance(module, nn.Module):
+            raise TypeError(f"module must be an nn.Module, got {type(module).__name__}")
         if query not in self._TYPES:
             raise ValueError(f"query must be one of {sorted(self._TYPES)}, got {query!r}")
         self.module, self.query = module, query

@@ -8,6 +8,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
+from attnkit import arguments
 from attnkit import taxonomy as tx
 from attnkit.layers import HeadwiseLinear, resolve_activation
 from attnkit.scores.base import REGISTRY, Score, expect_features
@@ -48,6 +49,11 @@ class Additive(Score):
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
+        arguments.optional_positive_int(d_q, "d_q")
+        arguments.positive_int(d_k, "d_k")
+        arguments.positive_int(d_w, "d_w")
+        arguments.optional_positive_int(d_out, "d_out")
+        self.heads = arguments.optional_positive_int(heads, "heads")
         kw = {"heads": heads, "device": device, "dtype": dtype}
         self.d_q, self.d_k, self.d_w, self.d_out = d_q, d_k, d_w, d_out
         self.query_free = d_q is None
@@ -127,8 +133,7 @@ class Deep(Additive):
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
-        if not isinstance(depth, int) or depth < 1:
-            raise ValueError(f"depth must be an int >= 1, got {depth!r}")
+        arguments.positive_int(depth, "depth")
         super().__init__(
             d_q,
             d_k,

@@ -10,7 +10,7 @@ from torch import Tensor, nn
 from attnkit import taxonomy as tx
 from attnkit.registry import Registry
 
-__all__ = ["REGISTRY", "Score", "expect_features"]
+__all__ = ["REGISTRY", "Score", "check_heads", "expect_features"]
 
 REGISTRY: Registry[Score] = Registry("score")
 
@@ -22,6 +22,23 @@ def expect_features(x: Tensor, d: int, name: str, what: str) -> None:
             f"{name} has {x.shape[-1]} features (shape {tuple(x.shape)}) but this score "
             f"expects {what} = {d}"
         )
+
+
+def check_heads(score: Score, q: Tensor | None, k: Tensor) -> None:
+    """Raise unless q and k carry the score's head dim at -3 after a batch dim (a per-head
+    score given (B, M, d) would otherwise read the batch as heads)."""
+    h = score.heads
+    if h is None:
+        return
+    for name, x in (("q", q), ("k", k)):
+        if x is None or (name == "q" and score.query_free):
+            continue
+        if x.dim() < 4 or x.shape[-3] != h:
+            raise ValueError(
+                f"the {type(score).__name__} score was built with heads={h}: {name} must be "
+                f"(B, …, H, L, d) with H = {h} at dim -3 after a batch dim, got shape "
+                f"{tuple(x.shape)}"
+            )
 
 
 class Score(nn.Module):
@@ -46,6 +63,8 @@ class Score(nn.Module):
       so SDPA can evaluate it.
     - ``query_free``: the query's content is ignored (self-attentive scores, eq. 33–34); ``q``
       may be None, and the scores then have M = 1.
+    - ``heads``: H when the score holds one parameter set per head; its inputs are then
+      (B, …, H, L, d), the head dim at -3 with at least one batch dim before it.
     """
 
     scoring: ClassVar[tx.Scoring]
@@ -54,6 +73,7 @@ class Score(nn.Module):
     dot_product_form: ClassVar[bool] = False
     query_free: bool = False
     d_out: int | None = None
+    heads: int | None = None
 
     @property
     def multi_dimensional(self) -> bool:
@@ -89,6 +109,7 @@ class Score(nn.Module):
                 f"{type(self).__name__} needs a query; q=None is only for query-free "
                 "(self-attentive) scores"
             )
+        check_heads(self, q, k)
         self.check(q, k)
         e = self.pairwise(self.project_query(q), self.project_key(k))
         if q is not None and self.query_free:

@@ -10,6 +10,7 @@ from typing import ClassVar
 import torch
 from torch import Tensor, nn
 
+from attnkit import arguments
 from attnkit import taxonomy as tx
 from attnkit.layers import HeadwiseLinear, resolve_activation
 from attnkit.scores.base import REGISTRY, Score, expect_features
@@ -74,7 +75,9 @@ class _QueryMapped(Score):
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
-        self.d_q, self.d_k = d_q, d_k
+        self.d_q = arguments.positive_int(d_q, "d_q")
+        self.d_k = arguments.positive_int(d_k, "d_k")
+        self.heads = arguments.optional_positive_int(heads, "heads")
         self.W = HeadwiseLinear(d_q, d_k, heads=heads, bias=bias, device=device, dtype=dtype)
 
     def check(self, q: Tensor | None, k: Tensor) -> None:

@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from attnkit import arguments
 from attnkit import taxonomy as tx
 from attnkit.layers import HeadwiseLinear, resolve_activation
 from attnkit.scores.base import REGISTRY, Score, expect_features
@@ -39,7 +40,9 @@ class Location(Score):
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
-        self.d_q, self.max_len = d_q, max_len
+        self.d_q = arguments.positive_int(d_q, "d_q")
+        self.max_len = arguments.positive_int(max_len, "max_len")
+        self.heads = arguments.optional_positive_int(heads, "heads")
         self.W_a = HeadwiseLinear(d_q, max_len, heads=heads, bias=True, device=device, dtype=dtype)
 
     def check(self, q: Tensor | None, k: Tensor) -> None:
@@ -86,9 +89,9 @@ class Convolutional(Score):
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
-        if not isinstance(width, int) or width < 1:
-            raise ValueError(f"width must be an int >= 1, got {width!r}")
-        self.d_k, self.width, self.heads = d_k, width, heads
+        self.d_k = arguments.positive_int(d_k, "d_k")
+        self.width = arguments.positive_int(width, "width")
+        self.heads = arguments.optional_positive_int(heads, "heads")
         self.act = resolve_activation(activation)
         h = 1 if heads is None else heads
         bound = 1.0 / math.sqrt(d_k * width)

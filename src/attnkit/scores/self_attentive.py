@@ -8,6 +8,7 @@ from typing import ClassVar
 import torch
 from torch import Tensor, nn
 
+from attnkit import arguments
 from attnkit import taxonomy as tx
 from attnkit.scores.base import REGISTRY, Score, expect_features
 
@@ -34,7 +35,9 @@ class LearnedQuery(Score):
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
-        self.d_k, self.scaled = d_k, scaled
+        self.d_k = arguments.positive_int(d_k, "d_k")
+        self.scaled = arguments.boolean(scaled, "scaled")
+        self.heads = arguments.optional_positive_int(heads, "heads")
         shape = (1, d_k) if heads is None else (heads, 1, d_k)
         bound = 1.0 / math.sqrt(d_k)
         self.query = nn.Parameter(

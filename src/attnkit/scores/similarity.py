@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from attnkit import arguments
 from attnkit import taxonomy as tx
 from attnkit.scores.base import REGISTRY, Score
 from attnkit.scores.multiplicative import Dot
@@ -19,7 +20,8 @@ __all__ = ["Cosine", "Euclidean"]
 class Cosine(Dot):
     """Cosine similarity: e_l = qᵀ k_l / (‖q‖ ‖k_l‖). Needs d_q = d_k.
 
-    A dot product of unit vectors, hence in dot-product form. ``eps`` guards zero vectors.
+    A dot product of unit vectors, hence in dot-product form. ``eps`` > 0 guards zero vectors
+    (a norm below eps is taken as eps).
     """
 
     scoring = tx.Scoring.SIMILARITY
@@ -27,7 +29,7 @@ class Cosine(Dot):
 
     def __init__(self, eps: float = 1e-8) -> None:
         super().__init__()
-        self.eps = eps
+        self.eps = arguments.finite_float(eps, "eps", positive=True)
 
     def project_query(self, q: Tensor | None) -> Tensor | None:
         assert q is not None
