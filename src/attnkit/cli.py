@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import difflib
 import sys
 
 
@@ -10,7 +11,21 @@ class _Parser(argparse.ArgumentParser):
     """Refusals in one line (``attnkit run: error: ...``, exit status 2), no usage dump."""
 
     def error(self, message: str):
-        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+        unknown = message.partition("unrecognized arguments:")[2].split()
+        flags = [t.split("=")[0] for t in unknown if t.startswith("--")]
+        close = difflib.get_close_matches(flags[0], self._flags(), n=1) if flags else []
+        hint = f"; did you mean {close[0]}?" if close else ""
+        self.exit(2, f"{self.prog}: error: {message}{hint} (see {self.prog} --help)\n")
+
+    def _flags(self) -> list[str]:
+        """Every option string of this parser and its subcommands."""
+        out = []
+        for action in self._actions:
+            out += [s for s in action.option_strings if s.startswith("--")]
+            if isinstance(action, argparse._SubParsersAction):
+                for sub in action.choices.values():
+                    out += sub._flags() if isinstance(sub, _Parser) else []
+        return out
 
 
 def _version() -> str:

@@ -41,7 +41,7 @@ BAD = [
     (["run", "dates", "--score", "dot", "--compare", "score=dot,general"], "both set score"),
     (["run", "dates", "--threads", "0"], "--threads must be a positive int"),
     (["run", "dates", "--seed", "abc"], "invalid int value: 'abc'"),
-    (["run", "dates", "--epochz", "3"], "unrecognized arguments: --epochz"),
+    (["run", "dates", "--epochz", "3"], "--epochz 3; did you mean --epochs?"),
 ]
 
 

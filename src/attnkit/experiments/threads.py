@@ -1,9 +1,10 @@
 """How many intra-op threads a run uses.
 
-Small models gain nothing from intra-op threads, and on a shared machine a second thread that
-waits by spinning fights other processes for a core: a small GRU step measured 58 steps/s alone
-with torch's default 2 threads and 17.6 with one other busy process, against 59 and 59 with one
-thread. So a run takes one thread unless its steps are big enough to split.
+On a machine where other work runs, threads that wait by spinning fight the other processes for
+the cores. Measured on the dates training step (benchmarks/RESULTS.md, "Contention"), 2 cores:
+torch's default of 2 threads gives 25.7 steps/s alone but 5.6 with one other busy process; one
+thread gives 21.7 alone and 21.8 loaded. So a run takes one thread unless its steps are big
+enough for the split to pay, and ``--threads`` overrides the choice.
 """
 
 from __future__ import annotations
