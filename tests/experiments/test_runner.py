@@ -256,3 +256,17 @@ def test_a_task_registered_in_a_test_file_runs(tmp_path, monkeypatch):
     assert set(metrics) == {"accuracy"} and 0 <= metrics["accuracy"] <= 1
     assert any("validation: accuracy" in line for line in lines)
     assert "toy" in (tmp_path / "toy" / "report.html").read_text()
+
+
+def test_ctrl_c_while_making_the_data_still_says_how_to_continue(tmp_path, monkeypatch, whole):
+    def interrupted(self):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(DatesTask, "build_model", interrupted)
+    with pytest.raises(Interrupted, match="before training started") as err:
+        _run(_config(), tmp_path / "early")
+    assert f"continue with: attnkit run --resume {tmp_path / 'early'}" in str(err.value)
+    monkeypatch.undo()
+    _, _, lines = _run(None, None, resume=tmp_path / "early")
+    assert any("yet: starting at epoch 1" in line for line in lines)
+    _assert_same_run(tmp_path / "early", whole)

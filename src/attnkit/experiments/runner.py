@@ -161,9 +161,15 @@ def run(
             )
         except OSError as err:
             raise ConfigError(f"output directory {str(run_dir)!r}: {err.strerror}") from None
-    torch.manual_seed(config.seed)
-    task = tasks.get(config.task)(config)
-    model = task.build_model()
+    try:  # making the data can take a while: Ctrl-C here still says how to continue
+        torch.manual_seed(config.seed)
+        task = tasks.get(config.task)(config)
+        model = task.build_model()
+    except KeyboardInterrupt:
+        raise Interrupted(
+            f"interrupted before training started; the configuration is in {run_dir}\n"
+            f"continue with: {resume_command(run_dir)}"
+        ) from None
     optimizer = torch.optim.Adam(model.parameters(), lr=config.lr)
     n = task.n_train()
     steps = n // config.batch_size
