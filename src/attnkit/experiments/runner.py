@@ -228,8 +228,8 @@ def run(
                         if not math.isfinite(value):
                             raise TrainingError(
                                 f"training diverged: the loss is {value} at epoch {epoch + 1}, "
-                                f"step {step + 1} (lr {config.lr:g}); the last checkpoint in "
-                                f"{run_dir} is kept. Try a smaller --lr"
+                                f"step {step + 1} (lr {config.lr:g}); the checkpoints of "
+                                f"completed epochs in {run_dir} are kept. Try a smaller --lr"
                             )
                         optimizer.zero_grad()
                         loss.backward()
