@@ -17,6 +17,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from attnkit.kernels import base as kernel_base
+from attnkit.registry import Registry
+
 ROOT = Path(__file__).resolve().parents[1]
 DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 PYTHON_TAGS = {"python", "py"}
@@ -76,6 +79,9 @@ def run_block(block: Block) -> None:
     compiled = compile(source, block.path, "exec")
     namespace = {"__name__": "__doc_block__"}
     threads = torch.get_num_threads()
+    # Blocks that show how to register a part must not leave it registered for later tests.
+    tables = [(r, r.snapshot()) for r in list(Registry.instances)]
+    kernel_table = dict(kernel_base._KERNELS)
     # The block must not leave global state behind for the tests that run after it.
     with torch.random.fork_rng():
         torch.manual_seed(0)
@@ -87,6 +93,10 @@ def run_block(block: Block) -> None:
             ) from err
         finally:
             torch.set_num_threads(threads)
+            for registry, table in tables:
+                registry.restore(table)
+            kernel_base._KERNELS.clear()
+            kernel_base._KERNELS.update(kernel_table)
 
 
 BLOCKS = python_blocks()

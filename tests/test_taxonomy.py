@@ -39,10 +39,10 @@ def test_variants_join_differing_cells_with_commas():
 
 def test_final_dimensions_hide_children():
     class Renamed(ak.Attention):
-        taxonomy_final = (tx.Alignment,)
+        taxonomy_final = (tx.AlignmentKind,)
 
         def taxonomy_tags(self):
-            return [tx.Alignment.SOFT]
+            return [tx.AlignmentKind.SOFT]
 
     assert tx.describe(Renamed()).alignment == "Soft"
 

@@ -6,11 +6,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnkit import arguments, checks, hooks
+from attnkit import arguments, checks, slots
 from attnkit import taxonomy as tx
 from attnkit.alignments import Alignment
-from attnkit.attention import attention
+from attnkit.attention import Attention
 from attnkit.output import AttentionOutput
+from attnkit.positions import PositionScheme
 from attnkit.scores import REGISTRY as SCORES
 from attnkit.scores import Score
 
@@ -54,6 +55,8 @@ class MultiHeadAttention(nn.Module):
         vdim: int | None = None,
         bias: bool = True,
         dropout: float = 0.0,
+        attention: nn.Module | None = None,
+        position: str | PositionScheme | None = None,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
@@ -81,8 +84,29 @@ class MultiHeadAttention(nn.Module):
         self.in_proj_bias = nn.Parameter(torch.empty(3 * e, **kw)) if bias else None
         self.out_proj = nn.Linear(e, e, bias=bias, **kw)
         self._reset_parameters()
-        self.score = self._build_score(score, device, dtype)
-        self.align = checks.resolve_alignment(align)
+        if attention is None:
+            attention = Attention(
+                self._build_score(score, device, dtype), align, dropout=self.dropout
+            )
+        elif not (isinstance(score, str) and score == "scaled_dot") or not (
+            isinstance(align, str) and align == "softmax"
+        ):
+            raise ValueError(
+                "pass either attention= (a whole per-head attention part) or score=/align=, "
+                "not both"
+            )
+        self.attention = slots.attention_part(attention)
+        self.position = slots.position_scheme(position)
+
+    @property
+    def score(self) -> Score | None:
+        """The score of the attention part, when it has one."""
+        return getattr(self.attention, "score", None)
+
+    @property
+    def align(self) -> Alignment | None:
+        """The alignment of the attention part, when it has one."""
+        return getattr(self.attention, "align", None)
 
     def taxonomy_tags(self) -> list:
         return [tx.QueryMultiplicity.MULTI_HEAD]
@@ -203,18 +227,13 @@ class MultiHeadAttention(nn.Module):
                 f"{tuple(query.shape)}: use (…, M, N) or (…, H, M, N)"
             )
         q, k, v = (self._split_heads(x) for x in self._project(query, key, value))
-        out = attention(
-            q,
-            k,
-            v,
-            score=self.score,
-            align=self.align,
-            mask=self._per_head(mask, query),
-            bias=self._per_head(bias, query),
-            need_weights=need_weights or hooks.listening(),
-            dropout=self.dropout if self.training else 0.0,
+        q, k, position_bias = self.position(q, k)
+        bias = self._per_head(bias, query)
+        if position_bias is not None:
+            bias = position_bias if bias is None else bias + position_bias
+        out = self.attention(
+            q, k, v, mask=self._per_head(mask, query), bias=bias, need_weights=need_weights
         )
-        hooks.report(self, out.weights)
         context = out.context.transpose(-2, -3).flatten(-2)
         return out._replace(context=self.out_proj(context))
 

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import difflib
 import inspect
+import weakref
 from collections.abc import Callable
-from typing import Any, Generic, TypeVar
+from typing import Any, ClassVar, Generic, TypeVar
 
 T = TypeVar("T")
 
@@ -18,9 +19,22 @@ class Registry(Generic[T]):
     options and the closest match.
     """
 
+    # Every registry made, so that a sandbox (a documentation example, a test) can put all of
+    # them back as they were.
+    instances: ClassVar[weakref.WeakSet[Registry]] = weakref.WeakSet()
+
     def __init__(self, kind: str) -> None:
         self.kind = kind
         self._table: dict[str, type[T]] = {}
+        Registry.instances.add(self)
+
+    def snapshot(self) -> dict[str, type[T]]:
+        """A copy of the name table, for :meth:`restore`."""
+        return dict(self._table)
+
+    def restore(self, table: dict[str, type[T]]) -> None:
+        """Put the name table back as a :meth:`snapshot` took it."""
+        self._table = dict(table)
 
     def register(self, name: str) -> Callable[[type[T]], type[T]]:
         def decorate(cls: type[T]) -> type[T]:

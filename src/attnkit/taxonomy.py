@@ -17,7 +17,7 @@ from dataclasses import dataclass, fields
 from torch import nn
 
 __all__ = [
-    "Alignment",
+    "AlignmentKind",
     "Dimensionality",
     "FeatureLevels",
     "FeatureMultiplicity",
@@ -64,7 +64,7 @@ class Scoring(enum.Enum):
     CONVOLUTIONAL = "Convolution-Based"
 
 
-class Alignment(enum.Enum):
+class AlignmentKind(enum.Enum):
     GLOBAL = "Global"
     SOFT = "Soft"
     HARD = "Hard"
@@ -98,7 +98,7 @@ DIMENSIONS: tuple[tuple[str, type[enum.Enum], enum.Enum | None], ...] = (
     ("feature_levels", FeatureLevels, FeatureLevels.SINGLE_LEVEL),
     ("feature_representations", FeatureRepresentations, FeatureRepresentations.SINGLE),
     ("scoring", Scoring, None),
-    ("alignment", Alignment, None),
+    ("alignment", AlignmentKind, None),
     ("dimensionality", Dimensionality, Dimensionality.SINGLE),
     ("query_type", QueryType, None),
     ("query_multiplicity", QueryMultiplicity, QueryMultiplicity.SINGULAR),

@@ -22,9 +22,9 @@ def test_capture_records_by_name_even_without_need_weights():
     with capture(m) as rec:
         m(x)
         m(x)
-    assert set(rec) == {"first", "mha"}
+    assert set(rec) == {"first", "mha.attention"}  # the per-head part reports
     assert len(rec["first"]) == 2 and rec["first"][0].shape == (1, 3, 3)
-    assert rec["mha"][0].shape == (1, 2, 3, 3)
+    assert rec["mha.attention"][0].shape == (1, 2, 3, 3)
     torch.testing.assert_close(rec["first"][0].sum(-1), torch.ones(1, 3))
     m(x)  # hooks are gone
     assert len(rec["first"]) == 2

@@ -120,7 +120,7 @@ class NormalisedSigmoid(Streaming, Alignment):
     a_l σ'(e_j)/Z, so ∂L/∂e = s ⊙ (∂L/∂a − Σ_l a_l ∂L/∂a_l) with s = σ'(e)/Z and r = a.
     """
 
-    label = ak.taxonomy.Alignment.GLOBAL
+    label = ak.taxonomy.AlignmentKind.GLOBAL
 
     def forward(self, scores, mask=None, *, query=None):
         w = torch.sigmoid(scores)

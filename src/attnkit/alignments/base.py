@@ -66,7 +66,7 @@ class Alignment(nn.Module):
     - ``position_based``: depends on key positions (not invariant to permuting keys).
     """
 
-    label: ClassVar[tx.Alignment]
+    label: ClassVar[tx.AlignmentKind]
     normalized: bool = True
     stochastic: ClassVar[bool] = False
     streamable: ClassVar[bool] = False

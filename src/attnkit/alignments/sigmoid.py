@@ -19,7 +19,7 @@ class Sigmoid(Streaming, Alignment):
     """a_l = σ(e_l); masked keys get 0. Weights do not sum to 1 (``normalized`` is False)."""
 
     normalized = False
-    label = tx.Alignment.SIGMOID
+    label = tx.AlignmentKind.SIGMOID
     streamable: ClassVar[bool] = True
 
     def forward(

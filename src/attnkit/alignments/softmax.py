@@ -33,7 +33,7 @@ class Softmax(Streaming, Alignment):
     streamable: ClassVar[bool] = True
     stream_online: ClassVar[bool] = True
     stream_weights_are_correction: ClassVar[bool] = True
-    label = tx.Alignment.GLOBAL
+    label = tx.AlignmentKind.GLOBAL
 
     def __init__(
         self,

@@ -104,7 +104,7 @@ def _threshold(tiles: Tiles, alpha: float) -> Tensor:
 
 class _Sparse(Streaming, Alignment):
     streamable: ClassVar[bool] = True
-    label = tx.Alignment.SPARSE
+    label = tx.AlignmentKind.SPARSE
 
     def alpha_value(self) -> float:
         """α as a Python float."""

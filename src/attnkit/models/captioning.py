@@ -21,7 +21,7 @@ class ImageCaptioner(nn.Module):
     model reports it so.
     """
 
-    taxonomy_final = (tx.Alignment,)
+    taxonomy_final = (tx.AlignmentKind,)
 
     def __init__(self, vocab: int, d: int, attention: Attention, *, channels: int = 1) -> None:
         super().__init__()
@@ -40,7 +40,7 @@ class ImageCaptioner(nn.Module):
 
     def taxonomy_tags(self) -> list:
         align = self.attention.module.align
-        return [tx.Alignment.SOFT if isinstance(align, Softmax) else align.label]
+        return [tx.AlignmentKind.SOFT if isinstance(align, Softmax) else align.label]
 
     def forward(self, images: Tensor, tokens: Tensor) -> tuple[Tensor, Tensor, Tensor | None]:
         """images (B, C, H, W), tokens (B, T) -> logits (B, T, V), weights (B, T, h·w), and
