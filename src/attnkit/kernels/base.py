@@ -50,6 +50,10 @@ class Call:
     chunk_size: int | None = None
     dropout: float = 0.0
 
+    def parts(self) -> tuple[Tensor | None, Tensor, Tensor, Score, Alignment]:
+        """(q, k, v, score, align), the positional arguments of the functional kernels."""
+        return self.q, self.k, self.v, self.score, self.align
+
 
 class Kernel:
     """How attention is evaluated. Subclasses set ``name`` and ``priority`` (higher is tried

@@ -89,11 +89,7 @@ class Dense(Kernel):
 
     def attend(self, call: Call) -> AttentionOutput:
         return attend(
-            call.q,
-            call.k,
-            call.v,
-            call.score,
-            call.align,
+            *call.parts(),
             mask=call.mask,
             bias=call.bias,
             need_weights=call.need_weights,

@@ -102,16 +102,7 @@ class SDPA(Kernel):
         return reasons
 
     def attend(self, call: Call) -> AttentionOutput:
-        return attend(
-            call.q,
-            call.k,
-            call.v,
-            call.score,
-            call.align,
-            mask=call.mask,
-            bias=call.bias,
-            dropout=call.dropout,
-        )
+        return attend(*call.parts(), mask=call.mask, bias=call.bias, dropout=call.dropout)
 
 
 register(SDPA())
