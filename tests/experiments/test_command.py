@@ -39,6 +39,7 @@ BAD = [
     (["run", "dates", "--compare", "score"], "--compare must be KEY=V1,V2"),
     (["run", "dates", "--compare", "score=dot,nope"], "unknown score 'nope'"),
     (["run", "dates", "--score", "dot", "--compare", "score=dot,general"], "both set score"),
+    (["run", "dates", "--compare", "seed=1,2,1"], "lists '1' twice"),
     (["run", "dates", "--threads", "0"], "--threads must be a positive int"),
     (["run", "dates", "--seed", "abc"], "invalid int value: 'abc'"),
     (["run", "dates", "--epochz", "3"], "--epochz 3; did you mean --epochs?"),

@@ -98,6 +98,34 @@ def test_killed_at_any_checkpoint_boundary_resumes_to_the_same_run(
     _assert_same_run(tmp_path / "killed", whole)
 
 
+KILL_AT = """
+import os, sys
+from attnkit import cli
+from attnkit.experiments import checkpoints
+calls = []
+def written(path):
+    calls.append(path)
+    if len(calls) == int(sys.argv[1]):
+        os._exit(137)  # no handler, no cleanup: as SIGKILL
+checkpoints._written = written
+cli.main(sys.argv[2:])
+"""
+
+
+def test_a_process_that_dies_mid_save_resumes_to_the_same_run(tmp_path, whole):
+    """A real process exit between the optimizer and RNG files of the second save."""
+    out = tmp_path / "died"
+    args = ["run", "dates", "--epochs", "2", "--threads", "1", "--no-progress", "--out", str(out)]
+    for key, value in TINY.items():
+        args += [f"--{key.replace('_', '-')}", str(value)]
+    done = subprocess.run([sys.executable, "-c", KILL_AT, "7", *args], capture_output=True)
+    assert done.returncode == 137, done.stderr.decode()[-2000:]
+    assert [p.name for p in (out / checkpoints.FOLDER).iterdir() if p.name.startswith(".")]
+    _run(None, None, resume=out)
+    assert not [p for p in (out / checkpoints.FOLDER).iterdir() if p.name.startswith(".")]
+    _assert_same_run(out, whole)
+
+
 def test_killed_before_the_first_checkpoint_starts_again_and_says_so(tmp_path, monkeypatch, whole):
     def written(path):
         raise Killed

@@ -169,7 +169,11 @@ def _execute(args: argparse.Namespace) -> int:
         raise ConfigError(f"--compare must be KEY=V1,V2,..., got {args.compare!r}")
     if key in given:
         raise ConfigError(f"--compare {key}=... and the flag for {key} both set {key}; give one")
-    variants = [(v, RunConfig(**{**given, key: parse_value(key, v)})) for v in values.split(",")]
+    listed = values.split(",")
+    twice = sorted({v for v in listed if listed.count(v) > 1})
+    if twice:
+        raise ConfigError(f"--compare {key}=... lists {twice[0]!r} twice")
+    variants = [(v, RunConfig(**{**given, key: parse_value(key, v)})) for v in listed]
     for _, config in variants:  # every variant is checked before any runs
         config.resolved()
     out = args.out

@@ -229,7 +229,12 @@ def run(
                             raise TrainingError(
                                 f"training diverged: the loss is {value} at epoch {epoch + 1}, "
                                 f"step {step + 1} (lr {config.lr:g}); the checkpoints of "
-                                f"completed epochs in {run_dir} are kept. Try a smaller --lr"
+                                f"completed epochs in {run_dir} are kept. Try a smaller "
+                                + (
+                                    "--lr"
+                                    if not config.supervise_attention
+                                    else "--lr or --supervise-attention"
+                                )
                             )
                         optimizer.zero_grad()
                         loss.backward()
