@@ -156,7 +156,7 @@ BAD_CALLS = [
     ("CapsuleAttention d_f=0", lambda: qr.CapsuleAttention(0, 3), ValueError, r"d_f must be a positive int, got 0"),
     ("CapsuleAttention float mask", lambda: qr.CapsuleAttention(4, 3)(q_(2, 5, 4), torch.ones(2, 5)), TypeError, r"mask must be boolean \(True = a real feature\), got dtype torch.float32"),
     ("ImportanceMatrixAttention n_outputs=0", lambda: qr.ImportanceMatrixAttention(4, 4, 0), ValueError, r"n_outputs must be a positive int, got 0"),
-    ("LabelWiseAttention n_labels=0", lambda: qr.LabelWiseAttention(4, 4, 0), ValueError, r"n_outputs must be a positive int, got 0"),
+    ("LabelWiseAttention n_labels=0", lambda: qr.LabelWiseAttention(4, 4, 0), ValueError, r"n_labels must be a positive int, got 0"),
     ("MultiHop hops=True", lambda: qr.MultiHop(4, 4, 4, hops=True), ValueError, r"hops must be a positive int, got True"),
     ("MultiHop d_q=0", lambda: qr.MultiHop(0, 4, 4), ValueError, r"d_q must be a positive int, got 0"),
     ("MultiHop query with a length dim", lambda: qr.MultiHop(3, 4, 4)(q_(2, 1, 3), q_(2, 5, 4)), ValueError, r"query must be \(B, d\), got shape \(2, 1, 3\)"),

@@ -29,3 +29,42 @@ def test_decoder_is_causal():
     for i in range(5):
         (g,) = torch.autograd.grad(y[:, i].sum(), x, retain_graph=True)
         assert (g[:, i + 1 :] == 0).all()
+
+
+def test_layers_are_built_in_the_dtype_asked_and_follow_to():
+    from attnkit.transformer import TransformerEncoder
+
+    for module in (
+        TransformerEncoder(2, 8, 2, dtype=torch.float64),
+        TransformerDecoderLayer(8, 2, score="additive", dtype=torch.float64),
+        TransformerEncoderLayer(8, 2).to(torch.float64),
+    ):
+        dtypes = {p.dtype for p in module.parameters()} | {b.dtype for b in module.buffers()}
+        assert dtypes == {torch.float64}, type(module).__name__
+    with torch.device("meta"):
+        assert {p.device.type for p in TransformerEncoderLayer(8, 2).parameters()} == {"meta"}
+    assert {p.device.type for p in TransformerEncoderLayer(8, 2, device="meta").parameters()} == {
+        "meta"
+    }
+
+
+def test_encoder_layer_in_float64_matches_the_formula():
+    # x = LN(x + MHA(x)); x = LN(x + W2 relu(W1 x + b1) + b2), written out (Vaswani et al.).
+    torch.manual_seed(0)
+    layer = TransformerEncoderLayer(8, 2, 16, dtype=torch.float64)
+    x = torch.randn(2, 5, 8, dtype=torch.float64)
+    mha = layer.self_attention.module
+    w_q, w_k, w_v = mha.in_proj_weight.split(8)
+    b_q, b_k, b_v = mha.in_proj_bias.split(8)
+    heads = []
+    for h in range(2):
+        s = slice(4 * h, 4 * h + 4)
+        q, k, v = x @ w_q[s].T + b_q[s], x @ w_k[s].T + b_k[s], x @ w_v[s].T + b_v[s]
+        heads.append(torch.softmax(q @ k.transpose(-1, -2) / 2.0, -1) @ v)
+    att = torch.cat(heads, -1) @ mha.out_proj.weight.T + mha.out_proj.bias
+    y = nn.functional.layer_norm(x + att, (8,), layer.norm1.weight, layer.norm1.bias)
+    ff = torch.relu(y @ layer.ff[0].weight.T + layer.ff[0].bias) @ layer.ff[3].weight.T
+    ref = nn.functional.layer_norm(
+        y + ff + layer.ff[3].bias, (8,), layer.norm2.weight, layer.norm2.bias
+    )
+    torch.testing.assert_close(layer(x), ref, atol=1e-12, rtol=1e-12)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
 from torch import Tensor, nn
 
 from attnkit import arguments, masks
@@ -17,18 +18,23 @@ __all__ = ["TransformerDecoderLayer", "TransformerEncoder", "TransformerEncoderL
 
 
 class _FeedForward(nn.Sequential):
-    def __init__(self, d_model: int, d_ff: int | None, dropout: float) -> None:
+    def __init__(self, d_model: int, d_ff: int | None, dropout: float, **kw: Any) -> None:
         d_ff = 4 * d_model if d_ff is None else arguments.positive_int(d_ff, "d_ff")
         super().__init__(
-            nn.Linear(d_model, d_ff), nn.ReLU(), nn.Dropout(dropout), nn.Linear(d_ff, d_model)
+            nn.Linear(d_model, d_ff, **kw),
+            nn.ReLU(),
+            nn.Dropout(dropout),
+            nn.Linear(d_ff, d_model, **kw),
         )
 
 
 def _heads(
-    d_model: int, heads: int, score: Any, align: Any, dropout: float, query: str
+    d_model: int, heads: int, score: Any, align: Any, dropout: float, query: str, **kw: Any
 ) -> QueryTagged:
-    """A multi-head attention part, tagged with where its queries come from."""
-    return QueryTagged(MultiHeadAttention(d_model, heads, score, align, dropout=dropout), query)
+    """A multi-head attention part, tagged with where its queries come from; ``kw`` holds
+    device and dtype."""
+    mha = MultiHeadAttention(d_model, heads, score, align, dropout=dropout, **kw)
+    return QueryTagged(mha, query)
 
 
 class TransformerEncoderLayer(nn.Module):
@@ -47,14 +53,17 @@ class TransformerEncoderLayer(nn.Module):
         score: Any = "scaled_dot",
         align: Any = "softmax",
         dropout: float = 0.0,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
         arguments.positive_int(d_model, "d_model")
         arguments.positive_int(heads, "heads")
         arguments.probability(dropout, "dropout")
-        self.self_attention = _heads(d_model, heads, score, align, dropout, "self-attentive")
-        self.ff = _FeedForward(d_model, d_ff, dropout)
-        self.norm1, self.norm2 = nn.LayerNorm(d_model), nn.LayerNorm(d_model)
+        kw = {"device": device, "dtype": dtype}
+        self.self_attention = _heads(d_model, heads, score, align, dropout, "self-attentive", **kw)
+        self.ff = _FeedForward(d_model, d_ff, dropout, **kw)
+        self.norm1, self.norm2 = nn.LayerNorm(d_model, **kw), nn.LayerNorm(d_model, **kw)
         self.drop = nn.Dropout(dropout)
 
     def forward(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
@@ -77,15 +86,18 @@ class TransformerDecoderLayer(nn.Module):
         score: Any = "scaled_dot",
         align: Any = "softmax",
         dropout: float = 0.0,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
         arguments.positive_int(d_model, "d_model")
         arguments.positive_int(heads, "heads")
         arguments.probability(dropout, "dropout")
-        self.self_attention = _heads(d_model, heads, score, align, dropout, "self-attentive")
-        self.cross_attention = _heads(d_model, heads, score, align, dropout, "basic")
-        self.ff = _FeedForward(d_model, d_ff, dropout)
-        self.norms = nn.ModuleList([nn.LayerNorm(d_model) for _ in range(3)])
+        kw = {"device": device, "dtype": dtype}
+        self.self_attention = _heads(d_model, heads, score, align, dropout, "self-attentive", **kw)
+        self.cross_attention = _heads(d_model, heads, score, align, dropout, "basic", **kw)
+        self.ff = _FeedForward(d_model, d_ff, dropout, **kw)
+        self.norms = nn.ModuleList([nn.LayerNorm(d_model, **kw) for _ in range(3)])
         self.drop = nn.Dropout(dropout)
 
     def forward(self, x: Tensor, memory: Tensor, *, memory_mask: Tensor | None = None) -> Tensor:
@@ -114,13 +126,22 @@ class TransformerEncoder(nn.Module):
         score: Any = "scaled_dot",
         align: Any = "softmax",
         dropout: float = 0.0,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
         arguments.positive_int(layers, "layers")
         self.layers = nn.ModuleList(
             [
                 TransformerEncoderLayer(
-                    d_model, heads, d_ff, score=score, align=align, dropout=dropout
+                    d_model,
+                    heads,
+                    d_ff,
+                    score=score,
+                    align=align,
+                    dropout=dropout,
+                    device=device,
+                    dtype=dtype,
                 )
                 for _ in range(layers)
             ]

@@ -38,12 +38,14 @@ def test_monotonic(gaussian):
         lambda: align(e, mask).weights,
         lambda: per_row(lambda r, a, m: local_row(r, a, m, 2, gaussian), e, mask),
         [e],
+        atol=1e-12,
+        rtol=1e-12,
     )
 
 
 def test_predictive_eq28():
     torch.manual_seed(0)
-    align = al.Local(2, "predictive", d_q=5, d_p=4).double()
+    align = al.Local(2, "predictive", d_q=5, d_p=4, dtype=torch.float64)
     e, q = rand(2, 3, 8, seed=1), rand(2, 3, 5, seed=2)
     mask = torch.ones(2, 1, 8, dtype=torch.bool)
     mask[1, :, 6:] = False
@@ -61,7 +63,9 @@ def test_predictive_eq28():
             )
         return torch.stack(rows)
 
-    assert_same_forward_backward(lambda: align(e, mask, query=q).weights, loop, [e, q, Wp, wp])
+    assert_same_forward_backward(
+        lambda: align(e, mask, query=q).weights, loop, [e, q, Wp, wp], atol=1e-12, rtol=1e-12
+    )
 
 
 def test_window_larger_than_sequence_keeps_the_keys_inside():
@@ -107,7 +111,9 @@ def test_predictive_window_is_p_minus_d_to_p_plus_d(gaussian):
     w = align(e, query=q).weights
     assert (w[..., [0, 1, 4, 5]] == 0).all()
     ref = per_row(lambda r, a, m: local_row(r, a, 2.5, 1, gaussian), e)
-    assert_same_forward_backward(lambda: align(e, query=q).weights, lambda: ref, [e])
+    assert_same_forward_backward(
+        lambda: align(e, query=q).weights, lambda: ref, [e], atol=1e-12, rtol=1e-12
+    )
     if not gaussian:
         soft = torch.softmax(e[..., 2:4], dim=-1)
         torch.testing.assert_close(w[..., 2:4], soft)
@@ -135,6 +141,8 @@ def test_monotonic_explicit_positions(gaussian):
         lambda: align(e, mask, positions=steps).weights,
         lambda: per_row(lambda r, a, m: local_row(r, a, int(steps[m]), 1, gaussian), e, mask),
         [e],
+        atol=1e-12,
+        rtol=1e-12,
     )
     assert (align(e, mask, positions=steps).weights[:, 2] == 0).all()
 

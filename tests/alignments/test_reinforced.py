@@ -9,24 +9,26 @@ from attnkit import alignments as al
 
 def test_softmax_inside_the_sampled_subset_and_log_prob():
     torch.manual_seed(0)
-    align = al.Reinforced(scale=1.5, bias=0.2).double().train()
+    align = al.Reinforced(scale=1.5, bias=0.2, dtype=torch.float64).train()
     e = torch.randn(4, 3, 6, dtype=torch.float64)
     mask = torch.ones(4, 1, 6, dtype=torch.bool)
     mask[0, :, 4:] = False
     out = align(e, mask)
     kept = out.weights > 0
-    logits = 1.5 * e + 0.2
+    logits = 1.5 * e + 0.2  # the float64 parameters hold 1.5 and 0.2 exactly as given
     for i in range(4):
         for m in range(3):
             allowed = (kept[i, m] & mask[i, 0]).tolist()
-            torch.testing.assert_close(out.weights[i, m], softmax_row(e[i, m], allowed, m))
+            torch.testing.assert_close(
+                out.weights[i, m], softmax_row(e[i, m], allowed, m), atol=1e-12, rtol=1e-12
+            )
             # Σ over attendable keys of log P(z_l) for the observed choice.
             lp = sum(
                 (F.logsigmoid(logits[i, m, j]) if kept[i, m, j] else F.logsigmoid(-logits[i, m, j]))
                 for j in range(6)
                 if mask[i, 0, j]
             )
-            torch.testing.assert_close(out.log_prob[i, m], lp)
+            torch.testing.assert_close(out.log_prob[i, m], lp, atol=1e-12, rtol=1e-12)
     assert not kept[0, :, 4:].any()
 
 
@@ -59,3 +61,11 @@ def test_nan_in_an_attendable_score_gives_nan_rows_in_training_and_eval():
         rest[0, 1] = False
         assert torch.isfinite(out.weights[rest]).all() and torch.isfinite(out.log_prob[rest]).all()
         torch.testing.assert_close(out.weights[rest].sum(-1), torch.ones(5, dtype=torch.float64))
+
+
+def test_parameters_are_created_in_the_dtype_asked():
+    align = al.Reinforced(scale=0.1, bias=-0.3, dtype=torch.float64)
+    assert align.scale.dtype == torch.float64 and float(align.scale.detach()) == 0.1
+    assert float(align.bias.detach()) == -0.3
+    assert al.Reinforced().double().scale.dtype == torch.float64
+    assert al.Reinforced(device="meta").bias.device.type == "meta"

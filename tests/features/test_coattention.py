@@ -45,7 +45,7 @@ def _params(m):
 
 def test_alternating_eqs_6_to_9():
     torch.manual_seed(0)
-    m = AlternatingCoAttention(6, 3, 7).double()
+    m = AlternatingCoAttention(6, 3, 7, dtype=torch.float64)
     f1, f2 = _inputs()
     s0, s2, s1 = m.att0.score, m.att2.score, m.att1.score
 
@@ -59,13 +59,15 @@ def test_alternating_eqs_6_to_9():
             rows.append(torch.cat([c1, c2]))
         return torch.stack(rows)
 
-    assert_same_forward_backward(lambda: m(f1, f2).concat(), loop, [f1, f2, *_params(m)])
+    assert_same_forward_backward(
+        lambda: m(f1, f2).concat(), loop, [f1, f2, *_params(m)], atol=1e-12, rtol=1e-12
+    )
     assert s1.W2 is s0.W2 and s1.w is s0.w  # eq. 9 reuses eq. 7's weights
 
 
 def test_interactive_eqs_10_11():
     torch.manual_seed(0)
-    m = InteractiveCoAttention(6, 3, 7).double()
+    m = InteractiveCoAttention(6, 3, 7, dtype=torch.float64)
     f1, f2 = _inputs()
 
     def loop():
@@ -78,7 +80,9 @@ def test_interactive_eqs_10_11():
             rows.append(torch.cat([c1, c2]))
         return torch.stack(rows)
 
-    assert_same_forward_backward(lambda: m(f1, f2).concat(), loop, [f1, f2, *_params(m)])
+    assert_same_forward_backward(
+        lambda: m(f1, f2).concat(), loop, [f1, f2, *_params(m)], atol=1e-12, rtol=1e-12
+    )
 
 
 @pytest.mark.parametrize("affinity", ["bilinear", "concat"])
@@ -86,7 +90,7 @@ def test_interactive_eqs_10_11():
 def test_parallel_eqs_12_to_16(affinity, score):
     torch.manual_seed(0)
     d2 = 6 if affinity == "concat" else 3
-    m = ParallelCoAttention(6, d2, affinity=affinity, score=score, d_w=5).double()
+    m = ParallelCoAttention(6, d2, affinity=affinity, score=score, d_w=5, dtype=torch.float64)
     f1, f2 = _inputs(d2=d2)
 
     def A(k1, k2):
@@ -123,7 +127,9 @@ def test_parallel_eqs_12_to_16(affinity, score):
             rows.append(torch.cat([weighted(softmax(e1), F1), weighted(softmax(e2), F2)]))
         return torch.stack(rows)
 
-    assert_same_forward_backward(lambda: m(f1, f2).concat(), loop, [f1, f2, *_params(m)])
+    assert_same_forward_backward(
+        lambda: m(f1, f2).concat(), loop, [f1, f2, *_params(m)], atol=1e-12, rtol=1e-12
+    )
 
 
 def test_nested_attention_over_attention():
@@ -141,7 +147,9 @@ def test_nested_attention_over_attention():
             rows.append(torch.cat([weighted(a_k, K), weighted(a_q, Q)]))
         return torch.stack(rows)
 
-    assert_same_forward_backward(lambda: NestedCoAttention()(f1, f2).concat(), loop, [f1, f2])
+    assert_same_forward_backward(
+        lambda: NestedCoAttention()(f1, f2).concat(), loop, [f1, f2], atol=1e-12, rtol=1e-12
+    )
 
 
 MODULES = {

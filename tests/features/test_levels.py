@@ -13,7 +13,7 @@ from attnkit.features import AttentionViaAttention, HierarchicalAttention
 
 def test_attention_via_attention():
     torch.manual_seed(0)
-    m = AttentionViaAttention(3, 4, 5, 6).double()
+    m = AttentionViaAttention(3, 4, 5, 6, dtype=torch.float64)
     q, words, chars = rand(2, 3, seed=1), rand(2, 4, 4, seed=2), rand(2, 7, 5, seed=3)
 
     def loop():
@@ -27,13 +27,17 @@ def test_attention_via_attention():
         return torch.stack(rows)
 
     assert_same_forward_backward(
-        lambda: m(q, words, chars)[0], loop, [q, words, chars, *m.parameters()]
+        lambda: m(q, words, chars)[0],
+        loop,
+        [q, words, chars, *m.parameters()],
+        atol=1e-12,
+        rtol=1e-12,
     )
 
 
 def test_hierarchical_loop_with_ragged_documents():
     torch.manual_seed(0)
-    m = HierarchicalAttention(4, 5).double()
+    m = HierarchicalAttention(4, 5, dtype=torch.float64)
     docs = rand(2, 3, 4, 4, seed=1)
     mask = torch.tensor(
         [
@@ -55,7 +59,9 @@ def test_hierarchical_loop_with_ragged_documents():
             out.append(weighted(a, sents))
         return torch.stack(out)
 
-    assert_same_forward_backward(lambda: m(docs, mask).document, loop, [docs, *m.parameters()])
+    assert_same_forward_backward(
+        lambda: m(docs, mask).document, loop, [docs, *m.parameters()], atol=1e-12, rtol=1e-12
+    )
 
 
 def test_hierarchical_padding_does_not_leak():

@@ -10,7 +10,7 @@ from attnkit.features import MetaEmbedding
 
 def test_eqs_21_22():
     torch.manual_seed(0)
-    m = MetaEmbedding([3, 5], 4, 6).double()
+    m = MetaEmbedding([3, 5], 4, 6, dtype=torch.float64)
     e1, e2 = rand(2, 3, 3, seed=1), rand(2, 3, 5, seed=2)
 
     def loop():
@@ -24,7 +24,9 @@ def test_eqs_21_22():
                 rows.append(weighted(a, xs))  # eq. 22
         return torch.stack(rows).reshape(2, 3, 4)
 
-    assert_same_forward_backward(lambda: m([e1, e2]).embedding, loop, [e1, e2, *m.parameters()])
+    assert_same_forward_backward(
+        lambda: m([e1, e2]).embedding, loop, [e1, e2, *m.parameters()], atol=1e-12, rtol=1e-12
+    )
 
 
 def test_wrong_number_of_embeddings():

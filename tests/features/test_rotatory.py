@@ -17,7 +17,7 @@ def act_general(score, q, k):
 @pytest.mark.parametrize("share", [True, False])
 def test_eqs_17_to_20(hops, share):
     torch.manual_seed(0)
-    m = RotatoryAttention(4, 4, 4, hops=hops, share_weights=share).double()
+    m = RotatoryAttention(4, 4, 4, hops=hops, share_weights=share, dtype=torch.float64)
     left, target, right = rand(2, 5, 4, seed=1), rand(2, 3, 4, seed=2), rand(2, 6, 4, seed=3)
 
     def loop():
@@ -40,6 +40,8 @@ def test_eqs_17_to_20(hops, share):
         lambda: m(left, target, right).representation,
         loop,
         [left, target, right, *m.parameters()],
+        atol=1e-12,
+        rtol=1e-12,
     )
 
 

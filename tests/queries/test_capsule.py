@@ -11,7 +11,7 @@ from attnkit.queries import CapsuleAttention, capsule_loss
 
 def test_eqs_43_to_45():
     torch.manual_seed(0)
-    m = CapsuleAttention(4, 3).double()
+    m = CapsuleAttention(4, 3, dtype=torch.float64)
     f = rand(2, 5, 4, seed=1)
 
     def loop():
@@ -30,7 +30,7 @@ def test_eqs_43_to_45():
         o = m(f)
         return torch.cat([o.probabilities.unsqueeze(-1), o.representations], -1)
 
-    assert_same_forward_backward(fast, loop, [f, *m.parameters()])
+    assert_same_forward_backward(fast, loop, [f, *m.parameters()], atol=1e-12, rtol=1e-12)
 
 
 def test_joint_loss_trains_the_right_capsule():

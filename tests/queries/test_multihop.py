@@ -13,7 +13,9 @@ from attnkit.queries import MultiHop
 @pytest.mark.parametrize("share", [True, False])
 def test_eqs_41_42(transform, share):
     torch.manual_seed(0)
-    m = MultiHop(3, 4, 5, hops=3, transform=transform, share_weights=share, d_w=6).double()
+    m = MultiHop(
+        3, 4, 5, hops=3, transform=transform, share_weights=share, d_w=6, dtype=torch.float64
+    )
     q0, k, v = rand(2, 3, seed=1), rand(2, 6, 4, seed=2), rand(2, 6, 5, seed=3)
 
     def loop():
@@ -31,7 +33,9 @@ def test_eqs_41_42(transform, share):
             rows.append(c)
         return torch.stack(rows)
 
-    assert_same_forward_backward(lambda: m(q0, k, v).context, loop, [q0, k, v, *m.parameters()])
+    assert_same_forward_backward(
+        lambda: m(q0, k, v).context, loop, [q0, k, v, *m.parameters()], atol=1e-12, rtol=1e-12
+    )
 
 
 def test_mask_equals_truncation():

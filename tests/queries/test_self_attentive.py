@@ -14,7 +14,7 @@ from attnkit.taxonomy import QueryType, describe
 @pytest.mark.parametrize("update", ["replace", "residual"])
 def test_eqs_35_to_37(update):
     torch.manual_seed(0)
-    m = SelfAttention(4, 3, update=update).double()
+    m = SelfAttention(4, 3, update=update, dtype=torch.float64)
     f = rand(2, 5, 4, seed=1, grad=False)
     new, _ = m(f)
     Q, K, V = f @ m.W_Q.weight.T, f @ m.W_K.weight.T, f @ m.W_V.weight.T  # eq. 35
@@ -24,7 +24,7 @@ def test_eqs_35_to_37(update):
         if update == "replace"
         else torch.nn.functional.layer_norm(f + c, (4,), m.norm.weight, m.norm.bias)
     )  # eq. 36 / 37
-    torch.testing.assert_close(new, expected)
+    torch.testing.assert_close(new, expected, atol=1e-12, rtol=1e-12)
     assert describe(m).query_type == "Self-Attentive"
 
 

@@ -41,7 +41,7 @@ class Hard(Alignment):
     """
 
     stochastic: ClassVar[bool] = True
-    label = tx.Alignment.HARD
+    label = tx.AlignmentKind.HARD
 
     def __init__(
         self, *, straight_through: bool = False, tau: float = 1.0, sample_in_eval: bool = False

@@ -46,7 +46,7 @@ class Local(Alignment):
     """
 
     position_based: ClassVar[bool] = True
-    label = tx.Alignment.LOCAL
+    label = tx.AlignmentKind.LOCAL
 
     def __init__(
         self,

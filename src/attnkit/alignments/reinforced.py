@@ -29,12 +29,20 @@ class Reinforced(Alignment):
     """
 
     stochastic: ClassVar[bool] = True
-    label = tx.Alignment.REINFORCED
+    label = tx.AlignmentKind.REINFORCED
 
-    def __init__(self, *, scale: float = 1.0, bias: float = 0.0) -> None:
+    def __init__(
+        self,
+        *,
+        scale: float = 1.0,
+        bias: float = 0.0,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
         super().__init__()
-        self.scale = nn.Parameter(torch.tensor(arguments.finite_float(scale, "scale")))
-        self.bias = nn.Parameter(torch.tensor(arguments.finite_float(bias, "bias")))
+        kw = {"device": device, "dtype": dtype}
+        self.scale = nn.Parameter(torch.tensor(arguments.finite_float(scale, "scale"), **kw))
+        self.bias = nn.Parameter(torch.tensor(arguments.finite_float(bias, "bias"), **kw))
 
     def forward(
         self, scores: Tensor, mask: Tensor | None = None, *, query: Tensor | None = None

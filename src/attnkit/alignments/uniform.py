@@ -18,7 +18,7 @@ __all__ = ["Uniform"]
 class Uniform(Alignment):
     """a_l = 1/|{keys the row may attend}|; ignores the scores (which get no gradient)."""
 
-    label = tx.Alignment.GLOBAL
+    label = tx.AlignmentKind.GLOBAL
     streamable: ClassVar[bool] = False
 
     def forward(

@@ -72,14 +72,23 @@ class AlternatingCoAttention(nn.Module):
     added query term, as in Lu et al.
     """
 
-    def __init__(self, d1: int, d2: int, d_w: int) -> None:
+    def __init__(
+        self,
+        d1: int,
+        d2: int,
+        d_w: int,
+        *,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
         super().__init__()
         sizes(d1=d1, d2=d2, d_w=d_w)
         self.d1, self.d2 = d1, d2
-        first = Additive(None, d1, d_w)  # eq. 7
+        kw = {"device": device, "dtype": dtype}
+        first = Additive(None, d1, d_w, **kw)  # eq. 7
         self.att0 = Attention(first)
-        self.att2 = Attention(Additive(d1, d2, d_w))  # eq. 8
-        third = Additive(d2, d1, d_w)  # eq. 9: eq. 7 plus a query term
+        self.att2 = Attention(Additive(d1, d2, d_w, **kw))  # eq. 8
+        third = Additive(d2, d1, d_w, **kw)  # eq. 9: eq. 7 plus a query term
         third.W2, third.w = first.W2, first.w
         self.att1 = Attention(third)
 
@@ -115,12 +124,15 @@ class InteractiveCoAttention(nn.Module):
         score1: Score | None = None,
         score2: Score | None = None,
         align: str | nn.Module = "softmax",
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
         sizes(d1=d1, d2=d2, d_w=d_w)
         self.d1, self.d2 = d1, d2
-        self.att1 = Attention(score1 or Additive(d2, d1, d_w), align)
-        self.att2 = Attention(score2 or Additive(d1, d2, d_w), align)
+        kw = {"device": device, "dtype": dtype}
+        self.att1 = Attention(score1 or Additive(d2, d1, d_w, **kw), align)
+        self.att2 = Attention(score2 or Additive(d1, d2, d_w, **kw), align)
 
     def taxonomy_tags(self) -> list:
         return [tx.FeatureMultiplicity.INTERACTIVE_CO_ATTENTION, tx.QueryType.SPECIALIZED]
@@ -161,9 +173,12 @@ class ParallelCoAttention(nn.Module):
         score: Literal["additive", "max"] = "additive",
         d_w: int = 64,
         align: str | nn.Module = "softmax",
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
         sizes(d1=d1, d2=d2, d_w=d_w)
+        kw = {"device": device, "dtype": dtype}
         if affinity not in ("bilinear", "concat"):
             raise ValueError(f"affinity must be 'bilinear' or 'concat', got {affinity!r}")
         if score not in ("additive", "max"):
@@ -173,14 +188,14 @@ class ParallelCoAttention(nn.Module):
         self.affinity, self.score = affinity, score
         self.d1, self.d2 = d1, d2
         if affinity == "bilinear":
-            self.W_A = nn.Parameter(torch.randn(d1, d2) / (d1 * d2) ** 0.25)
+            self.W_A = nn.Parameter(torch.randn(d1, d2, **kw) / (d1 * d2) ** 0.25)
         else:
-            self.w_A = HeadwiseLinear(3 * d1, 1, bias=False)
+            self.w_A = HeadwiseLinear(3 * d1, 1, bias=False, **kw)
         if score == "additive":
-            self.W1 = HeadwiseLinear(d1, d_w, bias=False)
-            self.W2 = HeadwiseLinear(d2, d_w, bias=False)
-            self.w1 = HeadwiseLinear(d_w, 1, bias=False)
-            self.w2 = HeadwiseLinear(d_w, 1, bias=False)
+            self.W1 = HeadwiseLinear(d1, d_w, bias=False, **kw)
+            self.W2 = HeadwiseLinear(d2, d_w, bias=False, **kw)
+            self.w1 = HeadwiseLinear(d_w, 1, bias=False, **kw)
+            self.w2 = HeadwiseLinear(d_w, 1, bias=False, **kw)
         from attnkit.checks import resolve_alignment
 
         self.align = resolve_alignment(align)
@@ -286,11 +301,20 @@ class MultiGrainedCoAttention(nn.Module):
     and fine-grained (parallel) co-attention together; the four context vectors are returned
     and concatenated."""
 
-    def __init__(self, d1: int, d2: int, d_w: int = 64) -> None:
+    def __init__(
+        self,
+        d1: int,
+        d2: int,
+        d_w: int = 64,
+        *,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
         super().__init__()
         sizes(d1=d1, d2=d2, d_w=d_w)
-        self.coarse = InteractiveCoAttention(d1, d2, d_w)
-        self.fine = ParallelCoAttention(d1, d2, score="max", d_w=d_w)
+        kw = {"device": device, "dtype": dtype}
+        self.coarse = InteractiveCoAttention(d1, d2, d_w, **kw)
+        self.fine = ParallelCoAttention(d1, d2, score="max", d_w=d_w, **kw)
 
     def taxonomy_tags(self) -> list:
         return [tx.FeatureMultiplicity.MULTI_GRAINED_CO_ATTENTION]

@@ -37,12 +37,15 @@ class AttentionViaAttention(nn.Module):
         *,
         word_score: Score | None = None,
         char_score: Score | None = None,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
         sizes(d_q=d_q, d_word=d_word, d_char=d_char, d_w=d_w)
         self.d_q, self.d_word, self.d_char = d_q, d_word, d_char
-        self.word = Attention(word_score or Additive(d_q, d_word, d_w))
-        self.char = Attention(char_score or Additive(d_q + d_word, d_char, d_w))
+        kw = {"device": device, "dtype": dtype}
+        self.word = Attention(word_score or Additive(d_q, d_word, d_w, **kw))
+        self.char = Attention(char_score or Additive(d_q + d_word, d_char, d_w, **kw))
 
     def taxonomy_tags(self) -> list:
         return [tx.FeatureLevels.ATTENTION_VIA_ATTENTION]
@@ -116,6 +119,8 @@ class HierarchicalAttention(nn.Module):
         word_score: Score | None = None,
         sentence_score: Score | None = None,
         sentence_encoder: nn.Module | None = None,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
         sizes(d=d, d_w=d_w)
@@ -124,8 +129,9 @@ class HierarchicalAttention(nn.Module):
                 f"sentence_encoder must be an nn.Module or None, got {sentence_encoder!r}"
             )
         self.d = d
-        self.word = Attention(word_score or Additive(None, d, d_w))
-        self.sentence = Attention(sentence_score or Additive(None, d, d_w))
+        kw = {"device": device, "dtype": dtype}
+        self.word = Attention(word_score or Additive(None, d, d_w, **kw))
+        self.sentence = Attention(sentence_score or Additive(None, d, d_w, **kw))
         self.sentence_encoder = sentence_encoder
 
     def taxonomy_tags(self) -> list:

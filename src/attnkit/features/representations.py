@@ -34,7 +34,14 @@ class MetaEmbedding(nn.Module):
     """
 
     def __init__(
-        self, dims: list[int], d_t: int, d_w: int = 32, *, score: Score | None = None
+        self,
+        dims: list[int],
+        d_t: int,
+        d_w: int = 32,
+        *,
+        score: Score | None = None,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
         if not isinstance(dims, (list, tuple)):
@@ -42,8 +49,9 @@ class MetaEmbedding(nn.Module):
         sizes(d_t=d_t, d_w=d_w, **{f"dims[{i}]": d for i, d in enumerate(dims)})
         if len(dims) < 1:
             raise ValueError("MetaEmbedding needs at least one embedding size")
-        self.project = nn.ModuleList([nn.Linear(d, d_t) for d in dims])
-        self.attention = Attention(score or Additive(None, d_t, d_w))
+        kw = {"device": device, "dtype": dtype}
+        self.project = nn.ModuleList([nn.Linear(d, d_t, **kw) for d in dims])
+        self.attention = Attention(score or Additive(None, d_t, d_w, **kw))
 
     def taxonomy_tags(self) -> list:
         return [tx.FeatureRepresentations.MULTI]

@@ -56,6 +56,8 @@ class RotatoryAttention(nn.Module):
         hops: int = 1,
         score: Callable[[int, int], Score] | None = None,
         share_weights: bool = True,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
         sizes(d_l=d_l, d_t=d_t, d_r=d_r)
@@ -67,7 +69,7 @@ class RotatoryAttention(nn.Module):
                 f"context: it needs d_t == d_l, got d_l = {d_l}"
             )
         self.d_l, self.d_t, self.d_r = d_l, d_t, d_r
-        make = score or (lambda dq, dk: ActivatedGeneral(dq, dk))
+        make = score or (lambda dq, dk: ActivatedGeneral(dq, dk, device=device, dtype=dtype))
         self.hops = hops
         rounds = 1 if share_weights else hops
 

@@ -35,13 +35,22 @@ class CapsuleAttention(nn.Module):
     with the mean feature vector.
     """
 
-    def __init__(self, d_f: int, n_classes: int, *, align: str | nn.Module = "softmax") -> None:
+    def __init__(
+        self,
+        d_f: int,
+        n_classes: int,
+        *,
+        align: str | nn.Module = "softmax",
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
         super().__init__()
         sizes(d_f=d_f, n_classes=n_classes)
         self.d_f, self.n_classes = d_f, n_classes
-        self.queries = nn.Parameter(torch.randn(n_classes, d_f) / d_f**0.5)
-        self.w = nn.Parameter(torch.randn(n_classes, d_f) / d_f**0.5)
-        self.b = nn.Parameter(torch.zeros(n_classes))
+        kw = {"device": device, "dtype": dtype}
+        self.queries = nn.Parameter(torch.randn(n_classes, d_f, **kw) / d_f**0.5)
+        self.w = nn.Parameter(torch.randn(n_classes, d_f, **kw) / d_f**0.5)
+        self.b = nn.Parameter(torch.zeros(n_classes, **kw))
         self.align = resolve_alignment(align)
 
     def taxonomy_tags(self) -> list:

@@ -35,12 +35,19 @@ class ImportanceMatrixAttention(nn.Module):
     """
 
     def __init__(
-        self, d_k: int, d_w: int, n_outputs: int, *, align: str | nn.Module = "softmax"
+        self,
+        d_k: int,
+        d_w: int,
+        n_outputs: int,
+        *,
+        align: str | nn.Module = "softmax",
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
         sizes(d_k=d_k, d_w=d_w, n_outputs=n_outputs)
         self.d_k = d_k
-        self.score = Additive(None, d_k, d_w, d_out=n_outputs)
+        self.score = Additive(None, d_k, d_w, d_out=n_outputs, device=device, dtype=dtype)
         self.align = resolve_alignment(align)
 
     # Several distributions, one weight per key each: single-dimensional attention with
@@ -74,9 +81,17 @@ class LabelWiseAttention(ImportanceMatrixAttention):
     ``n_labels`` rows."""
 
     def __init__(
-        self, d_k: int, d_w: int, n_labels: int, *, align: str | nn.Module = "softmax"
+        self,
+        d_k: int,
+        d_w: int,
+        n_labels: int,
+        *,
+        align: str | nn.Module = "softmax",
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
     ) -> None:
-        super().__init__(d_k, d_w, n_labels, align=align)
+        sizes(n_labels=n_labels)
+        super().__init__(d_k, d_w, n_labels, align=align, device=device, dtype=dtype)
 
 
 def frobenius_penalty(weights: Tensor) -> Tensor:

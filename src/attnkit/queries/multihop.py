@@ -53,6 +53,8 @@ class MultiHop(nn.Module):
         share_weights: bool = True,
         d_w: int = 64,
         align: str | nn.Module = "softmax",
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
         sizes(d_q=d_q, d_k=d_k, d_v=d_v, d_w=d_w)
@@ -64,9 +66,10 @@ class MultiHop(nn.Module):
         n = 1 if share_weights else hops
         self.hops, self.transform = hops, transform
         self.d_q, self.d_k, self.d_v = d_q, d_k, d_v
-        self.transforms = nn.ModuleList([nn.Linear(d_in, d_q) for _ in range(n)])
+        kw = {"device": device, "dtype": dtype}
+        self.transforms = nn.ModuleList([nn.Linear(d_in, d_q, **kw) for _ in range(n)])
         self.attentions = nn.ModuleList(
-            [Attention(Additive(d_q + d_v, d_k, d_w), align) for _ in range(n)]
+            [Attention(Additive(d_q + d_v, d_k, d_w, **kw), align) for _ in range(n)]
         )
 
     def taxonomy_tags(self) -> list:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import ClassVar, Literal
 
+import torch
 from torch import Tensor, nn
 
 from attnkit import arguments, checks
@@ -39,6 +40,8 @@ class SelfAttention(nn.Module):
         *,
         update: Literal["replace", "residual"] = "residual",
         attention: Attention | None = None,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
         sizes(d_f=d_f)
@@ -51,12 +54,13 @@ class SelfAttention(nn.Module):
             )
         d_k = d_f if d_k is None else d_k
         self.d_f = d_f
-        self.W_Q = nn.Linear(d_f, d_k, bias=False)
-        self.W_K = nn.Linear(d_f, d_k, bias=False)
-        self.W_V = nn.Linear(d_f, d_f, bias=False)
+        kw = {"device": device, "dtype": dtype}
+        self.W_Q = nn.Linear(d_f, d_k, bias=False, **kw)
+        self.W_K = nn.Linear(d_f, d_k, bias=False, **kw)
+        self.W_V = nn.Linear(d_f, d_f, bias=False, **kw)
         self.attention = attention or Attention("scaled_dot", "softmax")
         self.update = update
-        self.norm = nn.LayerNorm(d_f) if update == "residual" else None
+        self.norm = nn.LayerNorm(d_f, **kw) if update == "residual" else None
 
     def taxonomy_tags(self) -> list:
         return [tx.QueryType.SELF_ATTENTIVE]
