@@ -23,6 +23,8 @@ __all__ = ["Entmax", "Entmax15", "Sparsemax"]
 
 # Newton steps on the threshold are capped; each is a sweep over the keys.
 _MAX_NEWTON = 100
+# Scores per row kept in the first sweep to start Newton's method near the root.
+_TOP = 64
 
 
 def _shifted(scores: Tensor, mask: Tensor | None, gap: float) -> tuple[Tensor, Tensor | None]:
@@ -43,24 +45,42 @@ def _shifted(scores: Tensor, mask: Tensor | None, gap: float) -> tuple[Tensor, T
     return filled, mask & any_key
 
 
+def _lower_bound(z: Tensor, power: float, steps: int = 40) -> Tensor:
+    """A τ ≤ the root of Σ_l [z_l − τ]_+^power = 1 over the last axis, by bisection on
+    [max − 1, max] (the sum is ≥ 1 at the left end); keeps the side whose sum is ≥ 1."""
+    hi = z.amax(dim=-1, keepdim=True)
+    hi = torch.where(torch.isfinite(hi), hi, torch.zeros((), dtype=z.dtype))
+    lo = hi - 1.0
+    for _ in range(steps):
+        mid = (lo + hi) / 2
+        heavy = (torch.clamp(z - mid, min=0) ** power).sum(-1, keepdim=True) >= 1
+        lo, hi = torch.where(heavy, mid, lo), torch.where(heavy, hi, mid)
+    return lo
+
+
 def _threshold(tiles: Tiles, alpha: float) -> Tensor:
     """(…, M_b, 2): the row maximum m and τ with Σ_l [(α−1)(e_l − m) − τ]_+^{1/(α−1)} = 1.
 
     Newton's method on the row sum, whose value and slope are accumulated over key blocks (one
     sweep per step). The sum is convex and decreasing in τ for 1 < α ≤ 2, so Newton from the
-    left, τ₀ = −1 (where the maximum alone weighs 1), rises monotonically to the root; for
-    sparsemax each step is Michelot's support update and ends exact, for 1.5-entmax the last
-    step solves the quadratic on the final support exactly. Working relative to m keeps every
-    quantity O(1), so the result ignores a constant added to the row at any magnitude.
+    left rises monotonically to the root; for sparsemax each step is Michelot's support update
+    and ends exact, for 1.5-entmax the last step solves the quadratic on the final support
+    exactly. The start is the threshold of the row's largest :data:`_TOP` scores alone, kept in
+    the first sweep: a subset's sum is smaller at every τ, so its root lies left of the row's,
+    and equals it when the support fits in the subset (then one or two Newton sweeps confirm
+    it). Working relative to m keeps every quantity O(1), so the result ignores a constant
+    added to the row at any magnitude.
     """
     a1 = alpha - 1.0
     power = 1.0 / a1
-    top = None
+    best = None
     for e in tiles():
-        blk = e.amax(dim=-1, keepdim=True)
-        top = blk if top is None else torch.maximum(top, blk)
-    assert top is not None
+        joined = e if best is None else torch.cat([best, e], dim=-1)
+        best = joined.topk(min(_TOP, joined.shape[-1]), dim=-1).values
+    assert best is not None
+    top = best[..., :1]
     top = torch.where(torch.isfinite(top), top, torch.zeros((), dtype=top.dtype))
+    start = _lower_bound(a1 * (best - top), power)
 
     def sweep(tau: Tensor) -> tuple[Tensor, ...]:
         sums = None
@@ -80,7 +100,7 @@ def _threshold(tiles: Tiles, alpha: float) -> Tensor:
         assert sums is not None
         return sums
 
-    tau = torch.full_like(top, -1.0)
+    tau = start
     tol = 64 * torch.finfo(tau.dtype).eps
     for _ in range(_MAX_NEWTON):
         total, slope, count, s1, _ = sweep(tau)
