@@ -120,7 +120,14 @@ DAMAGE = [
     ("rng.safetensors", lambda p: p.unlink(), "file missing"),
     ("rng.safetensors", lambda p: p.write_bytes(os.urandom(64)), "checksum"),
     ("state.json", lambda p: p.write_text("{"), "not valid JSON"),
+    ("state.json", lambda p: _edit_state(p, epoch="one"), "the saved position must be"),
 ]
+
+
+def _edit_state(path, **changes):
+    data = json.loads(path.read_text())
+    data["state"].update(changes)
+    path.write_text(json.dumps(data))
 
 
 @pytest.mark.parametrize(("name", "damage", "message"), DAMAGE, ids=[d[0] for d in DAMAGE])

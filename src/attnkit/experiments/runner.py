@@ -12,12 +12,7 @@ the random state, and Ctrl-C saves the position inside the epoch (between two st
 from __future__ import annotations
 
 import json
-import math
 import os
-import shlex
-import signal
-import sys
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict
@@ -32,20 +27,15 @@ from attnkit.experiments import checkpoints
 from attnkit.experiments.config import ConfigError, RunConfig, check_output_dir
 from attnkit.experiments.report import metric_rows, write_report
 from attnkit.experiments.threads import choose_threads, count_flops
+from attnkit.experiments.training import (
+    Interrupted,
+    Position,
+    Trainer,
+    TrainingError,
+    resume_command,
+)
 
 __all__ = ["Interrupted", "TrainingError", "load_config", "resume_command", "run"]
-
-
-class TrainingError(RuntimeError):
-    """Training cannot go on (the loss is no longer finite); the message says what to change."""
-
-
-class Interrupted(Exception):
-    """Ctrl-C: what could be saved is saved; ``str()`` says how to continue."""
-
-
-def resume_command(run_dir: Path) -> str:
-    return f"attnkit run --resume {shlex.quote(str(run_dir))}"
 
 
 def load_config(run_dir: Path) -> RunConfig:
@@ -74,54 +64,6 @@ def _distributed() -> tuple[int, int]:
     if world > 1 and not dist.is_initialized():
         dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
     return (dist.get_rank(), world) if world > 1 else (0, 1)
-
-
-def _progress(total: int, desc: str, enabled: bool):
-    from tqdm import tqdm
-
-    return tqdm(
-        total=total,
-        desc=desc,
-        unit="batch",
-        disable=not enabled,
-        file=sys.stderr,
-        dynamic_ncols=True,
-        leave=False,
-    )
-
-
-class _StepGuard:
-    """Ctrl-C arriving inside a training step is held until the step is complete, so the
-    saved position is always between two steps; outside a step it interrupts at once."""
-
-    def __init__(self) -> None:
-        self.in_step = False
-        self.pending = False
-        self._previous = None
-
-    def __enter__(self) -> _StepGuard:
-        if threading.current_thread() is threading.main_thread():
-            self._previous = signal.signal(signal.SIGINT, self._handle)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        if self._previous is not None:
-            signal.signal(signal.SIGINT, self._previous)
-
-    def _handle(self, signum, frame) -> None:
-        if self.in_step and not self.pending:
-            self.pending = True
-            return
-        raise KeyboardInterrupt
-
-    def step_done(self) -> None:
-        self.in_step = False
-        if self.pending:
-            raise KeyboardInterrupt
-
-
-def _format(metrics: dict[str, float]) -> str:
-    return "  ".join(f"{k} {v:.3f}" for k, v in metrics.items())
 
 
 def run(
@@ -185,90 +127,31 @@ def run(
     say(f"threads: {n_threads} ({why})")
     say(f"run directory: {run_dir}")
 
-    state = None
+    position = Position()
     if resume is not None:
         state = checkpoints.load(run_dir, model, optimizer)
         if state is None:
             say(f"no checkpoint in {run_dir} yet: starting at epoch 1")
-    state = state or {"epoch": 0, "step": 0, "loss_sum": 0.0, "history": []}
-    history: list[dict] = state["history"]
-    epoch, step = state["epoch"], state["step"]
-    if resume is not None and epoch >= config.epochs:
-        say(f"all {config.epochs} epochs are trained: evaluating")
-    elif resume is not None and epoch + step > 0:
-        say(f"resuming at epoch {epoch + 1}, step {step + 1} of {steps}")
-    trained = DistributedDataParallel(model) if world > 1 else model
-
-    saved = (epoch, step)
-
-    def save(epoch: int, step: int, loss_sum: float) -> None:
-        nonlocal saved
-        if rank == 0:
-            progress_state = {"epoch": epoch, "step": step, "loss_sum": loss_sum}
-            checkpoints.save(run_dir, model, optimizer, {**progress_state, "history": history})
-        saved = (epoch, step)
-
-    loss_sum = state["loss_sum"]
-    try:
-        with _StepGuard() as guard:
-            while epoch < config.epochs:
-                model.train()
-                # The order depends only on (seed, epoch): a resumed run sees the same batches.
-                order = torch.randperm(
-                    n, generator=torch.Generator().manual_seed(config.seed * 1000 + epoch)
-                )
-                desc = f"epoch {epoch + 1}/{config.epochs}"
-                with _progress(steps, desc, progress and rank == 0) as bar:
-                    bar.update(step)
-                    while step < steps:
-                        guard.in_step = True
-                        batch = order[step * config.batch_size : (step + 1) * config.batch_size]
-                        loss = task.loss(trained, batch.chunk(world)[rank])
-                        value = float(loss.detach())
-                        if not math.isfinite(value):
-                            raise TrainingError(
-                                f"training diverged: the loss is {value} at epoch {epoch + 1}, "
-                                f"step {step + 1} (lr {config.lr:g}); the checkpoints of "
-                                f"completed epochs in {run_dir} are kept. Try a smaller "
-                                + (
-                                    "--lr"
-                                    if not config.supervise_attention
-                                    else "--lr or --supervise-attention"
-                                )
-                            )
-                        optimizer.zero_grad()
-                        loss.backward()
-                        torch.nn.utils.clip_grad_norm_(model.parameters(), 5.0)
-                        optimizer.step()
-                        loss_sum += value
-                        step += 1
-                        bar.set_postfix(loss=f"{loss_sum / step:.4f}")
-                        bar.update()
-                        guard.step_done()
-                record = {"epoch": epoch + 1, "loss": loss_sum / steps}
-                if rank == 0 and task.has_split("validation"):
-                    val = task.evaluate(model, "validation")
-                    record.update({f"val_{k}": v for k, v in val.items()})
-                    say(f"{desc}  loss {record['loss']:.4f}  validation: {_format(val)}")
-                else:
-                    say(f"{desc}  loss {record['loss']:.4f}")
-                history.append(record)
-                epoch, step, loss_sum = epoch + 1, 0, 0.0
-                save(epoch, step, loss_sum)
-                if world > 1:
-                    dist.barrier()
-    except KeyboardInterrupt:
-        if history and history[-1]["epoch"] == epoch + 1:  # stopped between these two lines
-            epoch, step, loss_sum = epoch + 1, 0, 0.0
-        if (epoch, step) != saved:
-            save(epoch, step, loss_sum)
-        if epoch < config.epochs:
-            where = f"epoch {epoch + 1}, after step {step} of {steps}"
         else:
-            where = "training complete, before the final evaluation"
-        raise Interrupted(
-            f"interrupted at {where}; saved in {run_dir}\ncontinue with: {resume_command(run_dir)}"
-        ) from None
+            position = _position(state, checkpoints.latest(run_dir))
+    if resume is not None and position.epoch >= config.epochs:
+        say(f"all {config.epochs} epochs are trained: evaluating")
+    elif resume is not None and position.epoch + position.step > 0:
+        say(f"resuming at epoch {position.epoch + 1}, step {position.step + 1} of {steps}")
+    trainer = Trainer(
+        config,
+        task,
+        model,
+        optimizer,
+        run_dir,
+        position,
+        trained=DistributedDataParallel(model) if world > 1 else None,
+        rank=rank,
+        world=world,
+        say=say,
+        progress=progress,
+    )
+    history = trainer.fit()
     metrics: dict = {}
     if rank == 0:
         metrics = task.final_metrics(model)
@@ -286,3 +169,17 @@ def run(
     if world > 1:
         dist.barrier()
     return run_dir, metrics
+
+
+def _position(state: dict, directory: Path) -> Position:
+    """The training position saved in a checkpoint; CheckpointError naming the file if the
+    saved values are not a position."""
+    kinds = {"epoch": int, "step": int, "loss_sum": (int, float), "history": list}
+    if set(state) != set(kinds) or not all(
+        isinstance(state[k], kind) and not isinstance(state[k], bool) for k, kind in kinds.items()
+    ):
+        raise checkpoints.CheckpointError(
+            f"damaged checkpoint: {directory / checkpoints.MANIFEST}: the saved position must "
+            f"be {', '.join(kinds)} (ints, a number and a list), got {state!r:.200}"
+        )
+    return Position(**state)

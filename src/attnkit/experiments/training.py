@@ -1,0 +1,181 @@
+"""The training loop of ``attnkit run``: epochs of steps, validation and a checkpoint after each
+epoch, a stop on a non-finite loss, and Ctrl-C saving the position between two steps.
+
+The data order depends only on (seed, epoch), and a checkpoint holds the weights, the optimizer,
+the random state and the position (epoch, step, running loss, history), so training resumed from
+any checkpoint gives the same result as training that never stopped.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from attnkit.experiments import checkpoints
+from attnkit.experiments.config import RunConfig
+from attnkit.experiments.interrupts import StepGuard
+from attnkit.tasks.base import Task
+
+__all__ = ["Interrupted", "Position", "Trainer", "TrainingError", "resume_command"]
+
+
+class TrainingError(RuntimeError):
+    """Training cannot go on (the loss is no longer finite); the message says what to change."""
+
+
+class Interrupted(Exception):
+    """Ctrl-C: what could be saved is saved; ``str()`` says how to continue."""
+
+
+def resume_command(run_dir: Path) -> str:
+    import shlex
+
+    return f"attnkit run --resume {shlex.quote(str(run_dir))}"
+
+
+@dataclass
+class Position:
+    """Where training stands: ``step`` steps of epoch ``epoch + 1`` are done (epochs count
+    from 0 here), with ``loss_sum`` their summed loss; ``history`` has one record per
+    completed epoch."""
+
+    epoch: int = 0
+    step: int = 0
+    loss_sum: float = 0.0
+    history: list[dict[str, Any]] = field(default_factory=list)
+
+    def next_epoch(self) -> None:
+        self.epoch, self.step, self.loss_sum = self.epoch + 1, 0, 0.0
+
+
+def _progress(total: int, desc: str, enabled: bool):
+    from tqdm import tqdm
+
+    return tqdm(
+        total=total,
+        desc=desc,
+        unit="batch",
+        disable=not enabled,
+        file=sys.stderr,
+        dynamic_ncols=True,
+        leave=False,
+    )
+
+
+def format_metrics(metrics: dict[str, float]) -> str:
+    return "  ".join(f"{k} {v:.3f}" for k, v in metrics.items())
+
+
+class Trainer:
+    """Trains ``model`` on ``task`` from ``position`` to ``config.epochs``; rank 0 checkpoints
+    into ``run_dir``. ``trained`` is the module that computes the loss (the DDP wrapper when
+    data-parallel)."""
+
+    def __init__(
+        self,
+        config: RunConfig,
+        task: Task,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        run_dir: Path,
+        position: Position,
+        *,
+        trained: nn.Module | None = None,
+        rank: int = 0,
+        world: int = 1,
+        say: Callable[[str], None] = print,
+        progress: bool = True,
+    ) -> None:
+        self.config, self.task, self.model, self.optimizer = config, task, model, optimizer
+        self.run_dir, self.position = run_dir, position
+        self.trained = model if trained is None else trained
+        self.rank, self.world, self.say, self.progress = rank, world, say, progress
+        self.steps = task.n_train() // config.batch_size
+        self._saved = (position.epoch, position.step)
+
+    def save(self) -> None:
+        p = self.position
+        if self.rank == 0:
+            checkpoints.save(self.run_dir, self.model, self.optimizer, asdict(p))
+        self._saved = (p.epoch, p.step)
+
+    def fit(self) -> list[dict[str, Any]]:
+        """Train to the last epoch; return the history. Raises TrainingError or Interrupted."""
+        p = self.position
+        try:
+            with StepGuard() as guard:
+                while p.epoch < self.config.epochs:
+                    self._epoch(guard)
+                    self._end_epoch()
+        except KeyboardInterrupt:
+            if p.history and p.history[-1]["epoch"] == p.epoch + 1:
+                p.next_epoch()  # stopped between recording the epoch and moving on
+            if (p.epoch, p.step) != self._saved:
+                self.save()
+            if p.epoch < self.config.epochs:
+                where = f"epoch {p.epoch + 1}, after step {p.step} of {self.steps}"
+            else:
+                where = "training complete, before the final evaluation"
+            raise Interrupted(
+                f"interrupted at {where}; saved in {self.run_dir}\n"
+                f"continue with: {resume_command(self.run_dir)}"
+            ) from None
+        return p.history
+
+    def _epoch(self, guard: StepGuard) -> None:
+        c, p = self.config, self.position
+        self.model.train()
+        order = torch.randperm(
+            self.task.n_train(), generator=torch.Generator().manual_seed(c.seed * 1000 + p.epoch)
+        )
+        desc = f"epoch {p.epoch + 1}/{c.epochs}"
+        with _progress(self.steps, desc, self.progress and self.rank == 0) as bar:
+            bar.update(p.step)
+            while p.step < self.steps:
+                guard.in_step = True
+                batch = order[p.step * c.batch_size : (p.step + 1) * c.batch_size]
+                loss = self.task.loss(self.trained, batch.chunk(self.world)[self.rank])
+                value = float(loss.detach())
+                if not math.isfinite(value):
+                    raise TrainingError(self._diverged(value))
+                self.optimizer.zero_grad()
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(self.model.parameters(), 5.0)
+                self.optimizer.step()
+                p.loss_sum += value
+                p.step += 1
+                bar.set_postfix(loss=f"{p.loss_sum / p.step:.4f}")
+                bar.update()
+                guard.step_done()
+
+    def _end_epoch(self) -> None:
+        p = self.position
+        record: dict[str, Any] = {"epoch": p.epoch + 1, "loss": p.loss_sum / self.steps}
+        line = f"epoch {p.epoch + 1}/{self.config.epochs}  loss {record['loss']:.4f}"
+        if self.rank == 0 and self.task.has_split("validation"):
+            val = self.task.evaluate(self.model, "validation")
+            record.update({f"val_{k}": v for k, v in val.items()})
+            line += f"  validation: {format_metrics(val)}"
+        self.say(line)
+        p.history.append(record)
+        p.next_epoch()
+        self.save()
+        if self.world > 1:
+            dist.barrier()
+
+    def _diverged(self, value: float) -> str:
+        c, p = self.config, self.position
+        knobs = "--lr or --supervise-attention" if c.supervise_attention else "--lr"
+        return (
+            f"training diverged: the loss is {value} at epoch {p.epoch + 1}, step {p.step + 1} "
+            f"(lr {c.lr:g}); the checkpoints of completed epochs in {self.run_dir} are kept. "
+            f"Try a smaller {knobs}"
+        )
