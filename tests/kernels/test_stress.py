@@ -278,3 +278,22 @@ def test_gradients_agree_under_stress(score, align, offset, sink_row, mask_kind,
     ):
         assert torch.isfinite(g1).all(), name
         _close(g1, g2, max(tol, 100 * conditioning) if name == "p" else tol, f"d/d{name}")
+
+
+@pytest.mark.parametrize("align", sorted(ALIGNMENTS))
+def test_a_nan_key_reaches_only_the_rows_that_may_attend_it(align):
+    att = _build("dot", align, torch.float64)
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(1, 3, DIMS.d_q, generator=g, dtype=torch.float64)
+    k = torch.randn(1, 5, DIMS.d_k, generator=g, dtype=torch.float64)
+    v = torch.randn(1, 5, DIMS.d_v, generator=g, dtype=torch.float64)
+    k[0, 1] = float("nan")
+    mask = torch.ones(1, 3, 5, dtype=torch.bool)
+    mask[0, 0, 1] = mask[0, 2, 1] = False  # rows 0 and 2 may not attend key 1; row 1 may
+    call = Call(q, k, v, att.score, att.align, torch.Size((1, 3, 5)), mask=mask)
+    for label, kw in _paths(call, 2):
+        out = _run(att, q, k, v, None, mask, kw).context
+        assert torch.isfinite(out[0, [0, 2]]).all(), f"{label}: NaN reached a row that masks it"
+        # uniform ignores the scores; a local window may leave key 1 out
+        if registered(align) != "uniform" and not att.align.position_based:
+            assert torch.isnan(out[0, 1]).all(), f"{label}: the row that attends NaN is not NaN"

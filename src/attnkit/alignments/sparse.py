@@ -139,7 +139,11 @@ class _Sparse(Streaming, Alignment):
         # Half precision has too few digits for the threshold search: work in float32.
         work = scores.float() if scores.dtype in (torch.float16, torch.bfloat16) else scores
         filled, keep = _shifted(work, mask, 1.0 / (self.alpha_value() - 1.0) + 1.0)
-        weights = self._map(filled)
+        # A NaN among a row's allowed scores makes that row NaN (as softmax does), instead of
+        # reaching the sorting algorithms, which fail on it with an index error.
+        broken = torch.isnan(filled).any(dim=-1, keepdim=True)
+        weights = self._map(torch.where(broken, torch.zeros((), dtype=filled.dtype), filled))
+        weights = torch.where(broken, torch.full((), float("nan"), dtype=weights.dtype), weights)
         if keep is not None:
             weights = torch.where(keep, weights, torch.zeros((), dtype=weights.dtype))
         return AlignOutput(weights.to(scores.dtype))

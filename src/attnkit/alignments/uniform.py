@@ -29,5 +29,6 @@ class Uniform(Alignment):
         )
         count = allowed.sum(dim=-1, keepdim=True)
         weights = allowed / count.clamp_min(1)
-        # Keep the graph connected (zero gradient) so callers can still backpropagate.
-        return AlignOutput(weights + 0 * scores)
+        # Keep the graph connected (zero gradient) so callers can still backpropagate; the
+        # scores' values never matter, not even a NaN at a masked (padding) key.
+        return AlignOutput(weights + 0 * torch.nan_to_num(scores, nan=0.0, posinf=0.0, neginf=0.0))

@@ -97,8 +97,10 @@ class SDPA(Kernel):
                     f"a {call.k.dtype} bias larger than {_HALF_EXACT} in magnitude would round "
                     "the scores by more than one unit inside SDPA"
                 )
-        if call.mask is not None and not bool(torch.isfinite(call.v).all()):
-            reasons.append("a masked value is not finite (SDPA would let it reach the context)")
+        if call.mask is not None and not (
+            bool(torch.isfinite(call.k).all()) and bool(torch.isfinite(call.v).all())
+        ):
+            reasons.append("a key or value is not finite (SDPA would let a masked one through)")
         return reasons
 
     def attend(self, call: Call) -> AttentionOutput:
