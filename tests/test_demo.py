@@ -24,3 +24,17 @@ def test_table_marks_support_and_entropy():
     row_b = next(line for line in text.splitlines() if line.startswith("b"))
     assert row_b.split("|")[3].strip() == "-"
     assert ak.attention  # the package imports
+
+
+def test_make_demo_is_quick_and_says_what_to_run_next():
+    """The Makefile's demo recipe: the quick run (not the full training), then the way to
+    reach the attnkit command."""
+    from pathlib import Path
+
+    makefile = Path(__file__).resolve().parents[1] / "Makefile"
+    lines = makefile.read_text().split("\ndemo:", 1)[1].split("\n\n", 1)[0].splitlines()
+    commands = [line.strip() for line in lines[1:]]
+    assert "$(PY) -m attnkit run dates --quick" in commands
+    assert not any(c.endswith("attnkit run dates") for c in commands)
+    said = " ".join(c for c in commands if c.startswith("@echo"))
+    assert ".venv/bin/attnkit" in said and "source .venv/bin/activate" in said
