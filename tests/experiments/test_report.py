@@ -68,6 +68,14 @@ def test_curves_have_integer_epoch_ticks_and_a_filled_validation_panel():
     plt.close(fig)
 
 
+def test_the_validation_panel_shows_metrics_with_a_direction_and_says_it():
+    history = [{"epoch": 1, "loss": 1.0, "val_b_first": 0.5, "val_a_error": 0.2, "val_h": 4.0}]
+    fig = curves_figure(history, {**INFO, "h": Metric("entropy", None)})
+    labels = [line.get_label() for line in fig.axes[1].get_lines()]
+    assert labels == ["b_first (higher is better)", "a_error (lower is better)"]
+    plt.close(fig)
+
+
 def test_write_report_explains_the_metrics(tmp_path):
     history = [{"epoch": 1, "loss": 1.0}]
     metrics = {"a_error": 0.1, "b_first": 0.9}

@@ -46,20 +46,25 @@ def _png(fig) -> bytes:
     return buf.getvalue()
 
 
-def curves_figure(history: list[dict]):
-    """Training loss and validation metrics per epoch (integer epoch ticks)."""
+def curves_figure(history: list[dict], info: Mapping[str, Metric] | None = None):
+    """Training loss and validation metrics per epoch (integer epoch ticks). With ``info``,
+    the validation panel shows the metrics that have a better direction (descriptive ones,
+    such as entropy, live on other scales), labelled with it."""
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.2))
     epochs = [h["epoch"] for h in history]
     axes[0].plot(epochs, [h["loss"] for h in history], marker="o")
     axes[0].set(title="training loss (lower is better)", xlabel="epoch", ylabel="loss")
     keys = [k for k in history[0] if k.startswith("val_")]
+    if info is not None:
+        keys = [k for k in keys if k[4:] in info and info[k[4:]].better]
     for k in keys:
-        axes[1].plot(epochs, [h[k] for h in history], marker="o", label=k[4:])
+        label = f"{k[4:]} ({info[k[4:]].reading})" if info else k[4:]
+        axes[1].plot(epochs, [h[k] for h in history], marker="o", label=label)
     axes[1].set(title="validation", xlabel="epoch", ylabel="metric value")
     if keys:
         axes[1].legend(fontsize=7)
     else:
-        axes[1].text(0.5, 0.5, "this task has no validation split", ha="center", va="center")
+        axes[1].text(0.5, 0.5, "no validation metrics", ha="center", va="center")
     for ax in axes:
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     return fig
@@ -74,6 +79,8 @@ def heatmap_figure(item: dict):
         axes[0].set(title="input image", xlabel="pixel column", ylabel="pixel row")
         ax = axes[1]
         shown = ax.imshow(w, cmap="viridis", aspect="equal", vmin=0)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.yaxis.set_major_locator(MaxNLocator(integer=True))
     else:
         fig, ax = plt.subplots(figsize=(max(4, 0.28 * w.shape[1] + 2), 0.3 * w.shape[0] + 1.6))
         shown = ax.imshow(w, cmap="viridis", aspect="auto", vmin=0)
@@ -138,7 +145,7 @@ def write_report(
         data = _png(heatmap_figure(item))
         (run_dir / f"heatmap_{i}.png").write_bytes(data)
         images.append(_img(data, item["title"]))
-    curves = _png(curves_figure(history)) if history else None
+    curves = _png(curves_figure(history, info)) if history else None
     if curves:
         (run_dir / "curves.png").write_bytes(curves)
     body = f"""<h1>attnkit run <code>{html.escape(run_dir.name)}</code></h1>
