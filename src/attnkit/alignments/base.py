@@ -8,6 +8,7 @@ import torch
 from torch import Tensor, nn
 
 from attnkit import taxonomy as tx
+from attnkit.alignments.streaming import Streaming
 from attnkit.registry import Registry
 
 __all__ = ["REGISTRY", "AlignOutput", "Alignment", "masked_log_softmax", "masked_softmax"]
@@ -62,18 +63,23 @@ class Alignment(nn.Module):
 
     - ``normalized``: each row with at least one key sums to 1.
     - ``stochastic``: samples in training mode and returns ``log_prob`` for REINFORCE.
-    - ``streamable``: can be evaluated block by block over keys (chunked kernels).
+    - ``streamable``: can be evaluated block by block over keys (chunked kernels): it
+      implements the streaming protocol (:mod:`attnkit.alignments.streaming`) and this instance
+      has no reason not to stream (e.g. a learned α).
     - ``position_based``: depends on key positions (not invariant to permuting keys).
     """
 
     label: ClassVar[tx.AlignmentKind]
     normalized: bool = True
     stochastic: ClassVar[bool] = False
-    streamable: ClassVar[bool] = False
     position_based: ClassVar[bool] = False
 
     def taxonomy_tags(self) -> list:
         return [self.label]
+
+    @property
+    def streamable(self) -> bool:
+        return isinstance(self, Streaming) and not self.stream_reasons()
 
     def softmax_temperature(self) -> float | None:
         """The constant τ when this alignment is exactly softmax(e/τ) (eq. 25), else None.

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import ClassVar
-
 import torch
 from torch import Tensor
 
@@ -20,7 +18,6 @@ class Sigmoid(Streaming, Alignment):
 
     normalized = False
     label = tx.AlignmentKind.SIGMOID
-    streamable: ClassVar[bool] = True
 
     def forward(
         self, scores: Tensor, mask: Tensor | None = None, *, query: Tensor | None = None

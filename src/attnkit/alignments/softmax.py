@@ -30,7 +30,6 @@ class Softmax(Streaming, Alignment):
     apart, so the weights ignore a constant added to a row at any magnitude.
     """
 
-    streamable: ClassVar[bool] = True
     stream_online: ClassVar[bool] = True
     stream_weights_are_correction: ClassVar[bool] = True
     label = tx.AlignmentKind.GLOBAL

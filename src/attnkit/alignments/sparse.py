@@ -8,7 +8,6 @@ rows, a learnable α, shift-safe evaluation at any logit magnitude, and the stre
 from __future__ import annotations
 
 import math
-from typing import ClassVar
 
 import entmax
 import torch
@@ -123,7 +122,6 @@ def _threshold(tiles: Tiles, alpha: float) -> Tensor:
 
 
 class _Sparse(Streaming, Alignment):
-    streamable: ClassVar[bool] = True
     label = tx.AlignmentKind.SPARSE
 
     def alpha_value(self) -> float:

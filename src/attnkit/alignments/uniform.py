@@ -3,8 +3,6 @@ uniform-weights ablation (Brauwers 4.1; Jain & Wallace)."""
 
 from __future__ import annotations
 
-from typing import ClassVar
-
 import torch
 from torch import Tensor
 
@@ -19,7 +17,6 @@ class Uniform(Alignment):
     """a_l = 1/|{keys the row may attend}|; ignores the scores (which get no gradient)."""
 
     label = tx.AlignmentKind.GLOBAL
-    streamable: ClassVar[bool] = False
 
     def forward(
         self, scores: Tensor, mask: Tensor | None = None, *, query: Tensor | None = None
