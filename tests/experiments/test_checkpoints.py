@@ -6,6 +6,8 @@ import os
 
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from attnkit.experiments import checkpoints
 
@@ -172,3 +174,29 @@ def test_atomic_write_keeps_the_old_file_on_failure(tmp_path):
         checkpoints.atomic_write(target, fail)
     assert target.read_text() == "old"
     assert [p.name for p in tmp_path.iterdir()] == ["f.txt"]
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner),
+    max_leaves=6,
+)
+manifests = (
+    st.fixed_dictionaries({}, optional={"state": json_values, "sha256": json_values | st.just({})})
+    | json_values
+)
+
+
+@settings(
+    max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(content=manifests | st.binary(max_size=40))
+def test_any_manifest_is_loaded_or_refused_with_a_checkpoint_error(tmp_path, content):
+    m, opt = _trained()
+    directory = checkpoints.save(tmp_path, m, opt, {"epoch": 1})
+    raw = content if isinstance(content, bytes) else json.dumps(content).encode()
+    (directory / checkpoints.MANIFEST).write_bytes(raw)
+    try:
+        checkpoints.load(tmp_path, _model(), torch.optim.Adam(_model().parameters()))
+    except checkpoints.CheckpointError as err:
+        assert str(directory / checkpoints.MANIFEST) in str(err) and "\n" not in str(err)

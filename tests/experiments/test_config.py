@@ -1,8 +1,11 @@
 """The run configuration: task defaults from the registry, every bad value named, strict JSON."""
 
+import json
 import math
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from attnkit import tasks
 from attnkit.experiments.config import ConfigError, RunConfig, check_output_dir, parse_value
@@ -100,3 +103,29 @@ def test_output_dir_must_be_new_or_empty(tmp_path):
         check_output_dir(tmp_path / "notes.txt")
     with pytest.raises(ConfigError, match="not writable"):
         check_output_dir(tmp_path / "notes.txt" / "sub")
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner),
+    max_leaves=5,
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.dictionaries(
+        st.sampled_from([*RunConfig.names(), "extra"]) | st.text(max_size=6), json_values
+    )
+)
+def test_any_json_object_is_accepted_or_refused_with_a_config_error(data):
+    """Whatever a config.json holds, loading and resolving it ends in a RunConfig or a
+    ConfigError (which the CLI prints as one line), never another exception."""
+    try:
+        text = json.dumps(data)
+    except ValueError:  # NaN and inf are not JSON
+        return
+    try:
+        RunConfig.from_json(text, source="config.json").resolved()
+    except ConfigError as err:
+        assert "\n" not in str(err)
