@@ -7,18 +7,18 @@ gives — and likewise for F2. As in Lu et al., the features serve as keys and v
 
 from __future__ import annotations
 
-from typing import Literal, NamedTuple
+from typing import ClassVar, Literal, NamedTuple
 
 import torch
 from torch import Tensor, nn
 
-from attnkit import checks
+from attnkit import checks, hooks, masks
 from attnkit import taxonomy as tx
-from attnkit.alignments import masked_softmax
 from attnkit.arguments import sizes
 from attnkit.attention import Attention
 from attnkit.features._pooling import attend_one, key_mask, masked_mean
 from attnkit.layers import HeadwiseLinear
+from attnkit.mechanisms import REGISTRY, example_tensor
 from attnkit.scores import Additive, Score
 
 __all__ = [
@@ -26,6 +26,7 @@ __all__ = [
     "CoAttentionOutput",
     "InteractiveCoAttention",
     "MultiGrainedCoAttention",
+    "MultiGrainedOutput",
     "NestedCoAttention",
     "ParallelCoAttention",
 ]
@@ -63,8 +64,50 @@ class CoAttentionOutput(NamedTuple):
         """concat(c⁽¹⁾, c⁽²⁾), the usual input of the output model."""
         return torch.cat([self.context1, self.context2], dim=-1)
 
+    @property
+    def representation(self) -> Tensor:
+        """concat(c⁽¹⁾, c⁽²⁾) (B, d1 + d2)."""
+        return self.concat()
 
-class AlternatingCoAttention(nn.Module):
+    def named_weights(self) -> dict[str, Tensor]:
+        return {"weights1": self.weights1, "weights2": self.weights2}
+
+
+class MultiGrainedOutput(NamedTuple):
+    """The coarse-grained (interactive) and fine-grained (parallel) co-attention outputs."""
+
+    coarse: CoAttentionOutput
+    fine: CoAttentionOutput
+
+    @property
+    def representation(self) -> Tensor:
+        """The four context vectors concatenated (B, 2·(d1 + d2))."""
+        return torch.cat([self.coarse.concat(), self.fine.concat()], dim=-1)
+
+    def named_weights(self) -> dict[str, Tensor]:
+        coarse = {f"coarse.{k}": w for k, w in self.coarse.named_weights().items()}
+        return coarse | {f"fine.{k}": w for k, w in self.fine.named_weights().items()}
+
+
+class _CoAttention(nn.Module):
+    """What the co-attention mechanisms share: their masks and a small example (B = 2)."""
+
+    masks: ClassVar[dict[str, tuple[str, ...]]] = {"mask1": ("f1",), "mask2": ("f2",)}
+    _example_kwargs: ClassVar[dict[str, int]] = {"d1": 6, "d2": 3, "d_w": 5}
+    _example_sizes: ClassVar[tuple[int, int]] = (6, 3)
+
+    @classmethod
+    def example(cls) -> tuple[nn.Module, tuple, dict]:
+        """(module, (f1 (2, 5, d1), f2 (2, 4, d2)), masks from ``masks.from_lengths``)."""
+        d1, d2 = cls._example_sizes
+        f1, f2 = example_tensor(2, 5, d1, seed=1), example_tensor(2, 4, d2, seed=2)
+        mask1 = masks.from_lengths(torch.tensor([5, 3]), 5)
+        mask2 = masks.from_lengths(torch.tensor([2, 4]), 4)
+        return cls(**cls._example_kwargs), (f1, f2), {"mask1": mask1, "mask2": mask2}
+
+
+@REGISTRY.register("alternating_co_attention")
+class AlternatingCoAttention(_CoAttention):
     """Alternating co-attention (Lu et al.; Brauwers Fig. 4, eqs. 6-9).
 
     c⁽⁰⁾ = self-attentive attention over F1 (eq. 7); c⁽²⁾ = attention over F2 with query c⁽⁰⁾
@@ -107,7 +150,8 @@ class AlternatingCoAttention(nn.Module):
         return CoAttentionOutput(c1, c2, a1, a2)
 
 
-class InteractiveCoAttention(nn.Module):
+@REGISTRY.register("interactive_co_attention")
+class InteractiveCoAttention(_CoAttention):
     """Interactive co-attention (Ma et al.; Brauwers Fig. 5, eqs. 10-11): each input's average
     key (eq. 10) is the query for the other input (eq. 11), in parallel.
 
@@ -149,7 +193,8 @@ class InteractiveCoAttention(nn.Module):
         return CoAttentionOutput(c1, c2, a1, a2)
 
 
-class ParallelCoAttention(nn.Module):
+@REGISTRY.register("parallel_co_attention")
+class ParallelCoAttention(_CoAttention):
     """Parallel co-attention (Lu et al.; Brauwers Fig. 6, eqs. 12-16).
 
     Args:
@@ -196,9 +241,7 @@ class ParallelCoAttention(nn.Module):
             self.W2 = HeadwiseLinear(d2, d_w, bias=False, **kw)
             self.w1 = HeadwiseLinear(d_w, 1, bias=False, **kw)
             self.w2 = HeadwiseLinear(d_w, 1, bias=False, **kw)
-        from attnkit.checks import resolve_alignment
-
-        self.align = resolve_alignment(align)
+        self.align = checks.resolve_alignment(align)
 
     def taxonomy_tags(self) -> list:
         tags: list = [tx.FeatureMultiplicity.PARALLEL_CO_ATTENTION, tx.QueryType.SPECIALIZED]
@@ -255,16 +298,27 @@ class ParallelCoAttention(nn.Module):
         c2 = (a2.unsqueeze(-1) * f2).sum(-2)
         lp1 = None if out1.log_prob is None else out1.log_prob.squeeze(-1)
         lp2 = None if out2.log_prob is None else out2.log_prob.squeeze(-1)
+        hooks.report(self, a1, "weights1")
+        hooks.report(self, a2, "weights2")
         return CoAttentionOutput(c1, c2, a1, a2, lp1, lp2)
 
 
-class NestedCoAttention(nn.Module):
+@REGISTRY.register("nested_co_attention")
+class NestedCoAttention(_CoAttention):
     """Attention-over-attention (Cui et al.; Galassi IV-D2, nested aggregation).
 
     With E = Q Kᵀ (B, n_q, n_k): M1 = softmax of E's rows (over keys), M2 = softmax of E's
     columns (over queries); a_Q = mean over keys of M2 (B, n_q); a_K = M1ᵀ a_Q (B, n_k).
     Parameter-free. F1 plays the keys (document), F2 the queries (question); d1 = d2.
+    ``align`` (softmax by default, as Cui et al.) normalises the rows and the columns.
     """
+
+    _example_kwargs: ClassVar[dict[str, int]] = {}
+    _example_sizes: ClassVar[tuple[int, int]] = (6, 6)
+
+    def __init__(self, *, align: str | nn.Module = "softmax") -> None:
+        super().__init__()
+        self.align = checks.resolve_alignment(align)
 
     def taxonomy_tags(self) -> list:
         return [
@@ -287,16 +341,19 @@ class NestedCoAttention(nn.Module):
         E = f2 @ f1.transpose(-1, -2)  # (B, n_q, n_k)
         mk = None if mask1 is None else mask1.unsqueeze(-2)
         mq = None if mask2 is None else mask2.unsqueeze(-2)
-        m1 = masked_softmax(E, mk)  # over keys
-        m2 = masked_softmax(E.transpose(-1, -2), mq).transpose(-1, -2)  # over queries
+        m1 = self.align(E, mk).weights  # over keys
+        m2 = self.align(E.transpose(-1, -2), mq).weights.transpose(-1, -2)  # over queries
         a_q = masked_mean(m2.transpose(-1, -2), mask1)  # mean over (valid) keys: (B, n_q)
         a_k = (m1 * a_q.unsqueeze(-1)).sum(-2)  # M1ᵀ a_Q
         c1 = (a_k.unsqueeze(-1) * f1).sum(-2)
         c2 = (a_q.unsqueeze(-1) * f2).sum(-2)
+        hooks.report(self, a_k, "weights1")
+        hooks.report(self, a_q, "weights2")
         return CoAttentionOutput(c1, c2, a_k, a_q)
 
 
-class MultiGrainedCoAttention(nn.Module):
+@REGISTRY.register("multi_grained_co_attention")
+class MultiGrainedCoAttention(_CoAttention):
     """Multi-grained co-attention (Fan et al.; Brauwers 3.1.1): coarse-grained (interactive)
     and fine-grained (parallel) co-attention together; the four context vectors are returned
     and concatenated."""
@@ -323,11 +380,13 @@ class MultiGrainedCoAttention(nn.Module):
 
     def forward(
         self, f1: Tensor, f2: Tensor, mask1: Tensor | None = None, mask2: Tensor | None = None
-    ) -> tuple[CoAttentionOutput, CoAttentionOutput]:
+    ) -> MultiGrainedOutput:
         """(coarse, fine) outputs; inputs and mask shapes as :class:`InteractiveCoAttention`."""
-        return self.coarse(f1, f2, mask1, mask2), self.fine(f1, f2, mask1, mask2)
+        return MultiGrainedOutput(
+            self.coarse(f1, f2, mask1, mask2), self.fine(f1, f2, mask1, mask2)
+        )
 
     @staticmethod
-    def concat(outputs: tuple[CoAttentionOutput, CoAttentionOutput]) -> Tensor:
+    def concat(outputs: MultiGrainedOutput | tuple[CoAttentionOutput, CoAttentionOutput]) -> Tensor:
         coarse, fine = outputs
         return torch.cat([coarse.context1, coarse.context2, fine.context1, fine.context2], -1)

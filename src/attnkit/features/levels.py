@@ -3,21 +3,43 @@ hierarchical attention (Yang et al., Fig. 8)."""
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import ClassVar, NamedTuple
 
 import torch
 from torch import Tensor, nn
 
-from attnkit import checks
+from attnkit import checks, masks
 from attnkit import taxonomy as tx
 from attnkit.arguments import sizes
 from attnkit.attention import Attention
 from attnkit.features._pooling import key_mask
+from attnkit.mechanisms import REGISTRY, example_tensor
 from attnkit.scores import Additive, Score
 
-__all__ = ["AttentionViaAttention", "HierarchicalAttention", "HierarchicalOutput"]
+__all__ = [
+    "AttentionViaAttention",
+    "HierarchicalAttention",
+    "HierarchicalOutput",
+    "ViaAttentionOutput",
+]
 
 
+class ViaAttentionOutput(NamedTuple):
+    """concat(c⁽ʷ⁾, c⁽ᶜ⁾) (…, d_word + d_char), word weights (…, n_w), char weights (…, n_c)."""
+
+    output: Tensor
+    word_weights: Tensor
+    char_weights: Tensor
+
+    @property
+    def representation(self) -> Tensor:
+        return self.output
+
+    def named_weights(self) -> dict[str, Tensor]:
+        return {"word_weights": self.word_weights, "char_weights": self.char_weights}
+
+
+@REGISTRY.register("attention_via_attention")
 class AttentionViaAttention(nn.Module):
     """The query attends to word-level features, giving c⁽ʷ⁾; concat(q, c⁽ʷ⁾) then attends to
     character-level features, giving c⁽ᶜ⁾; the output is concat(c⁽ʷ⁾, c⁽ᶜ⁾) (Fig. 7).
@@ -47,6 +69,18 @@ class AttentionViaAttention(nn.Module):
         self.word = Attention(word_score or Additive(d_q, d_word, d_w, **kw))
         self.char = Attention(char_score or Additive(d_q + d_word, d_char, d_w, **kw))
 
+    masks: ClassVar[dict[str, tuple[str, ...]]] = {"word_mask": ("words",), "char_mask": ("chars",)}
+
+    @classmethod
+    def example(cls) -> tuple[nn.Module, tuple, dict]:
+        """(module, (query (2, 3), words (2, 4, 4), chars (2, 7, 5)), masks)."""
+        words, chars = example_tensor(2, 4, 4, seed=2), example_tensor(2, 7, 5, seed=3)
+        kwargs = {
+            "word_mask": masks.from_lengths(torch.tensor([4, 2]), 4),
+            "char_mask": masks.from_lengths(torch.tensor([3, 7]), 7),
+        }
+        return cls(3, 4, 5, 6), (example_tensor(2, 3, seed=1), words, chars), kwargs
+
     def taxonomy_tags(self) -> list:
         return [tx.FeatureLevels.ATTENTION_VIA_ATTENTION]
 
@@ -57,7 +91,7 @@ class AttentionViaAttention(nn.Module):
         chars: Tensor,
         word_mask: Tensor | None = None,
         char_mask: Tensor | None = None,
-    ):
+    ) -> ViaAttentionOutput:
         """query (B, M, d_q) or (B, d_q); words (B, n_w, d_word); chars (B, n_c, d_char);
         word_mask (B, n_w) or (B, 1, n_w), char_mask (B, n_c) or (B, 1, n_c) boolean (True = a
         real word / character).
@@ -82,8 +116,8 @@ class AttentionViaAttention(nn.Module):
         c = self.char(q_c, chars, mask=key_mask(char_mask), need_weights=True)
         out = torch.cat([w.context, c.context], dim=-1)
         if squeeze:
-            return out.squeeze(-2), w.weights.squeeze(-2), c.weights.squeeze(-2)
-        return out, w.weights, c.weights
+            return ViaAttentionOutput(out.squeeze(-2), w.weights.squeeze(-2), c.weights.squeeze(-2))
+        return ViaAttentionOutput(out, w.weights, c.weights)
 
 
 class HierarchicalOutput(NamedTuple):
@@ -95,7 +129,15 @@ class HierarchicalOutput(NamedTuple):
     word_weights: Tensor
     sentence_weights: Tensor
 
+    @property
+    def representation(self) -> Tensor:
+        return self.document
 
+    def named_weights(self) -> dict[str, Tensor]:
+        return {"word_weights": self.word_weights, "sentence_weights": self.sentence_weights}
+
+
+@REGISTRY.register("hierarchical")
 class HierarchicalAttention(nn.Module):
     """Words → sentence vectors → document vector, self-attentive at each level (Yang et al.;
     Brauwers Fig. 8): c⁽ˢ⁾ = attention over sentence s's words; c⁽ᴰ⁾ = attention over the c⁽ˢ⁾.
@@ -134,6 +176,15 @@ class HierarchicalAttention(nn.Module):
         self.sentence = Attention(sentence_score or Additive(None, d, d_w, **kw))
         self.sentence_encoder = sentence_encoder
 
+    masks: ClassVar[dict[str, tuple[str, ...]]] = {"word_mask": ("words",)}
+
+    @classmethod
+    def example(cls) -> tuple[nn.Module, tuple, dict]:
+        """(module, (words (2, 3, 4, 4),), a (2, 3, 4) word mask with an empty sentence)."""
+        lengths = torch.tensor([[4, 2, 1], [3, 0, 0]])
+        mask = masks.from_lengths(lengths.flatten(), 4).reshape(2, 3, 4)
+        return cls(4, 5), (example_tensor(2, 3, 4, 4, seed=1),), {"word_mask": mask}
+
     def taxonomy_tags(self) -> list:
         return [tx.FeatureLevels.HIERARCHICAL]
 
@@ -142,12 +193,11 @@ class HierarchicalAttention(nn.Module):
         (a sentence with no real word is padding)."""
         words = checks.features(words, "words", self.d, rank=4)
         word_mask = checks.feature_mask(word_mask, words, "word_mask", "words")
-        b, s, w, d = words.shape
-        flat = words.reshape(b * s, w, d)
-        wm = None if word_mask is None else word_mask.reshape(b * s, 1, w)
-        level1 = self.word(None, flat, mask=wm, need_weights=True)
-        sentences = level1.context.reshape(b, s, -1)
-        word_weights = level1.weights.reshape(b, s, w)
+        # Every sentence attends over its words at once: the sentence dim is a batch dim.
+        wm = None if word_mask is None else word_mask.unsqueeze(-2)  # (B, S, 1, W)
+        level1 = self.word(None, words, mask=wm, need_weights=True)
+        sentences = level1.context.squeeze(-2)  # (B, S, d)
+        word_weights = level1.weights.squeeze(-2)  # (B, S, W)
         if self.sentence_encoder is not None:
             encoded = self.sentence_encoder(sentences)
             # RNN modules return (output, state): take the output.

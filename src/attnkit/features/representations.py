@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import ClassVar, NamedTuple
 
 import torch
 from torch import Tensor, nn
@@ -11,6 +11,7 @@ from attnkit import checks
 from attnkit import taxonomy as tx
 from attnkit.arguments import sizes
 from attnkit.attention import Attention
+from attnkit.mechanisms import REGISTRY, example_tensor
 from attnkit.scores import Additive, Score
 
 __all__ = ["MetaEmbedding", "MetaEmbeddingOutput"]
@@ -22,7 +23,15 @@ class MetaEmbeddingOutput(NamedTuple):
     embedding: Tensor
     weights: Tensor
 
+    @property
+    def representation(self) -> Tensor:
+        return self.embedding
 
+    def named_weights(self) -> dict[str, Tensor]:
+        return {"weights": self.weights}
+
+
+@REGISTRY.register("meta_embedding")
 class MetaEmbedding(nn.Module):
     """x⁽ᵗⁱ⁾ = W_{e_i} x⁽ᵉⁱ⁾ + b_{e_i} (eq. 21); a = align(score(x⁽ᵗ¹⁾ … x⁽ᵗᴱ⁾)) by
     self-attention over the E projected embeddings; x⁽ᵉ⁾ = Σ_i a_i x⁽ᵗⁱ⁾ (eq. 22).
@@ -52,6 +61,14 @@ class MetaEmbedding(nn.Module):
         kw = {"device": device, "dtype": dtype}
         self.project = nn.ModuleList([nn.Linear(d, d_t, **kw) for d in dims])
         self.attention = Attention(score or Additive(None, d_t, d_w, **kw))
+
+    masks: ClassVar[dict[str, tuple[str, ...]]] = {}
+
+    @classmethod
+    def example(cls) -> tuple[nn.Module, tuple, dict]:
+        """(module, ([x⁽ᵉ¹⁾ (2, 3, 3), x⁽ᵉ²⁾ (2, 3, 5)],), {})."""
+        embeddings = [example_tensor(2, 3, 3, seed=1), example_tensor(2, 3, 5, seed=2)]
+        return cls([3, 5], 4, 6), (embeddings,), {}
 
     def taxonomy_tags(self) -> list:
         return [tx.FeatureRepresentations.MULTI]

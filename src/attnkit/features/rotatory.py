@@ -4,16 +4,17 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import ClassVar, NamedTuple
 
 import torch
 from torch import Tensor, nn
 
-from attnkit import arguments, checks
+from attnkit import arguments, checks, masks
 from attnkit import taxonomy as tx
 from attnkit.arguments import sizes
 from attnkit.attention import Attention
 from attnkit.features._pooling import attend_one, masked_mean
+from attnkit.mechanisms import REGISTRY, example_tensor
 from attnkit.scores import ActivatedGeneral, Score
 
 __all__ = ["RotatoryAttention", "RotatoryOutput"]
@@ -28,7 +29,16 @@ class RotatoryOutput(NamedTuple):
     weights_target_left: Tensor
     weights_target_right: Tensor
 
+    def named_weights(self) -> dict[str, Tensor]:
+        return {
+            "weights_left": self.weights_left,
+            "weights_right": self.weights_right,
+            "weights_target_left": self.weights_target_left,
+            "weights_target_right": self.weights_target_right,
+        }
 
+
+@REGISTRY.register("rotatory")
 class RotatoryAttention(nn.Module):
     """Left context, target and right context attend to one another in rotation.
 
@@ -84,6 +94,27 @@ class RotatoryAttention(nn.Module):
             )
 
         self.rounds = nn.ModuleList([four(d_t, d_t) for _ in range(rounds)])
+
+    masks: ClassVar[dict[str, tuple[str, ...]]] = {
+        "mask_left": ("left",),
+        "mask_target": ("target",),
+        "mask_right": ("right",),
+    }
+
+    @classmethod
+    def example(cls) -> tuple[nn.Module, tuple, dict]:
+        """(LCR-Rot-hop with 2 hops, (left (2, 5, 4), target (2, 3, 4), right (2, 6, 4)),
+        masks)."""
+        args = tuple(example_tensor(2, n, 4, seed=s) for s, n in enumerate((5, 3, 6)))
+        kwargs = {
+            name: masks.from_lengths(torch.tensor(lengths), n)
+            for name, lengths, n in (
+                ("mask_left", [5, 2], 5),
+                ("mask_target", [3, 1], 3),
+                ("mask_right", [4, 6], 6),
+            )
+        }
+        return cls(4, 4, 4, hops=2), args, kwargs
 
     def taxonomy_tags(self) -> list:
         tags: list = [tx.FeatureMultiplicity.ROTATORY, tx.QueryType.SPECIALIZED]

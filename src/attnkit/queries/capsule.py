@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import ClassVar, NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnkit import checks
+from attnkit import checks, masks
 from attnkit import taxonomy as tx
 from attnkit.arguments import sizes
-from attnkit.checks import resolve_alignment
+from attnkit.attention import Attention
 from attnkit.features._pooling import key_mask, masked_mean
+from attnkit.mechanisms import REGISTRY, example_tensor
 
 __all__ = ["CapsuleAttention", "CapsuleOutput", "capsule_loss"]
 
@@ -26,14 +27,32 @@ class CapsuleOutput(NamedTuple):
     representations: Tensor
     weights: Tensor
 
+    @property
+    def representation(self) -> Tensor:
+        """The capsules' representations r_c (B, C, d_v)."""
+        return self.representations
 
+    def named_weights(self) -> dict[str, Tensor]:
+        return {"weights": self.weights}
+
+
+@REGISTRY.register("capsule")
 class CapsuleAttention(nn.Module):
     """One capsule per class: a learned query q_c with e_{c,l} = q_cᵀ k_l (eq. 43), context c_c,
     probability p_c = σ(w_cᵀ c_c + b_c) (eq. 44), representation r_c = p_c c_c (eq. 45).
 
     Keys and values are the features (d_k = d_v = d_f), as the reconstruction loss compares r_c
-    with the mean feature vector.
+    with the mean feature vector. The C queries attend through :class:`attnkit.Attention` with
+    the dot score and ``align`` (softmax by default).
     """
+
+    masks: ClassVar[dict[str, tuple[str, ...]]] = {"mask": ("features",)}
+
+    @classmethod
+    def example(cls) -> tuple[nn.Module, tuple, dict]:
+        """(3 capsules over 4 features, (features (2, 5, 4),), a mask)."""
+        mask = masks.from_lengths(torch.tensor([5, 2]), 5)
+        return cls(4, 3), (example_tensor(2, 5, 4, seed=1),), {"mask": mask}
 
     def __init__(
         self,
@@ -51,7 +70,7 @@ class CapsuleAttention(nn.Module):
         self.queries = nn.Parameter(torch.randn(n_classes, d_f, **kw) / d_f**0.5)
         self.w = nn.Parameter(torch.randn(n_classes, d_f, **kw) / d_f**0.5)
         self.b = nn.Parameter(torch.zeros(n_classes, **kw))
-        self.align = resolve_alignment(align)
+        self.attention = Attention("dot", align)
 
     def taxonomy_tags(self) -> list:
         return [
@@ -64,9 +83,9 @@ class CapsuleAttention(nn.Module):
         """features (B, n, d_f); mask None, (B, n) or (B, 1, n) boolean, True = a real feature."""
         features = checks.features(features, "features", self.d_f, what="d_f")
         mask = checks.feature_mask(mask, features, "mask", "features")
-        e = torch.einsum("cd,bnd->bcn", self.queries, features)  # eq. 43
-        a = self.align(e, key_mask(mask)).weights
-        c = a @ features  # (B, C, d)
+        q = self.queries.expand(features.shape[0], *self.queries.shape)
+        out = self.attention(q, features, features, mask=key_mask(mask), need_weights=True)
+        a, c = out.weights, out.context  # e_{c,l} = q_cᵀ k_l (eq. 43); c_c (B, C, d)
         p = torch.sigmoid((c * self.w).sum(-1) + self.b)  # eq. 44
         return CapsuleOutput(p, c, p.unsqueeze(-1) * c, a)  # eq. 45
 

@@ -4,16 +4,17 @@ the same with one distribution per label."""
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import ClassVar, NamedTuple
 
 import torch
 from torch import Tensor, nn
 
-from attnkit import checks
+from attnkit import checks, hooks, masks
 from attnkit import taxonomy as tx
 from attnkit.arguments import sizes
 from attnkit.checks import resolve_alignment
 from attnkit.features._pooling import key_mask
+from attnkit.mechanisms import REGISTRY, example_tensor
 from attnkit.scores import Additive
 
 __all__ = ["ImportanceMatrixAttention", "LabelWiseAttention", "MultiOutput", "frobenius_penalty"]
@@ -25,14 +26,32 @@ class MultiOutput(NamedTuple):
     contexts: Tensor
     weights: Tensor
 
+    @property
+    def representation(self) -> Tensor:
+        """The r context vectors C (B, r, d_v)."""
+        return self.contexts
 
+    def named_weights(self) -> dict[str, Tensor]:
+        return {"weights": self.weights}
+
+
+@REGISTRY.register("importance_matrix")
 class ImportanceMatrixAttention(nn.Module):
     """A = align(W_imp act(W k_l + b)) with W_imp ∈ R^{r×d_w}: r self-attentive distributions over
     the n keys (Lin et al.'s structured self-attention), C = A V.
 
     The score is the additive self-attentive score with r outputs (``Additive(None, d_k, d_w,
-    d_out=r)``), aligned over keys separately for each of the r rows.
+    d_out=r)``), aligned over keys separately for each of the r rows; the weights are reported
+    to :mod:`attnkit.hooks`.
     """
+
+    masks: ClassVar[dict[str, tuple[str, ...]]] = {"mask": ("keys", "values")}
+
+    @classmethod
+    def example(cls) -> tuple[nn.Module, tuple, dict]:
+        """(3 distributions, (keys (2, 6, 4), values (2, 6, 2)), a mask)."""
+        args = (example_tensor(2, 6, 4, seed=1), example_tensor(2, 6, 2, seed=2))
+        return cls(4, 5, 3), args, {"mask": masks.from_lengths(torch.tensor([6, 3]), 6)}
 
     def __init__(
         self,
@@ -73,9 +92,11 @@ class ImportanceMatrixAttention(nn.Module):
         mask = checks.feature_mask(mask, keys, "mask", "keys")
         e = self.score(None, keys).squeeze(-3).transpose(-1, -2)  # (B, r, n)
         a = self.align(e, key_mask(mask)).weights
+        hooks.report(self, a)
         return MultiOutput(a @ values, a)
 
 
+@REGISTRY.register("label_wise")
 class LabelWiseAttention(ImportanceMatrixAttention):
     """One attention distribution per label (Galassi IV-D1): an importance matrix with
     ``n_labels`` rows."""

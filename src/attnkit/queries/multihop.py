@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Literal, NamedTuple
+from typing import ClassVar, Literal, NamedTuple
 
 import torch
 from torch import Tensor, nn
 
-from attnkit import arguments, checks
+from attnkit import arguments, checks, masks
 from attnkit import taxonomy as tx
 from attnkit.arguments import sizes
 from attnkit.attention import Attention
 from attnkit.features._pooling import key_mask, masked_mean
+from attnkit.mechanisms import REGISTRY, example_tensor
 from attnkit.scores import Additive
 
 __all__ = ["MultiHop", "MultiHopOutput"]
@@ -24,7 +25,16 @@ class MultiHopOutput(NamedTuple):
     contexts: Tensor
     weights: Tensor
 
+    @property
+    def representation(self) -> Tensor:
+        """The final context c⁽ˢ⁾ (B, d_v)."""
+        return self.context
 
+    def named_weights(self) -> dict[str, Tensor]:
+        return {"weights": self.weights}
+
+
+@REGISTRY.register("multi_hop")
 class MultiHop(nn.Module):
     """S rounds of attention that refine the query and the context:
 
@@ -71,6 +81,16 @@ class MultiHop(nn.Module):
         self.attentions = nn.ModuleList(
             [Attention(Additive(d_q + d_v, d_k, d_w, **kw), align) for _ in range(n)]
         )
+
+    masks: ClassVar[dict[str, tuple[str, ...]]] = {"mask": ("keys", "values")}
+
+    @classmethod
+    def example(cls) -> tuple[nn.Module, tuple, dict]:
+        """(2 hops, (query (2, 3), keys (2, 6, 4), values (2, 6, 5)), a mask)."""
+        shapes = ((2, 3), (2, 6, 4), (2, 6, 5))
+        args = tuple(example_tensor(*shape, seed=s) for s, shape in enumerate(shapes))
+        mask = masks.from_lengths(torch.tensor([6, 2]), 6)
+        return cls(3, 4, 5, hops=2, d_w=6), args, {"mask": mask}
 
     def taxonomy_tags(self) -> list:
         return [tx.QueryMultiplicity.MULTI_HOP]

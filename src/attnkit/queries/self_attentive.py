@@ -7,20 +7,37 @@ The constant- and learned-query forms of eqs. 33-34 are score functions:
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from typing import ClassVar, Literal, NamedTuple
 
 import torch
 from torch import Tensor, nn
 
-from attnkit import arguments, checks
+from attnkit import arguments, checks, masks
 from attnkit import taxonomy as tx
 from attnkit.arguments import sizes
 from attnkit.attention import Attention
+from attnkit.mechanisms import REGISTRY, example_tensor
 from attnkit.output import AttentionOutput
 
-__all__ = ["QueryTagged", "SelfAttention"]
+__all__ = ["QueryTagged", "SelfAttention", "SelfAttentionOutput"]
 
 
+class SelfAttentionOutput(NamedTuple):
+    """The new features (B, n, d_f) and the attention output (weights with need_weights)."""
+
+    features: Tensor
+    attention: AttentionOutput
+
+    @property
+    def representation(self) -> Tensor:
+        return self.features
+
+    def named_weights(self) -> dict[str, Tensor]:
+        weights = self.attention.weights
+        return {} if weights is None else {"weights": weights}
+
+
+@REGISTRY.register("self_attention")
 class SelfAttention(nn.Module):
     """Each feature vector queries all of them: Q = W_Q F (eq. 35), K = W_K F, V = W_V F (eq. 1);
     the context vectors become the new features, either as they are, f_new = c (eq. 36,
@@ -62,12 +79,20 @@ class SelfAttention(nn.Module):
         self.update = update
         self.norm = nn.LayerNorm(d_f, **kw) if update == "residual" else None
 
+    masks: ClassVar[dict[str, tuple[str, ...]]] = {"mask": ("f",)}
+
+    @classmethod
+    def example(cls) -> tuple[nn.Module, tuple, dict]:
+        """(module, (f (2, 5, 4),), a padding mask (2, 1, 5))."""
+        mask = masks.from_lengths(torch.tensor([5, 3]), 5)
+        return cls(4, 3), (example_tensor(2, 5, 4, seed=1),), {"mask": mask}
+
     def taxonomy_tags(self) -> list:
         return [tx.QueryType.SELF_ATTENTIVE]
 
     def forward(
         self, f: Tensor, mask: Tensor | None = None, need_weights: bool = False
-    ) -> tuple[Tensor, AttentionOutput]:
+    ) -> SelfAttentionOutput:
         """f (B, n, d_f) -> (new features (B, n, d_f), the attention output).
 
         ``mask`` is an attention mask with three dims: (B, 1, n) (padding, as
@@ -85,8 +110,8 @@ class SelfAttention(nn.Module):
             self.W_Q(f), self.W_K(f), self.W_V(f), mask=mask, need_weights=need_weights
         )
         if self.norm is None:
-            return out.context, out  # eq. 36
-        return self.norm(f + out.context), out  # eq. 37
+            return SelfAttentionOutput(out.context, out)  # eq. 36
+        return SelfAttentionOutput(self.norm(f + out.context), out)  # eq. 37
 
 
 class QueryTagged(nn.Module):

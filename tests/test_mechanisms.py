@@ -1,0 +1,192 @@
+"""The contract every registered mechanism meets (DESIGN 7), from ``mechanisms.example`` alone:
+one output family, batch == items, mask == truncation, gradients to every parameter, float64
+and bfloat16, ``.to()``, capture and ``describe``."""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+import torch
+
+import attnkit as ak
+from attnkit import mechanisms
+
+NAMES = mechanisms.available()
+
+
+def _map(x, fn):
+    """Apply ``fn`` to every floating tensor in nested tuples, lists and dicts."""
+    if isinstance(x, torch.Tensor):
+        return fn(x) if x.is_floating_point() else x
+    if isinstance(x, (list, tuple)):
+        return type(x)(_map(y, fn) for y in x)
+    if isinstance(x, dict):
+        return {k: _map(v, fn) for k, v in x.items()}
+    return x
+
+
+def _item(x, b):
+    """Batch item b of every tensor (floating or not), keeping the batch dim."""
+    if isinstance(x, torch.Tensor):
+        return x[b : b + 1]
+    if isinstance(x, (list, tuple)):
+        return type(x)(_item(y, b) for y in x)
+    if isinstance(x, dict):
+        return {k: _item(v, b) for k, v in x.items()}
+    return x
+
+
+def _example(name, dtype=torch.float64):
+    torch.manual_seed(0)
+    module, args, kwargs = mechanisms.example(name)
+    module = module.to(dtype).eval()
+    return module, _map(args, lambda t: t.to(dtype)), _map(kwargs, lambda t: t.to(dtype))
+
+
+def test_every_feature_and_query_mechanism_is_registered():
+    assert set(NAMES) >= {
+        "alternating_co_attention",
+        "interactive_co_attention",
+        "parallel_co_attention",
+        "nested_co_attention",
+        "multi_grained_co_attention",
+        "rotatory",
+        "attention_via_attention",
+        "hierarchical",
+        "meta_embedding",
+        "capsule",
+        "importance_matrix",
+        "label_wise",
+        "multi_hop",
+        "self_attention",
+    }
+
+
+def test_registry_is_loud():
+    with pytest.raises(ValueError, match=r"unknown mechanism 'capsul'; did you mean 'capsule'"):
+        mechanisms.build("capsul")
+    with pytest.raises(TypeError, match=r"mechanism 'capsule' got an unexpected argument 'd'"):
+        mechanisms.build("capsule", d=4, n_classes=3)
+    assert isinstance(mechanisms.build("capsule", d_f=4, n_classes=3), ak.queries.CapsuleAttention)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_one_output_family(name):
+    module, args, kwargs = _example(name)
+    out = module(*args, **kwargs)
+    assert isinstance(out, mechanisms.MechanismOutput)
+    assert isinstance(out, tuple) and hasattr(type(out), "_fields")  # a typed (named) tuple
+    assert out.representation.shape[0] == 2
+    for wname, w in out.named_weights().items():
+        assert w.shape[0] == 2, wname
+        assert torch.isfinite(w).all() and (w >= 0).all(), wname
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_batch_equals_items(name):
+    module, args, kwargs = _example(name)
+    batched = module(*args, **kwargs).representation
+    for b in range(2):
+        alone = module(*_item(args, b), **_item(kwargs, b)).representation
+        torch.testing.assert_close(batched[b : b + 1], alone, atol=1e-12, rtol=1e-10)
+
+
+def _truncated_inputs(module, args, kwargs, lengths):
+    """The call with masks from ``masks.from_lengths`` for every mask the mechanism declares,
+    and, per item, the call with the inputs each mask covers truncated and no masks."""
+    named = dict(inspect.signature(module.forward).bind(*args, **kwargs).arguments)
+    batched, keep = dict(named), {}
+    for mask_name, input_names in type(module).masks.items():
+        x = named[input_names[0]]
+        n = x.shape[-2]
+        keep[mask_name] = torch.tensor(lengths[: x.shape[0]]) % n + 1
+        mask = ak.masks.from_lengths(keep[mask_name], n)
+        for _ in range(x.dim() - 3):  # (B, …, 1, n) for inputs with more dims, e.g. (B, S, W, d)
+            mask = mask.unsqueeze(1)
+        batched[mask_name] = mask.expand(*x.shape[:-2], 1, n)
+    items = []
+    for b in range(2):
+        alone = {k: _item(v, b) for k, v in named.items()}
+        for mask_name, input_names in type(module).masks.items():
+            for input_name in input_names:
+                alone[input_name] = alone[input_name][..., : int(keep[mask_name][b]), :]
+            alone[mask_name] = None
+        items.append(alone)
+    return batched, items
+
+
+@pytest.mark.parametrize("name", [n for n in NAMES if mechanisms.REGISTRY.get(n).masks])
+@pytest.mark.parametrize("lengths", [[4, 1], [1, 2]])
+def test_mask_equals_truncation(name, lengths):
+    module, args, kwargs = _example(name)
+    batched, items = _truncated_inputs(module, args, kwargs, lengths)
+    out = module(**batched).representation
+    for b, alone in enumerate(items):
+        ref = module(**alone).representation
+        got = out[b : b + 1][tuple(slice(0, s) for s in ref.shape)]  # drop padded query rows
+        torch.testing.assert_close(got, ref, atol=1e-12, rtol=1e-10)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_gradients_reach_every_parameter(name):
+    module, args, kwargs = _example(name)
+    args = _map(args, lambda t: t.requires_grad_())
+    rep = module(*args, **kwargs).representation
+    r = torch.randn(rep.shape, generator=torch.Generator().manual_seed(1), dtype=rep.dtype)
+    (rep * r).sum().backward()
+    for pname, p in module.named_parameters():
+        assert p.grad is not None and p.grad.abs().sum() > 0, pname
+    for x in [x for x in args if isinstance(x, torch.Tensor)]:
+        assert x.grad is not None and x.grad.abs().sum() > 0  # and the inputs
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_float64_and_bfloat16(name):
+    ref = _example(name, torch.float64)
+    out64 = ref[0](*ref[1], **ref[2]).representation
+    assert out64.dtype == torch.float64
+    m32, a32, k32 = _example(name, torch.float32)
+    out32 = m32(*a32, **k32).representation
+    torch.testing.assert_close(out32.double(), out64, atol=1e-5, rtol=1e-4)
+    m16, a16, k16 = _example(name, torch.bfloat16)
+    out16 = m16(*a16, **k16).representation
+    assert out16.dtype == torch.bfloat16 and torch.isfinite(out16).all()
+    torch.testing.assert_close(out16.double(), out64, atol=0.1, rtol=0.1)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_to_moves_every_parameter_and_buffer(name):
+    module, _, _ = mechanisms.example(name)
+    tensors = [*module.parameters(), *module.buffers()]
+    assert all(t.dtype == torch.float64 for t in [*module.to(torch.float64).parameters()])
+    assert {t.device.type for t in module.to("meta").parameters()} <= {"meta"}
+    assert len(tensors) == len([*module.parameters(), *module.buffers()])
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_capture_sees_the_weights(name):
+    module, args, kwargs = _example(name)
+    with ak.evaluation.capture(module) as records:
+        out = module(*args, **kwargs)
+    assert records, "no weights reported to attnkit.hooks"
+    for key, calls in records.items():
+        assert all(w.shape[0] == 2 for w in calls), key
+    # The weights the output names are those captured (per hop for stacked hops; the core
+    # reports a single query's weights with their M = 1 row).
+    captured = [w for calls in records.values() for w in calls]
+
+    def seen(w):
+        return any(c.numel() == w.numel() and torch.equal(c.reshape(w.shape), w) for c in captured)
+
+    for wname, w in out.named_weights().items():
+        w = w.detach()
+        assert seen(w) or all(seen(w[:, i]) for i in range(w.shape[1])), wname
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_describe_gives_a_taxonomy_row(name):
+    module, _, _ = mechanisms.example(name)
+    row = ak.describe(module)
+    assert any(cell != "-" for cell in row.cells())
+    assert row.to_markdown(name).count("|") > 8
