@@ -85,6 +85,10 @@ class RunConfig:
                 f"batch_size {out.batch_size} is larger than the training set (n_train = "
                 f"{out.n_train}): no training step would run"
             )
+        try:
+            task.validate(out)
+        except ValueError as err:
+            raise ConfigError(str(err)) from None
         try:  # build the attention once, small, so a bad name fails before anything is written
             parts.build_attention(out.score, out.align, 4, 4)
         except (ValueError, TypeError) as err:

@@ -57,6 +57,11 @@ class Task:
     def __init__(self, config: Any) -> None:
         self.config = config
 
+    @classmethod
+    def validate(cls, config: Any) -> None:
+        """Raise ValueError, naming the key, for a resolved configuration this task cannot
+        honour (e.g. more examples than the task can make). Called before anything is made."""
+
     def build_model(self) -> nn.Module:
         """A freshly initialised model for this task and configuration."""
         raise NotImplementedError

@@ -18,7 +18,7 @@ from attnkit.evaluation import (
 )
 from attnkit.models.seq2seq import Seq2SeqAttention
 from attnkit.tasks.base import REGISTRY, Metric, Task
-from attnkit.tasks.dates import OUTPUT_LEN, Vocab, make_dates
+from attnkit.tasks.dates import END, OUTPUT_LEN, START, Vocab, make_dates
 from attnkit.tasks.parts import build_attention, task_loss
 
 __all__ = ["DatesTask"]
@@ -59,6 +59,17 @@ class DatesTask(Task):
         ),
     }
     gold_alignment = True
+
+    @classmethod
+    def validate(cls, config) -> None:
+        days = (END - START).days + 1  # every split has its own dates
+        needed = config.n_train + max(1, config.n_test // 2) + config.n_test
+        if needed > days:
+            raise ValueError(
+                f"n_train + n_test + validation ({config.n_train} + {config.n_test} + "
+                f"{max(1, config.n_test // 2)} = {needed}) exceeds the {days} distinct dates "
+                f"of the dates task ({START} to {END})"
+            )
 
     def __init__(self, config) -> None:
         super().__init__(config)
