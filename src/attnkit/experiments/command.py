@@ -133,37 +133,54 @@ def execute(args: argparse.Namespace) -> int:
 
 
 def _execute(args: argparse.Namespace) -> int:
-    from attnkit.experiments.compare import markdown_table, write_comparison
-    from attnkit.experiments.config import ConfigError, RunConfig, parse_value
-    from attnkit.experiments.runner import load_config, run
+    from attnkit.experiments.config import ConfigError, RunConfig
+    from attnkit.experiments.runner import run
 
     given = {k: v for k, v in vars(args).items() if k in RunConfig.names()}
     if args.threads is not None and args.threads < 1:
         raise ConfigError(f"--threads must be a positive int, got {args.threads}")
     options = {"progress": not args.no_progress, "threads": args.threads}
     if args.resume is not None:
-        if args.compare:
+        _resume(args, given, options)
+    elif args.compare:
+        _compare(args, given, options)
+    else:
+        run(RunConfig(**given), args.out, **options)
+    return 0
+
+
+def _resume(args: argparse.Namespace, given: dict, options: dict) -> None:
+    """Continue a run as it was configured; flags may repeat its values, not change them."""
+    from attnkit.experiments.config import ConfigError
+    from attnkit.experiments.runner import load_config, run
+
+    if args.compare:
+        raise ConfigError(
+            "--compare cannot be combined with --resume: resume each variant's run directory "
+            "on its own"
+        )
+    if args.out is not None:
+        raise ConfigError(
+            "--out cannot be combined with --resume: a run continues in its own directory"
+        )
+    saved = load_config(args.resume).resolved()
+    for key, value in given.items():
+        if getattr(saved, key) != value:
             raise ConfigError(
-                "--compare cannot be combined with --resume: resume each variant's run "
-                "directory on its own"
+                f"--resume {str(args.resume)!r} continues the run as it was configured: "
+                f"{key} = {value!r} contradicts its {key} = {getattr(saved, key)!r} (start a "
+                "new run with --out to change it)"
             )
-        if args.out is not None:
-            raise ConfigError("--out cannot be combined with --resume: a run continues in its "
-                              "own directory")  # fmt: skip
-        saved = load_config(args.resume).resolved()
-        for key, value in given.items():
-            if getattr(saved, key) != value:
-                raise ConfigError(
-                    f"--resume {str(args.resume)!r} continues the run as it was configured: "
-                    f"{key} = {value!r} contradicts its {key} = {getattr(saved, key)!r} (start "
-                    "a new run with --out to change it)"
-                )
-        run(saved, resume=args.resume, **options)
-        return 0
-    base = RunConfig(**given)
-    if not args.compare:
-        run(base, args.out, **options)
-        return 0
+    run(saved, resume=args.resume, **options)
+
+
+def _compare(args: argparse.Namespace, given: dict, options: dict) -> None:
+    """One run per value of the compared key, each in ``<out>/<key>-<value>``, then the
+    combined table (printed, compare.md, compare.html) in ``<out>``."""
+    from attnkit.experiments.compare import markdown_table, write_comparison
+    from attnkit.experiments.config import ConfigError, RunConfig, check_output_dir, parse_value
+    from attnkit.experiments.runner import run
+
     key, sep, values = args.compare.partition("=")
     if not sep or not values:
         raise ConfigError(f"--compare must be KEY=V1,V2,..., got {args.compare!r}")
@@ -176,18 +193,14 @@ def _execute(args: argparse.Namespace) -> int:
     variants = [(v, RunConfig(**{**given, key: parse_value(key, v)})) for v in listed]
     for _, config in variants:  # every variant is checked before any runs
         config.resolved()
-    out = args.out
-    if out is None:
-        out = Path("runs") / f"compare-{base.task}-{key}-{time.strftime('%Y%m%d-%H%M%S')}"
-    from attnkit.experiments.config import check_output_dir
-
+    task = variants[0][1].task
+    out = args.out or Path("runs") / f"compare-{task}-{key}-{time.strftime('%Y%m%d-%H%M%S')}"
     check_output_dir(out)
     rows = []
     for value, config in variants:
         run_dir, metrics = run(config, out / f"{key}-{value}", **options)
         rows.append((value, run_dir, metrics))
-    info = tasks.get(base.task).metrics
+    info = tasks.get(task).metrics
     page = write_comparison(out, key, rows, info)
     print("\n" + markdown_table(key, rows, info))
     print(f"\ncomparison: {page}")
-    return 0
