@@ -134,6 +134,32 @@ def test_named_scores_get_one_parameter_set_per_head(score):
         assert p.shape[0] == H
 
 
+def test_named_scores_are_built_with_explicit_sizes():
+    # d_q = d_k = d_w = E/H: each score's for_heads names its sizes (no keyword filtering).
+    d = E // H
+    additive = ak.MultiHeadAttention(E, H, score="additive").score
+    assert (additive.d_q, additive.d_k, additive.d_w, additive.heads) == (d, d, d, H)
+    deep = ak.MultiHeadAttention(E, H, score="deep").score
+    assert (deep.d_w, deep.depth, len(deep.hidden)) == (d, 2, 1)
+    assert ak.MultiHeadAttention(E, H, score="learned_query").score.query.shape == (H, 1, d)
+    assert ak.MultiHeadAttention(E, H, score="convolutional").score.filter.shape[:2] == (H, d)
+    built = ak.MultiHeadAttention(E, H, score="general", dtype=torch.float64).score
+    assert built.W.weight.shape == (H, d, d) and built.W.weight.dtype == torch.float64
+    with pytest.raises(TypeError, match=r"location score needs max_len.*Location\(4, max_len"):
+        ak.MultiHeadAttention(E, H, score="location")
+
+
+def test_unbatched_query_gives_an_unbatched_output():
+    torch.manual_seed(0)
+    mha = ak.MultiHeadAttention(E, H, score="general").double()
+    x = torch.randn(5, E, dtype=torch.float64)
+    out = mha(x, mask=masks.causal(5), need_weights=True)
+    ref = mha(x.unsqueeze(0), mask=masks.causal(5), need_weights=True)
+    assert out.context.shape == (5, E) and out.weights.shape == (H, 5, 5)
+    torch.testing.assert_close(out.context, ref.context[0])
+    torch.testing.assert_close(out.weights, ref.weights[0])
+
+
 CAUSAL_SAFE = [s for s in ALL_SCORES if not ak.scores.REGISTRY.get(s).mixes_keys]
 
 

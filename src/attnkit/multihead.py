@@ -26,8 +26,9 @@ class MultiHeadAttention(nn.Module):
         embed_dim: E, the query size and output size.
         num_heads: H; must divide E.
         score: a score module built for per-head inputs (usually with ``heads=num_heads``), or a
-            registered name; a name is built with d_q = d_k = d_w = E/H and one parameter set per
-            head where the score has parameters.
+            registered name, built by the score's ``for_heads(E/H, H)``: d_q = d_k = d_w = E/H
+            and one parameter set per head where the score has parameters (the location score
+            needs max_len and is passed as a module).
         align: an alignment module or a registered name of a parameter-free one.
         kdim, vdim: key and value sizes (default E).
         bias: biases in the input and output projections.
@@ -114,17 +115,10 @@ class MultiHeadAttention(nn.Module):
     def _build_score(self, score: str | Score, device, dtype) -> Score:
         if not isinstance(score, str):
             return checks.resolve_score(score)
-        d = self.head_dim
-        offered = {
-            "d_q": d,
-            "d_k": d,
-            "d_w": d,
-            "heads": self.num_heads,
-            "device": device,
-            "dtype": dtype,
-        }
-        accepted = SCORES.accepts(score)
-        return SCORES.build(score, **{k: v for k, v in offered.items() if k in accepted})
+        # Each score says how it is built for H heads of size E/H (no keyword filtering).
+        return SCORES.get(score).for_heads(
+            self.head_dim, self.num_heads, device=device, dtype=dtype
+        )
 
     def _reset_parameters(self) -> None:
         if self.packed:

@@ -62,6 +62,18 @@ class Additive(Score):
         self.hidden = nn.ModuleList()
         self.w = HeadwiseLinear(d_w, 1 if d_out is None else d_out, bias=False, **kw)
 
+    @classmethod
+    def for_heads(
+        cls,
+        d: int,
+        heads: int,
+        *,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> Score:
+        """d_q = d_k = d_w = d, one parameter set per head."""
+        return cls(d, d, d, heads=heads, device=device, dtype=dtype)
+
     def _build_projections(self, kw: dict) -> None:
         self.W1 = None if self.d_q is None else HeadwiseLinear(self.d_q, self.d_w, bias=False, **kw)
         self.W2 = HeadwiseLinear(self.d_k, self.d_w, bias=True, **kw)

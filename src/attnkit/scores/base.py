@@ -75,6 +75,20 @@ class Score(nn.Module):
     d_out: int | None = None
     heads: int | None = None
 
+    @classmethod
+    def for_heads(
+        cls,
+        d: int,
+        heads: int,
+        *,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> Score:
+        """This score for ``heads`` heads of size ``d`` each, with every size given explicitly
+        (how :class:`attnkit.MultiHeadAttention` builds a score named by a string). Scores
+        without parameters are built as they are; scores with parameters override this."""
+        return cls()
+
     @property
     def multi_dimensional(self) -> bool:
         return self.d_out is not None

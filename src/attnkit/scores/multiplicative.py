@@ -80,6 +80,18 @@ class _QueryMapped(Score):
         self.heads = arguments.optional_positive_int(heads, "heads")
         self.W = HeadwiseLinear(d_q, d_k, heads=heads, bias=bias, device=device, dtype=dtype)
 
+    @classmethod
+    def for_heads(
+        cls,
+        d: int,
+        heads: int,
+        *,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> Score:
+        """d_q = d_k = d, one parameter set per head."""
+        return cls(d, d, heads=heads, device=device, dtype=dtype)  # type: ignore[call-arg]
+
     def check(self, q: Tensor | None, k: Tensor) -> None:
         assert q is not None
         expect_features(q, self.d_q, "q", "d_q")

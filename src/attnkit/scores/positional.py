@@ -45,6 +45,20 @@ class Location(Score):
         self.heads = arguments.optional_positive_int(heads, "heads")
         self.W_a = HeadwiseLinear(d_q, max_len, heads=heads, bias=True, device=device, dtype=dtype)
 
+    @classmethod
+    def for_heads(
+        cls,
+        d: int,
+        heads: int,
+        *,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> Score:
+        raise TypeError(
+            "the location score needs max_len, which a multi-head module cannot choose: build "
+            f"it, e.g. Location({d}, max_len, heads={heads}), and pass the module"
+        )
+
     def check(self, q: Tensor | None, k: Tensor) -> None:
         assert q is not None
         expect_features(q, self.d_q, "q", "d_q")
@@ -98,6 +112,18 @@ class Convolutional(Score):
         kw = {"device": device, "dtype": dtype}
         self.filter = nn.Parameter(torch.empty(h, d_k, width, **kw).uniform_(-bound, bound))
         self.b = nn.Parameter(torch.zeros(h, **kw))
+
+    @classmethod
+    def for_heads(
+        cls,
+        d: int,
+        heads: int,
+        *,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> Score:
+        """d_k = d, the default width, one filter per head."""
+        return cls(d, heads=heads, device=device, dtype=dtype)
 
     def check(self, q: Tensor | None, k: Tensor) -> None:
         expect_features(k, self.d_k, "k", "d_k")

@@ -44,6 +44,18 @@ class LearnedQuery(Score):
             torch.empty(shape, device=device, dtype=dtype).uniform_(-bound, bound)
         )
 
+    @classmethod
+    def for_heads(
+        cls,
+        d: int,
+        heads: int,
+        *,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> Score:
+        """d_k = d, one learned query per head."""
+        return cls(d, heads=heads, device=device, dtype=dtype)
+
     def check(self, q: Tensor | None, k: Tensor) -> None:
         expect_features(k, self.d_k, "k", "d_k")
 
