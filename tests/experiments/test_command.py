@@ -157,6 +157,10 @@ def test_a_damaged_config_is_one_line_naming_the_file(finished, capsys, text, me
 def test_resume_of_a_directory_that_is_not_a_run(tmp_path, capsys):
     assert cli.main(["run", "--resume", str(tmp_path)]) == 2
     _one_error_line(capsys, "not a run directory")
+    (tmp_path / "score-dot").mkdir()
+    (tmp_path / "score-dot" / "config.json").write_text("{}")
+    assert cli.main(["run", "--resume", str(tmp_path)]) == 2
+    _one_error_line(capsys, f"resume one by one, e.g. {str(tmp_path / 'score-dot')!r}")
 
 
 def test_a_diverged_run_exits_1_with_one_line(tmp_path, capsys, monkeypatch):

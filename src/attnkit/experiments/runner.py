@@ -42,7 +42,9 @@ def load_config(run_dir: Path) -> RunConfig:
     """The configuration saved in a run directory; ConfigError when it is missing or damaged."""
     path = run_dir / "config.json"
     if not path.is_file():
-        raise ConfigError(f"--resume {str(run_dir)!r}: not a run directory (no config.json)")
+        runs = sorted(p.parent for p in run_dir.glob("*/config.json"))
+        hint = f"; it holds runs to resume one by one, e.g. {str(runs[0])!r}" if runs else ""
+        raise ConfigError(f"--resume {str(run_dir)!r}: not a run directory (no config.json){hint}")
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as err:
