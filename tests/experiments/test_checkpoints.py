@@ -42,6 +42,12 @@ def test_no_checkpoint_yet_gives_none(tmp_path):
     assert checkpoints.load(tmp_path, _model()) is None
 
 
+def test_a_checkpoint_in_the_older_layout_is_refused_not_ignored(tmp_path):
+    (tmp_path / "state.json").write_text('{"epoch": 2, "history": []}')
+    with pytest.raises(checkpoints.CheckpointError, match="older layout"):
+        checkpoints.load(tmp_path, _model())
+
+
 def test_a_new_checkpoint_replaces_the_old_one_and_nothing_else_is_left(tmp_path):
     m, opt = _trained()
     first = checkpoints.save(tmp_path, m, opt, {"epoch": 1})

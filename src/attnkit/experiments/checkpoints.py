@@ -174,6 +174,11 @@ def load(
             if p.name.startswith(PARTIAL):
                 shutil.rmtree(p, ignore_errors=True)
     if directory is None:
+        if (run_dir / MANIFEST).exists():
+            raise CheckpointError(
+                f"{run_dir / MANIFEST}: a checkpoint in the older layout (files at the top of the "
+                "run directory, not atomic as a set); it cannot be resumed, start a new run"
+            )
         return None
     data = _manifest(directory)
     hashes = data["sha256"]
