@@ -54,7 +54,8 @@ def whole(tmp_path_factory):
     return _run(_config(), tmp_path_factory.mktemp("whole") / "run")[0]
 
 
-def test_a_run_writes_everything_says_where_and_is_reproducible(tmp_path, whole):
+def test_a_run_writes_everything_says_where_and_is_reproducible(tmp_path, whole, monkeypatch):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     d, m, lines = _run(_config(), tmp_path / "a", threads=None)
     for name in ("config.json", "metrics.json", "report.html", "heatmap_0.png", "curves.png"):
         assert (d / name).exists(), name

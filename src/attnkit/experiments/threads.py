@@ -40,13 +40,16 @@ def count_flops(step: Callable[[], object]) -> int:
 def choose_threads(requested: int | None, flops: int, cores: int | None = None) -> tuple[int, str]:
     """(thread count, why) for a run whose forward pass takes ``flops`` operations per step.
 
-    ``requested`` (``--threads``) wins when given; otherwise one thread per
-    :data:`MIN_FLOPS_PER_THREAD`, at least one and at most the usable cores.
+    ``requested`` (``--threads``) wins when given, then the ``OMP_NUM_THREADS`` environment
+    variable; otherwise one thread per :data:`MIN_FLOPS_PER_THREAD`, at least one and at most
+    the usable cores.
     """
     if requested is not None:
         if isinstance(requested, bool) or not isinstance(requested, int) or requested < 1:
             raise ValueError(f"threads must be a positive int, got {requested!r}")
         return requested, "chosen with --threads"
+    if os.environ.get("OMP_NUM_THREADS", "").isdigit() and int(os.environ["OMP_NUM_THREADS"]):
+        return int(os.environ["OMP_NUM_THREADS"]), "from OMP_NUM_THREADS; --threads N overrides"
     cores = usable_cores() if cores is None else cores
     n = max(1, min(cores, int(flops // MIN_FLOPS_PER_THREAD)))
     size = f"{flops / 1e6:.0f} MFLOP per forward step"
