@@ -100,7 +100,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
         "--threads",
         type=int,
         metavar="N",
-        help="intra-op threads (default: chosen for the model's size; 1 for the embedded tasks)",
+        help="intra-op threads (default: OMP_NUM_THREADS if set, else chosen for the model's "
+        "size: 1 for the embedded tasks)",
     )
     runp.add_argument("--no-progress", action="store_true", help="no progress bar")
     return runp
