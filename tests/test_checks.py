@@ -167,7 +167,47 @@ BAD_CALLS = [
     ("frobenius_penalty of a vector", lambda: qr.frobenius_penalty(torch.ones(3)), ValueError, r"weights must have at least 2 dims"),
     ("Seq2SeqAttention vocab_in=0", lambda: Seq2SeqAttention(0, 3, 4, ak.Attention()), ValueError, r"vocab_in must be a positive int, got 0"),
     ("Seq2SeqAttention attention='dot'", lambda: Seq2SeqAttention(3, 3, 4, "dot"), TypeError, r"attention must be an attnkit Attention, got str"),
+    # Forward calls of parts used on their own.
+    ("score: q of rank 1", lambda: sc.Additive(4, 4, 4)(q_(4), q_(2, 5, 4)), ValueError, r"q must have at least 2 dims .*\(4,\)"),
+    ("score: integer q", lambda: sc.Additive(4, 4, 4)(torch.ones(2, 3, 4, dtype=torch.long), q_(2, 5, 4)), TypeError, r"q must be a floating-point tensor, got dtype torch.int64"),
+    ("score: k not a tensor", lambda: sc.Additive(4, 4, 4)(q_(2, 3, 4), [1, 2]), TypeError, r"k must be a torch.Tensor, got list"),
+    ("score: float64 inputs, float32 parameters", lambda: sc.General(4, 4)(q_(2, 3, 4, dtype=torch.float64), q_(2, 5, 4, dtype=torch.float64)), TypeError, r"the score \(General\) has W.weight of dtype torch.float32 but k has torch.float64"),
+    ("score: q and k of two dtypes", lambda: sc.Dot()(q_(2, 3, 4), q_(2, 5, 4, dtype=torch.float64)), TypeError, r"k has dtype torch.float64 but q has torch.float32"),
+    ("convolutional score: k of rank 1", lambda: sc.Convolutional(4)(None, q_(4)), ValueError, r"k must have at least 2 dims"),
+    ("alignment: scores of rank 1", lambda: al.Local(1)(q_(5)), ValueError, r"scores must have at least 2 dims"),
+    ("alignment: scores not a tensor", lambda: al.Hard()([1.0, 2.0]), TypeError, r"scores must be a torch.Tensor, got list"),
+    ("alignment: float mask", lambda: al.Local(1)(q_(1, 2, 5), torch.ones(1, 2, 5)), TypeError, r"mask must be boolean .*torch.float32"),
+    ("alignment: mask of wrong shape", lambda: al.Hard()(q_(1, 2, 5), b_(1, 2, 4)), ValueError, r"mask of shape \(1, 2, 4\) does not broadcast to the scores' shape \(1, 2, 5\)"),
+    ("uniform: float mask", lambda: al.Uniform()(q_(1, 2, 5), torch.ones(1, 2, 5)), TypeError, r"mask must be boolean"),
+    ("reinforced: mask of another batch", lambda: al.Reinforced()(q_(1, 2, 5), b_(3, 2, 5)), ValueError, r"mask of shape \(3, 2, 5\) does not broadcast"),
+    ("local: negative positions", lambda: al.Local(1)(q_(1, 2, 5), positions=-3), ValueError, r"positions must be >= 0, got min -3"),
+    ("local predictive: query of wrong width", lambda: al.Local(1, "predictive", d_q=4)(q_(1, 2, 5), query=q_(1, 2, 3)), ValueError, r"query must be \(…, M, d_q\) with d_q = 4 \(eq. 28\), got \(1, 2, 3\)"),
+    ("HeadwiseLinear: input of wrong width", lambda: HeadwiseLinear(4, 3)(q_(2, 5)), ValueError, r"input has 5 features \(shape \(2, 5\)\) but this layer takes d_in = 4"),
+    ("encoder: mask of wrong length", lambda: TransformerEncoderLayer(8, 2)(q_(2, 3, 8), b_(2, 3, 4)), ValueError, r"mask of shape \(2, 3, 4\) does not broadcast to the scores' shape \(2, 3, 3\)"),
+    ("decoder: memory_mask of wrong length", lambda: TransformerDecoderLayer(8, 2)(q_(2, 3, 8), q_(2, 4, 8), memory_mask=b_(2, 1, 5)), ValueError, r"mask of shape \(2, 1, 5\) does not broadcast to the scores' shape \(2, 3, 4\)"),
+    ("MHA: bias of wrong shape", lambda: ak.MultiHeadAttention(8, 2)(q_(2, 3, 8), bias=torch.zeros(2, 3, 4)), ValueError, r"bias of shape \(2, 3, 4\) does not broadcast to \(2, 3, 3\)"),
+    ("seq2seq: float src", lambda: _s2s()(q_(2, 5), torch.randint(0, 12, (2, 3))), TypeError, r"src must be an integer tensor of token ids \(B, L\), got torch.float32"),
+    ("seq2seq: tgt_in of another batch", lambda: _s2s()(torch.randint(0, 10, (2, 5)), torch.randint(0, 12, (3, 3))), ValueError, r"tgt_in of shape \(3, 3\) must have src's batch size 2"),
+    ("seq2seq: src_mask of wrong length", lambda: _s2s()(torch.randint(0, 10, (2, 5)), torch.randint(0, 12, (2, 3)), b_(2, 4)), ValueError, r"src_mask of shape \(2, 4\) does not fit src of shape \(2, 5\)"),
+    ("seq2seq: token id out of the vocabulary", lambda: _s2s()(torch.full((2, 5), 10), torch.randint(0, 12, (2, 3))), ValueError, r"src holds ids outside \[0, 10\): min 10, max 10"),
+    ("seq2seq: src of rank 1", lambda: _s2s()(torch.randint(0, 10, (5,)), torch.randint(0, 12, (3,))), ValueError, r"src must be \(B, L\) token ids, got shape \(5,\)"),
+    ("seq2seq: generate length -1", lambda: _s2s().generate(torch.randint(0, 10, (2, 5)), -1, 1), ValueError, r"length must be a positive int, got -1"),
+    ("seq2seq: generate bos out of the vocabulary", lambda: _s2s().generate(torch.randint(0, 10, (2, 5)), 3, 99), ValueError, r"bos must be a token id in \[0, 12\), got 99"),
+    ("capsule_loss: class out of range", lambda: qr.capsule_loss(qr.CapsuleAttention(4, 3)(q_(2, 5, 4)), q_(2, 5, 4), torch.tensor([0, 5])), ValueError, r"target holds classes outside \[0, 3\): \[0, 5\]"),
+    ("capsule_loss: float target", lambda: qr.capsule_loss(qr.CapsuleAttention(4, 3)(q_(2, 5, 4)), q_(2, 5, 4), torch.tensor([0.0, 1.0])), TypeError, r"target must be an integer tensor of class indices"),
+    ("capsule: float64 features, float32 module", lambda: qr.CapsuleAttention(4, 3)(q_(2, 5, 4, dtype=torch.float64)), TypeError, r"CapsuleAttention \(CapsuleAttention\) has queries of dtype torch.float32 but features has torch.float64"),
+    ("co-attention: float64 features, float32 module", lambda: ft.ParallelCoAttention(4, 4)(q_(2, 5, 4, dtype=torch.float64), q_(2, 3, 4, dtype=torch.float64)), TypeError, r"ParallelCoAttention\) has W_A of dtype torch.float32 but f1 has torch.float64"),
+    ("multi-hop: module on meta", lambda: qr.MultiHop(3, 4, 4, device="meta")(q_(2, 3), q_(2, 5, 4)), ValueError, r"MultiHop\) has transforms.0.weight on meta but query is on cpu"),
+    ("rotatory: score factory not callable", lambda: ft.RotatoryAttention(4, 4, 4, score=3), TypeError, r"score must be a factory score\(d_q, d_k\) -> Score or None, got 3"),
+    ("hierarchical: (B, S) mask", lambda: ft.HierarchicalAttention(4)(q_(2, 3, 4, 4), b_(2, 3)), ValueError, r"word_mask of shape \(2, 3\) does not fit words of shape \(2, 3, 4, 4\)"),
+    ("mechanisms: unknown argument", lambda: ak.mechanisms.build("capsule", d_f=4, n_classes=3, dd=1), TypeError, r"mechanism 'capsule' got an unexpected argument 'dd'"),
+    ("mechanisms: unknown name", lambda: ak.mechanisms.example("caps"), ValueError, r"unknown mechanism 'caps'; did you mean 'capsule'\?"),
 ]  # fmt: skip
+
+
+def _s2s():
+    torch.manual_seed(0)
+    return Seq2SeqAttention(10, 12, 8, ak.Attention(sc.Additive(8, 16, 8)))
 
 
 def _heads_mha(score):
@@ -272,7 +312,7 @@ THREE_WAYS = [
         [
             (lambda: ak.attention(q_(3, 3, 4), q_(3, 6, 4), mask=b_(2, 1, 6)), r"mask of shape \(2, 1, 6\) does not broadcast to the scores' shape \(3, 3, 6\)"),
             (lambda: ak.Attention()(q_(3, 3, 4), q_(3, 6, 4), mask=b_(2, 1, 6)), r"mask of shape \(2, 1, 6\) does not broadcast"),
-            (lambda: ak.MultiHeadAttention(4, 2)(q_(3, 3, 4), mask=b_(2, 1, 3)), r"mask of shape \(2, 1, 1, 3\) does not broadcast to the scores' shape \(3, 2, 3, 3\)"),
+            (lambda: ak.MultiHeadAttention(4, 2)(q_(3, 3, 4), mask=b_(2, 1, 3)), r"mask of shape \(2, 1, 3\) does not broadcast to the scores' shape \(3, 3, 3\)"),
         ],
     ),
     (

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from attnkit import masks
 from attnkit.alignments import REGISTRY as ALIGNMENTS
 from attnkit.alignments import Alignment
+from attnkit.inputs import part_matches, tensor
 from attnkit.scores import REGISTRY as SCORES
 from attnkit.scores import Score
 from attnkit.scores.base import check_heads
@@ -52,44 +53,11 @@ def resolve_alignment(align: str | Alignment) -> Alignment:
     return _resolve(align, ALIGNMENTS, Alignment, "alignment")
 
 
-def tensor(x: object, name: str, *, min_dim: int = 2) -> Tensor:
-    """Check that ``x`` is a floating tensor with at least ``min_dim`` dims; return it."""
-    if not isinstance(x, Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
-    if not x.dtype.is_floating_point:
-        raise TypeError(f"{name} must be a floating-point tensor, got dtype {x.dtype}")
-    if x.dim() < min_dim:
-        raise ValueError(
-            f"{name} must have at least {min_dim} dims (…, length, features), got shape "
-            f"{tuple(x.shape)}"
-        )
-    return x
-
-
 def scores_shape(q: Tensor | None, k: Tensor) -> torch.Size:
     """(B, …, M, N) from q (…, M, d_q) and k (…, N, d_k); M = 1 without a query."""
     m = 1 if q is None else q.shape[-2]
     lead = k.shape[:-2] if q is None else torch.broadcast_shapes(q.shape[:-2], k.shape[:-2])
     return torch.Size((*lead, m, k.shape[-2]))
-
-
-def part_matches(part: nn.Module, what: str, name: str, x: Tensor) -> None:
-    """Raise unless every floating parameter and buffer of ``part`` has the dtype and device of
-    the input ``x`` (named ``name``): a part on "meta" would return uninitialised numbers, and
-    a float64 part with float32 inputs would be a raw matmul error deep inside."""
-    for pname, p in (*part.named_parameters(), *part.named_buffers()):
-        if not p.is_floating_point():
-            continue
-        if p.device != x.device:
-            raise ValueError(
-                f"the {what} ({type(part).__name__}) has {pname} on {p.device} but {name} is on "
-                f"{x.device}; move one of them (e.g. {what}.to({str(x.device)!r}))"
-            )
-        if p.dtype != x.dtype:
-            raise TypeError(
-                f"the {what} ({type(part).__name__}) has {pname} of dtype {p.dtype} but {name} "
-                f"has {x.dtype}; convert one of them (e.g. {what}.to({x.dtype}))"
-            )
 
 
 def validate(

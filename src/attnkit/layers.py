@@ -81,6 +81,11 @@ class HeadwiseLinear(nn.Module):
         if columns is not None:
             weight, bias = weight[..., columns], None
         d_in = weight.shape[-1]
+        if x.shape[-1] != d_in:
+            raise ValueError(
+                f"input has {x.shape[-1]} features (shape {tuple(x.shape)}) but this layer "
+                f"takes d_in = {d_in}"
+            )
         if self.heads is None:
             return F.linear(x, weight, bias)
         lead = x.shape[: x.dim() - inner_dims - 1]

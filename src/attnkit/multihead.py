@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnkit import arguments, checks, slots
+from attnkit import arguments, checks, masks, slots
 from attnkit import taxonomy as tx
 from attnkit.alignments import Alignment
 from attnkit.attention import Attention
@@ -220,6 +220,7 @@ class MultiHeadAttention(nn.Module):
                 f"mask of shape {tuple(mask.shape)} has too many dims for query "
                 f"{tuple(query.shape)}: use (…, M, N) or (…, H, M, N)"
             )
+        self._check_mask_and_bias(query, key, mask, bias)
         q, k, v = (self._split_heads(x) for x in self._project(query, key, value))
         q, k, position_bias = self.position(q, k)
         bias = self._per_head(bias, query)
@@ -230,6 +231,32 @@ class MultiHeadAttention(nn.Module):
         )
         context = out.context.transpose(-2, -3).flatten(-2)
         return out._replace(context=self.out_proj(context))
+
+    def _check_mask_and_bias(
+        self, query: Tensor, key: Tensor, mask: Tensor | None, bias: Tensor | None
+    ) -> None:
+        """Check mask and bias against the caller's shapes: (…, M, N), or (…, H, M, N) per
+        head, so that an error names the shapes the caller passed."""
+        lead = torch.broadcast_shapes(query.shape[:-2], key.shape[:-2])
+        m, n = query.shape[-2], key.shape[-2]
+        for name, x in (("mask", mask), ("bias", bias)):
+            if x is None:
+                continue
+            per_head = isinstance(x, Tensor) and x.dim() == query.dim() + 1
+            shape = torch.Size((*lead, self.num_heads, m, n) if per_head else (*lead, m, n))
+            if name == "mask":
+                masks.check(x, shape)
+                continue
+            x = checks.tensor(x, "bias", min_dim=0)
+            try:
+                ok = torch.broadcast_shapes(x.shape, shape) == shape
+            except RuntimeError:
+                ok = False
+            if not ok:
+                raise ValueError(
+                    f"bias of shape {tuple(x.shape)} does not broadcast to {tuple(shape)} "
+                    f"({'(B, …, H, M, N)' if per_head else '(B, …, M, N)'})"
+                )
 
     @classmethod
     def from_torch(cls, module: nn.MultiheadAttention) -> MultiHeadAttention:

@@ -7,7 +7,7 @@ from typing import ClassVar
 import torch
 from torch import Tensor
 
-from attnkit import arguments
+from attnkit import arguments, inputs
 from attnkit import taxonomy as tx
 from attnkit.alignments.base import (
     REGISTRY,
@@ -54,6 +54,7 @@ class Hard(Alignment):
     def forward(
         self, scores: Tensor, mask: Tensor | None = None, *, query: Tensor | None = None
     ) -> AlignOutput:
+        scores = inputs.alignment_inputs(self, scores, mask)
         log_p = masked_log_softmax(scores, mask)
         sample = self.training or self.sample_in_eval
         perturbed = log_p + _gumbel_like(log_p) if sample else log_p

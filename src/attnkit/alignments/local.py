@@ -7,7 +7,7 @@ from typing import ClassVar, Literal
 import torch
 from torch import Tensor
 
-from attnkit import arguments
+from attnkit import arguments, inputs
 from attnkit import taxonomy as tx
 from attnkit.alignments.base import REGISTRY, Alignment, AlignOutput, masked_softmax
 from attnkit.layers import HeadwiseLinear
@@ -116,6 +116,8 @@ class Local(Alignment):
                 f"positions of shape {tuple(positions.shape)} does not broadcast to the query "
                 f"rows (…, M) = {rows} of scores {tuple(scores.shape)}"
             )
+        if positions.numel() and int(positions.min()) < 0:
+            raise ValueError(f"positions must be >= 0, got min {int(positions.min())}")
         return positions.to(_exact(scores.dtype)).unsqueeze(-1)
 
     def positions(
@@ -139,6 +141,11 @@ class Local(Alignment):
         if query is None:
             raise ValueError("predictive local alignment needs the query (eq. 28); got query=None")
         w = self.W_p.weight
+        if not isinstance(query, Tensor) or query.shape[-1] != w.shape[-1]:
+            shape = tuple(query.shape) if isinstance(query, Tensor) else type(query).__name__
+            raise ValueError(
+                f"query must be (…, M, d_q) with d_q = {w.shape[-1]} (eq. 28), got {shape}"
+            )
         if query.dtype != w.dtype or query.device != w.device:
             raise TypeError(
                 f"query is {query.dtype} on {query.device} but the local alignment's position "
@@ -170,6 +177,7 @@ class Local(Alignment):
         """
         # A window that crosses the sequence's ends keeps only the keys inside it (Luong et al.:
         # "we simply ignore the outside part").
+        scores = inputs.alignment_inputs(self, scores, mask)
         n = scores.shape[-1]
         p = self.positions(scores, mask, query, positions)
         offset = torch.arange(n, device=scores.device, dtype=p.dtype) - p  # l − p

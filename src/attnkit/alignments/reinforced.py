@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnkit import arguments
+from attnkit import arguments, inputs
 from attnkit import taxonomy as tx
 from attnkit.alignments.base import REGISTRY, Alignment, AlignOutput, masked_softmax
 
@@ -47,6 +47,7 @@ class Reinforced(Alignment):
     def forward(
         self, scores: Tensor, mask: Tensor | None = None, *, query: Tensor | None = None
     ) -> AlignOutput:
+        scores = inputs.alignment_inputs(self, scores, mask)
         logits = self.scale.to(scores.dtype) * scores + self.bias.to(scores.dtype)
         valid = torch.ones_like(scores, dtype=torch.bool)
         valid = valid if mask is None else valid & mask

@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from attnkit import inputs
 from attnkit import taxonomy as tx
 from attnkit.alignments.base import REGISTRY, Alignment, AlignOutput
 
@@ -21,6 +22,7 @@ class Uniform(Alignment):
     def forward(
         self, scores: Tensor, mask: Tensor | None = None, *, query: Tensor | None = None
     ) -> AlignOutput:
+        scores = inputs.alignment_inputs(self, scores, mask)
         allowed = (
             torch.ones_like(scores) if mask is None else mask.expand_as(scores).to(scores.dtype)
         )

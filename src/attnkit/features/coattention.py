@@ -33,6 +33,7 @@ __all__ = [
 
 
 def co_inputs(
+    part: nn.Module,
     f1: object,
     f2: object,
     mask1: object,
@@ -40,10 +41,12 @@ def co_inputs(
     d1: int | None = None,
     d2: int | None = None,
 ) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None]:
-    """Validate co-attention inputs; masks come back as (B, n)."""
+    """Validate co-attention inputs and the part's dtype and device; masks come back as
+    (B, n)."""
     f1 = checks.features(f1, "f1", d1, what="d1")
     f2 = checks.features(f2, "f2", d2, what="d2")
     checks.same_batch(("f1", f1), ("f2", f2))
+    checks.part_matches(part, type(part).__name__, "f1", f1)
     m1 = checks.feature_mask(mask1, f1, "mask1", "f1")
     m2 = checks.feature_mask(mask2, f2, "mask2", "f2")
     return f1, f2, m1, m2
@@ -143,7 +146,7 @@ class AlternatingCoAttention(_CoAttention):
     ) -> CoAttentionOutput:
         """f1 (B, n1, d1), f2 (B, n2, d2); mask1 (B, n1) or (B, 1, n1) and mask2 (B, n2) or
         (B, 1, n2) boolean, True = a real feature (None: all real)."""
-        f1, f2, mask1, mask2 = co_inputs(f1, f2, mask1, mask2, self.d1, self.d2)
+        f1, f2, mask1, mask2 = co_inputs(self, f1, f2, mask1, mask2, self.d1, self.d2)
         c0, _ = attend_one(self.att0, None, f1, mask1)
         c2, a2 = attend_one(self.att2, c0, f2, mask2)
         c1, a1 = attend_one(self.att1, c2, f1, mask1)
@@ -186,7 +189,7 @@ class InteractiveCoAttention(_CoAttention):
     ) -> CoAttentionOutput:
         """f1 (B, n1, d1), f2 (B, n2, d2); mask1 (B, n1) or (B, 1, n1) and mask2 (B, n2) or
         (B, 1, n2) boolean, True = a real feature (None: all real)."""
-        f1, f2, mask1, mask2 = co_inputs(f1, f2, mask1, mask2, self.d1, self.d2)
+        f1, f2, mask1, mask2 = co_inputs(self, f1, f2, mask1, mask2, self.d1, self.d2)
         k1, k2 = masked_mean(f1, mask1), masked_mean(f2, mask2)  # eq. 10
         c1, a1 = attend_one(self.att1, k2, f1, mask1)  # eq. 11
         c2, a2 = attend_one(self.att2, k1, f2, mask2)
@@ -263,7 +266,7 @@ class ParallelCoAttention(_CoAttention):
     ) -> CoAttentionOutput:
         """f1 (B, n1, d1), f2 (B, n2, d2); mask1 (B, n1) or (B, 1, n1) and mask2 (B, n2) or
         (B, 1, n2) boolean, True = a real feature (None: all real)."""
-        f1, f2, mask1, mask2 = co_inputs(f1, f2, mask1, mask2, self.d1, self.d2)
+        f1, f2, mask1, mask2 = co_inputs(self, f1, f2, mask1, mask2, self.d1, self.d2)
         A = self.affinity_matrix(f1, f2)
         pair = None
         if mask1 is not None or mask2 is not None:
@@ -332,7 +335,7 @@ class NestedCoAttention(_CoAttention):
     ) -> CoAttentionOutput:
         """f1 (B, n1, d1), f2 (B, n2, d2); mask1 (B, n1) or (B, 1, n1) and mask2 (B, n2) or
         (B, 1, n2) boolean, True = a real feature (None: all real)."""
-        f1, f2, mask1, mask2 = co_inputs(f1, f2, mask1, mask2)
+        f1, f2, mask1, mask2 = co_inputs(self, f1, f2, mask1, mask2)
         if f1.shape[-1] != f2.shape[-1]:
             raise ValueError(
                 f"NestedCoAttention needs d1 == d2: f1 has {f1.shape[-1]} features (shape "

@@ -107,6 +107,7 @@ class AttentionViaAttention(nn.Module):
         words = checks.features(words, "words", self.d_word, what="d_word")
         chars = checks.features(chars, "chars", self.d_char, what="d_char")
         checks.same_batch(("query", query), ("words", words), ("chars", chars))
+        checks.part_matches(self, "AttentionViaAttention", "query", query)
         word_mask = checks.feature_mask(word_mask, words, "word_mask", "words")
         char_mask = checks.feature_mask(char_mask, chars, "char_mask", "chars")
         squeeze = query.dim() == 2
@@ -192,6 +193,7 @@ class HierarchicalAttention(nn.Module):
         """words (B, S, W, d); word_mask (B, S, W) or (B, S, 1, W) boolean, True = a real word
         (a sentence with no real word is padding)."""
         words = checks.features(words, "words", self.d, rank=4)
+        checks.part_matches(self, "HierarchicalAttention", "words", words)
         word_mask = checks.feature_mask(word_mask, words, "word_mask", "words")
         # Every sentence attends over its words at once: the sentence dim is a batch dim.
         wm = None if word_mask is None else word_mask.unsqueeze(-2)  # (B, S, 1, W)

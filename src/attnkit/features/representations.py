@@ -91,6 +91,7 @@ class MetaEmbedding(nn.Module):
                     f"{name} has {e.shape[-1]} features (shape {tuple(e.shape)}) but the module "
                     f"was built for dims[{i}] = {p.in_features}"
                 )
+            checks.part_matches(p, f"projection {i}", name, e)
             if e.shape[:-1] != embeddings[0].shape[:-1]:
                 raise ValueError(
                     f"{name} has leading dims {tuple(e.shape[:-1])} but embeddings[0] has "

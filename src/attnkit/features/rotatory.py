@@ -78,6 +78,10 @@ class RotatoryAttention(nn.Module):
                 f"hops > 1 uses r^lt (size d_t = {d_t}) as query over the left "
                 f"context: it needs d_t == d_l, got d_l = {d_l}"
             )
+        if score is not None and not callable(score):
+            raise TypeError(
+                f"score must be a factory score(d_q, d_k) -> Score or None, got {score!r}"
+            )
         self.d_l, self.d_t, self.d_r = d_l, d_t, d_r
         make = score or (lambda dq, dk: ActivatedGeneral(dq, dk, device=device, dtype=dtype))
         self.hops = hops
@@ -137,6 +141,7 @@ class RotatoryAttention(nn.Module):
         target = checks.features(target, "target", self.d_t, what="d_t")
         right = checks.features(right, "right", self.d_r, what="d_r")
         checks.same_batch(("left", left), ("target", target), ("right", right))
+        checks.part_matches(self, "RotatoryAttention", "left", left)
         mask_left = checks.feature_mask(mask_left, left, "mask_left", "left")
         mask_target = checks.feature_mask(mask_target, target, "mask_target", "target")
         mask_right = checks.feature_mask(mask_right, right, "mask_right", "right")

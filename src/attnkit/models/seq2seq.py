@@ -100,14 +100,58 @@ class Seq2SeqAttention(nn.Module):
             mean = (states * m).sum(1) / m.sum(1).clamp_min(1)
         return states, torch.tanh(self.bridge(mean))
 
+    def _tokens(self, x: object, name: str, vocab: int) -> Tensor:
+        if not isinstance(x, Tensor) or x.dtype.is_floating_point or x.dtype == torch.bool:
+            what = x.dtype if isinstance(x, Tensor) else type(x).__name__
+            raise TypeError(f"{name} must be an integer tensor of token ids (B, L), got {what}")
+        if x.dim() != 2:
+            raise ValueError(f"{name} must be (B, L) token ids, got shape {tuple(x.shape)}")
+        if x.numel() and (int(x.min()) < 0 or int(x.max()) >= vocab):
+            raise ValueError(
+                f"{name} holds ids outside [0, {vocab}): min {int(x.min())}, max {int(x.max())}"
+            )
+        return x
+
+    def _source(self, src: object, src_mask: object) -> tuple[Tensor, Tensor | None]:
+        src = self._tokens(src, "src", self.embed_in.num_embeddings)
+        if src_mask is None:
+            return src, None
+        if not isinstance(src_mask, Tensor) or src_mask.dtype != torch.bool:
+            what = src_mask.dtype if isinstance(src_mask, Tensor) else type(src_mask).__name__
+            raise TypeError(f"src_mask must be a boolean tensor (True = a real token), got {what}")
+        b, n = src.shape
+        if tuple(src_mask.shape) == (b, 1, n):
+            src_mask = src_mask.squeeze(-2)
+        if tuple(src_mask.shape) != (b, n):
+            raise ValueError(
+                f"src_mask of shape {tuple(src_mask.shape)} does not fit src of shape {(b, n)}: "
+                f"expected {(b, n)} or {(b, 1, n)} (as attnkit.masks.from_lengths gives)"
+            )
+        return src, src_mask
+
     def forward(self, src: Tensor, tgt_in: Tensor, src_mask: Tensor | None = None) -> Seq2SeqOutput:
+        """src (B, N) and tgt_in (B, T) token ids; src_mask (B, N) or (B, 1, N), True = a real
+        source token."""
+        src, src_mask = self._source(src, src_mask)
+        tgt_in = self._tokens(tgt_in, "tgt_in", self.embed_out.num_embeddings)
+        if tgt_in.shape[0] != src.shape[0] or tgt_in.shape[1] == 0:
+            raise ValueError(
+                f"tgt_in of shape {tuple(tgt_in.shape)} must have src's batch size "
+                f"{src.shape[0]} and at least one step"
+            )
         return self._decode(src, src_mask, tgt_in.shape[1], tgt_in)
 
     @torch.no_grad()
     def generate(
         self, src: Tensor, length: int, bos: int, src_mask: Tensor | None = None
     ) -> tuple[Tensor, Seq2SeqOutput]:
-        """Greedy decoding of ``length`` tokens: (tokens (B, length), the step outputs)."""
+        """Greedy decoding of ``length`` ≥ 1 tokens from the start token ``bos``: (tokens
+        (B, length), the step outputs). src and src_mask as :meth:`forward`."""
+        src, src_mask = self._source(src, src_mask)
+        arguments.positive_int(length, "length")
+        vocab = self.embed_out.num_embeddings
+        if not isinstance(bos, int) or isinstance(bos, bool) or not 0 <= bos < vocab:
+            raise ValueError(f"bos must be a token id in [0, {vocab}), got {bos!r}")
         out = self._decode(src, src_mask, length, None, bos=bos)
         return out.logits.argmax(-1), out
 

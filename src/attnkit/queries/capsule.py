@@ -82,6 +82,7 @@ class CapsuleAttention(nn.Module):
     def forward(self, features: Tensor, mask: Tensor | None = None) -> CapsuleOutput:
         """features (B, n, d_f); mask None, (B, n) or (B, 1, n) boolean, True = a real feature."""
         features = checks.features(features, "features", self.d_f, what="d_f")
+        checks.part_matches(self, "CapsuleAttention", "features", features)
         mask = checks.feature_mask(mask, features, "mask", "features")
         q = self.queries.expand(features.shape[0], *self.queries.shape)
         out = self.attention(q, features, features, mask=key_mask(mask), need_weights=True)
@@ -100,7 +101,25 @@ def capsule_loss(
     """Joint loss of capsule attention: binary cross-entropy of p against the one-hot target,
     plus a hinge on the dot product between each r_c and the mean feature vector f̄ (unit
     length): the true class's r_c should align with f̄ (max(0, 1 − r_yᵀf̄)), the others not
-    (max(0, r_cᵀf̄)). Averaged over the batch."""
+    (max(0, r_cᵀf̄)). Averaged over the batch.
+
+    ``target``: (B,) class indices in [0, C); ``features`` and ``mask`` as the forward call."""
+    n_classes = out.probabilities.shape[-1]
+    if (
+        not isinstance(target, Tensor)
+        or target.dtype.is_floating_point
+        or target.dtype == torch.bool
+    ):
+        what = target.dtype if isinstance(target, Tensor) else type(target).__name__
+        raise TypeError(f"target must be an integer tensor of class indices (B,), got {what}")
+    if target.shape != out.probabilities.shape[:1]:
+        raise ValueError(
+            f"target of shape {tuple(target.shape)} must be (B,) with "
+            f"B = {out.probabilities.shape[0]}"
+        )
+    if target.numel() and (int(target.min()) < 0 or int(target.max()) >= n_classes):
+        raise ValueError(f"target holds classes outside [0, {n_classes}): {target.tolist()}")
+    mask = checks.feature_mask(mask, features, "mask", "features")
     onehot = F.one_hot(target, out.probabilities.shape[-1]).to(out.probabilities.dtype)
     bce = F.binary_cross_entropy(out.probabilities, onehot)
     f = F.normalize(masked_mean(features, mask), dim=-1)

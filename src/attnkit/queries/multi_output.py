@@ -84,6 +84,7 @@ class ImportanceMatrixAttention(nn.Module):
         keys = checks.features(keys, "keys", self.d_k, what="d_k")
         values = keys if values is None else checks.features(values, "values")
         checks.same_batch(("keys", keys), ("values", values))
+        checks.part_matches(self, type(self).__name__, "keys", keys)
         if values.shape[-2] != keys.shape[-2]:
             raise ValueError(
                 f"values has {values.shape[-2]} rows (shape {tuple(values.shape)}) but keys has "

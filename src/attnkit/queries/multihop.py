@@ -105,6 +105,7 @@ class MultiHop(nn.Module):
         values = keys if values is None else values
         values = checks.features(values, "values", self.d_v, what="d_v")
         checks.same_batch(("query", query), ("keys", keys), ("values", values))
+        checks.part_matches(self, "MultiHop", "query", query)
         if values.shape[-2] != keys.shape[-2]:
             raise ValueError(
                 f"values has {values.shape[-2]} rows (shape {tuple(values.shape)}) but keys has "

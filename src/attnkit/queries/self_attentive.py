@@ -100,6 +100,7 @@ class SelfAttention(nn.Module):
         A 2-D mask is refused: (B, n) padding and (n, n) query-key masks cannot be told apart.
         """
         f = checks.features(f, "f", self.d_f, what="d_f")
+        checks.part_matches(self, "SelfAttention", "f", f)
         if mask is not None and isinstance(mask, Tensor) and mask.dim() != 3:
             raise ValueError(
                 f"mask of shape {tuple(mask.shape)} for f of shape {tuple(f.shape)}: pass a 3-D "

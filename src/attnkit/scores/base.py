@@ -7,6 +7,7 @@ from typing import ClassVar
 import torch
 from torch import Tensor, nn
 
+from attnkit import inputs
 from attnkit import taxonomy as tx
 from attnkit.registry import Registry
 
@@ -118,11 +119,19 @@ class Score(nn.Module):
         raise NotImplementedError(f"{type(self).__name__} is not in dot-product form")
 
     def forward(self, q: Tensor | None, k: Tensor) -> Tensor:
+        """Scores (…, M, N) [(…, M, N, d_out) multi-dimensional] from q (…, M, d_q), or None
+        for query-free scores, and k (…, N, d_k)."""
         if q is None and not self.query_free:
             raise ValueError(
                 f"{type(self).__name__} needs a query; q=None is only for query-free "
                 "(self-attentive) scores"
             )
+        if q is not None:
+            inputs.tensor(q, "q")
+        inputs.tensor(k, "k")
+        if not self.query_free:  # a query-free score reads only q's number of rows
+            inputs.same_kind(("q", q), ("k", k))
+        inputs.part_matches(self, "score", "k", k)
         check_heads(self, q, k)
         self.check(q, k)
         e = self.pairwise(self.project_query(q), self.project_key(k))
