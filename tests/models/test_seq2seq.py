@@ -72,3 +72,16 @@ def test_local_monotonic_decoder_reports_weights_to_the_hook():
     with ak.hooks.listen() as reports:
         m(torch.randint(1, 10, (1, 4)), torch.randint(0, 12, (1, 3)))
     assert len(reports) == 3 and reports[2].weights[0, 0, 0] == 0
+
+
+def test_built_in_float64_runs_in_float64_and_accepts_from_lengths_masks():
+    torch.manual_seed(0)
+    kw = {"dtype": torch.float64}
+    m = Seq2SeqAttention(10, 12, 8, ak.Attention(ak.scores.Additive(8, 16, 8, **kw)), **kw)
+    assert {p.dtype for p in m.parameters()} == {torch.float64}
+    src, tgt = torch.randint(1, 10, (2, 5)), torch.randint(0, 12, (2, 3))
+    mask = ak.masks.from_lengths(torch.tensor([5, 3]), 5)  # (B, 1, N)
+    out = m(src, tgt, mask)
+    assert out.logits.dtype == torch.float64
+    assert (out.weights[1, :, 3:] == 0).all()
+    torch.testing.assert_close(out.logits, m(src, tgt, mask.squeeze(1)).logits)

@@ -5,8 +5,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from attnkit import checks
 from attnkit import taxonomy as tx
 from attnkit.alignments import Softmax
+from attnkit.arguments import sizes
 from attnkit.attention import Attention
 from attnkit.queries.self_attentive import QueryTagged
 
@@ -23,20 +25,36 @@ class ImageCaptioner(nn.Module):
 
     taxonomy_final = (tx.AlignmentKind,)
 
-    def __init__(self, vocab: int, d: int, attention: Attention, *, channels: int = 1) -> None:
+    def __init__(
+        self,
+        vocab: int,
+        d: int,
+        attention: Attention,
+        *,
+        channels: int = 1,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
         super().__init__()
+        sizes(vocab=vocab, d=d, channels=channels)
+        if not isinstance(attention, Attention):
+            raise TypeError(
+                f"attention must be an attnkit Attention, got {type(attention).__name__}"
+            )
+        kw = {"device": device, "dtype": dtype}
         self.cnn = nn.Sequential(
-            nn.Conv2d(channels, d, 3, padding=1),
+            nn.Conv2d(channels, d, 3, padding=1, **kw),
             nn.ReLU(),
             nn.MaxPool2d(2),
-            nn.Conv2d(d, d, 3, padding=1),
+            nn.Conv2d(d, d, 3, padding=1, **kw),
             nn.ReLU(),
             nn.MaxPool2d(2),
         )
-        self.embed = nn.Embedding(vocab, d)
-        self.cell = nn.LSTMCell(2 * d, d)
+        self.embed = nn.Embedding(vocab, d, **kw)
+        self.cell = nn.LSTMCell(2 * d, d, **kw)
         self.attention = QueryTagged(attention, "basic")
-        self.out = nn.Linear(2 * d, vocab)
+        self.out = nn.Linear(2 * d, vocab, **kw)
+        self.channels = channels
 
     def taxonomy_tags(self) -> list:
         align = self.attention.module.align
@@ -45,6 +63,24 @@ class ImageCaptioner(nn.Module):
     def forward(self, images: Tensor, tokens: Tensor) -> tuple[Tensor, Tensor, Tensor | None]:
         """images (B, C, H, W), tokens (B, T) -> logits (B, T, V), weights (B, T, h·w), and
         log-probabilities (B, T) of the sampled regions for hard attention (else None)."""
+        images = checks.tensor(images, "images", min_dim=4)
+        if images.dim() != 4 or images.shape[-3] != self.channels or min(images.shape[-2:]) < 4:
+            raise ValueError(
+                f"images must be (B, C, H, W) with C = {self.channels} and H, W >= 4, got shape "
+                f"{tuple(images.shape)}"
+            )
+        vocab = self.embed.num_embeddings
+        if not isinstance(tokens, Tensor) or tokens.dtype.is_floating_point or tokens.dim() != 2:
+            what = tuple(tokens.shape) if isinstance(tokens, Tensor) else type(tokens).__name__
+            raise TypeError(f"tokens must be integer token ids (B, T), got {what}")
+        if tokens.shape[0] != images.shape[0] or tokens.shape[1] == 0:
+            raise ValueError(
+                f"tokens of shape {tuple(tokens.shape)} must have the images' batch size "
+                f"{images.shape[0]} and at least one step"
+            )
+        if int(tokens.min()) < 0 or int(tokens.max()) >= vocab:
+            raise ValueError(f"tokens hold ids outside [0, {vocab})")
+        checks.part_matches(self, "ImageCaptioner", "images", images)
         grid = self.cnn(images).flatten(2).transpose(1, 2)  # (B, h·w, d)
         h = grid.mean(1)
         c = torch.zeros_like(h)

@@ -54,6 +54,7 @@ class Seq2SeqAttention(nn.Module):
             and keys of size d_enc = 2·enc_hidden if ``bidirectional`` else enc_hidden.
         bidirectional: bidirectional encoder (Bahdanau) or not (Luong).
         enc_hidden: encoder GRU size per direction (default d).
+        device, dtype: of the model's own layers (the attention part is built by the caller).
 
     ``forward(src, tgt_in, src_mask)`` runs teacher forcing: the decoder reads ``tgt_in`` (B, T)
     and predicts the next tokens; ``src_mask`` (B, N) marks real source tokens.
@@ -71,6 +72,8 @@ class Seq2SeqAttention(nn.Module):
         *,
         bidirectional: bool = True,
         enc_hidden: int | None = None,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
         sizes(vocab_in=vocab_in, vocab_out=vocab_out, d=d)
@@ -83,13 +86,14 @@ class Seq2SeqAttention(nn.Module):
         enc_hidden = d if enc_hidden is None else enc_hidden
         d_enc = 2 * enc_hidden if bidirectional else enc_hidden
         self.d_enc = d_enc
-        self.embed_in = nn.Embedding(vocab_in, d)
-        self.embed_out = nn.Embedding(vocab_out, d)
-        self.encoder = nn.GRU(d, enc_hidden, batch_first=True, bidirectional=bidirectional)
-        self.bridge = nn.Linear(d_enc, d)
-        self.cell = nn.GRUCell(d + d_enc, d)
+        kw = {"device": device, "dtype": dtype}
+        self.embed_in = nn.Embedding(vocab_in, d, **kw)
+        self.embed_out = nn.Embedding(vocab_out, d, **kw)
+        self.encoder = nn.GRU(d, enc_hidden, batch_first=True, bidirectional=bidirectional, **kw)
+        self.bridge = nn.Linear(d_enc, d, **kw)
+        self.cell = nn.GRUCell(d + d_enc, d, **kw)
         self.attention = QueryTagged(attention, "basic")
-        self.out = nn.Linear(d + d_enc, vocab_out)
+        self.out = nn.Linear(d + d_enc, vocab_out, **kw)
 
     def encode(self, src: Tensor, src_mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
         states, _ = self.encoder(self.embed_in(src))
