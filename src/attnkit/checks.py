@@ -8,7 +8,7 @@ from torch import Tensor
 from attnkit import masks
 from attnkit.alignments import REGISTRY as ALIGNMENTS
 from attnkit.alignments import Alignment
-from attnkit.inputs import part_matches, tensor
+from attnkit.inputs import broadcasts_to, part_matches, same_kind, tensor
 from attnkit.scores import REGISTRY as SCORES
 from attnkit.scores import Score
 from attnkit.scores.base import check_heads
@@ -85,17 +85,7 @@ def validate(
             "query-free (self-attentive) scores accept q=None"
         )
     first_name, first = named[0]
-    for name, x in named[1:]:
-        if x.dtype != first.dtype:
-            raise TypeError(
-                f"{name} has dtype {x.dtype} but {first_name} has {first.dtype}; "
-                "convert them to one dtype"
-            )
-        if x.device != first.device:
-            raise ValueError(
-                f"{name} is on {x.device} but {first_name} is on {first.device}; "
-                "move them to one device"
-            )
+    same_kind(*named)
     for name, x in named:
         if x.shape[-1] == 0:
             raise ValueError(
@@ -130,11 +120,7 @@ def validate(
         raise ValueError(f"mask is on {mask.device} but k is on {k.device}")
     if bias is not None:
         bias = tensor(bias, "bias", min_dim=0)
-        try:
-            ok = torch.broadcast_shapes(bias.shape, shape) == shape
-        except RuntimeError:
-            ok = False
-        if not ok:
+        if not broadcasts_to(bias.shape, shape):
             raise ValueError(
                 f"bias of shape {tuple(bias.shape)} does not broadcast to the scores' shape "
                 f"{tuple(shape)} (B, …, M, N)"

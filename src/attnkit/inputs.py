@@ -4,11 +4,12 @@ so any part may use it."""
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor, nn
 
 from attnkit import masks
 
-__all__ = ["alignment_inputs", "part_matches", "same_kind", "tensor"]
+__all__ = ["alignment_inputs", "broadcasts_to", "part_matches", "same_kind", "tensor"]
 
 
 def tensor(x: object, name: str, *, min_dim: int = 2) -> Tensor:
@@ -44,6 +45,14 @@ def part_matches(
                 f"the {what} ({type(part).__name__}) has {pname} of dtype {p.dtype} but {name} "
                 f"has {x.dtype}; convert one of them (e.g. {what}.to({x.dtype}))"
             )
+
+
+def broadcasts_to(shape: tuple[int, ...], target: tuple[int, ...]) -> bool:
+    """Whether a tensor of ``shape`` broadcasts to exactly ``target`` (never beyond it)."""
+    try:
+        return tuple(torch.broadcast_shapes(shape, target)) == tuple(target)
+    except RuntimeError:
+        return False
 
 
 def same_kind(*named: tuple[str, Tensor | None]) -> None:

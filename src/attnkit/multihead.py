@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnkit import arguments, checks, masks, slots
+from attnkit import arguments, checks, inputs, masks, slots
 from attnkit import taxonomy as tx
 from attnkit.alignments import Alignment
 from attnkit.attention import Attention
@@ -248,11 +248,7 @@ class MultiHeadAttention(nn.Module):
                 masks.check(x, shape)
                 continue
             x = checks.tensor(x, "bias", min_dim=0)
-            try:
-                ok = torch.broadcast_shapes(x.shape, shape) == shape
-            except RuntimeError:
-                ok = False
-            if not ok:
+            if not inputs.broadcasts_to(x.shape, shape):
                 raise ValueError(
                     f"bias of shape {tuple(x.shape)} does not broadcast to {tuple(shape)} "
                     f"({'(B, …, H, M, N)' if per_head else '(B, …, M, N)'})"

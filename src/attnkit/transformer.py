@@ -37,12 +37,8 @@ def _heads(
     return QueryTagged(mha, query)
 
 
-class TransformerEncoderLayer(nn.Module):
-    """x = Norm(x + SelfAttention(x)); x = Norm(x + FF(x)) (post-norm, Vaswani et al.).
-
-    ``score``/``align`` are passed to :class:`attnkit.MultiHeadAttention` (names or modules);
-    ``d_ff`` (a positive int) is the feed-forward size, 4·d_model by default.
-    """
+class _Block(nn.Module):
+    """What both layers share: validated sizes, causal or plain self-attention, feed-forward."""
 
     def __init__(
         self,
@@ -62,9 +58,24 @@ class TransformerEncoderLayer(nn.Module):
         arguments.probability(dropout, "dropout")
         kw = {"device": device, "dtype": dtype}
         self.self_attention = _heads(d_model, heads, score, align, dropout, "self-attentive", **kw)
+        self._build(d_model, heads, score, align, dropout, kw)
         self.ff = _FeedForward(d_model, d_ff, dropout, **kw)
-        self.norm1, self.norm2 = nn.LayerNorm(d_model, **kw), nn.LayerNorm(d_model, **kw)
         self.drop = nn.Dropout(dropout)
+
+    def _build(self, d_model: int, heads: int, score: Any, align: Any, dropout: float, kw) -> None:
+        raise NotImplementedError
+
+
+class TransformerEncoderLayer(_Block):
+    """x = Norm(x + SelfAttention(x)); x = Norm(x + FF(x)) (post-norm, Vaswani et al.).
+
+    ``score``/``align`` are passed to :class:`attnkit.MultiHeadAttention` (names or modules);
+    ``d_ff`` (a positive int) is the feed-forward size, 4·d_model by default; ``device`` and
+    ``dtype`` are the parameters'.
+    """
+
+    def _build(self, d_model: int, heads: int, score: Any, align: Any, dropout: float, kw) -> None:
+        self.norm1, self.norm2 = nn.LayerNorm(d_model, **kw), nn.LayerNorm(d_model, **kw)
 
     def forward(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
         """x (B, N, d_model); mask as :meth:`attnkit.MultiHeadAttention.forward`: (B, 1, N) from
@@ -73,32 +84,14 @@ class TransformerEncoderLayer(nn.Module):
         return self.norm2(x + self.drop(self.ff(x)))
 
 
-class TransformerDecoderLayer(nn.Module):
+class TransformerDecoderLayer(_Block):
     """Causal self-attention, then cross-attention to the encoder output (the decoder states
-    are basic queries), then feed-forward; each with residual and norm."""
+    are basic queries), then feed-forward; each with residual and norm. Arguments as
+    :class:`TransformerEncoderLayer`."""
 
-    def __init__(
-        self,
-        d_model: int,
-        heads: int,
-        d_ff: int | None = None,
-        *,
-        score: Any = "scaled_dot",
-        align: Any = "softmax",
-        dropout: float = 0.0,
-        device: torch.device | str | None = None,
-        dtype: torch.dtype | None = None,
-    ) -> None:
-        super().__init__()
-        arguments.positive_int(d_model, "d_model")
-        arguments.positive_int(heads, "heads")
-        arguments.probability(dropout, "dropout")
-        kw = {"device": device, "dtype": dtype}
-        self.self_attention = _heads(d_model, heads, score, align, dropout, "self-attentive", **kw)
+    def _build(self, d_model: int, heads: int, score: Any, align: Any, dropout: float, kw) -> None:
         self.cross_attention = _heads(d_model, heads, score, align, dropout, "basic", **kw)
-        self.ff = _FeedForward(d_model, d_ff, dropout, **kw)
         self.norms = nn.ModuleList([nn.LayerNorm(d_model, **kw) for _ in range(3)])
-        self.drop = nn.Dropout(dropout)
 
     def forward(self, x: Tensor, memory: Tensor, *, memory_mask: Tensor | None = None) -> Tensor:
         """x (B, M, d_model) decoder states; memory (B, N, d_model) encoder output;
@@ -113,38 +106,18 @@ class TransformerDecoderLayer(nn.Module):
 
 class TransformerEncoder(nn.Module):
     """A stack of ``layers`` ≥ 1 encoder layers; each layer is one hop over the refined
-    features. The other arguments are :class:`TransformerEncoderLayer`'s; a score or alignment
-    given as a module is shared by every layer (give a name for one part per layer)."""
+    features. ``layer`` holds :class:`TransformerEncoderLayer`'s keyword arguments (``score``,
+    ``align``, ``dropout``, ``device``, ``dtype``; an unknown one raises TypeError); a score or
+    alignment given as a module is shared by every layer (give a name for one part per
+    layer)."""
 
     def __init__(
-        self,
-        layers: int,
-        d_model: int,
-        heads: int,
-        d_ff: int | None = None,
-        *,
-        score: Any = "scaled_dot",
-        align: Any = "softmax",
-        dropout: float = 0.0,
-        device: torch.device | str | None = None,
-        dtype: torch.dtype | None = None,
+        self, layers: int, d_model: int, heads: int, d_ff: int | None = None, **layer: Any
     ) -> None:
         super().__init__()
         arguments.positive_int(layers, "layers")
         self.layers = nn.ModuleList(
-            [
-                TransformerEncoderLayer(
-                    d_model,
-                    heads,
-                    d_ff,
-                    score=score,
-                    align=align,
-                    dropout=dropout,
-                    device=device,
-                    dtype=dtype,
-                )
-                for _ in range(layers)
-            ]
+            [TransformerEncoderLayer(d_model, heads, d_ff, **layer) for _ in range(layers)]
         )
 
     def taxonomy_tags(self) -> list:

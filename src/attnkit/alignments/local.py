@@ -107,11 +107,7 @@ class Local(Alignment):
             raise ValueError(
                 f"positions is on {positions.device} but the scores are on {scores.device}"
             )
-        try:
-            ok = torch.broadcast_shapes(positions.shape, rows) == rows
-        except RuntimeError:
-            ok = False
-        if not ok:
+        if not inputs.broadcasts_to(positions.shape, rows):
             raise ValueError(
                 f"positions of shape {tuple(positions.shape)} does not broadcast to the query "
                 f"rows (…, M) = {rows} of scores {tuple(scores.shape)}"

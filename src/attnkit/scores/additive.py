@@ -4,6 +4,7 @@ with their self-attentive (query-free, Brauwers eq. 33) and multi-dimensional (e
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -63,16 +64,9 @@ class Additive(Score):
         self.w = HeadwiseLinear(d_w, 1 if d_out is None else d_out, bias=False, **kw)
 
     @classmethod
-    def for_heads(
-        cls,
-        d: int,
-        heads: int,
-        *,
-        device: torch.device | str | None = None,
-        dtype: torch.dtype | None = None,
-    ) -> Score:
+    def for_heads(cls, d: int, heads: int, **factory: Any) -> Score:
         """d_q = d_k = d_w = d, one parameter set per head."""
-        return cls(d, d, d, heads=heads, device=device, dtype=dtype)
+        return cls(d, d, d, heads=heads, **factory)
 
     def _build_projections(self, kw: dict) -> None:
         self.W1 = None if self.d_q is None else HeadwiseLinear(self.d_q, self.d_w, bias=False, **kw)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
@@ -77,17 +77,11 @@ class Score(nn.Module):
     heads: int | None = None
 
     @classmethod
-    def for_heads(
-        cls,
-        d: int,
-        heads: int,
-        *,
-        device: torch.device | str | None = None,
-        dtype: torch.dtype | None = None,
-    ) -> Score:
+    def for_heads(cls, d: int, heads: int, **factory: Any) -> Score:
         """This score for ``heads`` heads of size ``d`` each, with every size given explicitly
-        (how :class:`attnkit.MultiHeadAttention` builds a score named by a string). Scores
-        without parameters are built as they are; scores with parameters override this."""
+        (how :class:`attnkit.MultiHeadAttention` builds a score named by a string); ``factory``
+        is ``device=``/``dtype=``. Scores without parameters are built as they are; scores with
+        parameters override this."""
         return cls()
 
     @property

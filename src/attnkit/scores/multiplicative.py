@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
@@ -81,16 +81,9 @@ class _QueryMapped(Score):
         self.W = HeadwiseLinear(d_q, d_k, heads=heads, bias=bias, device=device, dtype=dtype)
 
     @classmethod
-    def for_heads(
-        cls,
-        d: int,
-        heads: int,
-        *,
-        device: torch.device | str | None = None,
-        dtype: torch.dtype | None = None,
-    ) -> Score:
+    def for_heads(cls, d: int, heads: int, **factory: Any) -> Score:
         """d_q = d_k = d, one parameter set per head."""
-        return cls(d, d, heads=heads, device=device, dtype=dtype)  # type: ignore[call-arg]
+        return cls(d, d, heads=heads, **factory)  # type: ignore[call-arg]
 
     def check(self, q: Tensor | None, k: Tensor) -> None:
         assert q is not None

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -46,14 +46,7 @@ class Location(Score):
         self.W_a = HeadwiseLinear(d_q, max_len, heads=heads, bias=True, device=device, dtype=dtype)
 
     @classmethod
-    def for_heads(
-        cls,
-        d: int,
-        heads: int,
-        *,
-        device: torch.device | str | None = None,
-        dtype: torch.dtype | None = None,
-    ) -> Score:
+    def for_heads(cls, d: int, heads: int, **factory: Any) -> Score:
         raise TypeError(
             "the location score needs max_len, which a multi-head module cannot choose: build "
             f"it, e.g. Location({d}, max_len, heads={heads}), and pass the module"
@@ -114,16 +107,9 @@ class Convolutional(Score):
         self.b = nn.Parameter(torch.zeros(h, **kw))
 
     @classmethod
-    def for_heads(
-        cls,
-        d: int,
-        heads: int,
-        *,
-        device: torch.device | str | None = None,
-        dtype: torch.dtype | None = None,
-    ) -> Score:
+    def for_heads(cls, d: int, heads: int, **factory: Any) -> Score:
         """d_k = d, the default width, one filter per head."""
-        return cls(d, heads=heads, device=device, dtype=dtype)
+        return cls(d, heads=heads, **factory)
 
     def check(self, q: Tensor | None, k: Tensor) -> None:
         expect_features(k, self.d_k, "k", "d_k")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
@@ -45,16 +45,9 @@ class LearnedQuery(Score):
         )
 
     @classmethod
-    def for_heads(
-        cls,
-        d: int,
-        heads: int,
-        *,
-        device: torch.device | str | None = None,
-        dtype: torch.dtype | None = None,
-    ) -> Score:
+    def for_heads(cls, d: int, heads: int, **factory: Any) -> Score:
         """d_k = d, one learned query per head."""
-        return cls(d, heads=heads, device=device, dtype=dtype)
+        return cls(d, heads=heads, **factory)
 
     def check(self, q: Tensor | None, k: Tensor) -> None:
         expect_features(k, self.d_k, "k", "d_k")
