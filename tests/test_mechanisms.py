@@ -190,3 +190,24 @@ def test_describe_gives_a_taxonomy_row(name):
     row = ak.describe(module)
     assert any(cell != "-" for cell in row.cells())
     assert row.to_markdown(name).count("|") > 8
+
+
+@pytest.mark.parametrize("name", [n for n in NAMES if mechanisms.REGISTRY.get(n).masks])
+def test_padded_content_influences_nothing(name):
+    """NaN in every padded feature (Issue 8.6: masked means removed) changes nothing."""
+    module, args, kwargs = _example(name)
+    named = dict(inspect.signature(module.forward).bind(*args, **kwargs).arguments)
+    clean = module(**named).representation
+    dirty = dict(named)
+    rows = None
+    for mask_name, input_names in type(module).masks.items():
+        for input_name in input_names:
+            x = named[input_name].clone()
+            real = named[mask_name].reshape(*x.shape[:-2], -1)[..., -x.shape[-2] :]
+            x[~real.expand(x.shape[:-1])] = float("nan")
+            dirty[input_name] = x
+            rows = real.expand(x.shape[:-1])
+    out = module(**dirty).representation
+    if out.dim() >= 3 and rows is not None and out.shape[:2] == rows.shape:
+        out, clean = out[rows], clean[rows]  # per-position outputs: padded rows are padding
+    torch.testing.assert_close(out, clean, atol=1e-12, rtol=1e-12)

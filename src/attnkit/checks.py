@@ -23,6 +23,7 @@ __all__ = [
     "scores_shape",
     "tensor",
     "validate",
+    "without_padding",
 ]
 
 
@@ -199,3 +200,11 @@ def feature_mask(mask: object, x: Tensor, name: str, x_name: str) -> Tensor | No
     if mask.device != x.device:
         raise ValueError(f"{name} is on {mask.device} but {x_name} is on {x.device}")
     return out
+
+
+def without_padding(x: Tensor, mask: Tensor | None) -> Tensor:
+    """``x`` (B, …, n, d) with its padded rows (``mask`` (B, …, n) False) set to 0, so that a
+    padded feature's content — even NaN or inf — influences nothing (0·NaN would be NaN)."""
+    if mask is None:
+        return x
+    return torch.where(mask.unsqueeze(-1), x, torch.zeros((), dtype=x.dtype, device=x.device))

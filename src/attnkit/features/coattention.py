@@ -42,14 +42,14 @@ def co_inputs(
     d2: int | None = None,
 ) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None]:
     """Validate co-attention inputs and the part's dtype and device; masks come back as
-    (B, n)."""
+    (B, n) and padded features as 0."""
     f1 = checks.features(f1, "f1", d1, what="d1")
     f2 = checks.features(f2, "f2", d2, what="d2")
     checks.same_batch(("f1", f1), ("f2", f2))
     checks.part_matches(part, type(part).__name__, "f1", f1)
     m1 = checks.feature_mask(mask1, f1, "mask1", "f1")
     m2 = checks.feature_mask(mask2, f2, "mask2", "f2")
-    return f1, f2, m1, m2
+    return checks.without_padding(f1, m1), checks.without_padding(f2, m2), m1, m2
 
 
 class CoAttentionOutput(NamedTuple):

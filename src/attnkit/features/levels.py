@@ -110,6 +110,8 @@ class AttentionViaAttention(nn.Module):
         checks.part_matches(self, "AttentionViaAttention", "query", query)
         word_mask = checks.feature_mask(word_mask, words, "word_mask", "words")
         char_mask = checks.feature_mask(char_mask, chars, "char_mask", "chars")
+        words = checks.without_padding(words, word_mask)
+        chars = checks.without_padding(chars, char_mask)
         squeeze = query.dim() == 2
         q = query.unsqueeze(-2) if squeeze else query
         w = self.word(q, words, mask=key_mask(word_mask), need_weights=True)
@@ -195,6 +197,7 @@ class HierarchicalAttention(nn.Module):
         words = checks.features(words, "words", self.d, rank=4)
         checks.part_matches(self, "HierarchicalAttention", "words", words)
         word_mask = checks.feature_mask(word_mask, words, "word_mask", "words")
+        words = checks.without_padding(words, word_mask)
         # Every sentence attends over its words at once: the sentence dim is a batch dim.
         wm = None if word_mask is None else word_mask.unsqueeze(-2)  # (B, S, 1, W)
         level1 = self.word(None, words, mask=wm, need_weights=True)

@@ -145,6 +145,9 @@ class RotatoryAttention(nn.Module):
         mask_left = checks.feature_mask(mask_left, left, "mask_left", "left")
         mask_target = checks.feature_mask(mask_target, target, "mask_target", "target")
         mask_right = checks.feature_mask(mask_right, right, "mask_right", "right")
+        left = checks.without_padding(left, mask_left)
+        target = checks.without_padding(target, mask_target)
+        right = checks.without_padding(right, mask_right)
         r_t = masked_mean(target, mask_target)  # eq. 17
         q_left = q_right = r_t
         for hop in range(self.hops):

@@ -84,6 +84,7 @@ class CapsuleAttention(nn.Module):
         features = checks.features(features, "features", self.d_f, what="d_f")
         checks.part_matches(self, "CapsuleAttention", "features", features)
         mask = checks.feature_mask(mask, features, "mask", "features")
+        features = checks.without_padding(features, mask)
         q = self.queries.expand(features.shape[0], *self.queries.shape)
         out = self.attention(q, features, features, mask=key_mask(mask), need_weights=True)
         a, c = out.weights, out.context  # e_{c,l} = q_cᵀ k_l (eq. 43); c_c (B, C, d)
@@ -120,6 +121,7 @@ def capsule_loss(
     if target.numel() and (int(target.min()) < 0 or int(target.max()) >= n_classes):
         raise ValueError(f"target holds classes outside [0, {n_classes}): {target.tolist()}")
     mask = checks.feature_mask(mask, features, "mask", "features")
+    features = checks.without_padding(features, mask)
     onehot = F.one_hot(target, out.probabilities.shape[-1]).to(out.probabilities.dtype)
     bce = F.binary_cross_entropy(out.probabilities, onehot)
     f = F.normalize(masked_mean(features, mask), dim=-1)

@@ -91,6 +91,8 @@ class ImportanceMatrixAttention(nn.Module):
                 f"{keys.shape[-2]} (shape {tuple(keys.shape)}); they must match"
             )
         mask = checks.feature_mask(mask, keys, "mask", "keys")
+        keys = checks.without_padding(keys, mask)
+        values = checks.without_padding(values, mask)
         e = self.score(None, keys).squeeze(-3).transpose(-1, -2)  # (B, r, n)
         a = self.align(e, key_mask(mask)).weights
         hooks.report(self, a)

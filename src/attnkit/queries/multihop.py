@@ -112,6 +112,8 @@ class MultiHop(nn.Module):
                 f"{keys.shape[-2]} (shape {tuple(keys.shape)}); they must match"
             )
         mask = checks.feature_mask(mask, keys, "mask", "keys")
+        keys = checks.without_padding(keys, mask)
+        values = checks.without_padding(values, mask)
         q, c = query, masked_mean(values, mask)  # c⁽⁰⁾
         contexts, weights = [], []
         for s in range(self.hops):
