@@ -6,6 +6,8 @@ import pytest
 import torch
 from alignments.rows import per_row
 from helpers import assert_same_forward_backward, rand
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
 
 from attnkit import alignments as al
 
@@ -187,3 +189,26 @@ def test_bfloat16_positions_beyond_256_are_exact():
     e = torch.zeros(1, 1, 300, dtype=torch.bfloat16)
     w = al.Local(1)(e, positions=257).weights
     assert w[0, 0].nonzero().flatten().tolist() == [256, 257, 258]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    n=st.integers(1, 8),
+    window=st.integers(0, 3),
+    gaussian=st.booleans(),
+    data=st.data(),
+)
+def test_property_monotonic_matches_eqs_27_29(n, window, gaussian, data):
+    """Any sequence length (windows crossing either end), any step, any mask."""
+    assume(not (gaussian and window == 0))  # σ = D/2 needs D >= 1
+    e = torch.tensor(
+        data.draw(st.lists(st.floats(-30, 30), min_size=2 * n, max_size=2 * n)),
+        dtype=torch.float64,
+    ).reshape(1, 2, n)
+    allowed = data.draw(st.lists(st.booleans(), min_size=n, max_size=n))
+    steps = data.draw(st.lists(st.integers(0, n + 3), min_size=2, max_size=2))
+    mask = torch.tensor(allowed).reshape(1, 1, n)
+    w = al.Local(window, gaussian=gaussian)(e, mask, positions=torch.tensor(steps)).weights
+    ref = torch.stack([local_row(e[0, m], allowed, steps[m], window, gaussian) for m in range(2)])
+    torch.testing.assert_close(w[0], ref, atol=1e-12, rtol=1e-12)
+    assert torch.isfinite(w).all()
