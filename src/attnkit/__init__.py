@@ -1,6 +1,19 @@
 """attnkit: every attention mechanism of the survey taxonomy as composable PyTorch parts."""
 
-from attnkit import alignments, features, hooks, kernels, masks, queries, scores, taxonomy
+from attnkit import (
+    alignments,
+    evaluation,
+    features,
+    hooks,
+    kernels,
+    masks,
+    mechanisms,
+    patterns,
+    positions,
+    queries,
+    scores,
+    taxonomy,
+)
 from attnkit.attention import Attention, attention
 from attnkit.multihead import MultiHeadAttention
 from attnkit.output import AttentionOutput
@@ -15,10 +28,14 @@ __all__ = [
     "alignments",
     "attention",
     "describe",
+    "evaluation",
     "features",
     "hooks",
     "kernels",
     "masks",
+    "mechanisms",
+    "patterns",
+    "positions",
     "queries",
     "scores",
     "taxonomy",
