@@ -1,5 +1,6 @@
 """Transformer blocks: parity with torch's encoder layer, causal decoder."""
 
+import pytest
 import torch
 from torch import nn
 
@@ -68,3 +69,34 @@ def test_encoder_layer_in_float64_matches_the_formula():
         y + ff + layer.ff[3].bias, (8,), layer.norm2.weight, layer.norm2.bias
     )
     torch.testing.assert_close(layer(x), ref, atol=1e-12, rtol=1e-12)
+
+
+class _ScaleByPosition(ak.positions.PositionScheme):
+    """A test scheme: the vector at position p is multiplied by (1 + p)."""
+
+    def forward(self, q, k, *, q_offset=0, k_offset=0):
+        fq = 1 + torch.arange(q.shape[-2], dtype=q.dtype)[:, None] + q_offset
+        fk = 1 + torch.arange(k.shape[-2], dtype=k.dtype)[:, None] + k_offset
+        return ak.positions.Positioned(q * fq, k * fk)
+
+
+def test_layers_fill_the_attention_and_position_slots_of_their_self_attention():
+    torch.manual_seed(0)
+    part = ak.Attention("dot", "sparsemax")
+    layer = TransformerEncoderLayer(8, 2, 16, attention=part, position=_ScaleByPosition())
+    layer = layer.double()
+    mha = layer.self_attention.module
+    assert mha.attention is part and isinstance(mha.position, _ScaleByPosition)
+    x = torch.randn(2, 5, 8, dtype=torch.float64)
+    # Written out: the same projections, q and k scaled by (1 + position), dot + sparsemax.
+    q, k, v = (t.unflatten(-1, (2, 4)).transpose(1, 2) for t in mha._project(x, x, x))
+    scale = 1 + torch.arange(5, dtype=torch.float64)[:, None]
+    heads = ak.attention(q * scale, k * scale, v, score="dot", align="sparsemax").context
+    att = mha.out_proj(heads.transpose(1, 2).flatten(-2))
+    y = layer.norm1(x + att)
+    torch.testing.assert_close(layer(x), layer.norm2(y + layer.ff(y)), atol=1e-12, rtol=1e-12)
+    dec = TransformerDecoderLayer(8, 2, position="none", attention=ak.Attention("dot"))
+    assert dec.self_attention.module.attention.score.registered_name == "dot"
+    assert dec.cross_attention.module.score.registered_name == "scaled_dot"
+    with pytest.raises(ValueError, match="pass either attention="):
+        TransformerEncoderLayer(8, 2, score="additive", attention=ak.Attention("dot"))

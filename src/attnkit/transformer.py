@@ -12,6 +12,7 @@ from torch import Tensor, nn
 from attnkit import arguments, masks
 from attnkit import taxonomy as tx
 from attnkit.multihead import MultiHeadAttention
+from attnkit.positions import PositionScheme
 from attnkit.queries.self_attentive import QueryTagged
 
 __all__ = ["TransformerDecoderLayer", "TransformerEncoder", "TransformerEncoderLayer"]
@@ -32,7 +33,7 @@ def _heads(
     d_model: int, heads: int, score: Any, align: Any, dropout: float, query: str, **kw: Any
 ) -> QueryTagged:
     """A multi-head attention part, tagged with where its queries come from; ``kw`` holds
-    device and dtype."""
+    device and dtype, and for self-attention the attention and position slots."""
     mha = MultiHeadAttention(d_model, heads, score, align, dropout=dropout, **kw)
     return QueryTagged(mha, query)
 
@@ -49,6 +50,8 @@ class _Block(nn.Module):
         score: Any = "scaled_dot",
         align: Any = "softmax",
         dropout: float = 0.0,
+        attention: nn.Module | None = None,
+        position: str | PositionScheme | None = None,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
@@ -57,7 +60,10 @@ class _Block(nn.Module):
         arguments.positive_int(heads, "heads")
         arguments.probability(dropout, "dropout")
         kw = {"device": device, "dtype": dtype}
-        self.self_attention = _heads(d_model, heads, score, align, dropout, "self-attentive", **kw)
+        slots = {"attention": attention, "position": position}
+        self.self_attention = _heads(
+            d_model, heads, score, align, dropout, "self-attentive", **slots, **kw
+        )
         self._build(d_model, heads, score, align, dropout, kw)
         self.ff = _FeedForward(d_model, d_ff, dropout, **kw)
         self.drop = nn.Dropout(dropout)
@@ -71,7 +77,9 @@ class TransformerEncoderLayer(_Block):
 
     ``score``/``align`` are passed to :class:`attnkit.MultiHeadAttention` (names or modules);
     ``d_ff`` (a positive int) is the feed-forward size, 4·d_model by default; ``device`` and
-    ``dtype`` are the parameters'.
+    ``dtype`` are the parameters'. The self-attention's slots (DESIGN 7): ``attention``, a
+    per-head attention part used instead of score/align, and ``position``, a position scheme
+    (a registered name or a :class:`attnkit.positions.PositionScheme`).
     """
 
     def _build(self, d_model: int, heads: int, score: Any, align: Any, dropout: float, kw) -> None:
@@ -87,7 +95,8 @@ class TransformerEncoderLayer(_Block):
 class TransformerDecoderLayer(_Block):
     """Causal self-attention, then cross-attention to the encoder output (the decoder states
     are basic queries), then feed-forward; each with residual and norm. Arguments as
-    :class:`TransformerEncoderLayer`."""
+    :class:`TransformerEncoderLayer`; ``attention`` and ``position`` fill the self-attention's
+    slots, and the cross-attention uses ``score``/``align``."""
 
     def _build(self, d_model: int, heads: int, score: Any, align: Any, dropout: float, kw) -> None:
         self.cross_attention = _heads(d_model, heads, score, align, dropout, "basic", **kw)
