@@ -13,7 +13,7 @@ from attnkit import arguments, masks
 from attnkit import taxonomy as tx
 from attnkit.multihead import MultiHeadAttention
 from attnkit.positions import PositionScheme
-from attnkit.queries.self_attentive import QueryTagged
+from attnkit.queries.query_types import QueryTagged
 
 __all__ = ["TransformerDecoderLayer", "TransformerEncoder", "TransformerEncoderLayer"]
 

@@ -10,7 +10,7 @@ from attnkit import taxonomy as tx
 from attnkit.alignments import Softmax
 from attnkit.arguments import sizes
 from attnkit.attention import Attention
-from attnkit.queries.self_attentive import QueryTagged
+from attnkit.queries.query_types import QueryTagged
 
 __all__ = ["ImageCaptioner"]
 

@@ -13,7 +13,7 @@ from attnkit.alignments import Alignment, AlignOutput
 from attnkit.arguments import sizes
 from attnkit.attention import Attention, attention
 from attnkit.output import AttentionOutput
-from attnkit.queries.self_attentive import QueryTagged
+from attnkit.queries.query_types import QueryTagged
 
 __all__ = ["Seq2SeqAttention", "Seq2SeqOutput"]
 

@@ -9,7 +9,8 @@ from attnkit.queries.multi_output import (
     frobenius_penalty,
 )
 from attnkit.queries.multihop import MultiHop, MultiHopOutput
-from attnkit.queries.self_attentive import QueryTagged, SelfAttention
+from attnkit.queries.query_types import QueryTagged
+from attnkit.queries.self_attention import SelfAttention, SelfAttentionOutput
 
 __all__ = [
     "CapsuleAttention",
@@ -20,6 +21,7 @@ __all__ = [
     "MultiHopOutput",
     "QueryTagged",
     "SelfAttention",
+    "SelfAttentionOutput",
     "capsule_loss",
     "frobenius_penalty",
 ]

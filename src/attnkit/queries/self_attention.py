@@ -1,5 +1,5 @@
-"""Types of queries (Brauwers 3.3.1): self-attention with Q = W_Q F (eq. 35) and its feature
-updates (eqs. 36-37); a tag for where a query comes from (basic / specialized / self-attentive).
+"""Self-attention (Brauwers 3.3.1): every feature queries all of them, Q = W_Q F (eq. 35), with
+the feature updates of eqs. 36-37.
 
 The constant- and learned-query forms of eqs. 33-34 are score functions:
 ``attnkit.scores.Additive(None, d_k, d_w)`` and ``attnkit.scores.LearnedQuery(d_k)``.
@@ -19,7 +19,7 @@ from attnkit.attention import Attention
 from attnkit.mechanisms import REGISTRY, example_tensor
 from attnkit.output import AttentionOutput
 
-__all__ = ["QueryTagged", "SelfAttention", "SelfAttentionOutput"]
+__all__ = ["SelfAttention", "SelfAttentionOutput"]
 
 
 class SelfAttentionOutput(NamedTuple):
@@ -113,29 +113,3 @@ class SelfAttention(nn.Module):
         if self.norm is None:
             return SelfAttentionOutput(out.context, out)  # eq. 36
         return SelfAttentionOutput(self.norm(f + out.context), out)  # eq. 37
-
-
-class QueryTagged(nn.Module):
-    """Wraps an attention module and records where its query comes from, for ``describe``:
-    ``"basic"`` (e.g. a decoder state), ``"specialized"`` (built by another attention module)
-    or ``"self-attentive"``. Calls pass through unchanged."""
-
-    _TYPES: ClassVar[dict[str, tx.QueryType]] = {
-        "basic": tx.QueryType.BASIC,
-        "specialized": tx.QueryType.SPECIALIZED,
-        "self-attentive": tx.QueryType.SELF_ATTENTIVE,
-    }
-
-    def __init__(self, module: nn.Module, query: str) -> None:
-        super().__init__()
-        if not isinstance(module, nn.Module):
-            raise TypeError(f"module must be an nn.Module, got {type(module).__name__}")
-        if query not in self._TYPES:
-            raise ValueError(f"query must be one of {sorted(self._TYPES)}, got {query!r}")
-        self.module, self.query = module, query
-
-    def taxonomy_tags(self) -> list:
-        return [self._TYPES[self.query]]
-
-    def forward(self, *args, **kwargs):
-        return self.module(*args, **kwargs)

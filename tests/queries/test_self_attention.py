@@ -1,4 +1,4 @@
-"""Self-attention with Q = W_Q F (eq. 35) and the updates of eqs. 36-37; query tags."""
+"""Self-attention with Q = W_Q F (eq. 35) and the updates of eqs. 36-37."""
 
 import math
 
@@ -7,8 +7,8 @@ import torch
 from helpers import rand
 
 import attnkit as ak
-from attnkit.queries import QueryTagged, SelfAttention
-from attnkit.taxonomy import QueryType, describe
+from attnkit.queries import SelfAttention
+from attnkit.taxonomy import describe
 
 
 @pytest.mark.parametrize("update", ["replace", "residual"])
@@ -26,14 +26,6 @@ def test_eqs_35_to_37(update):
     )  # eq. 36 / 37
     torch.testing.assert_close(new, expected, atol=1e-12, rtol=1e-12)
     assert describe(m).query_type == "Self-Attentive"
-
-
-def test_query_tags():
-    tagged = QueryTagged(torch.nn.Identity(), "basic")
-    assert tagged.taxonomy_tags() == [QueryType.BASIC]
-    assert tagged(3) == 3
-    with pytest.raises(ValueError, match="query must be one of"):
-        QueryTagged(torch.nn.Identity(), "sideways")
 
 
 def test_batch_equals_items_with_masks_from_lengths():
