@@ -110,6 +110,8 @@ BAD_CALLS = [
     ("from_lengths n=-1", lambda: masks.from_lengths(torch.tensor([0]), -1), ValueError, r"n must be an int >= 0, got -1"),
     ("from_lengths longer than n", lambda: masks.from_lengths(torch.tensor([4]), 3), ValueError, r"lengths must lie in \[0, n=3\], got \[4\]"),
     ("from_lengths complex", lambda: masks.from_lengths(torch.tensor([1j]), 3), TypeError, r"lengths must be a 1-D integer tensor.*complex"),
+    ("combine masks that do not broadcast", lambda: masks.combine(b_(2, 3), b_(4, 5)), ValueError, r"combine: mask 1 of shape \(4, 5\) does not broadcast with the masks before it, of shape \(2, 3\)"),
+    ("from_lengths of a string", lambda: masks.from_lengths("abc", 3), TypeError, r"lengths must be a 1-D integer tensor or a list of ints, got 'abc'"),
     ("combine a float mask", lambda: masks.combine(b_(2, 2), torch.ones(2, 2)), TypeError, r"combine: mask 1 must be a boolean tensor or None, got torch.float32"),
     # Multi-head attention and the Transformer blocks.
     ("MHA num_heads=0", lambda: ak.MultiHeadAttention(8, 0), ValueError, r"num_heads must be a positive int, got 0"),

@@ -27,7 +27,12 @@ def from_lengths(lengths: Tensor, n: int) -> Tensor:
     """
     arguments.nonnegative_int(n, "n")
     if not isinstance(lengths, Tensor):
-        lengths = torch.as_tensor(lengths)
+        try:
+            lengths = torch.as_tensor(lengths)
+        except (TypeError, ValueError, RuntimeError):
+            raise TypeError(
+                f"lengths must be a 1-D integer tensor or a list of ints, got {lengths!r}"
+            ) from None
     if (
         lengths.dim() != 1
         or lengths.dtype.is_floating_point
@@ -70,6 +75,14 @@ def combine(*masks: Tensor | None) -> Tensor | None:
         if not isinstance(mask, Tensor) or mask.dtype != torch.bool:
             what = mask.dtype if isinstance(mask, Tensor) else type(mask).__name__
             raise TypeError(f"combine: mask {i} must be a boolean tensor or None, got {what}")
+        if out is not None:
+            try:
+                torch.broadcast_shapes(out.shape, mask.shape)
+            except RuntimeError:
+                raise ValueError(
+                    f"combine: mask {i} of shape {tuple(mask.shape)} does not broadcast with "
+                    f"the masks before it, of shape {tuple(out.shape)}"
+                ) from None
         out = mask if out is None else out & mask
     return out
 
