@@ -14,6 +14,7 @@ from torch import Tensor, nn
 from attnkit import checks, hooks, kernels
 from attnkit.alignments import Alignment
 from attnkit.kernels.base import Call
+from attnkit.kernels.block_mask import BlockMask, ScoreMod
 from attnkit.kernels.chunked import DENSE_LIMIT
 from attnkit.output import AttentionOutput
 from attnkit.scores import Score
@@ -53,6 +54,8 @@ def attention(
     chunk_size: int | None = None,
     dropout: float = 0.0,
     kernel: str | None = None,
+    block_mask: BlockMask | None = None,
+    score_mod: ScoreMod | None = None,
 ) -> AttentionOutput:
     """General attention: e = score(q, k) (eq. 2), a = align(e) (eq. 3), c = Σ_l a_l v_l (eq. 4).
 
@@ -77,16 +80,21 @@ def attention(
             form, the alignment softmax with a constant temperature and no weights are
             requested; chunked when the dense score tensor would exceed :data:`DENSE_LIMIT`
             elements and the alignment streams; dense otherwise.
+        block_mask: a sparse pattern (:class:`attnkit.kernels.BlockMask`, e.g. from
+            :mod:`attnkit.patterns`), combined with ``mask``: the chunked kernel then skips the
+            tiles it leaves empty, so the cost follows the pattern's density.
+        score_mod: ``score_mod(e, b, h, q_idx, kv_idx) -> e'`` applied to the scores (after the
+            bias), differentiable; e.g. a relative-position bias or soft-capping.
 
     Returns:
         :class:`AttentionOutput` (context, weights, scores, log_prob). Weights from the chunked
         kernel are recomputed block by block and carry no gradient.
     """
-    score_mod = checks.resolve_score(score)
+    score_part = checks.resolve_score(score)
     align_mod = checks.resolve_alignment(align)
     if v is None:
         v = k
-    shape = checks.validate(q, k, v, score_mod, mask=mask, bias=bias)
+    shape = checks.validate(q, k, v, score_part, mask=mask, bias=bias)
     if isinstance(dropout, bool) or not isinstance(dropout, (int, float)):
         raise TypeError(f"dropout must be a number in [0, 1), got {dropout!r}")
     if not 0.0 <= dropout < 1.0:
@@ -95,11 +103,19 @@ def attention(
         isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1
     ):
         raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}")
+    if block_mask is not None:
+        if not isinstance(block_mask, BlockMask):
+            raise TypeError(
+                f"block_mask must be an attnkit.kernels.BlockMask, got {type(block_mask).__name__}"
+            )
+        block_mask.check(shape)
+    if score_mod is not None and not callable(score_mod):
+        raise TypeError(f"score_mod must be callable, got {type(score_mod).__name__}")
     call = Call(
         q,
         k,
         v,
-        score_mod,
+        score_part,
         align_mod,
         shape,
         mask=mask,
@@ -107,6 +123,8 @@ def attention(
         need_weights=need_weights,
         chunk_size=chunk_size,
         dropout=float(dropout),
+        block_mask=block_mask,
+        score_mod=score_mod,
     )
     return kernels.select(call, kernel).attend(_without_dead_keys(call))
 

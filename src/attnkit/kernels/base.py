@@ -18,6 +18,7 @@ import torch
 from torch import Tensor
 
 from attnkit.alignments import Alignment
+from attnkit.kernels.block_mask import BlockMask, ScoreMod
 from attnkit.output import AttentionOutput
 from attnkit.scores import Score
 
@@ -36,7 +37,7 @@ __all__ = [
 class Call:
     """One validated attention call: q (B, …, M, d_q) or None, k (B, …, N, d_k),
     v (B, …, N, d_v), the score and alignment modules, mask/bias broadcastable to
-    ``shape`` = (B, …, M, N)."""
+    ``shape`` = (B, …, M, N), and optionally a sparse pattern's block mask and a score_mod."""
 
     q: Tensor | None
     k: Tensor
@@ -49,6 +50,8 @@ class Call:
     need_weights: bool = False
     chunk_size: int | None = None
     dropout: float = 0.0
+    block_mask: BlockMask | None = None
+    score_mod: ScoreMod | None = None
 
     def parts(self) -> tuple[Tensor | None, Tensor, Tensor, Score, Alignment]:
         """(q, k, v, score, align), the positional arguments of the functional kernels."""

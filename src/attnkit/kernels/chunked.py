@@ -22,12 +22,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from attnkit.alignments import Alignment
 from attnkit.alignments.streaming import Streaming
 from attnkit.kernels import dense
 from attnkit.kernels.base import Call, Kernel, guarded_sum, register
+from attnkit.kernels.block_mask import BlockMask, ScoreMod, apply_score_mod
 from attnkit.output import AttentionOutput
 from attnkit.scores import Score
 
@@ -117,12 +118,22 @@ class _Plan:
     block_k: int
     work: torch.dtype  # dtype of statistics and sums
     guard: bool  # a masked value may be non-finite
+    block_mask: BlockMask | None = None
+    score_mod: ScoreMod | None = None
 
     def q_blocks(self) -> list[tuple[int, int]]:
         return _ranges(self.block_q, self.m)
 
-    def k_blocks(self) -> list[tuple[int, int]]:
-        return _ranges(self.block_k, self.n)
+    def k_blocks(self, q0: int | None = None) -> list[tuple[int, int]]:
+        """Key blocks; with a block mask, only those the query block starting at ``q0`` needs."""
+        ranges = _ranges(self.block_k, self.n)
+        if self.block_mask is None or q0 is None:
+            return ranges
+        row = self.block_mask.any_allowed[q0 // self.block_q]
+        visited = [r for r, visit in zip(ranges, row.tolist(), strict=True) if visit]
+        # A query block with no allowed key still visits one (fully masked) tile, so that its
+        # rows get the alignment's empty-row result.
+        return visited or ranges[:1]
 
     def raw(self, qb: Tensor | None, kb: Tensor, bb: Tensor | None, q0: int, q1: int, k0: int):
         """Scores + bias of query rows [q0, q1) × the keys of ``kb``, in the work dtype."""
@@ -133,12 +144,24 @@ class _Plan:
         if bb is not None:
             e = e + (bb.unsqueeze(-3) if self.multi else bb).to(self.work)
         rows = (q1 - q0, e.shape[-1])
-        return e.expand(*self.lead, *((e.shape[-3],) if self.multi else ()), *rows)
+        e = e.expand(*self.lead, *((e.shape[-3],) if self.multi else ()), *rows)
+        if self.score_mod is not None:
+            e = apply_score_mod(self.score_mod, e, q0, k0)
+        return e
+
+    def tile_mask(self, q0: int, q1: int, k0: int, k1: int) -> Tensor | None:
+        """The mask of a tile (the call's mask and, unless the tile is full, the block mask's)."""
+        mask = _block(self.mask, q0, q1, k0, k1)
+        bm = self.block_mask
+        if bm is not None and not bool(bm.all_allowed[q0 // self.block_q, k0 // self.block_k]):
+            pattern = bm.tile(q0, q1, k0, k1)
+            mask = pattern if mask is None else mask & pattern
+        return mask
 
     def prepared(self, e: Tensor, q0: int, q1: int, k0: int, k1: int) -> Tensor:
         """What the alignment reads: its working units, −inf at masked keys."""
         e = self.align.stream_prepare(e)
-        mask = _block(self.mask, q0, q1, k0, k1)
+        mask = self.tile_mask(q0, q1, k0, k1)
         if mask is not None:
             e = e.masked_fill(~(mask.unsqueeze(-3) if self.multi else mask), float("-inf"))
         return e
@@ -150,7 +173,7 @@ class _Plan:
 
     def tiles(self, qp, kp, bias, q0: int, q1: int):
         def sweep() -> Iterator[Tensor]:
-            for k0, k1 in self.k_blocks():
+            for k0, k1 in self.k_blocks(q0):
                 yield self.tile(qp, kp, bias, q0, q1, k0, k1)
 
         return sweep
@@ -202,7 +225,7 @@ def _forward_rows(plan: _Plan, qp, kp, v, bias, q0, q1) -> tuple[Tensor, Tensor 
     align = plan.align
     if align.stream_online:
         state = acc = None
-        for k0, k1 in plan.k_blocks():
+        for k0, k1 in plan.k_blocks(q0):
             p, rescale, state = align.stream_accumulate(
                 plan.tile(qp, kp, bias, q0, q1, k0, k1), state
             )
@@ -214,7 +237,7 @@ def _forward_rows(plan: _Plan, qp, kp, v, bias, q0, q1) -> tuple[Tensor, Tensor 
     else:
         stat = align.stream_statistic(plan.tiles(qp, kp, bias, q0, q1))
         context = None
-        for k0, k1 in plan.k_blocks():
+        for k0, k1 in plan.k_blocks(q0):
             p = align.stream_weights(plan.tile(qp, kp, bias, q0, q1, k0, k1), stat)
             part = plan.combine(p, v[..., k0:k1, :])
             context = part if context is None else context + part
@@ -230,7 +253,7 @@ def _correction(plan: _Plan, qp, kp, v, bias, d_out, context, st, q0, q1) -> Ten
     if plan.align.stream_weights_are_correction:
         return plan.from_context(d_out * context)  # Σ_l p_l ∂L/∂p_l = ∂L/∂c · c
     num = den = None
-    for k0, k1 in plan.k_blocks():
+    for k0, k1 in plan.k_blocks(q0):
         p = plan.weights(plan.tile(qp, kp, bias, q0, q1, k0, k1), st, q0, q1)
         _, r = plan.align.stream_slope(p, st)
         if r is None:
@@ -272,7 +295,7 @@ class _Chunked(torch.autograd.Function):
             st = None if stat is None else stat.narrow(-2, q0, q1 - q0)
             with torch.no_grad():
                 corr = _correction(plan, qp, kp, v, bias, d_out, context[..., q0:q1, :], st, q0, q1)
-            for k0, k1 in plan.k_blocks():
+            for k0, k1 in plan.k_blocks(q0):
                 with torch.enable_grad():
                     qb = None if qp is None else qp[..., q0:q1, :].detach().requires_grad_()
                     kb = kp[..., k0:k1, :].detach().requires_grad_()
@@ -334,6 +357,25 @@ def _weights(plan: _Plan, qp, kp, v, bias) -> tuple[Tensor, Tensor]:
     return weights.to(v.dtype), scores.to(v.dtype)
 
 
+def _has_key(mask: Tensor, block_mask: BlockMask) -> Tensor:
+    """(…, M, 1): rows with a key that both the mask and the block mask allow (visited tiles
+    only: the others hold no allowed pair)."""
+    rows = []
+    for i, (q0, q1) in enumerate(_ranges(block_mask.block_q, block_mask.m)):
+        hit = None
+        for j, (k0, k1) in enumerate(_ranges(block_mask.block_k, block_mask.n)):
+            if not bool(block_mask.any_allowed[i, j]):
+                continue
+            both = _block(mask, q0, q1, k0, k1) & block_mask.tile(q0, q1, k0, k1)
+            found = both.any(dim=-1, keepdim=True)
+            hit = found if hit is None else hit | found
+        if hit is None:
+            hit = torch.zeros(q1 - q0, 1, dtype=torch.bool, device=mask.device)
+        rows.append(hit)
+    shapes = torch.broadcast_shapes(*(r.shape[:-2] for r in rows))
+    return torch.cat([r.expand(*shapes, *r.shape[-2:]) for r in rows], dim=-2)
+
+
 def _work_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
@@ -349,13 +391,18 @@ def attend(
     bias: Tensor | None = None,
     need_weights: bool = False,
     chunk_size: int | None = None,
+    block_mask: BlockMask | None = None,
+    score_mod: ScoreMod | None = None,
 ) -> AttentionOutput:
     """Evaluate attention block by block; inputs are assumed validated.
 
     ``chunk_size`` is the key block size (default :func:`default_chunk_size`); query blocks are
     sized so that a score tile holds about 2¹⁹ elements (2²¹ for wide scores such as
-    additive). With ``need_weights`` the weights and scores are recomputed block by block into
-    (…, M, N) tensors, without gradient.
+    additive). A ``block_mask`` sets both block sizes, and tiles it marks empty are skipped,
+    forward and backward. ``score_mod(e, b, h, q_idx, kv_idx)`` modifies each tile's scores
+    (after the bias), differentiably; an ``nn.Module`` score_mod's parameters get gradients.
+    With ``need_weights`` the weights and scores are recomputed block by block into (…, M, N)
+    tensors, without gradient.
     """
     reasons = reasons_not_streamable(align)
     if reasons:
@@ -367,19 +414,43 @@ def attend(
     n = k.shape[-2]
     m = 1 if q is None else q.shape[-2]
     lead = torch.broadcast_shapes(k.shape[:-2], () if q is None else q.shape[:-2])
+    if score_mod is not None and score.multi_dimensional:
+        raise ValueError("score_mod applies to single-dimensional scores (…, M, N) only")
     if m == 0 or n == 0 or math.prod(lead) == 0 or v.shape[-1] == 0:
         # Nothing to stream; the dense path returns the empty result with its autograd graph.
-        return dense.attend(q, k, v, score, align, mask=mask, bias=bias, need_weights=need_weights)
+        return dense.attend(
+            q,
+            k,
+            v,
+            score,
+            align,
+            mask=mask,
+            bias=bias,
+            need_weights=need_weights,
+            block_mask=block_mask,
+            score_mod=score_mod,
+        )
     assert isinstance(align, Streaming)
-    block_k = min(default_chunk_size(n, score) if chunk_size is None else chunk_size, n)
-    per_row = block_k * tile_width(score) * max(1, math.prod(lead))
-    budget = TILE_ELEMENTS if tile_width(score) == 1 else WIDE_TILE_ELEMENTS
-    block_q = max(1, min(m, budget // per_row))
+    if block_mask is not None:
+        if chunk_size is not None and chunk_size != block_mask.block_k:
+            raise ValueError(
+                f"chunk_size={chunk_size} differs from the block mask's key block "
+                f"{block_mask.block_k}; leave chunk_size out"
+            )
+        block_q, block_k = block_mask.block_q, block_mask.block_k
+    else:
+        block_k = min(default_chunk_size(n, score) if chunk_size is None else chunk_size, n)
+        per_row = block_k * tile_width(score) * max(1, math.prod(lead))
+        budget = TILE_ELEMENTS if tile_width(score) == 1 else WIDE_TILE_ELEMENTS
+        block_q = max(1, min(m, budget // per_row))
+    has_key = None if mask is None else mask.any(dim=-1, keepdim=True)
+    if block_mask is not None:
+        has_key = block_mask.has_key if mask is None else _has_key(mask, block_mask)
     plan = _Plan(
         score=score,
         align=align,
         mask=mask,
-        has_key=None if mask is None else mask.any(dim=-1, keepdim=True),
+        has_key=has_key,
         lead=lead,
         multi=score.multi_dimensional,
         m=m,
@@ -388,10 +459,13 @@ def attend(
         block_k=block_k,
         work=_work_dtype(v.dtype),
         guard=mask is not None and not bool(torch.isfinite(v).all()),
+        block_mask=block_mask,
+        score_mod=score_mod,
     )
     qp = score.project_query(q)
     kp = score.project_key(k)
-    params = [p for p in (*score.parameters(), *align.parameters()) if p.requires_grad]
+    mod_params = score_mod.parameters() if isinstance(score_mod, nn.Module) else ()
+    params = [p for p in (*score.parameters(), *align.parameters(), *mod_params) if p.requires_grad]
     context = _Chunked.apply(plan, qp, kp, v, bias, *params)
     if not need_weights:
         return AttentionOutput(context)
@@ -409,9 +483,13 @@ class Chunked(Kernel):
         reasons = reasons_not_streamable(call.align)
         if call.dropout > 0.0:
             reasons.append(f"the chunked kernel does not apply dropout (dropout={call.dropout})")
+        if call.score_mod is not None and call.score.multi_dimensional:
+            reasons.append("score_mod applies to single-dimensional scores only")
         return reasons
 
     def prefers(self, call: Call) -> bool:
+        if call.block_mask is not None:
+            return True  # its cost follows the pattern's density
         return call.shape.numel() * tile_width(call.score) > DENSE_LIMIT
 
     def attend(self, call: Call) -> AttentionOutput:
@@ -421,6 +499,8 @@ class Chunked(Kernel):
             bias=call.bias,
             need_weights=call.need_weights,
             chunk_size=call.chunk_size,
+            block_mask=call.block_mask,
+            score_mod=call.score_mod,
         )
 
 

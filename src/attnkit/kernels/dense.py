@@ -9,6 +9,7 @@ from torch import Tensor
 
 from attnkit.alignments import Alignment
 from attnkit.kernels.base import Call, Kernel, guarded_sum, register
+from attnkit.kernels.block_mask import BlockMask, ScoreMod, apply_score_mod
 from attnkit.output import AttentionOutput
 from attnkit.scores import Score
 
@@ -34,8 +35,13 @@ def attend(
     bias: Tensor | None = None,
     need_weights: bool = False,
     dropout: float = 0.0,
+    block_mask: BlockMask | None = None,
+    score_mod: ScoreMod | None = None,
 ) -> AttentionOutput:
     """Evaluate attention densely; inputs are assumed validated.
+
+    A ``block_mask`` is applied as its whole dense mask (combined with ``mask``) and
+    ``score_mod`` on the whole score matrix: the reference for the block-sparse chunked kernel.
 
     For float16/bfloat16 inputs the scores are aligned in float32 (the bias is added there too)
     and the weighted sum accumulates in float32: half precision cannot hold a score plus a large
@@ -49,6 +55,13 @@ def attend(
     if bias is not None:
         bias = bias.to(e.dtype)
         e = e + (bias.unsqueeze(-1) if multi else bias)
+    if score_mod is not None:
+        if multi:
+            raise ValueError("score_mod applies to single-dimensional scores (…, M, N) only")
+        e = apply_score_mod(score_mod, e)
+    if block_mask is not None:
+        pattern = block_mask.to_dense()
+        mask = pattern if mask is None else mask & pattern
     if multi:
         # Align each feature across keys (eq. 32): put features before (M, N).
         a, log_prob = align(
@@ -94,6 +107,8 @@ class Dense(Kernel):
             bias=call.bias,
             need_weights=call.need_weights,
             dropout=call.dropout,
+            block_mask=call.block_mask,
+            score_mod=call.score_mod,
         )
 
 

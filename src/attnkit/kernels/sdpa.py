@@ -87,6 +87,8 @@ class SDPA(Kernel):
         reasons = _reasons(call.score, call.align, need_weights=call.need_weights)
         if call.chunk_size is not None:
             reasons.append("chunk_size is an argument of the chunked kernel")
+        if call.block_mask is not None or call.score_mod is not None:
+            reasons.append("block masks and score_mod run on the chunked (or dense) kernel")
         if call.bias is not None:
             if call.bias.dtype != call.k.dtype:
                 reasons.append(

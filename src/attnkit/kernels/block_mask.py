@@ -1,0 +1,236 @@
+"""Block masks: which (query block × key block) tiles of a sparse attention pattern hold any
+allowed pair, and which hold only allowed pairs (FlexAttention's block mask, Wikipedia
+"FlexAttention"), so that the chunked kernel's cost follows the pattern's density.
+
+A pattern is a mask function ``mask_mod(b, h, q_idx, kv_idx) -> bool tensor`` (True = may attend)
+evaluated on broadcastable index tensors, or a dense boolean mask. The block mask is built once;
+the kernel then skips empty tiles, skips the masking work on full tiles, and evaluates the mask
+function only on the partial tiles it visits (forward and backward).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from attnkit import arguments
+
+__all__ = ["BlockMask", "MaskMod", "ScoreMod", "apply_score_mod"]
+
+MaskMod = Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]
+ScoreMod = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], Tensor]
+
+DEFAULT_BLOCK = 128
+
+
+def _indices(lead: tuple[int, ...], device) -> tuple[Tensor, Tensor]:
+    """b and h index tensors shaped to broadcast against (*lead, M_b, N_b)."""
+    rank = len(lead) + 2
+    zero = torch.zeros((1,) * rank, dtype=torch.long, device=device)
+    b = h = zero
+    if len(lead) >= 1:
+        b = torch.arange(lead[0], device=device).view(lead[0], *([1] * (rank - 1)))
+    if len(lead) >= 2:
+        h = torch.arange(lead[1], device=device).view(1, lead[1], *([1] * (rank - 2)))
+    return b, h
+
+
+def apply_score_mod(score_mod: ScoreMod, e: Tensor, q0: int = 0, k0: int = 0) -> Tensor:
+    """``score_mod(e, b, h, q_idx, kv_idx)`` on scores e (*lead, M_b, N_b) whose first query is
+    ``q0`` and first key ``k0``; b and h index the first two lead dims (0 when absent)."""
+    lead = tuple(e.shape[:-2])
+    b, h = _indices(lead[:2], e.device)
+    rank = e.dim()
+    b = b.view(*b.shape, *([1] * (rank - b.dim())))
+    h = h.view(*h.shape, *([1] * (rank - h.dim())))
+    q_idx = torch.arange(q0, q0 + e.shape[-2], device=e.device).view(*([1] * (rank - 2)), -1, 1)
+    kv_idx = torch.arange(k0, k0 + e.shape[-1], device=e.device).view(*([1] * (rank - 1)), -1)
+    out = score_mod(e, b, h, q_idx, kv_idx)
+    if not isinstance(out, Tensor) or out.shape != e.shape:
+        got = tuple(out.shape) if isinstance(out, Tensor) else type(out).__name__
+        raise ValueError(f"score_mod must return the scores' shape {tuple(e.shape)}, got {got}")
+    return out
+
+
+@dataclass
+class BlockMask:
+    """A sparse pattern over (*lead, M, N) scores, tiled in ``block_q`` × ``block_k`` blocks.
+
+    Attributes:
+        lead: the batch dims the pattern varies over (``()`` when it is the same for all; with
+            mask functions ``(B, H)``, ``(B,)`` or ``()``).
+        m, n: query and key lengths.
+        block_q, block_k: tile size; the chunked kernel uses these blocks.
+        any_allowed: (n_qblocks, n_kblocks) bool, a tile holds at least one allowed pair for some
+            batch entry.
+        all_allowed: (n_qblocks, n_kblocks) bool, every pair of the tile is allowed for every
+            batch entry.
+        has_key: (*lead, M, 1) bool, the row may attend at least one key.
+    """
+
+    lead: tuple[int, ...]
+    m: int
+    n: int
+    block_q: int
+    block_k: int
+    any_allowed: Tensor
+    all_allowed: Tensor
+    has_key: Tensor
+    mask_mod: MaskMod | None = None
+    dense: Tensor | None = None
+
+    # ---- construction ------------------------------------------------------------------------
+
+    @classmethod
+    def from_mask_mod(
+        cls,
+        mask_mod: MaskMod,
+        m: int,
+        n: int,
+        *,
+        batch: int | None = None,
+        heads: int | None = None,
+        block_q: int = DEFAULT_BLOCK,
+        block_k: int = DEFAULT_BLOCK,
+        device: torch.device | str | None = None,
+    ) -> BlockMask:
+        """Evaluate ``mask_mod(b, h, q_idx, kv_idx)`` tile by tile (memory O(block_q·block_k)).
+
+        ``batch``/``heads`` None means the pattern does not depend on them (b, h are passed as 0).
+        """
+        if not callable(mask_mod):
+            raise TypeError(f"mask_mod must be callable, got {type(mask_mod).__name__}")
+        m, n = arguments.positive_int(m, "m"), arguments.positive_int(n, "n")
+        block_q = arguments.positive_int(block_q, "block_q")
+        block_k = arguments.positive_int(block_k, "block_k")
+        if heads is not None and batch is None:
+            batch = 1
+        lead = tuple(
+            arguments.positive_int(x, name)
+            for x, name in ((batch, "batch"), (heads, "heads"))
+            if x is not None
+        )
+        b, h = _indices(lead, device)
+        nq, nk = -(-m // block_q), -(-n // block_k)
+        any_allowed = torch.zeros(nq, nk, dtype=torch.bool)
+        all_allowed = torch.zeros(nq, nk, dtype=torch.bool)
+        has_key = torch.zeros(*lead, m, 1, dtype=torch.bool, device=device)
+        for i in range(nq):
+            q0, q1 = i * block_q, min((i + 1) * block_q, m)
+            q_idx = torch.arange(q0, q1, device=device)[:, None]
+            for j in range(nk):
+                k0, k1 = j * block_k, min((j + 1) * block_k, n)
+                kv_idx = torch.arange(k0, k1, device=device)[None, :]
+                tile = cls._call(mask_mod, b, h, q_idx, kv_idx, (*lead, q1 - q0, k1 - k0))
+                any_allowed[i, j] = bool(tile.any())
+                all_allowed[i, j] = bool(tile.all())
+                has_key[..., q0:q1, :] |= tile.any(dim=-1, keepdim=True)
+        return cls(
+            lead, m, n, block_q, block_k, any_allowed, all_allowed, has_key, mask_mod=mask_mod
+        )
+
+    @classmethod
+    def from_dense(
+        cls, mask: Tensor, *, block_q: int = DEFAULT_BLOCK, block_k: int = DEFAULT_BLOCK
+    ) -> BlockMask:
+        """From a boolean mask (*lead, M, N), True = may attend."""
+        if not isinstance(mask, Tensor) or mask.dtype != torch.bool or mask.dim() < 2:
+            got = (
+                f"{mask.dtype} of shape {tuple(mask.shape)}"
+                if isinstance(mask, Tensor)
+                else type(mask).__name__
+            )
+            raise TypeError(f"mask must be a boolean tensor (…, M, N), got {got}")
+        block_q = arguments.positive_int(block_q, "block_q")
+        block_k = arguments.positive_int(block_k, "block_k")
+        m, n = mask.shape[-2:]
+        if m == 0 or n == 0:
+            raise ValueError(f"mask has no queries or keys (shape {tuple(mask.shape)})")
+        nq, nk = -(-m // block_q), -(-n // block_k)
+        flat = mask.reshape(-1, m, n)
+        pad_q, pad_k = nq * block_q - m, nk * block_k - n
+        tiles_any = torch.nn.functional.pad(flat, (0, pad_k, 0, pad_q), value=False)
+        tiles_all = torch.nn.functional.pad(flat, (0, pad_k, 0, pad_q), value=True)
+        shape = (flat.shape[0], nq, block_q, nk, block_k)
+        any_allowed = tiles_any.reshape(shape).any(dim=(2, 4)).any(dim=0)
+        all_allowed = tiles_all.reshape(shape).all(dim=(2, 4)).all(dim=0)
+        has_key = mask.any(dim=-1, keepdim=True)
+        return cls(
+            tuple(mask.shape[:-2]),
+            m,
+            n,
+            block_q,
+            block_k,
+            any_allowed,
+            all_allowed,
+            has_key,
+            dense=mask,
+        )
+
+    @staticmethod
+    def _call(mask_mod, b, h, q_idx, kv_idx, shape) -> Tensor:
+        rank = len(shape)
+        q = q_idx.view(*([1] * (rank - 2)), *q_idx.shape)
+        kv = kv_idx.view(*([1] * (rank - 2)), *kv_idx.shape)
+        out = mask_mod(b, h, q, kv)
+        if not isinstance(out, Tensor) or out.dtype != torch.bool:
+            raise TypeError(
+                "mask_mod must return a boolean tensor, got "
+                f"{type(out).__name__}{'' if not isinstance(out, Tensor) else ' ' + str(out.dtype)}"
+            )
+        try:
+            return out.expand(shape)
+        except RuntimeError:
+            raise ValueError(
+                f"mask_mod returned shape {tuple(out.shape)}, which does not broadcast to the "
+                f"tile {shape}"
+            ) from None
+
+    # ---- use ---------------------------------------------------------------------------------
+
+    def tile(self, q0: int, q1: int, k0: int, k1: int) -> Tensor:
+        """The (*lead, q1−q0, k1−k0) boolean mask of one tile."""
+        if self.dense is not None:
+            return self.dense[..., q0:q1, k0:k1]
+        assert self.mask_mod is not None
+        b, h = _indices(self.lead, self.has_key.device)
+        q_idx = torch.arange(q0, q1, device=self.has_key.device)[:, None]
+        kv_idx = torch.arange(k0, k1, device=self.has_key.device)[None, :]
+        return self._call(self.mask_mod, b, h, q_idx, kv_idx, (*self.lead, q1 - q0, k1 - k0))
+
+    def to_dense(self) -> Tensor:
+        """The whole (*lead, M, N) mask (for the dense reference path)."""
+        if self.dense is not None:
+            return self.dense
+        return self.tile(0, self.m, 0, self.n)
+
+    @property
+    def density(self) -> float:
+        """Share of tiles the kernel visits."""
+        return float(self.any_allowed.float().mean())
+
+    def check(self, shape: torch.Size) -> None:
+        """Raise unless this block mask fits scores of ``shape`` (B, …, M, N)."""
+        if (self.m, self.n) != tuple(shape[-2:]):
+            raise ValueError(
+                f"block_mask is for M = {self.m}, N = {self.n} but the scores are "
+                f"{tuple(shape)} (…, M, N)"
+            )
+        try:
+            ok = torch.broadcast_shapes(tuple(self.has_key.shape[:-2]), shape[:-2]) == shape[:-2]
+        except RuntimeError:
+            ok = False
+        if not ok:
+            raise ValueError(
+                f"block_mask varies over batch dims {self.lead}, which do not broadcast to the "
+                f"scores' {tuple(shape[:-2])}"
+            )
+
+    def __repr__(self) -> str:
+        return (
+            f"BlockMask(lead={self.lead}, M={self.m}, N={self.n}, blocks="
+            f"{self.block_q}x{self.block_k}, density={self.density:.3f})"
+        )

@@ -1,0 +1,29 @@
+"""Sparse attention patterns as mask functions (Soydaner 5.1; FlexAttention's ``mask_mod``),
+composable with :func:`and_masks` / :func:`or_masks`, evaluated block-sparsely by the chunked
+kernel through :func:`block_mask`:
+
+    bm = ak.patterns.block_mask(ak.patterns.sliding_window(256), n)
+    out = ak.attention(q, k, v, block_mask=bm)     # cost follows the window's density
+"""
+
+from attnkit.patterns.base import and_masks, block_mask, dense, or_masks
+from attnkit.patterns.global_tokens import bigbird, longformer
+from attnkit.patterns.local_2d import local_2d, query_blocks
+from attnkit.patterns.sparse_transformer import fixed, strided
+from attnkit.patterns.window import causal, dilated_window, sliding_window
+
+__all__ = [
+    "and_masks",
+    "bigbird",
+    "block_mask",
+    "causal",
+    "dense",
+    "dilated_window",
+    "fixed",
+    "local_2d",
+    "longformer",
+    "or_masks",
+    "query_blocks",
+    "sliding_window",
+    "strided",
+]

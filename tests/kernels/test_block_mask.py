@@ -1,0 +1,189 @@
+"""Block-sparse evaluation equals the dense masked computation for every score × streaming
+alignment, forward and gradients, for block sizes that do and do not divide the lengths; the
+kernel visits only the tiles the pattern needs; score_mod is differentiable."""
+
+from __future__ import annotations
+
+import itertools
+from unittest import mock
+
+import pytest
+import torch
+from factories import ALIGNMENTS, SCORES, Dims
+from torch import nn
+
+import attnkit as ak
+from attnkit import patterns as pt
+from attnkit.kernels import BlockMask, chunked, dense
+
+DIMS = Dims(max_len=40)
+STREAMING = [a for a in ALIGNMENTS if chunked.supports(ALIGNMENTS[a](DIMS))]
+PATTERN = pt.or_masks(pt.sliding_window(3), pt.longformer(0, [5]))
+
+
+def _grads(out, wrt, r):
+    g = torch.autograd.grad((out * r).sum(), wrt, allow_unused=True)
+    return [torch.zeros_like(w) if x is None else x for x, w in zip(g, wrt, strict=True)]
+
+
+# Blocks that leave ragged last blocks of the 33 × 37 scores (8 × 8, 5 × 7) and one query block
+# larger than M (40 × 3); one size for the multi-dimensional layout keeps the suite quick.
+CASES = [
+    (s, a, blocks)
+    for s, a in itertools.product(SCORES, STREAMING)
+    for blocks in ([(8, 8)] if SCORES[s](DIMS).multi_dimensional else [(8, 8), (5, 7), (40, 3)])
+]
+
+
+@pytest.mark.parametrize(("score", "align", "blocks"), CASES)
+def test_block_sparse_equals_dense_masked(score, align, blocks):
+    torch.manual_seed(0)
+    s, a = SCORES[score](DIMS).double(), ALIGNMENTS[align](DIMS).double()
+    g = torch.Generator().manual_seed(1)
+    q = torch.randn(2, 33, DIMS.d_q, generator=g, dtype=torch.float64, requires_grad=True)
+    k = torch.randn(2, 37, DIMS.d_k, generator=g, dtype=torch.float64, requires_grad=True)
+    v = torch.randn(2, 37, DIMS.d_v, generator=g, dtype=torch.float64, requires_grad=True)
+    bias = torch.randn(33, 37, generator=g, dtype=torch.float64, requires_grad=True)
+    padding = ak.masks.from_lengths(torch.tensor([37, 30]), 37)
+    bm = pt.block_mask(PATTERN, 33, 37, block_q=blocks[0], block_k=blocks[1])
+    mask = padding & pt.dense(PATTERN, 33, 37)
+    ref = dense.attend(q, k, v, s, a, mask=mask, bias=bias, need_weights=True)
+    out = chunked.attend(q, k, v, s, a, mask=padding, bias=bias, block_mask=bm, need_weights=True)
+    torch.testing.assert_close(out.context, ref.context, atol=1e-10, rtol=1e-10)
+    torch.testing.assert_close(out.weights, ref.weights.detach(), atol=1e-10, rtol=1e-10)
+    wrt = [q, k, v, bias, *s.parameters(), *a.parameters()]
+    r = torch.randn_like(ref.context)
+    for g1, g2 in zip(_grads(out.context, wrt, r), _grads(ref.context, wrt, r), strict=True):
+        torch.testing.assert_close(g1, g2, atol=1e-9, rtol=1e-9)
+
+
+def test_everything_allowed_equals_dense_attention():
+    q, k, v = (torch.randn(2, 3, 21, 8, dtype=torch.float64) for _ in range(3))
+    bm = pt.block_mask(lambda b, h, i, j: i >= 0, 21, block_q=4, block_k=6)
+    assert bm.all_allowed.all()
+    for align in ("softmax", "entmax15"):
+        out = ak.attention(q, k, v, align=align, block_mask=bm)
+        torch.testing.assert_close(
+            out.context, ak.attention(q, k, v, align=align, kernel="dense").context
+        )
+
+
+def test_only_the_needed_tiles_are_visited():
+    n, block = 64, 8
+    bm = pt.block_mask(pt.sliding_window(2), n, block_q=block, block_k=block)
+    assert bm.any_allowed.sum() == 8 + 2 * 7  # the diagonal tiles and their neighbours
+    assert bm.all_allowed.sum() == 0
+    score = ak.scores.ScaledDot()
+    q = torch.randn(1, n, 4, requires_grad=True)
+    with mock.patch.object(score, "pairwise", wraps=score.pairwise) as spy:
+        out = ak.attention(q, q, score=score, block_mask=bm)
+        forward_tiles = spy.call_count
+        out.context.sum().backward()
+    assert forward_tiles == int(bm.any_allowed.sum())  # softmax: one sweep
+    assert spy.call_count == 2 * forward_tiles  # backward recomputes the same tiles
+
+
+def test_full_tiles_skip_the_mask_work():
+    calls = []
+
+    def window(b, h, i, j):
+        calls.append(1)
+        return (i - j).abs() <= 20
+
+    bm = pt.block_mask(window, 32, block_q=8, block_k=8)
+    built = len(calls)
+    q = torch.randn(1, 32, 4)
+    ak.attention(q, q, block_mask=bm)
+    partial = int((bm.any_allowed & ~bm.all_allowed).sum())
+    assert 0 < partial < int(bm.any_allowed.sum())
+    assert len(calls) - built == partial
+
+
+def test_mask_mod_over_batch_and_heads():
+    lengths = torch.tensor([10, 6])
+
+    def padded_causal(b, h, i, j):
+        return (j <= i) & (j < lengths[b]) & ((h == 0) | (j >= i - 1))
+
+    bm = pt.block_mask(padded_causal, 10, batch=2, heads=3, block_q=4, block_k=4)
+    q, k, v = (torch.randn(2, 3, 10, 8, dtype=torch.float64) for _ in range(3))
+    i, j = torch.arange(10)[:, None], torch.arange(10)[None]
+    b = torch.arange(2)[:, None, None, None]
+    h = torch.arange(3)[None, :, None, None]
+    mask = (j <= i) & (j < lengths[b]) & ((h == 0) | (j >= i - 1))
+    out = ak.attention(q, k, v, align="sparsemax", block_mask=bm)
+    ref = ak.attention(q, k, v, align="sparsemax", mask=mask, kernel="dense")
+    torch.testing.assert_close(out.context, ref.context)
+
+
+def test_from_dense_equals_from_mask_mod():
+    mask = pt.dense(pt.strided(5), 30, 30)
+    a = BlockMask.from_dense(mask, block_q=7, block_k=4)
+    b = pt.block_mask(pt.strided(5), 30, block_q=7, block_k=4)
+    assert torch.equal(a.any_allowed, b.any_allowed) and torch.equal(a.all_allowed, b.all_allowed)
+    q = torch.randn(1, 30, 8, dtype=torch.float64)
+    torch.testing.assert_close(
+        ak.attention(q, q, block_mask=a).context, ak.attention(q, q, block_mask=b).context
+    )
+
+
+def test_rows_with_no_allowed_key_give_zero():
+    bm = pt.block_mask(lambda b, h, i, j: (i >= 8) & (j <= i), 16, block_q=4, block_k=4)
+    q = torch.randn(1, 16, 4, requires_grad=True)
+    for align in ("softmax", "sparsemax", "sigmoid"):
+        out = ak.attention(q, q, align=align, block_mask=bm, need_weights=True)
+        assert (out.context[0, :8] == 0).all() and (out.weights[0, :8] == 0).all()
+        out.context.sum().backward()
+        assert torch.isfinite(q.grad).all()
+
+
+class RelativeBias(nn.Module):
+    """score_mod with a learned bias per clipped distance (a T5-like table)."""
+
+    def __init__(self, span):
+        super().__init__()
+        self.span = span
+        self.table = nn.Parameter(torch.randn(2 * span + 1, dtype=torch.float64))
+
+    def forward(self, e, b, h, i, j):
+        return e + self.table[(i - j).clamp(-self.span, self.span) + self.span]
+
+
+def test_score_mod_is_differentiable_and_equals_a_bias():
+    torch.manual_seed(0)
+    mod = RelativeBias(3)
+    q, k, v = (torch.randn(2, 19, 8, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    bm = pt.block_mask(pt.causal(), 19, block_q=5, block_k=5)
+    out = ak.attention(q, k, v, align="entmax15", block_mask=bm, score_mod=mod)
+    i, j = torch.arange(19)[:, None], torch.arange(19)[None]
+    table = mod.table.detach().clone().requires_grad_()
+    bias = table[(i - j).clamp(-3, 3) + 3]
+    ref = ak.attention(q, k, v, align="entmax15", mask=j <= i, bias=bias, kernel="dense")
+    torch.testing.assert_close(out.context, ref.context)
+    r = torch.randn_like(ref.context)
+    (out.context * r).sum().backward()
+    (ref.context * r).sum().backward()
+    torch.testing.assert_close(mod.table.grad, table.grad)
+    dense_out = ak.attention(q, k, v, align="entmax15", mask=j <= i, score_mod=mod, kernel="dense")
+    torch.testing.assert_close(dense_out.context, ref.context)
+
+
+def test_bad_block_masks_and_score_mods():
+    q = torch.randn(1, 10, 4)
+    bm = pt.block_mask(pt.causal(), 12)
+    with pytest.raises(
+        ValueError, match=r"block_mask is for M = 12, N = 12 but the scores are \(1, 10, 10\)"
+    ):
+        ak.attention(q, q, block_mask=bm)
+    with pytest.raises(TypeError, match=r"block_mask must be an attnkit\.kernels\.BlockMask"):
+        ak.attention(q, q, block_mask=torch.ones(10, 10, dtype=torch.bool))
+    with pytest.raises(TypeError, match="score_mod must be callable"):
+        ak.attention(q, q, score_mod=3)
+    with pytest.raises(ValueError, match="score_mod must return the scores' shape"):
+        ak.attention(q, q, score_mod=lambda e, b, h, i, j: e.sum(-1), kernel="dense")
+    with pytest.raises(TypeError, match="mask_mod must return a boolean tensor"):
+        pt.block_mask(lambda b, h, i, j: i - j, 10)
+    with pytest.raises(ValueError, match="block masks and score_mod run on the chunked"):
+        ak.attention(q, q, block_mask=pt.block_mask(pt.causal(), 10), kernel="sdpa")
+    with pytest.raises(ValueError, match="chunk_size=3 differs from the block mask"):
+        ak.attention(q, q, block_mask=pt.block_mask(pt.causal(), 10, block_k=4), chunk_size=3)
