@@ -97,7 +97,7 @@ def _truncated_inputs(module, args, kwargs, lengths):
     and, per item, the call with the inputs each mask covers truncated and no masks."""
     named = dict(inspect.signature(module.forward).bind(*args, **kwargs).arguments)
     batched, keep = dict(named), {}
-    for mask_name, input_names in type(module).masks.items():
+    for mask_name, input_names in type(module).mask_inputs.items():
         x = named[input_names[0]]
         n = x.shape[-2]
         keep[mask_name] = torch.tensor(lengths[: x.shape[0]]) % n + 1
@@ -108,7 +108,7 @@ def _truncated_inputs(module, args, kwargs, lengths):
     items = []
     for b in range(2):
         alone = {k: _item(v, b) for k, v in named.items()}
-        for mask_name, input_names in type(module).masks.items():
+        for mask_name, input_names in type(module).mask_inputs.items():
             for input_name in input_names:
                 alone[input_name] = alone[input_name][..., : int(keep[mask_name][b]), :]
             alone[mask_name] = None
@@ -116,7 +116,7 @@ def _truncated_inputs(module, args, kwargs, lengths):
     return batched, items
 
 
-@pytest.mark.parametrize("name", [n for n in NAMES if mechanisms.REGISTRY.get(n).masks])
+@pytest.mark.parametrize("name", [n for n in NAMES if mechanisms.REGISTRY.get(n).mask_inputs])
 @pytest.mark.parametrize("lengths", [[4, 1], [1, 2]])
 def test_mask_equals_truncation(name, lengths):
     module, args, kwargs = _example(name)
@@ -192,7 +192,7 @@ def test_describe_gives_a_taxonomy_row(name):
     assert row.to_markdown(name).count("|") > 8
 
 
-@pytest.mark.parametrize("name", [n for n in NAMES if mechanisms.REGISTRY.get(n).masks])
+@pytest.mark.parametrize("name", [n for n in NAMES if mechanisms.REGISTRY.get(n).mask_inputs])
 def test_padded_content_influences_nothing(name):
     """NaN in every padded feature (Issue 8.6: masked means removed) changes nothing."""
     module, args, kwargs = _example(name)
@@ -200,7 +200,7 @@ def test_padded_content_influences_nothing(name):
     clean = module(**named).representation
     dirty = dict(named)
     rows = None
-    for mask_name, input_names in type(module).masks.items():
+    for mask_name, input_names in type(module).mask_inputs.items():
         for input_name in input_names:
             x = named[input_name].clone()
             real = named[mask_name].reshape(*x.shape[:-2], -1)[..., -x.shape[-2] :]

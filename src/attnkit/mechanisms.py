@@ -5,7 +5,7 @@ multiple outputs, multi-hop, self-attention, and later the efficient and memory 
 A mechanism registers its class under a name with ``@REGISTRY.register(name)`` in its own file,
 and provides ``example()``: a small built instance with example inputs, ``(module, args,
 kwargs)``, batch first with B ≥ 2, so that the contract suite (and any check outside it) can
-call every mechanism without a hand-written list. It declares ``masks``: each forward argument
+call every mechanism without a hand-written list. It declares ``mask_inputs``: each forward argument
 that is a padding mask, with the inputs (…, n, d) whose n rows it covers, so that the suite can
 test mask == truncation.
 

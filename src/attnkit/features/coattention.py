@@ -95,7 +95,7 @@ class MultiGrainedOutput(NamedTuple):
 class _CoAttention(nn.Module):
     """What the co-attention mechanisms share: their masks and a small example (B = 2)."""
 
-    masks: ClassVar[dict[str, tuple[str, ...]]] = {"mask1": ("f1",), "mask2": ("f2",)}
+    mask_inputs: ClassVar[dict[str, tuple[str, ...]]] = {"mask1": ("f1",), "mask2": ("f2",)}
     _example_kwargs: ClassVar[dict[str, int]] = {"d1": 6, "d2": 3, "d_w": 5}
     _example_sizes: ClassVar[tuple[int, int]] = (6, 3)
 

@@ -69,7 +69,10 @@ class AttentionViaAttention(nn.Module):
         self.word = Attention(word_score or Additive(d_q, d_word, d_w, **kw))
         self.char = Attention(char_score or Additive(d_q + d_word, d_char, d_w, **kw))
 
-    masks: ClassVar[dict[str, tuple[str, ...]]] = {"word_mask": ("words",), "char_mask": ("chars",)}
+    mask_inputs: ClassVar[dict[str, tuple[str, ...]]] = {
+        "word_mask": ("words",),
+        "char_mask": ("chars",),
+    }
 
     @classmethod
     def example(cls) -> tuple[nn.Module, tuple, dict]:
@@ -179,7 +182,7 @@ class HierarchicalAttention(nn.Module):
         self.sentence = Attention(sentence_score or Additive(None, d, d_w, **kw))
         self.sentence_encoder = sentence_encoder
 
-    masks: ClassVar[dict[str, tuple[str, ...]]] = {"word_mask": ("words",)}
+    mask_inputs: ClassVar[dict[str, tuple[str, ...]]] = {"word_mask": ("words",)}
 
     @classmethod
     def example(cls) -> tuple[nn.Module, tuple, dict]:

@@ -62,7 +62,7 @@ class MetaEmbedding(nn.Module):
         self.project = nn.ModuleList([nn.Linear(d, d_t, **kw) for d in dims])
         self.attention = Attention(score or Additive(None, d_t, d_w, **kw))
 
-    masks: ClassVar[dict[str, tuple[str, ...]]] = {}
+    mask_inputs: ClassVar[dict[str, tuple[str, ...]]] = {}
 
     @classmethod
     def example(cls) -> tuple[nn.Module, tuple, dict]:

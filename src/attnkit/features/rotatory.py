@@ -99,7 +99,7 @@ class RotatoryAttention(nn.Module):
 
         self.rounds = nn.ModuleList([four(d_t, d_t) for _ in range(rounds)])
 
-    masks: ClassVar[dict[str, tuple[str, ...]]] = {
+    mask_inputs: ClassVar[dict[str, tuple[str, ...]]] = {
         "mask_left": ("left",),
         "mask_target": ("target",),
         "mask_right": ("right",),

@@ -46,7 +46,7 @@ class CapsuleAttention(nn.Module):
     the dot score and ``align`` (softmax by default).
     """
 
-    masks: ClassVar[dict[str, tuple[str, ...]]] = {"mask": ("features",)}
+    mask_inputs: ClassVar[dict[str, tuple[str, ...]]] = {"mask": ("features",)}
 
     @classmethod
     def example(cls) -> tuple[nn.Module, tuple, dict]:

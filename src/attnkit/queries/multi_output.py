@@ -45,7 +45,7 @@ class ImportanceMatrixAttention(nn.Module):
     to :mod:`attnkit.hooks`.
     """
 
-    masks: ClassVar[dict[str, tuple[str, ...]]] = {"mask": ("keys", "values")}
+    mask_inputs: ClassVar[dict[str, tuple[str, ...]]] = {"mask": ("keys", "values")}
 
     @classmethod
     def example(cls) -> tuple[nn.Module, tuple, dict]:

@@ -82,7 +82,7 @@ class MultiHop(nn.Module):
             [Attention(Additive(d_q + d_v, d_k, d_w, **kw), align) for _ in range(n)]
         )
 
-    masks: ClassVar[dict[str, tuple[str, ...]]] = {"mask": ("keys", "values")}
+    mask_inputs: ClassVar[dict[str, tuple[str, ...]]] = {"mask": ("keys", "values")}
 
     @classmethod
     def example(cls) -> tuple[nn.Module, tuple, dict]:

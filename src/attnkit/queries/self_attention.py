@@ -79,7 +79,7 @@ class SelfAttention(nn.Module):
         self.update = update
         self.norm = nn.LayerNorm(d_f, **kw) if update == "residual" else None
 
-    masks: ClassVar[dict[str, tuple[str, ...]]] = {"mask": ("f",)}
+    mask_inputs: ClassVar[dict[str, tuple[str, ...]]] = {"mask": ("f",)}
 
     @classmethod
     def example(cls) -> tuple[nn.Module, tuple, dict]:
