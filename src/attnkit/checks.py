@@ -16,6 +16,7 @@ from attnkit.scores.base import check_heads
 __all__ = [
     "feature_mask",
     "features",
+    "optional_score",
     "part_matches",
     "resolve_alignment",
     "resolve_score",
@@ -208,3 +209,11 @@ def without_padding(x: Tensor, mask: Tensor | None) -> Tensor:
     if mask is None:
         return x
     return torch.where(mask.unsqueeze(-1), x, torch.zeros((), dtype=x.dtype, device=x.device))
+
+
+def optional_score(score: object, name: str) -> Score | None:
+    """``score`` if it is None or a :class:`attnkit.scores.Score` module (a mechanism's
+    replaceable score part); a TypeError naming the argument otherwise."""
+    if score is None or isinstance(score, Score):
+        return score
+    raise TypeError(f"{name} must be an attnkit Score module or None, got {type(score).__name__}")

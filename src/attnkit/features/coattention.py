@@ -178,8 +178,12 @@ class InteractiveCoAttention(_CoAttention):
         sizes(d1=d1, d2=d2, d_w=d_w)
         self.d1, self.d2 = d1, d2
         kw = {"device": device, "dtype": dtype}
-        self.att1 = Attention(score1 or Additive(d2, d1, d_w, **kw), align)
-        self.att2 = Attention(score2 or Additive(d1, d2, d_w, **kw), align)
+        self.att1 = Attention(
+            checks.optional_score(score1, "score1") or Additive(d2, d1, d_w, **kw), align
+        )
+        self.att2 = Attention(
+            checks.optional_score(score2, "score2") or Additive(d1, d2, d_w, **kw), align
+        )
 
     def taxonomy_tags(self) -> list:
         return [tx.FeatureMultiplicity.INTERACTIVE_CO_ATTENTION, tx.QueryType.SPECIALIZED]

@@ -66,8 +66,13 @@ class AttentionViaAttention(nn.Module):
         sizes(d_q=d_q, d_word=d_word, d_char=d_char, d_w=d_w)
         self.d_q, self.d_word, self.d_char = d_q, d_word, d_char
         kw = {"device": device, "dtype": dtype}
-        self.word = Attention(word_score or Additive(d_q, d_word, d_w, **kw))
-        self.char = Attention(char_score or Additive(d_q + d_word, d_char, d_w, **kw))
+        self.word = Attention(
+            checks.optional_score(word_score, "word_score") or Additive(d_q, d_word, d_w, **kw)
+        )
+        self.char = Attention(
+            checks.optional_score(char_score, "char_score")
+            or Additive(d_q + d_word, d_char, d_w, **kw)
+        )
 
     mask_inputs: ClassVar[dict[str, tuple[str, ...]]] = {
         "word_mask": ("words",),
@@ -178,8 +183,12 @@ class HierarchicalAttention(nn.Module):
             )
         self.d = d
         kw = {"device": device, "dtype": dtype}
-        self.word = Attention(word_score or Additive(None, d, d_w, **kw))
-        self.sentence = Attention(sentence_score or Additive(None, d, d_w, **kw))
+        self.word = Attention(
+            checks.optional_score(word_score, "word_score") or Additive(None, d, d_w, **kw)
+        )
+        self.sentence = Attention(
+            checks.optional_score(sentence_score, "sentence_score") or Additive(None, d, d_w, **kw)
+        )
         self.sentence_encoder = sentence_encoder
 
     mask_inputs: ClassVar[dict[str, tuple[str, ...]]] = {"word_mask": ("words",)}

@@ -60,7 +60,9 @@ class MetaEmbedding(nn.Module):
             raise ValueError("MetaEmbedding needs at least one embedding size")
         kw = {"device": device, "dtype": dtype}
         self.project = nn.ModuleList([nn.Linear(d, d_t, **kw) for d in dims])
-        self.attention = Attention(score or Additive(None, d_t, d_w, **kw))
+        self.attention = Attention(
+            checks.optional_score(score, "score") or Additive(None, d_t, d_w, **kw)
+        )
 
     mask_inputs: ClassVar[dict[str, tuple[str, ...]]] = {}
 
