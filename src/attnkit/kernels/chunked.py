@@ -46,6 +46,9 @@ __all__ = [
 # (B·…·M·N·d_w), when the alignment streams: 2^24 float32 elements = 64 MiB.
 DENSE_LIMIT = 1 << 24
 
+# Query blocks of a block mask evaluated together, at most.
+_MAX_GROUP = 8
+
 # Elements per (block_q, block_k, width) score tile: small tiles for cheap scores (memory),
 # larger for wide ones (additive: amortise the per-tile Python overhead).
 TILE_ELEMENTS = 1 << 19
@@ -120,20 +123,56 @@ class _Plan:
     guard: bool  # a masked value may be non-finite
     block_mask: BlockMask | None = None
     score_mod: ScoreMod | None = None
+    span_k: int = 0  # the widest merged key range of a block-sparse tile
+
+    def __post_init__(self) -> None:
+        self.groups: dict[int, tuple[int, list[bool], list[bool]]] = {}
+        if self.block_mask is not None:
+            self._group(self.block_mask.any_allowed.tolist(), self.block_mask.all_allowed.tolist())
+
+    def _group(self, visit: list[list[bool]], full: list[list[bool]]) -> None:
+        """Consecutive query blocks of the block mask evaluated together, with the union of the
+        key tiles they visit, as long as the union wastes at most a quarter of the work (fewer,
+        larger tiles: less per-tile overhead). q0 -> (q1, visited tiles, full tiles)."""
+        i = 0
+        while i < len(visit):
+            rows, union, inter, own = 1, list(visit[i]), list(full[i]), sum(visit[i])
+            while i + rows < len(visit) and rows < _MAX_GROUP:
+                cand = [a or b for a, b in zip(union, visit[i + rows], strict=True)]
+                cost = sum(cand) * (rows + 1)
+                if cost > 1.25 * (own + sum(visit[i + rows])):
+                    break
+                union, own = cand, own + sum(visit[i + rows])
+                inter = [a and b for a, b in zip(inter, full[i + rows], strict=True)]
+                rows += 1
+            q0, q1 = i * self.block_q, min((i + rows) * self.block_q, self.m)
+            self.groups[q0] = (q1, union, [a and b for a, b in zip(inter, union, strict=True)])
+            i += rows
 
     def q_blocks(self) -> list[tuple[int, int]]:
+        if self.groups:
+            return [(q0, g[0]) for q0, g in self.groups.items()]
         return _ranges(self.block_q, self.m)
 
     def k_blocks(self, q0: int | None = None) -> list[tuple[int, int]]:
-        """Key blocks; with a block mask, only those the query block starting at ``q0`` needs."""
-        ranges = _ranges(self.block_k, self.n)
+        """Key blocks; with a block mask, only the key ranges the query block starting at ``q0``
+        needs: runs of adjacent visited tiles merged (fewer, larger tiles: less per-tile
+        overhead), cut at ``span_k`` keys."""
         if self.block_mask is None or q0 is None:
-            return ranges
-        row = self.block_mask.any_allowed[q0 // self.block_q]
-        visited = [r for r, visit in zip(ranges, row.tolist(), strict=True) if visit]
+            return _ranges(self.block_k, self.n)
+        visit = self.groups[q0][1]
+        runs: list[tuple[int, int]] = []
+        for j, needed in enumerate(visit):
+            if not needed:
+                continue
+            k0, k1 = j * self.block_k, min((j + 1) * self.block_k, self.n)
+            if runs and runs[-1][1] == k0 and k1 - runs[-1][0] <= self.span_k:
+                runs[-1] = (runs[-1][0], k1)
+            else:
+                runs.append((k0, k1))
         # A query block with no allowed key still visits one (fully masked) tile, so that its
         # rows get the alignment's empty-row result.
-        return visited or ranges[:1]
+        return runs or [(0, min(self.block_k, self.n))]
 
     def raw(self, qb: Tensor | None, kb: Tensor, bb: Tensor | None, q0: int, q1: int, k0: int):
         """Scores + bias of query rows [q0, q1) × the keys of ``kb``, in the work dtype."""
@@ -150,12 +189,15 @@ class _Plan:
         return e
 
     def tile_mask(self, q0: int, q1: int, k0: int, k1: int) -> Tensor | None:
-        """The mask of a tile (the call's mask and, unless the tile is full, the block mask's)."""
+        """The mask of a tile (the call's mask and, unless every block mask tile it spans is
+        full, the block mask's)."""
         mask = _block(self.mask, q0, q1, k0, k1)
         bm = self.block_mask
-        if bm is not None and not bool(bm.all_allowed[q0 // self.block_q, k0 // self.block_k]):
-            pattern = bm.tile(q0, q1, k0, k1)
-            mask = pattern if mask is None else mask & pattern
+        if bm is not None:
+            full = self.groups[q0][2]
+            if not all(full[k0 // self.block_k : -(-k1 // self.block_k)]):
+                pattern = bm.tile(q0, q1, k0, k1)
+                mask = pattern if mask is None else mask & pattern
         return mask
 
     def prepared(self, e: Tensor, q0: int, q1: int, k0: int, k1: int) -> Tensor:
@@ -438,7 +480,12 @@ def attend(
                 f"{block_mask.block_k}; leave chunk_size out"
             )
         block_q, block_k = block_mask.block_q, block_mask.block_k
+        # Adjacent visited tiles merge into one as long as it holds about a tile budget.
+        per_key = block_q * tile_width(score) * max(1, math.prod(lead))
+        budget = TILE_ELEMENTS if tile_width(score) == 1 else WIDE_TILE_ELEMENTS
+        span_k = max(block_k, (budget // per_key) // block_k * block_k)
     else:
+        span_k = 0
         block_k = min(default_chunk_size(n, score) if chunk_size is None else chunk_size, n)
         per_row = block_k * tile_width(score) * max(1, math.prod(lead))
         budget = TILE_ELEMENTS if tile_width(score) == 1 else WIDE_TILE_ELEMENTS
@@ -461,6 +508,7 @@ def attend(
         guard=mask is not None and not bool(torch.isfinite(v).all()),
         block_mask=block_mask,
         score_mod=score_mod,
+        span_k=span_k,
     )
     qp = score.project_query(q)
     kp = score.project_key(k)
