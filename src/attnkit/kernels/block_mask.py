@@ -38,16 +38,21 @@ def _indices(lead: tuple[int, ...], device) -> tuple[Tensor, Tensor]:
     return b, h
 
 
-def apply_score_mod(score_mod: ScoreMod, e: Tensor, q0: int = 0, k0: int = 0) -> Tensor:
+def apply_score_mod(
+    score_mod: ScoreMod, e: Tensor, q0: int = 0, keys: Tensor | None = None
+) -> Tensor:
     """``score_mod(e, b, h, q_idx, kv_idx)`` on scores e (*lead, M_b, N_b) whose first query is
-    ``q0`` and first key ``k0``; b and h index the first two lead dims (0 when absent)."""
+    ``q0`` and whose keys sit at positions ``keys`` (default 0 … N_b − 1); b and h index the
+    first two lead dims (0 when absent)."""
     lead = tuple(e.shape[:-2])
     b, h = _indices(lead[:2], e.device)
     rank = e.dim()
     b = b.view(*b.shape, *([1] * (rank - b.dim())))
     h = h.view(*h.shape, *([1] * (rank - h.dim())))
     q_idx = torch.arange(q0, q0 + e.shape[-2], device=e.device).view(*([1] * (rank - 2)), -1, 1)
-    kv_idx = torch.arange(k0, k0 + e.shape[-1], device=e.device).view(*([1] * (rank - 1)), -1)
+    if keys is None:
+        keys = torch.arange(e.shape[-1], device=e.device)
+    kv_idx = keys.to(e.device).view(*([1] * (rank - 1)), -1)
     out = score_mod(e, b, h, q_idx, kv_idx)
     if not isinstance(out, Tensor) or out.shape != e.shape:
         got = tuple(out.shape) if isinstance(out, Tensor) else type(out).__name__
@@ -195,11 +200,18 @@ class BlockMask:
         """The (*lead, q1−q0, k1−k0) boolean mask of one tile."""
         if self.dense is not None:
             return self.dense[..., q0:q1, k0:k1]
+        return self.tile_at(q0, q1, torch.arange(k0, k1, device=self.has_key.device))
+
+    def tile_at(self, q0: int, q1: int, kv_idx: Tensor) -> Tensor:
+        """The (*lead, q1−q0, len(kv_idx)) boolean mask of rows [q0, q1) at keys ``kv_idx``."""
+        if self.dense is not None:
+            return self.dense[..., q0:q1, :].index_select(-1, kv_idx.to(self.dense.device))
         assert self.mask_mod is not None
-        b, h = _indices(self.lead, self.has_key.device)
-        q_idx = torch.arange(q0, q1, device=self.has_key.device)[:, None]
-        kv_idx = torch.arange(k0, k1, device=self.has_key.device)[None, :]
-        return self._call(self.mask_mod, b, h, q_idx, kv_idx, (*self.lead, q1 - q0, k1 - k0))
+        device = self.has_key.device
+        b, h = _indices(self.lead, device)
+        q_idx = torch.arange(q0, q1, device=device)[:, None]
+        shape = (*self.lead, q1 - q0, kv_idx.numel())
+        return self._call(self.mask_mod, b, h, q_idx, kv_idx.to(device)[None, :], shape)
 
     def to_dense(self) -> Tensor:
         """The whole (*lead, M, N) mask (for the dense reference path)."""

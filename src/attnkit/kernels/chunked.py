@@ -88,17 +88,57 @@ def _take(x: Tensor | None, dim: int, start: int, stop: int) -> Tensor | None:
     return x.narrow(dim, start, stop - start)
 
 
-def _block(x: Tensor | None, q0: int, q1: int, k0: int, k1: int) -> Tensor | None:
-    """The (…, q1−q0, k1−k0) block (a view) of a mask or bias broadcastable to (…, M, N)."""
+def _rows(x: Tensor | None, q0: int, q1: int, keys: _Keys) -> Tensor | None:
+    """The (…, q1−q0, keys) block of a mask or bias broadcastable to (…, M, N)."""
     if x is None:
         return None
-    if x.dim() < 2:
-        return _take(x, -1, k0, k1)
-    return _take(_take(x, -2, q0, q1), -1, k0, k1)
+    if x.dim() >= 2:
+        x = _take(x, -2, q0, q1)
+    return keys.take(x, -1)
 
 
 def _ranges(size: int, total: int) -> list[tuple[int, int]]:
     return [(start, min(start + size, total)) for start in range(0, total, size)]
+
+
+@dataclass(frozen=True)
+class _Keys:
+    """The keys of one tile: the range [k0, k1), or positions ``idx`` gathered from several
+    tiles (only for scores whose value does not depend on where a key sits)."""
+
+    k0: int
+    k1: int
+    idx: Tensor | None = None
+
+    def take(self, x: Tensor | None, dim: int) -> Tensor | None:
+        """These keys of ``x`` along ``dim`` (a broadcast dim of size 1 stays as it is)."""
+        if x is None or x.shape[dim] == 1:
+            return x
+        if self.idx is None:
+            return x.narrow(dim, self.k0, self.k1 - self.k0)
+        return x.index_select(dim, self.idx.to(x.device))
+
+    def add(self, target: Tensor, g: Tensor, dim: int) -> None:
+        """target[these keys] += g along ``dim`` (summed over a broadcast dim of size 1)."""
+        if target.shape[dim] == 1:
+            target += g.sum_to_size(target.shape)
+            return
+        g = g.sum_to_size(self.take(target, dim).shape)
+        if self.idx is None:
+            target.narrow(dim, self.k0, self.k1 - self.k0).add_(g)
+        else:
+            target.index_add_(dim, self.idx.to(target.device), g)
+
+    def positions(self, device) -> Tensor:
+        if self.idx is None:
+            return torch.arange(self.k0, self.k1, device=device)
+        return self.idx.to(device)
+
+    def tiles(self, block: int) -> list[int]:
+        """The block-mask key tiles these keys come from."""
+        if self.idx is None:
+            return list(range(self.k0 // block, -(-self.k1 // block)))
+        return sorted(set((self.idx // block).tolist()))
 
 
 @dataclass
@@ -127,6 +167,7 @@ class _Plan:
 
     def __post_init__(self) -> None:
         self.groups: dict[int, tuple[int, list[bool], list[bool]]] = {}
+        self.pieces: dict[int, list[_Keys]] = {}
         if self.block_mask is not None:
             self._group(self.block_mask.any_allowed.tolist(), self.block_mask.all_allowed.tolist())
 
@@ -154,29 +195,52 @@ class _Plan:
             return [(q0, g[0]) for q0, g in self.groups.items()]
         return _ranges(self.block_q, self.m)
 
-    def k_blocks(self, q0: int | None = None) -> list[tuple[int, int]]:
-        """Key blocks; with a block mask, only the key ranges the query block starting at ``q0``
-        needs: runs of adjacent visited tiles merged (fewer, larger tiles: less per-tile
-        overhead), cut at ``span_k`` keys."""
+    def k_blocks(self, q0: int | None = None) -> list[_Keys]:
+        """Key tiles; with a block mask, only the keys the query block starting at ``q0`` needs:
+        adjacent visited tiles merged, and for scores that do not depend on key positions, tiles
+        apart gathered into one (fewer, larger tiles: less per-tile overhead), ``span_k`` keys
+        at most."""
         if self.block_mask is None or q0 is None:
-            return _ranges(self.block_k, self.n)
-        visit = self.groups[q0][1]
-        runs: list[tuple[int, int]] = []
+            return [_Keys(k0, k1) for k0, k1 in _ranges(self.block_k, self.n)]
+        if q0 not in self.pieces:
+            self.pieces[q0] = self._pieces(self.groups[q0][1])
+        return self.pieces[q0]
+
+    def _pieces(self, visit: list[bool]) -> list[_Keys]:
+        gather = self.score.content_based and not self.score.mixes_keys
+        pieces: list[list[tuple[int, int]]] = []
+        width = 0
         for j, needed in enumerate(visit):
             if not needed:
                 continue
             k0, k1 = j * self.block_k, min((j + 1) * self.block_k, self.n)
-            if runs and runs[-1][1] == k0 and k1 - runs[-1][0] <= self.span_k:
-                runs[-1] = (runs[-1][0], k1)
+            last = pieces[-1] if pieces else None
+            fits = last is not None and width + (k1 - k0) <= self.span_k
+            if fits and (gather or last[-1][1] == k0):
+                if last[-1][1] == k0:
+                    last[-1] = (last[-1][0], k1)
+                else:
+                    last.append((k0, k1))
+                width += k1 - k0
             else:
-                runs.append((k0, k1))
+                pieces.append([(k0, k1)])
+                width = k1 - k0
         # A query block with no allowed key still visits one (fully masked) tile, so that its
         # rows get the alignment's empty-row result.
-        return runs or [(0, min(self.block_k, self.n))]
+        if not pieces:
+            return [_Keys(0, min(self.block_k, self.n))]
+        out = []
+        for runs in pieces:
+            if len(runs) == 1:
+                out.append(_Keys(*runs[0]))
+            else:
+                idx = torch.cat([torch.arange(a, b) for a, b in runs])
+                out.append(_Keys(runs[0][0], runs[-1][1], idx))
+        return out
 
-    def raw(self, qb: Tensor | None, kb: Tensor, bb: Tensor | None, q0: int, q1: int, k0: int):
+    def raw(self, qb: Tensor | None, kb: Tensor, bb: Tensor | None, q0: int, q1: int, keys: _Keys):
         """Scores + bias of query rows [q0, q1) × the keys of ``kb``, in the work dtype."""
-        e = self.score.pairwise(qb, kb, k0)
+        e = self.score.pairwise(qb, kb, keys.k0)
         if self.multi:
             e = e.movedim(-1, -3)
         e = e.to(self.work)
@@ -185,38 +249,41 @@ class _Plan:
         rows = (q1 - q0, e.shape[-1])
         e = e.expand(*self.lead, *((e.shape[-3],) if self.multi else ()), *rows)
         if self.score_mod is not None:
-            e = apply_score_mod(self.score_mod, e, q0, k0)
+            e = apply_score_mod(self.score_mod, e, q0, keys.positions(e.device))
         return e
 
-    def tile_mask(self, q0: int, q1: int, k0: int, k1: int) -> Tensor | None:
+    def tile_mask(self, q0: int, q1: int, keys: _Keys) -> Tensor | None:
         """The mask of a tile (the call's mask and, unless every block mask tile it spans is
         full, the block mask's)."""
-        mask = _block(self.mask, q0, q1, k0, k1)
+        mask = _rows(self.mask, q0, q1, keys)
         bm = self.block_mask
         if bm is not None:
             full = self.groups[q0][2]
-            if not all(full[k0 // self.block_k : -(-k1 // self.block_k)]):
-                pattern = bm.tile(q0, q1, k0, k1)
+            if not all(full[j] for j in keys.tiles(self.block_k)):
+                if keys.idx is None:
+                    pattern = bm.tile(q0, q1, keys.k0, keys.k1)
+                else:
+                    pattern = bm.tile_at(q0, q1, keys.idx)
                 mask = pattern if mask is None else mask & pattern
         return mask
 
-    def prepared(self, e: Tensor, q0: int, q1: int, k0: int, k1: int) -> Tensor:
+    def prepared(self, e: Tensor, q0: int, q1: int, keys: _Keys) -> Tensor:
         """What the alignment reads: its working units, −inf at masked keys."""
         e = self.align.stream_prepare(e)
-        mask = self.tile_mask(q0, q1, k0, k1)
+        mask = self.tile_mask(q0, q1, keys)
         if mask is not None:
             e = e.masked_fill(~(mask.unsqueeze(-3) if self.multi else mask), float("-inf"))
         return e
 
-    def tile(self, qp, kp, bias, q0: int, q1: int, k0: int, k1: int) -> Tensor:
+    def tile(self, qp, kp, bias, q0: int, q1: int, keys: _Keys) -> Tensor:
         qb = None if qp is None else qp[..., q0:q1, :]
-        e = self.raw(qb, kp[..., k0:k1, :], _block(bias, q0, q1, k0, k1), q0, q1, k0)
-        return self.prepared(e, q0, q1, k0, k1)
+        e = self.raw(qb, keys.take(kp, -2), _rows(bias, q0, q1, keys), q0, q1, keys)
+        return self.prepared(e, q0, q1, keys)
 
     def tiles(self, qp, kp, bias, q0: int, q1: int):
         def sweep() -> Iterator[Tensor]:
-            for k0, k1 in self.k_blocks(q0):
-                yield self.tile(qp, kp, bias, q0, q1, k0, k1)
+            for keys in self.k_blocks(q0):
+                yield self.tile(qp, kp, bias, q0, q1, keys)
 
         return sweep
 
@@ -267,11 +334,11 @@ def _forward_rows(plan: _Plan, qp, kp, v, bias, q0, q1) -> tuple[Tensor, Tensor 
     align = plan.align
     if align.stream_online:
         state = acc = None
-        for k0, k1 in plan.k_blocks(q0):
+        for keys in plan.k_blocks(q0):
             p, rescale, state = align.stream_accumulate(
-                plan.tile(qp, kp, bias, q0, q1, k0, k1), state
+                plan.tile(qp, kp, bias, q0, q1, keys), state
             )
-            part = plan.combine(p, v[..., k0:k1, :])
+            part = plan.combine(p, keys.take(v, -2))
             acc = part if acc is None else acc * plan.to_context(rescale) + part
         assert acc is not None and state is not None
         norm, stat = align.stream_finish(state)
@@ -279,9 +346,9 @@ def _forward_rows(plan: _Plan, qp, kp, v, bias, q0, q1) -> tuple[Tensor, Tensor 
     else:
         stat = align.stream_statistic(plan.tiles(qp, kp, bias, q0, q1))
         context = None
-        for k0, k1 in plan.k_blocks(q0):
-            p = align.stream_weights(plan.tile(qp, kp, bias, q0, q1, k0, k1), stat)
-            part = plan.combine(p, v[..., k0:k1, :])
+        for keys in plan.k_blocks(q0):
+            p = align.stream_weights(plan.tile(qp, kp, bias, q0, q1, keys), stat)
+            part = plan.combine(p, keys.take(v, -2))
             context = part if context is None else context + part
         assert context is not None
     if plan.has_key is not None:
@@ -295,12 +362,12 @@ def _correction(plan: _Plan, qp, kp, v, bias, d_out, context, st, q0, q1) -> Ten
     if plan.align.stream_weights_are_correction:
         return plan.from_context(d_out * context)  # Σ_l p_l ∂L/∂p_l = ∂L/∂c · c
     num = den = None
-    for k0, k1 in plan.k_blocks(q0):
-        p = plan.weights(plan.tile(qp, kp, bias, q0, q1, k0, k1), st, q0, q1)
+    for keys in plan.k_blocks(q0):
+        p = plan.weights(plan.tile(qp, kp, bias, q0, q1, keys), st, q0, q1)
         _, r = plan.align.stream_slope(p, st)
         if r is None:
             return None
-        dp = plan.d_weights(d_out, v[..., k0:k1, :])
+        dp = plan.d_weights(d_out, keys.take(v, -2))
         a, b = (r * dp).sum(-1, keepdim=True), r.sum(-1, keepdim=True)
         num, den = (a, b) if num is None else (num + a, den + b)
     assert num is not None and den is not None
@@ -337,18 +404,18 @@ class _Chunked(torch.autograd.Function):
             st = None if stat is None else stat.narrow(-2, q0, q1 - q0)
             with torch.no_grad():
                 corr = _correction(plan, qp, kp, v, bias, d_out, context[..., q0:q1, :], st, q0, q1)
-            for k0, k1 in plan.k_blocks(q0):
+            for keys in plan.k_blocks(q0):
                 with torch.enable_grad():
                     qb = None if qp is None else qp[..., q0:q1, :].detach().requires_grad_()
-                    kb = kp[..., k0:k1, :].detach().requires_grad_()
-                    bb = _block(bias, q0, q1, k0, k1)
+                    kb = keys.take(kp, -2).detach().requires_grad_()
+                    bb = _rows(bias, q0, q1, keys)
                     if want_bias:
                         bb = bb.detach().requires_grad_()
-                    e = plan.prepared(plan.raw(qb, kb, bb, q0, q1, k0), q0, q1, k0, k1)
+                    e = plan.prepared(plan.raw(qb, kb, bb, q0, q1, keys), q0, q1, keys)
                 with torch.no_grad():
                     p = plan.weights(e.detach(), st, q0, q1)
-                    vb = v[..., k0:k1, :]
-                    g_v[..., k0:k1, :] += plan.d_values(p, d_out).sum_to_size(vb.shape)
+                    vb = keys.take(v, -2)
+                    keys.add(g_v, plan.d_values(p, d_out), -2)
                     dp = plan.d_weights(d_out, vb)
                     s, _ = plan.align.stream_slope(p, st)
                     de = s * dp if corr is None else s * (dp - corr)
@@ -356,12 +423,17 @@ class _Chunked(torch.autograd.Function):
                 wrt = [t for t in (qb, kb) if t is not None]
                 if want_bias:
                     wrt.append(bb)
-                grads = torch.autograd.grad(e, [*wrt, *params], de, allow_unused=True)
-                targets = [] if qb is None else [g_qp[..., q0:q1, :]]
-                targets.append(g_kp[..., k0:k1, :])
+                grads = list(torch.autograd.grad(e, [*wrt, *params], de, allow_unused=True))
+                g = grads.pop(0) if qb is not None else None
+                if g is not None:  # None: a score that ignores the query's content
+                    g_qp[..., q0:q1, :] += g.sum_to_size(qb.shape)
+                g = grads.pop(0)
+                if g is not None:  # None: a score that ignores the keys' content
+                    keys.add(g_kp, g, -2)
                 if want_bias:
-                    targets.append(_block(g_bias, q0, q1, k0, k1))
-                for target, g in zip([*targets, *g_params], grads, strict=True):
+                    rows = _take(g_bias, -2, q0, q1) if g_bias.dim() >= 2 else g_bias
+                    keys.add(rows, grads.pop(0), -1)
+                for target, g in zip(g_params, grads, strict=True):
                     if g is not None:
                         target += g.sum_to_size(target.shape)
 
@@ -386,10 +458,10 @@ def _weights(plan: _Plan, qp, kp, v, bias) -> tuple[Tensor, Tensor]:
         for q0, q1 in plan.q_blocks():
             _, stat = _forward_rows(plan, qp, kp, v, bias, q0, q1)
             ws, es = [], []
-            for k0, k1 in plan.k_blocks():
+            for keys in plan.k_blocks():
                 qb = None if qp is None else qp[..., q0:q1, :]
-                e = plan.raw(qb, kp[..., k0:k1, :], _block(bias, q0, q1, k0, k1), q0, q1, k0)
-                ws.append(plan.weights(plan.prepared(e, q0, q1, k0, k1), stat, q0, q1))
+                e = plan.raw(qb, keys.take(kp, -2), _rows(bias, q0, q1, keys), q0, q1, keys)
+                ws.append(plan.weights(plan.prepared(e, q0, q1, keys), stat, q0, q1))
                 es.append(e)
             w_rows.append(torch.cat(ws, dim=-1))
             e_rows.append(torch.cat(es, dim=-1))
@@ -408,7 +480,7 @@ def _has_key(mask: Tensor, block_mask: BlockMask) -> Tensor:
         for j, (k0, k1) in enumerate(_ranges(block_mask.block_k, block_mask.n)):
             if not bool(block_mask.any_allowed[i, j]):
                 continue
-            both = _block(mask, q0, q1, k0, k1) & block_mask.tile(q0, q1, k0, k1)
+            both = _rows(mask, q0, q1, _Keys(k0, k1)) & block_mask.tile(q0, q1, k0, k1)
             found = both.any(dim=-1, keepdim=True)
             hit = found if hit is None else hit | found
         if hit is None:
