@@ -198,3 +198,28 @@ def test_bad_block_masks_and_score_mods():
         ak.attention(q, q, block_mask=pt.block_mask(pt.causal(), 10), kernel="sdpa")
     with pytest.raises(ValueError, match="chunk_size=3 differs from the block mask"):
         ak.attention(q, q, block_mask=pt.block_mask(pt.causal(), 10, block_k=4), chunk_size=3)
+
+
+@pytest.mark.parametrize("keep", [True, False])
+@pytest.mark.parametrize("score", ["scaled_dot", "additive", "location"])
+def test_kept_and_recomputed_partial_tiles_agree(keep, score):
+    """A block mask keeps its partial tiles while they fit a budget, else the kernel evaluates
+    the mask function again; both give the dense masked result."""
+    torch.manual_seed(0)
+    s = SCORES[score](DIMS).double()
+    q, k, v = (torch.randn(2, 37, 4, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    pattern = pt.bigbird(2, 37, global_positions=[3], random_blocks=1, block=8, seed=1)
+    budget = 1 << 28 if keep else 0
+    with mock.patch("attnkit.kernels.block_mask._CACHE_ELEMENTS", budget):
+        bm = pt.block_mask(pattern, 37, block_q=8, block_k=8)
+    assert (bm.partial is not None) == keep
+    out = ak.attention(q, k, v, score=s, align="sparsemax", block_mask=bm)
+    ref = ak.attention(
+        q, k, v, score=s, align="sparsemax", mask=pt.dense(pattern, 37, 37), kernel="dense"
+    )
+    torch.testing.assert_close(out.context, ref.context)
+    r = torch.randn_like(ref.context)
+    for g1, g2 in zip(
+        _grads(out.context, [q, k, v], r), _grads(ref.context, [q, k, v], r), strict=True
+    ):
+        torch.testing.assert_close(g1, g2)

@@ -24,6 +24,8 @@ MaskMod = Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]
 ScoreMod = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], Tensor]
 
 DEFAULT_BLOCK = 128
+# Elements of partial tiles a block mask keeps (bool: bytes), 256 MiB.
+_CACHE_ELEMENTS = 1 << 28
 
 
 def _indices(lead: tuple[int, ...], device) -> tuple[Tensor, Tensor]:
@@ -86,6 +88,7 @@ class BlockMask:
     has_key: Tensor
     mask_mod: MaskMod | None = None
     dense: Tensor | None = None
+    partial: dict[tuple[int, int], Tensor] | None = None
 
     # ---- construction ------------------------------------------------------------------------
 
@@ -123,18 +126,36 @@ class BlockMask:
         any_allowed = torch.zeros(nq, nk, dtype=torch.bool)
         all_allowed = torch.zeros(nq, nk, dtype=torch.bool)
         has_key = torch.zeros(*lead, m, 1, dtype=torch.bool, device=device)
-        for i in range(nq):
+        partial: dict[tuple[int, int], Tensor] | None = {}
+        kept = 0
+        kv_idx = torch.arange(n, device=device)[None, :]
+        for i in range(nq):  # one block row of queries against every key at once
             q0, q1 = i * block_q, min((i + 1) * block_q, m)
             q_idx = torch.arange(q0, q1, device=device)[:, None]
+            row = cls._call(mask_mod, b, h, q_idx, kv_idx, (*lead, q1 - q0, n))
+            has_key[..., q0:q1, :] = row.any(dim=-1, keepdim=True)
             for j in range(nk):
-                k0, k1 = j * block_k, min((j + 1) * block_k, n)
-                kv_idx = torch.arange(k0, k1, device=device)[None, :]
-                tile = cls._call(mask_mod, b, h, q_idx, kv_idx, (*lead, q1 - q0, k1 - k0))
+                tile = row[..., j * block_k : min((j + 1) * block_k, n)]
                 any_allowed[i, j] = bool(tile.any())
                 all_allowed[i, j] = bool(tile.all())
-                has_key[..., q0:q1, :] |= tile.any(dim=-1, keepdim=True)
+                if partial is not None and any_allowed[i, j] and not all_allowed[i, j]:
+                    # Keep the partial tiles while they fit a budget: the kernel then reads
+                    # them instead of evaluating the mask function again on every visit.
+                    kept += tile.numel()
+                    partial = None if kept > _CACHE_ELEMENTS else partial
+                    if partial is not None:
+                        partial[i, j] = tile.clone()
         return cls(
-            lead, m, n, block_q, block_k, any_allowed, all_allowed, has_key, mask_mod=mask_mod
+            lead,
+            m,
+            n,
+            block_q,
+            block_k,
+            any_allowed,
+            all_allowed,
+            has_key,
+            mask_mod=mask_mod,
+            partial=partial,
         )
 
     @classmethod
@@ -197,15 +218,44 @@ class BlockMask:
     # ---- use ---------------------------------------------------------------------------------
 
     def tile(self, q0: int, q1: int, k0: int, k1: int) -> Tensor:
-        """The (*lead, q1−q0, k1−k0) boolean mask of one tile."""
+        """The (*lead, q1−q0, k1−k0) boolean mask of rows [q0, q1) and keys [k0, k1)."""
         if self.dense is not None:
             return self.dense[..., q0:q1, k0:k1]
+        if self._assembles(q0, q1, k0) and (k1 % self.block_k == 0 or k1 == self.n):
+            return self._assemble(q0, q1, list(range(k0 // self.block_k, -(-k1 // self.block_k))))
         return self.tile_at(q0, q1, torch.arange(k0, k1, device=self.has_key.device))
 
-    def tile_at(self, q0: int, q1: int, kv_idx: Tensor) -> Tensor:
-        """The (*lead, q1−q0, len(kv_idx)) boolean mask of rows [q0, q1) at keys ``kv_idx``."""
+    def _assembles(self, q0: int, q1: int, k0: int) -> bool:
+        """Whether the kept tiles give the mask of these tile-aligned rows and keys."""
+        aligned_q = q0 % self.block_q == 0 and (q1 % self.block_q == 0 or q1 == self.m)
+        return self.partial is not None and aligned_q and k0 % self.block_k == 0
+
+    def _assemble(self, q0: int, q1: int, columns: list[int]) -> Tensor:
+        """The mask of rows [q0, q1) (whole query blocks) and the key tiles ``columns``, from
+        the kept partial tiles and the full / empty flags."""
+        assert self.partial is not None
+        device = self.has_key.device
+        rows = []
+        for i in range(q0 // self.block_q, -(-q1 // self.block_q)):
+            height = min((i + 1) * self.block_q, self.m) - i * self.block_q
+            parts = []
+            for j in columns:
+                width = min((j + 1) * self.block_k, self.n) - j * self.block_k
+                kept = self.partial.get((i, j))
+                if kept is None:
+                    flag = bool(self.all_allowed[i, j])
+                    kept = torch.full((height, width), flag, dtype=torch.bool, device=device)
+                parts.append(kept.expand(*self.lead, height, width))
+            rows.append(torch.cat(parts, dim=-1))
+        return torch.cat(rows, dim=-2)
+
+    def tile_at(self, q0: int, q1: int, kv_idx: Tensor, columns: list[int] | None = None) -> Tensor:
+        """The (*lead, q1−q0, len(kv_idx)) boolean mask of rows [q0, q1) at keys ``kv_idx``;
+        ``columns``: the key tiles ``kv_idx`` is made of, whole and in order, when it is."""
         if self.dense is not None:
             return self.dense[..., q0:q1, :].index_select(-1, kv_idx.to(self.dense.device))
+        if columns is not None and self._assembles(q0, q1, 0):
+            return self._assemble(q0, q1, columns)
         assert self.mask_mod is not None
         device = self.has_key.device
         b, h = _indices(self.lead, device)

@@ -263,7 +263,7 @@ class _Plan:
                 if keys.idx is None:
                     pattern = bm.tile(q0, q1, keys.k0, keys.k1)
                 else:
-                    pattern = bm.tile_at(q0, q1, keys.idx)
+                    pattern = bm.tile_at(q0, q1, keys.idx, keys.tiles(self.block_k))
                 mask = pattern if mask is None else mask & pattern
         return mask
 
