@@ -28,10 +28,9 @@ __all__ = ["DatesTask"]
 class DatesTask(Task):
     description = "normalise written dates (5 locales) to YYYY-MM-DD; gold character alignment"
     defaults: ClassVar[dict[str, dict[str, Any]]] = {
-        "full": {"epochs": 6, "n_train": 12000, "n_test": 1000, "batch_size": 64, "lr": 3e-3,
-                 "d_model": 64},
-        "quick": {"epochs": 3, "n_train": 2000, "n_test": 300, "batch_size": 64, "lr": 3e-3,
-                  "d_model": 64},
+        mode: {"epochs": epochs, "n_train": n_train, "n_test": n_test, "batch_size": 64,
+               "lr": 3e-3, "d_model": 64}
+        for mode, epochs, n_train, n_test in (("full", 6, 12000, 1000), ("quick", 3, 2000, 300))
     }  # fmt: skip
     metrics: ClassVar[dict[str, Metric]] = {
         "exact_match": Metric("share of dates whose whole ISO output is right"),
