@@ -29,8 +29,8 @@ def _without_dead_keys(call: Call) -> Call:
     the context (0·NaN is NaN), not the gradients. Scores that mix neighbouring keys (a
     convolution over keys) read masked keys by design and are left as they are.
     """
-    if call.mask is None or call.score.mixes_keys:
-        return call
+    if call.mask is None or call.score.mixes_keys or torch.compiler.is_compiling():
+        return call  # (a data-dependent check would break a compiled graph)
     k_ok, v_ok = bool(torch.isfinite(call.k).all()), bool(torch.isfinite(call.v).all())
     if k_ok and v_ok:
         return call

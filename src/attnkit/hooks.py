@@ -18,6 +18,7 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import NamedTuple
 
+import torch
 from torch import Tensor, nn
 
 __all__ = ["Report", "listen", "listening", "report"]
@@ -36,12 +37,17 @@ _SINK: ContextVar[Callable[[Report], None] | None] = ContextVar("attnkit_reports
 
 
 def listening() -> bool:
-    """True inside :func:`listen`: attention parts then compute their weights."""
+    """True inside :func:`listen`: attention parts then compute their weights. Code being
+    compiled by ``torch.compile`` is never listened to (capture runs eagerly)."""
+    if torch.compiler.is_compiling():
+        return False
     return _SINK.get() is not None
 
 
 def report(module: nn.Module, weights: Tensor | None, name: str = "weights") -> None:
     """Report ``weights`` computed by ``module`` (a no-op unless someone listens)."""
+    if torch.compiler.is_compiling():
+        return
     sink = _SINK.get()
     if sink is not None and weights is not None:
         sink(Report(module, name, weights.detach()))

@@ -75,7 +75,8 @@ def attend(
         a = F.dropout(a, p=dropout, training=True)
     combine = _sum_multi if multi else _sum
     work = v.to(a.dtype) if a.dtype != dtype else v
-    if mask is not None and not bool(torch.isfinite(v).all()):
+    guard = mask is not None and not torch.compiler.is_compiling()
+    if guard and not bool(torch.isfinite(v).all()):
         context = guarded_sum(combine, a, work)
     else:
         context = combine(a, work)

@@ -89,16 +89,16 @@ class SDPA(Kernel):
             reasons.append("chunk_size is an argument of the chunked kernel")
         if call.block_mask is not None or call.score_mod is not None:
             reasons.append("block masks and score_mod run on the chunked (or dense) kernel")
-        if call.bias is not None:
-            if call.bias.dtype != call.k.dtype:
-                reasons.append(
-                    f"bias dtype {call.bias.dtype} differs from the inputs' {call.k.dtype}"
-                )
-            elif call.k.dtype in _HALF and bool((call.bias.abs() > _HALF_EXACT).any()):
-                reasons.append(
-                    f"a {call.k.dtype} bias larger than {_HALF_EXACT} in magnitude would round "
-                    "the scores by more than one unit inside SDPA"
-                )
+        if call.bias is not None and call.bias.dtype != call.k.dtype:
+            reasons.append(f"bias dtype {call.bias.dtype} differs from the inputs' {call.k.dtype}")
+        if torch.compiler.is_compiling():
+            return reasons  # the data-dependent checks below would break a compiled graph
+        half = call.k.dtype in _HALF
+        if call.bias is not None and half and bool((call.bias.abs() > _HALF_EXACT).any()):
+            reasons.append(
+                f"a {call.k.dtype} bias larger than {_HALF_EXACT} in magnitude would round "
+                "the scores by more than one unit inside SDPA"
+            )
         if call.mask is not None and not (
             bool(torch.isfinite(call.k).all()) and bool(torch.isfinite(call.v).all())
         ):
