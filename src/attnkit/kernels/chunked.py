@@ -26,7 +26,7 @@ from torch import Tensor, nn
 
 from attnkit.alignments import Alignment
 from attnkit.alignments.streaming import Streaming
-from attnkit.kernels import dense
+from attnkit.kernels import compiled, dense
 from attnkit.kernels.base import Call, Kernel, guarded_sum, register
 from attnkit.kernels.block_mask import BlockMask, ScoreMod, apply_score_mod
 from attnkit.output import AttentionOutput
@@ -240,7 +240,7 @@ class _Plan:
 
     def raw(self, qb: Tensor | None, kb: Tensor, bb: Tensor | None, q0: int, q1: int, keys: _Keys):
         """Scores + bias of query rows [q0, q1) × the keys of ``kb``, in the work dtype."""
-        e = self.score.pairwise(qb, kb, keys.k0)
+        e = compiled.pairwise(self.score)(qb, kb, keys.k0)
         if self.multi:
             e = e.movedim(-1, -3)
         e = e.to(self.work)

@@ -4,7 +4,7 @@ with their self-attentive (query-free, Brauwers eq. 33) and multi-dimensional (e
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
@@ -36,6 +36,7 @@ class Additive(Score):
     """
 
     scoring = tx.Scoring.ADDITIVE
+    compile_tile: ClassVar[bool] = True  # tanh over (M_b, N_b, d_w): fusing it pays
 
     def __init__(
         self,

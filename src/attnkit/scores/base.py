@@ -62,6 +62,7 @@ class Score(nn.Module):
       is not the same as removing it).
     - ``dot_product_form``: ``dot_form(q, k)`` gives (q', k', scale) with score = scale·q'ᵀk',
       so SDPA can evaluate it.
+    - ``compile_tile``: the chunked kernel may compile ``pairwise`` for its tiles.
     - ``query_free``: the query's content is ignored (self-attentive scores, eq. 33–34); ``q``
       may be None, and the scores then have M = 1.
     - ``heads``: H when the score holds one parameter set per head; its inputs are then
@@ -74,6 +75,9 @@ class Score(nn.Module):
     dot_product_form: ClassVar[bool] = False
     query_free: bool = False
     d_out: int | None = None
+    # The chunked kernel may compile ``pairwise`` (torch.compile) for its tiles: worth it for
+    # scores whose tile is elementwise work over (M_b, N_b, d_w), bound by memory traffic.
+    compile_tile: ClassVar[bool] = False
     heads: int | None = None
 
     @classmethod
