@@ -8,6 +8,8 @@ import inspect
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import attnkit as ak
 from attnkit import mechanisms
@@ -117,8 +119,10 @@ def _truncated_inputs(module, args, kwargs, lengths):
 
 
 @pytest.mark.parametrize("name", [n for n in NAMES if mechanisms.REGISTRY.get(n).mask_inputs])
-@pytest.mark.parametrize("lengths", [[4, 1], [1, 2]])
+@settings(max_examples=12, deadline=None)
+@given(lengths=st.lists(st.integers(0, 11), min_size=2, max_size=2))
 def test_mask_equals_truncation(name, lengths):
+    """Any lengths per item (1 … n, from ``lengths % n + 1``)."""
     module, args, kwargs = _example(name)
     batched, items = _truncated_inputs(module, args, kwargs, lengths)
     out = module(**batched).representation
