@@ -94,7 +94,9 @@ def attention(
     align_mod = checks.resolve_alignment(align)
     if v is None:
         v = k
-    shape = checks.validate(q, k, v, score_part, mask=mask, bias=bias)
+    shape = checks.validate(q, k, v, score_part, mask=mask, bias=bias, align=align_mod)
+    if not isinstance(need_weights, bool):
+        raise TypeError(f"need_weights must be a bool, got {need_weights!r}")
     if isinstance(dropout, bool) or not isinstance(dropout, (int, float)):
         raise TypeError(f"dropout must be a number in [0, 1), got {dropout!r}")
     if not 0.0 <= dropout < 1.0:
@@ -164,9 +166,11 @@ class Attention(nn.Module):
                 f"{'multi' if self.score.multi_dimensional else 'single'}-dimensional; build an "
                 "additive-family score with d_out=d_v for multi-dimensional attention (eq. 31)"
             )
+        if isinstance(dropout, bool) or not isinstance(dropout, (int, float)):
+            raise TypeError(f"dropout must be a number in [0, 1), got {dropout!r}")
         if not 0.0 <= dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {dropout!r}")
-        self.dropout = dropout
+        self.dropout = float(dropout)
 
     def forward(
         self,

@@ -8,23 +8,22 @@ from contextlib import contextmanager
 
 from torch import nn
 
-from attnkit.alignments import Uniform
+from attnkit.alignments import Alignment, Uniform
 
 __all__ = ["uniform_weights"]
 
 
 @contextmanager
 def uniform_weights(model: nn.Module) -> Iterator[nn.Module]:
-    """Inside the block, every :class:`attnkit.Attention` / :class:`attnkit.MultiHeadAttention`
-    of ``model`` aligns uniformly; the original alignments are restored afterwards, even on
-    error."""
-    from attnkit.attention import Attention
-    from attnkit.multihead import MultiHeadAttention
-
+    """Inside the block, every alignment part of ``model`` aligns uniformly: each submodule
+    registered as ``align`` that is an :class:`attnkit.alignments.Alignment` (in
+    :class:`attnkit.Attention`, and in mechanisms that hold their own alignment, such as parallel
+    co-attention). The original alignments are restored afterwards, even on error."""
     saved = []
     for module in model.modules():
-        if isinstance(module, (Attention, MultiHeadAttention)):
-            saved.append((module, module.align))
+        align = module._modules.get("align")
+        if isinstance(align, Alignment) and not isinstance(align, Uniform):
+            saved.append((module, align))
             module.align = Uniform()
     try:
         yield model
