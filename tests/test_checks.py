@@ -363,9 +363,21 @@ def test_the_table_is_big_enough():
 @pytest.mark.parametrize(
     ("call", "error", "match"),
     [
-        (lambda: ak.attention(q_(1, 2, 4), q_(1, 3, 4), need_weights="yes"), TypeError, r"need_weights must be a bool, got 'yes'"),
-        (lambda: ak.Attention(dropout="a"), TypeError, r"dropout must be a number in \[0, 1\), got 'a'"),
-        (lambda: ak.attention(q_(1, 2, 4), q_(1, 3, 4), dropout=True), TypeError, r"dropout must be a number"),
+        (
+            lambda: ak.attention(q_(1, 2, 4), q_(1, 3, 4), need_weights="yes"),
+            TypeError,
+            r"need_weights must be a bool, got 'yes'",
+        ),
+        (
+            lambda: ak.Attention(dropout="a"),
+            TypeError,
+            r"dropout must be a number in \[0, 1\), got 'a'",
+        ),
+        (
+            lambda: ak.attention(q_(1, 2, 4), q_(1, 3, 4), dropout=True),
+            TypeError,
+            r"dropout must be a number",
+        ),
     ],
 )
 def test_flags_of_the_wrong_type(call, error, match):

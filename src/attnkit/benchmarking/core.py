@@ -69,8 +69,8 @@ def score_costs(b: int, n: int, e: int, h: int, min_run_time: float) -> str:
         "",
         f"MultiHeadAttention, softmax, B={b}, N={n}, E={e}, heads={h} (d={d}; d_w={d} for the "
         "additive family, depth 2 for deep), float32, forward+backward. Scores whose dense "
-        "tensor exceeds attnkit.kernels.chunked.DENSE_LIMIT run chunked. scaled_dot timed first and "
-        f"last: {first * 1e3:.1f} and {last * 1e3:.1f} ms.",
+        "tensor exceeds attnkit.kernels.chunked.DENSE_LIMIT run chunked. scaled_dot timed "
+        f"first and last: {first * 1e3:.1f} and {last * 1e3:.1f} ms.",
         "",
         "| score | time (ms) | ratio to scaled_dot |",
         "|---|---:|---:|",
