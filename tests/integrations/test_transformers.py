@@ -204,3 +204,13 @@ def test_refusals():
 
     with pytest.raises(ValueError, match="Own computes its attention in its own code"):
         swap_attention(Own(BertConfig(vocab_size=4, hidden_size=4, num_attention_heads=1)))
+
+
+def test_scaled_dot_softmax_by_name_is_the_same_model_in_float32():
+    torch.manual_seed(0)
+    model = _bert().float()
+    ids, mask = _inputs()
+    ref = model(ids, attention_mask=mask).last_hidden_state
+    swap_attention(model, score="scaled_dot", align="softmax")
+    out = model(ids, attention_mask=mask).last_hidden_state
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)

@@ -148,7 +148,9 @@ def swap_attention(
         import transformers
         from transformers.masking_utils import sdpa_mask
     except ImportError as err:  # pragma: no cover - exercised only without the package
-        raise ImportError("swap_attention needs the transformers package") from err
+        raise ImportError(
+            "swap_attention needs the transformers package: pip install 'attnkit[hf]'"
+        ) from err
     if not isinstance(model, transformers.PreTrainedModel):
         raise TypeError(f"model must be a transformers PreTrainedModel, got {type(model).__name__}")
     # A composite (EncoderDecoderModel) is swappable when the models it is made of are.
