@@ -52,11 +52,15 @@ def main() -> None:
     torch.manual_seed(args.seed)
     data = make_dates(args.n_train, 500, seed=args.seed)
     width = max(data.splits[s]["src"].shape[1] for s in ("train", "test"))
-    pad = lambda s: {
-        **s,
-        "src": torch.nn.functional.pad(s["src"], (0, width - s["src"].shape[1])),  # noqa: E731
-        "mask": torch.nn.functional.pad(s["mask"], (0, width - s["mask"].shape[1])),
-    }
+
+    def pad(split: dict) -> dict:
+        extra = width - split["src"].shape[1]
+        return {
+            **split,
+            "src": torch.nn.functional.pad(split["src"], (0, extra)),
+            "mask": torch.nn.functional.pad(split["mask"], (0, extra)),
+        }
+
     train = encode(pad(data.splits["train"]), width)
     test = encode(pad(data.splits["test"]), width)
     config = BertConfig(
