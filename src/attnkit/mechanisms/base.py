@@ -9,17 +9,17 @@ call every mechanism without a hand-written list. It declares ``mask_inputs``: e
 that is a padding mask, with the inputs (…, n, d) whose n rows it covers, so that the suite can
 test mask == truncation.
 
-Every mechanism returns a member of one output family, :class:`MechanismOutput`: a typed
-(named) tuple with ``representation`` — the tensor the mechanism produces for the next layer —
-and ``named_weights()`` — its attention weights by name. Its weights are computed through the
-core (:class:`attnkit.Attention`) or reported to :mod:`attnkit.hooks` by the mechanism, so
-``attnkit.evaluation.capture`` sees them.
+Every mechanism returns a member of one output family,
+:class:`attnkit.mechanisms.MechanismOutput`: a typed (named) tuple with ``representation`` — the
+tensor the mechanism produces for the next layer — and ``named_weights()`` — its attention
+weights by name. Its weights are computed through the core (:class:`attnkit.Attention`) or
+reported to :mod:`attnkit.hooks` by the mechanism, so ``attnkit.evaluation.capture`` sees them.
 """
 
 from __future__ import annotations
 
 import importlib
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -29,7 +29,6 @@ from attnkit.registry import Registry
 __all__ = [
     "PACKAGES",
     "REGISTRY",
-    "MechanismOutput",
     "available",
     "build",
     "example",
@@ -41,20 +40,6 @@ REGISTRY: Registry[nn.Module] = Registry("mechanism")
 # The packages whose modules register mechanisms; imported on first use, so that registering
 # needs no import of this module's users (and no cycle).
 PACKAGES = ("attnkit.features", "attnkit.queries")
-
-
-@runtime_checkable
-class MechanismOutput(Protocol):
-    """What every mechanism returns: the representation and its named weights."""
-
-    @property
-    def representation(self) -> Tensor:
-        """The mechanism's output for the next layer, batch first."""
-        ...
-
-    def named_weights(self) -> dict[str, Tensor]:
-        """Every attention distribution the mechanism computed, by name, batch first."""
-        ...
 
 
 def _load() -> None:
