@@ -46,40 +46,21 @@ def _example(name, dtype=torch.float64):
     return module, _map(args, lambda t: t.to(dtype)), _map(kwargs, lambda t: t.to(dtype))
 
 
-def test_every_feature_and_query_mechanism_is_registered():
-    assert set(NAMES) >= {
-        "alternating_co_attention",
-        "interactive_co_attention",
-        "parallel_co_attention",
-        "nested_co_attention",
-        "multi_grained_co_attention",
-        "rotatory",
-        "attention_via_attention",
-        "hierarchical",
-        "meta_embedding",
-        "capsule",
-        "importance_matrix",
-        "label_wise",
-        "multi_hop",
-        "self_attention",
-    }
-
-
-def test_registry_is_loud():
-    with pytest.raises(ValueError, match=r"unknown mechanism 'capsul'; did you mean 'capsule'"):
-        mechanisms.build("capsul")
-    with pytest.raises(TypeError, match=r"mechanism 'capsule' got an unexpected argument 'd'"):
-        mechanisms.build("capsule", d=4, n_classes=3)
-    assert isinstance(mechanisms.build("capsule", d_f=4, n_classes=3), ak.queries.CapsuleAttention)
+def _asking_for_weights(module, kwargs):
+    """``kwargs`` with ``need_weights=True`` for a mechanism that computes weights on request."""
+    if "need_weights" in inspect.signature(module.forward).parameters:
+        return {**kwargs, "need_weights": True}
+    return kwargs
 
 
 @pytest.mark.parametrize("name", NAMES)
 def test_one_output_family(name):
     module, args, kwargs = _example(name)
-    out = module(*args, **kwargs)
+    out = module(*args, **_asking_for_weights(module, kwargs))
     assert isinstance(out, mechanisms.MechanismOutput)
     assert isinstance(out, tuple) and hasattr(type(out), "_fields")  # a typed (named) tuple
     assert out.representation.shape[0] == 2
+    assert out.named_weights(), "a mechanism names at least one weight tensor"
     for wname, w in out.named_weights().items():
         assert w.shape[0] == 2, wname
         assert torch.isfinite(w).all() and (w >= 0).all(), wname
@@ -88,10 +69,17 @@ def test_one_output_family(name):
 @pytest.mark.parametrize("name", NAMES)
 def test_batch_equals_items(name):
     module, args, kwargs = _example(name)
-    batched = module(*args, **kwargs).representation
+    kwargs = _asking_for_weights(module, kwargs)
+    batched = module(*args, **kwargs)
     for b in range(2):
-        alone = module(*_item(args, b), **_item(kwargs, b)).representation
-        torch.testing.assert_close(batched[b : b + 1], alone, atol=1e-12, rtol=1e-10)
+        alone = module(*_item(args, b), **_item(kwargs, b))
+        torch.testing.assert_close(
+            batched.representation[b : b + 1], alone.representation, atol=1e-12, rtol=1e-10
+        )
+        for wname, w in batched.named_weights().items():
+            torch.testing.assert_close(
+                w[b : b + 1], alone.named_weights()[wname], atol=1e-12, rtol=1e-10, msg=wname
+            )
 
 
 def _truncated_inputs(module, args, kwargs, lengths):
@@ -161,11 +149,18 @@ def test_float64_and_bfloat16(name):
 
 @pytest.mark.parametrize("name", NAMES)
 def test_to_moves_every_parameter_and_buffer(name):
-    module, _, _ = mechanisms.example(name)
-    tensors = [*module.parameters(), *module.buffers()]
-    assert all(t.dtype == torch.float64 for t in [*module.to(torch.float64).parameters()])
-    assert {t.device.type for t in module.to("meta").parameters()} <= {"meta"}
-    assert len(tensors) == len([*module.parameters(), *module.buffers()])
+    module, args, kwargs = mechanisms.example(name)
+    assert module.to(torch.float64) is module
+    for tname, t in [*module.named_parameters(), *module.named_buffers()]:
+        assert t.dtype == torch.float64 or not t.is_floating_point(), tname
+    for sub_name, sub in module.named_modules():  # a plain tensor attribute would not move
+        plain = [k for k, v in vars(sub).items() if isinstance(v, torch.Tensor)]
+        assert not plain, f"{sub_name or name}: tensors outside parameters and buffers: {plain}"
+    out = module(*_map(args, lambda t: t.double()), **_map(kwargs, lambda t: t.double()))
+    assert out.representation.dtype == torch.float64
+    assert all(w.dtype == torch.float64 for w in out.named_weights().values())
+    module.to("meta")
+    assert {t.device.type for t in [*module.parameters(), *module.buffers()]} <= {"meta"}
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -192,8 +187,15 @@ def test_capture_sees_the_weights(name):
 def test_describe_gives_a_taxonomy_row(name):
     module, _, _ = mechanisms.example(name)
     row = ak.describe(module)
-    assert any(cell != "-" for cell in row.cells())
-    assert row.to_markdown(name).count("|") > 8
+    assert row.scoring != "-" and row.alignment != "-"  # it scores and aligns something
+    own = list(module.taxonomy_tags())
+    assert own, "a mechanism places itself in the taxonomy"
+    defaults = {dim: default for _, dim, default in ak.taxonomy.DIMENSIONS}
+    cells = dict(zip([dim for _, dim, _ in ak.taxonomy.DIMENSIONS], row.cells(), strict=True))
+    for tag in own:
+        if tag != defaults[type(tag)]:  # a default gives way to what its parts say
+            assert tag.value in cells[type(tag)].split(" + "), (tag, row)
+    assert row.to_markdown(name).splitlines()[2].startswith(f"| {name} | ")
 
 
 @pytest.mark.parametrize("name", [n for n in NAMES if mechanisms.REGISTRY.get(n).mask_inputs])
