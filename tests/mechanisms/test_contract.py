@@ -66,6 +66,29 @@ def test_one_output_family(name):
         assert torch.isfinite(w).all() and (w >= 0).all(), wname
 
 
+def _alignments(name):
+    module, _, _ = mechanisms.example(name)
+    return [m for m in module.modules() if isinstance(m, ak.alignments.Alignment)]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_aligns_through_an_alignment_module(name):
+    assert _alignments(name), "weights come from an alignment module (ablation can swap it)"
+
+
+# "(none)" (an unknown name, so the test fails) if no example had only normalized alignments.
+@pytest.mark.parametrize(
+    "name", [n for n in NAMES if all(a.normalized for a in _alignments(n))] or ["(none)"]
+)
+def test_weights_are_distributions_under_normalized_alignments(name):
+    """Each row over the keys sums to 1, or is all zero where every key is padding (DESIGN 2)."""
+    module, args, kwargs = _example(name)
+    for wname, w in module(*args, **_asking_for_weights(module, kwargs)).named_weights().items():
+        sums = w.sum(-1)
+        empty = (w == 0).all(-1)
+        torch.testing.assert_close(sums[~empty], torch.ones_like(sums[~empty]), msg=wname)
+
+
 @pytest.mark.parametrize("name", NAMES)
 def test_batch_equals_items(name):
     module, args, kwargs = _example(name)
