@@ -107,3 +107,26 @@ def test_example_tensor_is_reproducible():
     a, b = mechanisms.example_tensor(2, 3, seed=4), mechanisms.example_tensor(2, 3, seed=4)
     assert a.shape == (2, 3) and (a == b).all()
     assert not (a == mechanisms.example_tensor(2, 3, seed=5)).all()
+
+
+def test_example_fails_loudly_for_a_mechanism_without_a_proper_one():
+    table = mechanisms.REGISTRY.snapshot()
+    try:
+
+        @mechanisms.REGISTRY.register("no_example")
+        class NoExample(nn.Module):
+            pass
+
+        @mechanisms.REGISTRY.register("bad_example")
+        class BadExample(nn.Module):
+            @classmethod
+            def example(cls):
+                return nn.Identity(), (), {}
+
+        with pytest.raises(TypeError, match=r"'no_example' \(.*NoExample\) has no example\(\)"):
+            mechanisms.example("no_example")
+        with pytest.raises(TypeError, match=r"'bad_example'.*module a .*BadExample"):
+            mechanisms.example("bad_example")
+    finally:
+        mechanisms.REGISTRY.restore(table)
+    assert "no_example" not in mechanisms.available()

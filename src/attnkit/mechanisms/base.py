@@ -62,7 +62,20 @@ def build(name: str, **kwargs: Any) -> nn.Module:
 def example(name: str) -> tuple[nn.Module, tuple, dict[str, Any]]:
     """A small built ``name`` with example inputs: ``module(*args, **kwargs)`` runs it."""
     _load()
-    module, args, kwargs = REGISTRY.get(name).example()  # type: ignore[attr-defined]
+    cls = REGISTRY.get(name)
+    make = getattr(cls, "example", None)
+    if make is None:
+        raise TypeError(
+            f"mechanism {name!r} ({cls.__qualname__}) has no example(): give it a classmethod "
+            "returning (module, args, kwargs)"
+        )
+    made = make()
+    if not (isinstance(made, tuple) and len(made) == 3 and isinstance(made[0], cls)):
+        raise TypeError(
+            f"mechanism {name!r}: {cls.__qualname__}.example() must return (module, args, "
+            f"kwargs) with module a {cls.__qualname__}, got {type(made).__name__}"
+        )
+    module, args, kwargs = made
     return module, tuple(args), dict(kwargs)
 
 
