@@ -1,6 +1,6 @@
 """The contract every registered mechanism meets (DESIGN 7), from ``mechanisms.example`` alone:
-one output family, batch == items, mask == truncation, gradients to every parameter, float64
-and bfloat16, ``.to()``, capture and ``describe``."""
+one output family, batch == items, mask == truncation, gradients to every parameter (and a float64
+gradcheck), float64 and bfloat16, ``.to()``, capture and ``describe``."""
 
 from __future__ import annotations
 
@@ -26,6 +26,13 @@ def _map(x, fn):
     if isinstance(x, dict):
         return {k: _map(v, fn) for k, v in x.items()}
     return x
+
+
+def _leaves(x):
+    """The floating tensors in nested tuples, lists and dicts, in ``_map``'s order."""
+    found = []
+    _map(x, lambda t: found.append(t) or t)
+    return found
 
 
 def _item(x, b):
@@ -152,8 +159,21 @@ def test_gradients_reach_every_parameter(name):
     (rep * r).sum().backward()
     for pname, p in module.named_parameters():
         assert p.grad is not None and p.grad.abs().sum() > 0, pname
-    for x in [x for x in args if isinstance(x, torch.Tensor)]:
+    for x in _leaves(args):
         assert x.grad is not None and x.grad.abs().sum() > 0  # and the inputs
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_gradcheck_float64(name):
+    """Analytical gradients w.r.t. every floating input match finite differences."""
+    module, args, kwargs = _example(name)
+    inputs = tuple(x.detach().requires_grad_() for x in _leaves(args))
+
+    def representation(*xs):
+        it = iter(xs)
+        return module(*_map(args, lambda _: next(it)), **kwargs).representation
+
+    assert torch.autograd.gradcheck(representation, inputs)
 
 
 @pytest.mark.parametrize("name", NAMES)
