@@ -260,3 +260,24 @@ def test_padded_content_influences_nothing(name):
     if out.dim() >= 3 and rows is not None and out.shape[:2] == rows.shape:
         out, clean = out[rows], clean[rows]  # per-position outputs: padded rows are padding
     torch.testing.assert_close(out, clean, atol=1e-12, rtol=1e-12)
+
+
+@pytest.mark.parametrize("name", [n for n in NAMES if mechanisms.REGISTRY.get(n).mask_inputs])
+def test_everything_masked_gives_zero_weights_and_finite_values(name):
+    """Every mask all False (DESIGN 2: a fully masked row gives weights 0, never NaN), forward
+    and backward."""
+    module, args, kwargs = _example(name)
+    named = dict(inspect.signature(module.forward).bind(*args, **kwargs).arguments)
+    for mask_name, input_names in type(module).mask_inputs.items():
+        x = named[input_names[0]]
+        named[mask_name] = torch.zeros(*x.shape[:-2], 1, x.shape[-2], dtype=torch.bool)
+    inputs = _leaves(named)
+    for x in inputs:
+        x.requires_grad_()
+    out = module(**_asking_for_weights(module, named))
+    assert torch.isfinite(out.representation).all()
+    for wname, w in out.named_weights().items():
+        assert (w == 0).all(), wname
+    out.representation.sum().backward()
+    for x in inputs:
+        assert x.grad is None or torch.isfinite(x.grad).all()
