@@ -3,7 +3,14 @@ built from attnkit parts, intrinsic metrics against gold attention, the uniform-
 ablation, and supervised attention."""
 
 from attnkit.evaluation.ablation import uniform_weights
+from attnkit.evaluation.agreement import kendall_tau, top_k_overlap
 from attnkit.evaluation.capture import capture
+from attnkit.evaluation.importance import (
+    gradient,
+    input_x_gradient,
+    integrated_gradients,
+    leave_one_out,
+)
 from attnkit.evaluation.metrics import (
     alignment_error_rate,
     attention_correctness,
@@ -17,7 +24,13 @@ __all__ = [
     "attention_correctness",
     "capture",
     "entropy",
+    "gradient",
+    "input_x_gradient",
+    "integrated_gradients",
+    "kendall_tau",
+    "leave_one_out",
     "rank_correlation",
     "supervised_attention_loss",
+    "top_k_overlap",
     "uniform_weights",
 ]
