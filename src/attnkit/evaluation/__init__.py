@@ -5,6 +5,15 @@ ablation, and supervised attention."""
 from attnkit.evaluation.ablation import uniform_weights
 from attnkit.evaluation.agreement import kendall_tau, top_k_overlap
 from attnkit.evaluation.capture import capture
+from attnkit.evaluation.counterfactual import (
+    adversarial_weights,
+    edit_weights,
+    jensen_shannon,
+    permuted_weights,
+    total_variation,
+    uniform_baseline,
+)
+from attnkit.evaluation.erasure import erasure, random_order
 from attnkit.evaluation.importance import (
     gradient,
     input_x_gradient,
@@ -20,17 +29,25 @@ from attnkit.evaluation.metrics import (
 from attnkit.evaluation.supervision import supervised_attention_loss
 
 __all__ = [
+    "adversarial_weights",
     "alignment_error_rate",
     "attention_correctness",
     "capture",
+    "edit_weights",
     "entropy",
+    "erasure",
     "gradient",
     "input_x_gradient",
     "integrated_gradients",
+    "jensen_shannon",
     "kendall_tau",
     "leave_one_out",
+    "permuted_weights",
+    "random_order",
     "rank_correlation",
     "supervised_attention_loss",
     "top_k_overlap",
+    "total_variation",
+    "uniform_baseline",
     "uniform_weights",
 ]
