@@ -1,0 +1,6 @@
+"""The efficient-attention family (Soydaner 5; Brauwers 3.1), one file per mechanism: each is a
+registered mechanism and a per-head part for ``MultiHeadAttention(attention=...)``."""
+
+from attnkit.efficient.lsh import HeadOutput, LSHAttention
+
+__all__ = ["HeadOutput", "LSHAttention"]

@@ -1,0 +1,338 @@
+"""Reformer's LSH attention (Kitaev, Kaiser and Levskaya, 2020; Brauwers 3.1 and Soydaner 5.2 on
+the Reformer): queries attend only to keys hashed into the same bucket, found by sorting by bucket
+and attending within a chunk and the chunk before it; several hash rounds are combined exactly.
+
+Hashing is angular LSH with a random rotation R (d × b/2): h(x) = argmax([xR ; −xR]) (Reformer
+eq. 2 of Sec. 2). Round r gives each query i a set P_i^(r) = {j : h_r(q_i) = h_r(k_j), j sorted
+into the same chunk as i or the one before}. The rounds are combined as attention over the union
+P_i = ∪_r P_i^(r) (Reformer eq. 4 and its appendix): each round is normalised on its own (its log
+normaliser z_r), a pair attended in n_ij rounds has its logit lowered by log n_ij, and the rounds
+are mixed with weights exp(z_r − z). So the result is softmax attention restricted to P_i
+exactly, and it approaches full attention as more rounds cover more pairs.
+
+Shared QK (``k=None``): keys are the normalised queries k_j = q_j / ‖q_j‖ and a position does not
+attend to itself unless it has no other key (its logit is lowered by 10⁵, as the paper does).
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar, NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from attnkit import arguments, hooks, masks
+from attnkit import taxonomy as tx
+from attnkit.alignments import Softmax
+from attnkit.mechanisms import REGISTRY, example_tensor
+
+__all__ = ["HeadOutput", "LSHAttention", "check_head_inputs"]
+
+_SELF_PENALTY = 1e5  # Reformer: a position attends to itself only when nothing else is there
+
+
+class HeadOutput(NamedTuple):
+    """What the efficient per-head parts return: ``AttentionOutput``'s fields (so that they fit
+    the attention slot of :class:`attnkit.MultiHeadAttention`) and the mechanism family's
+    ``representation`` / ``named_weights()``.
+
+    Attributes:
+        context: (B, …, M, d_v).
+        weights: (B, …, M, N) dense weights, only with ``need_weights=True``.
+    """
+
+    context: Tensor
+    weights: Tensor | None = None
+    scores: Tensor | None = None
+    log_prob: Tensor | None = None
+
+    @property
+    def representation(self) -> Tensor:
+        return self.context
+
+    def named_weights(self) -> dict[str, Tensor]:
+        return {} if self.weights is None else {"weights": self.weights}
+
+
+def check_head_inputs(
+    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, bias: Tensor | None, who: str
+) -> torch.Size:
+    """Validate per-head inputs q (…, M, d), k (…, N, d), v (…, N, d_v), a boolean mask and a
+    float bias broadcastable to (…, M, N); returns the broadcast leading dims."""
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(x, Tensor):
+            raise TypeError(f"{who}: {name} must be a tensor, got {type(x).__name__}")
+        if x.dim() < 2 or not x.is_floating_point():
+            raise ValueError(
+                f"{who}: {name} must be a floating tensor (…, L, d), got shape "
+                f"{tuple(x.shape)} dtype {x.dtype}"
+            )
+    if q.shape[-1] != k.shape[-1]:
+        raise ValueError(f"{who}: q has {q.shape[-1]} features but k has {k.shape[-1]}")
+    if k.shape[-2] != v.shape[-2]:
+        raise ValueError(
+            f"{who}: k of shape {tuple(k.shape)} and v of shape {tuple(v.shape)} need the same N"
+        )
+    if k.shape[-2] == 0:
+        raise ValueError(f"{who}: the key set is empty (k of shape {tuple(k.shape)})")
+    try:
+        lead = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
+    except RuntimeError:
+        raise ValueError(
+            f"{who}: batch dims of q {tuple(q.shape)}, k {tuple(k.shape)} and v "
+            f"{tuple(v.shape)} do not broadcast"
+        ) from None
+    shape = torch.Size((*lead, q.shape[-2], k.shape[-2]))
+    masks.check(mask, shape)
+    if bias is not None:
+        if not isinstance(bias, Tensor) or not bias.is_floating_point():
+            raise TypeError(f"{who}: bias must be a floating tensor, got {bias!r:.60}")
+        try:
+            if torch.broadcast_shapes(bias.shape, shape) != shape:
+                raise RuntimeError
+        except RuntimeError:
+            raise ValueError(
+                f"{who}: bias of shape {tuple(bias.shape)} does not broadcast to {tuple(shape)}"
+            ) from None
+    return lead
+
+
+def _rows(x: Tensor | None, lead: torch.Size, m: int, n: int) -> Tensor | None:
+    """A mask or bias broadcast to (Z, M' , N) with M' = 1 when it does not vary over queries."""
+    if x is None:
+        return None
+    rows = m if x.dim() >= 2 and x.shape[-2] == m and m != 1 else 1
+    return x.broadcast_to(*lead, m, n)[..., :rows, :].reshape(-1, rows, n)
+
+
+def _pairs(x: Tensor, qi: Tensor, kj: Tensor) -> Tensor:
+    """x (Z, M', N) at pairs (qi[..., :, None], kj[..., None, :]), qi (Z, C, c), kj (Z, C, w)."""
+    z, rows, n = x.shape
+    i = qi if rows > 1 else torch.zeros_like(qi)
+    index = (i[..., :, None] * n + kj[..., None, :]).reshape(z, -1)
+    return x.reshape(z, -1).gather(1, index).reshape(*kj.shape[:2], qi.shape[-1], kj.shape[-1])
+
+
+@REGISTRY.register("lsh")
+class LSHAttention(nn.Module):
+    """Reformer LSH attention, a per-head part: ``part(q, k, v, *, mask, bias, need_weights)``
+    with q (B, …, M, d), k (B, …, N, d) or None (shared QK: k_j = q_j / ‖q_j‖), v (B, …, N, d_v).
+
+    Args:
+        d: query/key size (the rotations are d × n_buckets/2).
+        n_buckets: number of hash buckets, 1 or even.
+        n_rounds: hash rounds (each with its own rotation).
+        chunk_size: length c of the chunks of the bucket-sorted sequence; a query attends keys of
+            its own bucket in its chunk and the chunk before it.
+        seed: seed of the rotations drawn at construction. In training mode fresh rotations are
+            drawn on every call (as the paper); in eval mode the stored ones are used, so results
+            are reproducible.
+
+    A key that every query may not attend (padding) is sorted after all others, so padding
+    equals truncation. Any boolean mask and float bias (…, M, N) are honoured on the pairs.
+    Weights (B, …, M, N) are the exact weights of the union of the rounds; they are formed
+    densely only when requested or captured.
+    """
+
+    mask_inputs: ClassVar[dict[str, tuple[str, ...]]] = {"mask": ("k", "v")}
+
+    def __init__(
+        self,
+        d: int,
+        n_buckets: int = 8,
+        n_rounds: int = 2,
+        chunk_size: int = 32,
+        *,
+        seed: int = 0,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        super().__init__()
+        arguments.positive_int(d, "d")
+        arguments.positive_int(n_buckets, "n_buckets")
+        arguments.positive_int(n_rounds, "n_rounds")
+        arguments.positive_int(chunk_size, "chunk_size")
+        arguments.nonnegative_int(seed, "seed")
+        if n_buckets > 1 and n_buckets % 2:
+            raise ValueError(
+                f"n_buckets must be 1 or even (angular LSH hashes to argmax over [xR; −xR]), "
+                f"got {n_buckets}"
+            )
+        self.d, self.n_buckets, self.n_rounds, self.chunk_size = d, n_buckets, n_rounds, chunk_size
+        g = torch.Generator().manual_seed(seed)
+        rot = torch.randn(n_rounds, d, max(n_buckets // 2, 1), generator=g)
+        self.register_buffer("rotations", rot.to(device=device, dtype=dtype))
+        self.align = Softmax()
+
+    @classmethod
+    def example(cls):
+        q, k, v = (example_tensor(2, 2, 7, 4, seed=s) for s in (1, 2, 3))
+        mask = masks.from_lengths(torch.tensor([7, 5]), 7)[:, None].expand(
+            2, 2, 1, 7
+        )  # (B, H, 1, N)
+        return cls(4, n_buckets=2, n_rounds=2, chunk_size=3), (q, k, v), {"mask": mask}
+
+    def taxonomy_tags(self) -> list:
+        return [tx.Scoring.SCALED_MULTIPLICATIVE, tx.AlignmentKind.SPARSE]
+
+    def extra_repr(self) -> str:
+        return (
+            f"d={self.d}, n_buckets={self.n_buckets}, n_rounds={self.n_rounds}, "
+            f"chunk_size={self.chunk_size}"
+        )
+
+    def hash(self, x: Tensor, rotations: Tensor | None = None) -> Tensor:
+        """Buckets (n_rounds, …, L) of x (…, L, d): argmax([xR ; −xR]) per round."""
+        rot = self.rotations if rotations is None else rotations
+        if self.n_buckets == 1:
+            return torch.zeros(rot.shape[0], *x.shape[:-1], dtype=torch.long, device=x.device)
+        proj = torch.einsum("...ld,rdb->r...lb", x, rot.to(x.dtype))
+        return torch.cat([proj, -proj], -1).argmax(-1)
+
+    def forward(
+        self,
+        q: Tensor,
+        k: Tensor | None = None,
+        v: Tensor | None = None,
+        *,
+        mask: Tensor | None = None,
+        bias: Tensor | None = None,
+        need_weights: bool = False,
+    ) -> HeadOutput:
+        arguments.boolean(need_weights, "need_weights")
+        shared = k is None
+        if shared:
+            k = q / q.norm(dim=-1, keepdim=True).clamp_min(torch.finfo(q.dtype).tiny)
+        v = k if v is None else v
+        if shared and isinstance(v, Tensor) and v.dim() >= 2 and q.shape[-2] != v.shape[-2]:
+            raise ValueError(
+                f"LSHAttention with shared QK (k=None) needs v with one row per query: q "
+                f"{tuple(q.shape)}, v {tuple(v.shape)}"
+            )
+        lead = check_head_inputs(q, k, v, mask, bias, "LSHAttention")
+        if q.shape[-1] != self.d:
+            raise ValueError(f"LSHAttention(d={self.d}) got q with {q.shape[-1]} features")
+        m, n, d = q.shape[-2], k.shape[-2], q.shape[-1]
+        qz = q.broadcast_to(*lead, m, d).reshape(-1, m, d)
+        kz = k.broadcast_to(*lead, n, d).reshape(-1, n, d)
+        vz = v.broadcast_to(*lead, n, v.shape[-1]).reshape(-1, n, v.shape[-1])
+        maskz, biasz = _rows(mask, lead, m, n), _rows(bias, lead, m, n)
+        rot = self.rotations
+        if self.training:
+            rot = torch.randn(rot.shape, device=rot.device, dtype=rot.dtype)
+        context, weights = self._attend(qz, kz, vz, maskz, biasz, rot, shared, need_weights)
+        context = context.reshape(*lead, m, v.shape[-1])
+        if weights is not None:
+            weights = weights.reshape(*lead, m, n)
+            hooks.report(self, weights)
+        return HeadOutput(context, weights if need_weights else None)
+
+    def _attend(self, q, k, v, mask, bias, rot, shared, need_weights):
+        z, m, n = q.shape[0], q.shape[1], k.shape[1]
+        c, rounds, dev = self.chunk_size, rot.shape[0], q.device
+        n_chunks = -(-m // c)
+        width = n_chunks * c
+        key_ok = torch.ones(z, n, dtype=torch.bool, device=dev)
+        if mask is not None:
+            key_ok = mask.any(1)  # keys no query may attend are padding: sorted last
+        bq, bk = self.hash(q, rot), self.hash(k, rot)  # (R, Z, M), (R, Z, N)
+        bk = torch.where(key_ok, bk, self.n_buckets)
+        pos_q = torch.arange(m, device=dev)
+        pos_k = torch.arange(n, device=dev)
+        q_order = (bq * m + pos_q).argsort(-1)  # stable by position within a bucket
+        k_order = (bk * n + pos_k).argsort(-1)
+        # rank → chunk id of every position, for counting in how many rounds a pair is attended
+        q_chunk = torch.empty_like(q_order).scatter_(-1, q_order, pos_q.expand_as(q_order) // c)
+        k_chunk = torch.empty_like(k_order).scatter_(-1, k_order, pos_k.expand_as(k_order) // c)
+
+        def padded(order, length):
+            real = torch.arange(width, device=dev) < length
+            order = F.pad(order, (0, max(width - length, 0)))[..., :width]
+            return order, real.expand_as(order)
+
+        qo, q_real = padded(q_order, m)  # (R, Z, W)
+        ko, k_real = padded(k_order, n)
+        qi = qo.reshape(rounds, z, n_chunks, c)
+        kc = ko.reshape(rounds, z, n_chunks, c)
+        kc_real = k_real.reshape(rounds, z, n_chunks, c)
+        first = torch.zeros_like(kc[:, :, :1])
+        # keys of the chunk before (none before the first chunk) and of the own chunk
+        kj = torch.cat([torch.cat([first, kc[:, :, :-1]], 2), kc], -1)  # (R, Z, C, 2c)
+        before = torch.cat([torch.zeros_like(kc_real[:, :, :1]), kc_real[:, :, :-1]], 2)
+        kj_real = torch.cat([before, kc_real], -1)
+
+        scale = q.shape[-1] ** -0.5
+        probs, lse, ctx = [], [], []
+        for r in range(rounds):
+            qr = q.gather(1, qi[r].reshape(z, -1, 1).expand(-1, -1, q.shape[-1]))
+            qr = qr.reshape(z, n_chunks, c, -1)
+            kr = k.gather(1, kj[r].reshape(z, -1, 1).expand(-1, -1, k.shape[-1]))
+            kr = kr.reshape(z, n_chunks, 2 * c, -1)
+            vr = v.gather(1, kj[r].reshape(z, -1, 1).expand(-1, -1, v.shape[-1]))
+            vr = vr.reshape(z, n_chunks, 2 * c, -1)
+            e = torch.einsum("zcid,zcjd->zcij", qr, kr) * scale
+            qb = bq[r].gather(1, qi[r].reshape(z, -1)).reshape(z, n_chunks, c)
+            kb = bk[r].gather(1, kj[r].reshape(z, -1)).reshape(z, n_chunks, 2 * c)
+            ok = (qb[..., :, None] == kb[..., None, :]) & kj_real[r][..., None, :]
+            ok = ok & q_real[r].reshape(z, n_chunks, c)[..., :, None]
+            ok = ok & key_ok.gather(1, kj[r].reshape(z, -1)).reshape(z, n_chunks, 1, 2 * c)
+            if mask is not None:
+                ok = ok & _pairs(mask, qi[r], kj[r])
+            if bias is not None:
+                e = e + _pairs(bias, qi[r], kj[r])
+            if shared:
+                e = e - _SELF_PENALTY * (qi[r][..., :, None] == kj[r][..., None, :]).to(e.dtype)
+            # n_ij: the rounds s in which j is in i's bucket and in i's chunk or the one before
+            n_ij = torch.zeros_like(e)
+            for s in range(rounds):
+                same = bq[s].gather(1, qi[r].reshape(z, -1)).reshape(z, n_chunks, c, 1) == bk[
+                    s
+                ].gather(1, kj[r].reshape(z, -1)).reshape(z, n_chunks, 1, 2 * c)
+                cq = q_chunk[s].gather(1, qi[r].reshape(z, -1)).reshape(z, n_chunks, c, 1)
+                ck = k_chunk[s].gather(1, kj[r].reshape(z, -1)).reshape(z, n_chunks, 1, 2 * c)
+                n_ij = n_ij + (same & ((ck == cq) | (ck == cq - 1))).to(e.dtype)
+            e = e - torch.where(ok, n_ij, 1.0).log()
+            p = self.align(e, ok).weights  # softmax within the round's set
+            lse.append(_logsumexp(e, ok, -1))  # the round's log normaliser z_r (Z, C, c)
+            # padded values are zeroed (0 × NaN would leak into the sum)
+            v_ok = key_ok.gather(1, kj[r].reshape(z, -1)).reshape(z, n_chunks, 2 * c, 1)
+            vr = torch.where(kj_real[r][..., None] & v_ok, vr, 0.0)
+            ctx.append(torch.einsum("zcij,zcjd->zcid", p, vr))
+            probs.append(p)
+        # queries are in a different order in every round: un-sort each round's normaliser and
+        # context back to positions (the first m sorted entries are the real queries), then mix
+        inverse = q_order.argsort(-1)  # (R, Z, M)
+        z_pos = torch.stack(
+            [lse[r].reshape(z, width)[:, :m].gather(1, inverse[r]) for r in range(rounds)]
+        )
+        c_pos = torch.stack(
+            [
+                ctx[r]
+                .reshape(z, width, -1)[:, :m]
+                .gather(1, inverse[r][..., None].expand(-1, -1, v.shape[-1]))
+                for r in range(rounds)
+            ]
+        )
+        has = torch.isfinite(z_pos)
+        total = _logsumexp(z_pos, has, 0)  # log normaliser over the union of the rounds
+        mix = torch.where(has, (z_pos - torch.where(has, total, 0.0)).exp(), 0.0)  # (R, Z, M)
+        out = (mix[..., None] * c_pos).sum(0)
+        weights = None
+        if need_weights or hooks.listening():
+            weights = q.new_zeros(z, m * n)
+            for r in range(rounds):
+                mix_sorted = F.pad(mix[r].gather(1, q_order[r]), (0, width - m))
+                w = mix_sorted.reshape(z, n_chunks, c, 1) * probs[r]  # (Z, C, c, 2c)
+                index = qi[r][..., :, None] * n + kj[r][..., None, :]
+                weights = weights.scatter_add(1, index.reshape(z, -1), w.reshape(z, -1))
+            weights = weights.reshape(z, m, n)
+        return out, weights
+
+
+def _logsumexp(x: Tensor, ok: Tensor, dim: int) -> Tensor:
+    """log Σ exp over the entries where ``ok``; −inf (with finite gradients) where none is."""
+    any_ok = ok.any(dim)
+    safe = torch.where(ok, x, torch.finfo(x.dtype).min)
+    lse = torch.logsumexp(torch.where(any_ok.unsqueeze(dim), safe, 0.0), dim)
+    return torch.where(any_ok, lse, float("-inf"))
