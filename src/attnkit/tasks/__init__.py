@@ -5,10 +5,19 @@ is downloaded at run time), each registered with its model, metrics, heatmaps an
 loudly (with the closest name) on an unknown one.
 """
 
-from attnkit.tasks import dates_task, digits_task
+from attnkit.tasks import babi_task, dates_task, digits_task
 from attnkit.tasks.base import REGISTRY, Metric, Task
 
 available = REGISTRY.available
 get = REGISTRY.get
 
-__all__ = ["REGISTRY", "Metric", "Task", "available", "dates_task", "digits_task", "get"]
+__all__ = [
+    "REGISTRY",
+    "Metric",
+    "Task",
+    "available",
+    "babi_task",
+    "dates_task",
+    "digits_task",
+    "get",
+]
