@@ -5,6 +5,7 @@ ablation, and supervised attention."""
 from attnkit.evaluation.ablation import uniform_weights
 from attnkit.evaluation.agreement import kendall_tau, top_k_overlap
 from attnkit.evaluation.capture import capture
+from attnkit.evaluation.confidence import attention_confidence, confidence_correlation
 from attnkit.evaluation.counterfactual import (
     adversarial_weights,
     edit_weights,
@@ -13,7 +14,15 @@ from attnkit.evaluation.counterfactual import (
     total_variation,
     uniform_baseline,
 )
+from attnkit.evaluation.effective import effective_attention
 from attnkit.evaluation.erasure import erasure, random_order
+from attnkit.evaluation.heads import (
+    head_gates,
+    head_importance_by_gradient,
+    head_importance_by_masking,
+    head_statistics,
+    pruning_curve,
+)
 from attnkit.evaluation.importance import (
     gradient,
     input_x_gradient,
@@ -31,18 +40,26 @@ from attnkit.evaluation.supervision import supervised_attention_loss
 __all__ = [
     "adversarial_weights",
     "alignment_error_rate",
+    "attention_confidence",
     "attention_correctness",
     "capture",
+    "confidence_correlation",
     "edit_weights",
+    "effective_attention",
     "entropy",
     "erasure",
     "gradient",
+    "head_gates",
+    "head_importance_by_gradient",
+    "head_importance_by_masking",
+    "head_statistics",
     "input_x_gradient",
     "integrated_gradients",
     "jensen_shannon",
     "kendall_tau",
     "leave_one_out",
     "permuted_weights",
+    "pruning_curve",
     "random_order",
     "rank_correlation",
     "supervised_attention_loss",
