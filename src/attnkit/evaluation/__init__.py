@@ -1,6 +1,8 @@
 """Evaluation of attention (Brauwers Sec. 4; Galassi V-VI): capture the weights of any model
 built from attnkit parts, intrinsic metrics against gold attention, the uniform-weights
-ablation, and supervised attention."""
+ablation, supervised attention, and the "is attention explanation?" toolkit: importance
+measures and their agreement with attention, counterfactual weights, erasure, heads, effective
+attention, attention as confidence, and the extrinsic metrics BLEU, WER and perplexity."""
 
 from attnkit.evaluation.ablation import uniform_weights
 from attnkit.evaluation.agreement import kendall_tau, top_k_overlap
@@ -16,6 +18,7 @@ from attnkit.evaluation.counterfactual import (
 )
 from attnkit.evaluation.effective import effective_attention
 from attnkit.evaluation.erasure import erasure, random_order
+from attnkit.evaluation.extrinsic import bleu, perplexity, word_error_rate
 from attnkit.evaluation.heads import (
     head_gates,
     head_importance_by_gradient,
@@ -42,6 +45,7 @@ __all__ = [
     "alignment_error_rate",
     "attention_confidence",
     "attention_correctness",
+    "bleu",
     "capture",
     "confidence_correlation",
     "edit_weights",
@@ -59,6 +63,7 @@ __all__ = [
     "kendall_tau",
     "leave_one_out",
     "permuted_weights",
+    "perplexity",
     "pruning_curve",
     "random_order",
     "rank_correlation",
@@ -67,4 +72,5 @@ __all__ = [
     "total_variation",
     "uniform_baseline",
     "uniform_weights",
+    "word_error_rate",
 ]
