@@ -2,5 +2,6 @@
 registered mechanism and a per-head part for ``MultiHeadAttention(attention=...)``."""
 
 from attnkit.efficient.lsh import HeadOutput, LSHAttention
+from attnkit.efficient.reversible import ReversibleOutput, ReversibleStack
 
-__all__ = ["HeadOutput", "LSHAttention"]
+__all__ = ["HeadOutput", "LSHAttention", "ReversibleOutput", "ReversibleStack"]

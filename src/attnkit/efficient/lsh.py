@@ -129,8 +129,10 @@ class LSHAttention(nn.Module):
             drawn on every call (as the paper); in eval mode the stored ones are used, so results
             are reproducible.
 
-    A key that every query may not attend (padding) is sorted after all others, so padding
-    equals truncation. Any boolean mask and float bias (…, M, N) are honoured on the pairs.
+    A key that no query may attend and a query that may attend no key (padding) are sorted
+    after all others, so padding equals truncation (for padded self-attention pass the mask
+    (B, N, N) = key padding ∧ query padding). Any boolean mask and float bias (…, M, N) are
+    honoured on the pairs.
     Weights (B, …, M, N) are the exact weights of the union of the rounds; they are formed
     densely only when requested or captured.
     """
@@ -234,9 +236,14 @@ class LSHAttention(nn.Module):
         n_chunks = -(-m // c)
         width = n_chunks * c
         key_ok = torch.ones(z, n, dtype=torch.bool, device=dev)
+        query_ok = torch.ones(z, m, dtype=torch.bool, device=dev)
         if mask is not None:
-            key_ok = mask.any(1)  # keys no query may attend are padding: sorted last
+            # keys no query may attend and queries that may attend no key are padding: they
+            # are sorted after all others, so that padding equals truncation
+            key_ok = mask.any(1)
+            query_ok = mask.any(2).expand(z, m)
         bq, bk = self.hash(q, rot), self.hash(k, rot)  # (R, Z, M), (R, Z, N)
+        bq = torch.where(query_ok, bq, self.n_buckets)
         bk = torch.where(key_ok, bk, self.n_buckets)
         pos_q = torch.arange(m, device=dev)
         pos_k = torch.arange(n, device=dev)
