@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import base64
 import html
-import io
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -17,6 +16,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.ticker import MaxNLocator
 
+from attnkit import viz
 from attnkit.tasks.base import Metric
 
 __all__ = [
@@ -40,10 +40,7 @@ img { max-width: 100%; margin: 0.5em 0; border: 1px solid #eee; }
 
 
 def _png(fig) -> bytes:
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
-    plt.close(fig)
-    return buf.getvalue()
+    return viz.to_png(fig)
 
 
 def curves_figure(history: list[dict], info: Mapping[str, Metric] | None = None):
@@ -71,28 +68,32 @@ def curves_figure(history: list[dict], info: Mapping[str, Metric] | None = None)
 
 
 def heatmap_figure(item: dict):
-    """One example's weights with the gold links circled, a colour bar and axis titles."""
-    w, gold = np.asarray(item["weights"]), np.asarray(item["gold"], dtype=bool)
+    """One example's weights with the gold links circled, a colour bar and axis titles (drawn by
+    :func:`attnkit.viz.heatmap`)."""
+    w = np.asarray(item["weights"])
     if "image" in item:  # square grid over an image: keep cells square, image beside it
         fig, axes = plt.subplots(1, 2, figsize=(7.4, 3.4))
         axes[0].imshow(item["image"], cmap="gray")
         axes[0].set(title="input image", xlabel="pixel column", ylabel="pixel row")
         ax = axes[1]
-        shown = ax.imshow(w, cmap="viridis", aspect="equal", vmin=0)
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+        aspect = "equal"
     else:
         fig, ax = plt.subplots(figsize=(max(4, 0.28 * w.shape[1] + 2), 0.3 * w.shape[0] + 1.6))
-        shown = ax.imshow(w, cmap="viridis", aspect="auto", vmin=0)
-    ys, xs = np.nonzero(gold)
-    ax.scatter(xs, ys, s=12, facecolors="none", edgecolors="red", linewidths=0.8, label="gold")
-    if "x_labels" in item:
-        ax.set_xticks(range(len(item["x_labels"])), item["x_labels"], fontsize=7)
-        ax.set_yticks(range(len(item["y_labels"])), item["y_labels"], fontsize=7)
-    ax.set_xlabel(item.get("x_title", "key"))
-    ax.set_ylabel(item.get("y_title", "query"))
-    ax.set_title("attention weights (red circles: gold)", fontsize=8)
-    fig.colorbar(shown, ax=ax, fraction=0.046, pad=0.04, label="weight")
+        aspect = "auto"
+    viz.heatmap(
+        w,
+        ax=ax,
+        x_labels=item.get("x_labels"),
+        y_labels=item.get("y_labels"),
+        gold=np.asarray(item["gold"], dtype=bool),
+        x_title=item.get("x_title", "key"),
+        y_title=item.get("y_title", "query"),
+        title="attention weights (red circles: gold)",
+        aspect=aspect,
+    )
+    if "image" in item:
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.yaxis.set_major_locator(MaxNLocator(integer=True))
     fig.suptitle(item["title"], fontsize=8)
     return fig
 
