@@ -3,5 +3,6 @@ registered mechanism and a per-head part for ``MultiHeadAttention(attention=...)
 
 from attnkit.efficient.lsh import HeadOutput, LSHAttention
 from attnkit.efficient.reversible import ReversibleOutput, ReversibleStack
+from attnkit.efficient.routing import RoutingAttention
 
-__all__ = ["HeadOutput", "LSHAttention", "ReversibleOutput", "ReversibleStack"]
+__all__ = ["HeadOutput", "LSHAttention", "ReversibleOutput", "ReversibleStack", "RoutingAttention"]
