@@ -4,5 +4,13 @@ registered mechanism and a per-head part for ``MultiHeadAttention(attention=...)
 from attnkit.efficient.lsh import HeadOutput, LSHAttention
 from attnkit.efficient.reversible import ReversibleOutput, ReversibleStack
 from attnkit.efficient.routing import RoutingAttention
+from attnkit.efficient.sinkhorn import SinkhornAttention
 
-__all__ = ["HeadOutput", "LSHAttention", "ReversibleOutput", "ReversibleStack", "RoutingAttention"]
+__all__ = [
+    "HeadOutput",
+    "LSHAttention",
+    "ReversibleOutput",
+    "ReversibleStack",
+    "RoutingAttention",
+    "SinkhornAttention",
+]
