@@ -5,7 +5,7 @@ is downloaded at run time), each registered with its model, metrics, heatmaps an
 loudly (with the closest name) on an unknown one.
 """
 
-from attnkit.tasks import babi_task, dates_task, digits_task
+from attnkit.tasks import babi_task, dates_task, digits_task, rationale_task
 from attnkit.tasks.base import REGISTRY, Metric, Task
 
 available = REGISTRY.available
@@ -20,4 +20,5 @@ __all__ = [
     "dates_task",
     "digits_task",
     "get",
+    "rationale_task",
 ]
