@@ -1,12 +1,14 @@
 """The efficient-attention family (Soydaner 5; Brauwers 3.1), one file per mechanism: each is a
 registered mechanism and a per-head part for ``MultiHeadAttention(attention=...)``."""
 
+from attnkit.efficient.area import AreaAttention
 from attnkit.efficient.lsh import HeadOutput, LSHAttention
 from attnkit.efficient.reversible import ReversibleOutput, ReversibleStack
 from attnkit.efficient.routing import RoutingAttention
 from attnkit.efficient.sinkhorn import SinkhornAttention
 
 __all__ = [
+    "AreaAttention",
     "HeadOutput",
     "LSHAttention",
     "ReversibleOutput",
