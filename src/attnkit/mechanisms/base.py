@@ -39,7 +39,13 @@ REGISTRY: Registry[nn.Module] = Registry("mechanism")
 
 # The packages whose modules register mechanisms; imported on first use, so that registering
 # needs no import of this module's users (and no cycle).
-PACKAGES = ("attnkit.features", "attnkit.queries", "attnkit.memory", "attnkit.efficient")
+PACKAGES = (
+    "attnkit.features",
+    "attnkit.queries",
+    "attnkit.memory",
+    "attnkit.efficient",
+    "attnkit.vision",
+)
 
 
 def _load() -> None:

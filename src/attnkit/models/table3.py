@@ -30,6 +30,7 @@ from attnkit.models.survey_table3 import SURVEY
 from attnkit.multihead import MultiHeadAttention
 from attnkit.queries import CapsuleAttention, QueryTagged
 from attnkit.transformer import TransformerDecoderLayer, TransformerEncoder
+from attnkit.vision import AttentionGate
 
 __all__ = ["MODELS", "SURVEY", "build", "reproduce"]
 
@@ -269,18 +270,24 @@ def wang62() -> nn.Module:
 
 
 def oktay() -> nn.Module:
-    """Attention gates: a coarser level's gating signal (specialized query) weighs each channel
-    of each position (multi-dimensional), beside a self-attentive grid attention."""
+    """Attention gates (attnkit.vision.AttentionGate): a coarser level's gating signal
+    (specialized query) gives every pixel of the skip features sigmoid coefficients, one per
+    channel group (multi-dimensional), beside a self-attentive grid attention. The survey files
+    the gates' sigmoid coefficients under global alignment (every pixel weighted, none picked),
+    and the model says so."""
     parts = {
-        "gate": QueryTagged(Attention(sc.Additive(D, D, D, d_out=D)), "specialized"),
+        "gate": AttentionGate(D, D, D, coefficients=2),
         "grid": Attention(sc.Additive(None, D, D, d_out=D)),
     }
 
     def run(m: Minimal) -> Tensor:
-        x, g = torch.randn(2, 16, D), torch.randn(2, 1, D)
-        return m.parts["gate"](g, x).context + m.parts["grid"](None, x).context
+        x, g = torch.randn(2, D, 4, 4), torch.randn(2, D, 2, 2)
+        gated = m.parts["gate"](x, g).output.flatten(2).transpose(1, 2)  # (2, 16, D)
+        return gated + m.parts["grid"](None, gated).context
 
-    return Minimal(parts, run)
+    model = Minimal(parts, run, tags=(tx.AlignmentKind.GLOBAL,))
+    model.taxonomy_final = (tx.AlignmentKind,)
+    return model
 
 
 def winata() -> nn.Module:

@@ -1,0 +1,18 @@
+"""Attention for images and feature maps (Wikipedia "Variants": CNN attention; Soydaner Sec. 5;
+Brauwers on Oktay et al.): channel attention (squeeze-and-excitation, CBAM), spatial attention,
+CBAM, and attention gates."""
+
+from attnkit.vision.channel import ChannelAttention, ChannelAttentionOutput
+from attnkit.vision.gates import AttentionGate, AttentionGateOutput
+from attnkit.vision.spatial import CBAM, CBAMOutput, SpatialAttention, SpatialAttentionOutput
+
+__all__ = [
+    "CBAM",
+    "AttentionGate",
+    "AttentionGateOutput",
+    "CBAMOutput",
+    "ChannelAttention",
+    "ChannelAttentionOutput",
+    "SpatialAttention",
+    "SpatialAttentionOutput",
+]
