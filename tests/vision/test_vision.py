@@ -9,7 +9,13 @@ import math
 import pytest
 import torch
 
-from attnkit.vision import CBAM, AttentionGate, ChannelAttention, SpatialAttention
+from attnkit.vision import (
+    CBAM,
+    AttentionGate,
+    ChannelAttention,
+    SAGANSelfAttention,
+    SpatialAttention,
+)
 
 
 def _sigmoid(x: float) -> float:
@@ -144,3 +150,31 @@ def test_errors_name_the_argument():
         ChannelAttention(4)(torch.randn(2, 4, 3))
     with pytest.raises(ValueError, match="g has 3 channels"):
         AttentionGate(4, 2, 2)(torch.randn(1, 4, 2, 2), torch.randn(1, 3, 2, 2))
+
+
+def test_sagan_matches_its_equations_and_starts_as_the_identity():
+    """β_{j,i} = softmax_i(f(x_i)ᵀ g(x_j)), o_j = W_v Σ_i β_{j,i} h(x_i), y = γ o + x."""
+    torch.manual_seed(0)
+    module = SAGANSelfAttention(4, 2, gamma=0.7).double()
+    x = torch.randn(2, 4, 2, 3, dtype=torch.float64)
+    out = module(x)
+
+    def conv(layer, v):  # a 1×1 convolution of one position's vector
+        return layer.weight[:, :, 0, 0] @ v + layer.bias
+
+    with torch.no_grad():
+        for b in range(2):
+            cols = [x[b, :, i, j] for i in range(2) for j in range(3)]
+            for jj, xj in enumerate(cols):
+                s = [float(conv(module.f, xi) @ conv(module.g, xj)) for xi in cols]
+                z = sum(math.exp(v - max(s)) for v in s)
+                beta = [math.exp(v - max(s)) / z for v in s]
+                torch.testing.assert_close(out.weights[b, jj], torch.tensor(beta).double())
+                o = conv(
+                    module.v,
+                    sum(bi * conv(module.h, xi) for bi, xi in zip(beta, cols, strict=True)),
+                )
+                torch.testing.assert_close(out.output[b, :, jj // 3, jj % 3], 0.7 * o + xj)
+    fresh = SAGANSelfAttention(4, 2)  # γ = 0 at the start: the identity
+    assert fresh.gamma.item() == 0.0
+    torch.testing.assert_close(fresh(x.float()).output, x.float())

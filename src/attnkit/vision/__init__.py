@@ -1,9 +1,10 @@
 """Attention for images and feature maps (Wikipedia "Variants": CNN attention; Soydaner Sec. 5;
 Brauwers on Oktay et al.): channel attention (squeeze-and-excitation, CBAM), spatial attention,
-CBAM, and attention gates."""
+CBAM, SAGAN self-attention, and attention gates."""
 
 from attnkit.vision.channel import ChannelAttention, ChannelAttentionOutput
 from attnkit.vision.gates import AttentionGate, AttentionGateOutput
+from attnkit.vision.sagan import SAGANSelfAttention, SAGANSelfAttentionOutput
 from attnkit.vision.spatial import CBAM, CBAMOutput, SpatialAttention, SpatialAttentionOutput
 
 __all__ = [
@@ -13,6 +14,8 @@ __all__ = [
     "CBAMOutput",
     "ChannelAttention",
     "ChannelAttentionOutput",
+    "SAGANSelfAttention",
+    "SAGANSelfAttentionOutput",
     "SpatialAttention",
     "SpatialAttentionOutput",
 ]
