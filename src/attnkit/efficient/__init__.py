@@ -1,6 +1,7 @@
 """The efficient-attention family (Soydaner 5; Brauwers 3.1), one file per mechanism: each is a
 registered mechanism and a per-head part for ``MultiHeadAttention(attention=...)``."""
 
+from attnkit.efficient.adaptive_span import AdaptiveSpanAttention
 from attnkit.efficient.area import AreaAttention
 from attnkit.efficient.lsh import HeadOutput, LSHAttention
 from attnkit.efficient.reversible import ReversibleOutput, ReversibleStack
@@ -8,6 +9,7 @@ from attnkit.efficient.routing import RoutingAttention
 from attnkit.efficient.sinkhorn import SinkhornAttention
 
 __all__ = [
+    "AdaptiveSpanAttention",
     "AreaAttention",
     "HeadOutput",
     "LSHAttention",
