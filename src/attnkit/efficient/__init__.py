@@ -2,6 +2,7 @@
 registered mechanism and a per-head part for ``MultiHeadAttention(attention=...)``."""
 
 from attnkit.efficient.adaptive_span import AdaptiveSpanAttention
+from attnkit.efficient.adaptive_sparse import AdaptivelySparseAttention
 from attnkit.efficient.area import AreaAttention
 from attnkit.efficient.lsh import HeadOutput, LSHAttention
 from attnkit.efficient.reversible import ReversibleOutput, ReversibleStack
@@ -10,6 +11,7 @@ from attnkit.efficient.sinkhorn import SinkhornAttention
 
 __all__ = [
     "AdaptiveSpanAttention",
+    "AdaptivelySparseAttention",
     "AreaAttention",
     "HeadOutput",
     "LSHAttention",
