@@ -49,6 +49,9 @@ def main(argv: list[str] | None = None) -> int:
     from attnkit.experiments.command import add_parser
 
     add_parser(sub)
+    from attnkit.experiments import explain
+
+    explain.add_parser(sub)
     sub.add_parser(
         "taxonomy", help="rebuild Brauwers Table III from attnkit's models and check each row"
     )
@@ -59,6 +62,8 @@ def main(argv: list[str] | None = None) -> int:
         from attnkit.experiments.command import execute
 
         return execute(args)
+    if args.command == "explain":
+        return explain.execute(args)
     if args.command == "demo":
         from attnkit import demo
 

@@ -8,6 +8,7 @@ import base64
 import html
 from collections.abc import Mapping
 from pathlib import Path
+from types import SimpleNamespace
 
 import matplotlib
 
@@ -162,3 +163,136 @@ alignment.</p>
     path = run_dir / "report.html"
     path.write_text(html_page(f"attnkit run: {run_dir.name}", body), encoding="utf-8")
     return path
+
+
+EXPLANATION_START = "<!-- attnkit explain -->"
+EXPLANATION_END = "<!-- /attnkit explain -->"
+
+
+def _number(x) -> str:
+    return "n/a" if x is None else f"{x:.3f}" if isinstance(x, float) else str(x)
+
+
+def explanation_section(results: dict) -> str:
+    """The "Is it explanation?" section of the report, from the dict of
+    :func:`attnkit.evaluation.suite.explanation_suite`: tables with what each number means,
+    and for a few examples attention, adversarial attention and importance side by side."""
+    eps = results["epsilon"]
+    parts = [
+        "<h2>Is it explanation?</h2>",
+        f"<p>{results['n_examples']} held-out examples; the output explained is the "
+        "log-probability of the predicted class. Written by <code>attnkit explain</code>; "
+        "the numbers are in <code>explanation.json</code>.</p>",
+        "<h3>Does attention rank the items as importance measures do?</h3>",
+        html_table(
+            ["importance measure", "Kendall τ with attention", "top-k overlap"],
+            [
+                [
+                    name,
+                    _number(v["kendall_tau"]),
+                    _number(next(x for k, x in v.items() if k.startswith("top_"))),
+                ]
+                for name, v in results["agreement"].items()
+            ],
+        ),
+    ]
+    if "rationale" in results:
+        parts += [
+            "<h3>Which ranking finds the gold rationale?</h3>",
+            "<p>Share of the gold items among each ranking's top |gold| items (1 = all found).</p>",
+            html_table(
+                ["ranking", "recall at |gold|"],
+                [[k, _number(v)] for k, v in results["rationale"].items()],
+            ),
+        ]
+    c = results["counterfactual"]
+    counterfactual = [
+        ["permuted weights: median output change", c["permuted_median_output_change"],
+         "TVD between output distributions, median over permutations, mean over examples "
+         "(Jain & Wallace 4.1)"],
+        [f"share of examples with median change < ε = {eps}",
+         c["share_permutation_median_below_epsilon"],
+         "examples whose output ignores the order of the weights"],
+        ["uniform weights: output change", c["uniform_output_change"],
+         "TVD with uniform weights over the items (Wiegreffe & Pinter 3.1)"],
+        ["adversarial weights: JSD from the learned ones", c["adversarial_jsd"],
+         f"mean over examples, output change < ε (largest seen "
+         f"{_number(c['adversarial_max_output_change'])}); at most ln 2 = 0.693 "
+         "(Jain & Wallace 4.2)"],
+        ["share with adversarial JSD > ln 2 / 2", c["share_adversarial_jsd_above_half_max"],
+         "examples where very different attention gives the same output"],
+    ]  # fmt: skip
+    parts += [
+        "<h3>Do other weights give the same output?</h3>",
+        html_table(
+            ["measure", "value", "meaning"], [[k, _number(v), m] for k, v, m in counterfactual]
+        ),
+        "<h3>Erasure: how soon does the decision flip?</h3>",
+        "<p>Items removed one by one in each order (Serrano & Smith); a faithful ranking flips the "
+        "decision early and often.</p>",
+        html_table(
+            ["order", "share of decisions flipped", "fraction of items removed when flipped"],
+            [
+                [k, _number(v["share_flipped"]), _number(v["fraction_removed_when_flipped"])]
+                for k, v in results["erasure"].items()
+            ],
+        ),
+    ]  # fmt: skip
+    if "confidence" in results:
+        parts += [
+            "<h3>Is sharp attention a sign of a correct prediction?</h3>",
+            html_table(
+                ["signal", "AUROC for correctness", "point-biserial r"],
+                [
+                    [k, _number(v["auroc"]), _number(v["point_biserial"])]
+                    for k, v in results["confidence"].items()
+                ],
+            ),
+            "<p>n/a: every prediction right (or every one wrong): nothing to separate.</p>"
+            if any(v["auroc"] is None for v in results["confidence"].values())
+            else "",
+        ]
+    if "heads" in results:
+        curve = results["heads"]["pruning"]
+        fig = viz.pruning_curve(SimpleNamespace(**curve), metric_name="accuracy").figure
+        parts += ["<h3>Heads</h3>", _img(viz.to_png(fig), "pruning curve")]
+    images = []
+    for i, ex in enumerate(results.get("examples", [])):
+        measures = {
+            "attention": ex["scores"]["attention"],
+            "adversarial attention": ex["adversarial"],
+        }
+        for name in ("integrated_gradients", "leave_one_out"):
+            measures[name] = ex["scores"][name]
+        fig = viz.importance_comparison(
+            measures,
+            labels=ex["tokens"],
+            gold=ex["gold"],
+            title=f"example {i}: predicted {ex['predicted']}, label {ex['label']}",
+        )
+        images.append(_img(viz.to_png(fig), f"example {i}"))
+    if images:
+        parts += [
+            "<h3>Examples</h3><p>Each measure scaled by its largest absolute value; gold items in "
+            "red.</p>",
+            f'<div class="grid">{"".join(images)}</div>',
+        ]
+    return "\n".join(parts)
+
+
+def add_section(report: Path, section: str, title: str) -> Path:
+    """Put ``section`` into the HTML page ``report`` between the explain markers, replacing an
+    earlier one (so running twice leaves one section); a missing page is created."""
+    block = f"{EXPLANATION_START}\n{section}\n{EXPLANATION_END}"
+    if report.is_file():
+        page = report.read_text(encoding="utf-8")
+        if EXPLANATION_START in page and EXPLANATION_END in page:
+            head, _, rest = page.partition(EXPLANATION_START)
+            _, _, tail = rest.partition(EXPLANATION_END)
+            page = head + block + tail
+        else:
+            page = page.replace("\n</body>", f"\n{block}\n</body>", 1)
+    else:
+        page = html_page(title, block)
+    report.write_text(page, encoding="utf-8")
+    return report

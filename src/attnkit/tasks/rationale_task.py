@@ -30,6 +30,7 @@ from attnkit.evaluation import (
     supervised_attention_loss,
     uniform_weights,
 )
+from attnkit.evaluation.suite import Probe
 from attnkit.tasks.base import REGISTRY, Metric, Task
 from attnkit.tasks.parts import build_attention, task_loss
 
@@ -254,6 +255,25 @@ class RationaleTask(Task):
         )
         metrics["uniform_ablation_drop"] = acc - metrics["uniform_ablation_accuracy"]
         return metrics
+
+    @torch.no_grad()
+    def explanation_probe(self, model: RationaleModel, n: int = 200) -> Probe:
+        """The first ``n`` test examples for ``attnkit explain``, run from the embeddings."""
+        model.eval()
+        split = self.data.splits["test"]
+        tokens, keep = split["tokens"][:n], split["keep"][:n]
+        _, weights, _ = model(tokens, keep)
+        return Probe(
+            model=model,
+            logits=lambda x, keep: model.from_embeddings(x, keep)[0],
+            inputs=model.embed(tokens),
+            keep=keep,
+            attention=weights,
+            labels=split["labels"][:n],
+            gold=split["gold"][:n],
+            tokens=[self.words(t, k) for t, k in zip(tokens, keep, strict=True)],
+            attention_part="attention",
+        )
 
     def words(self, tokens: Tensor, keep: Tensor) -> list[str]:
         return [self.data.vocab.words[t] for t in tokens[keep].tolist()]

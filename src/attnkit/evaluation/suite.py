@@ -1,0 +1,216 @@
+"""The whole "is attention explanation?" suite on one set of examples (Jain & Wallace 2019;
+Wiegreffe & Pinter 2019; Serrano & Smith 2019; Brauwers 4.2.2; Galassi VI), as
+``attnkit explain`` runs it on a finished run.
+
+A :class:`Probe` says how to run a classifier from its embedded inputs; :func:`explanation_suite`
+returns plain numbers (JSON-ready) and a few examples for plots:
+
+- ``agreement``: Kendall τ and top-k overlap between attention and each importance measure.
+- ``rationale`` (with gold): the share of the gold items each ranking puts first
+  (recall at |gold|), attention included.
+- ``counterfactual``: output change under permuted and uniform weights, and the adversarial
+  weights' divergence at output change < ε.
+- ``erasure``: by each ordering, the share of examples whose decision flips before one item
+  is left, and the fraction of the items removed when it does.
+- ``confidence``: whether sharper attention goes with correct predictions.
+- ``heads`` (models with :class:`attnkit.MultiHeadAttention`): importance by masking and the
+  pruning curve.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from attnkit.evaluation import counterfactual as cf
+from attnkit.evaluation import importance as imp
+from attnkit.evaluation.agreement import kendall_tau, mean_defined, top_k_overlap
+from attnkit.evaluation.confidence import attention_confidence, confidence_correlation
+from attnkit.evaluation.erasure import erasure, random_order
+from attnkit.evaluation.heads import head_importance_by_masking, heads_of, pruning_curve
+
+__all__ = ["Probe", "explanation_suite", "rationale_recall"]
+
+
+@dataclass
+class Probe:
+    """A classifier and examples to explain.
+
+    Attributes:
+        model: the model (eval mode); its alignment parts are edited by the counterfactuals.
+        logits: ``(inputs (B, N, d), keep (B, N) bool) -> logits (B, C)``, the model run from
+            its embeddings, an item with ``keep`` False removed.
+        inputs: the examples' embeddings (B, N, d).
+        keep: (B, N) True for real items (not padding).
+        attention: (B, N) the attention weights over the items (one attention row per example).
+        labels: (B,) true classes, or None.
+        gold: (B, N) boolean gold rationale, or None.
+        tokens: per example, the item labels for plots (optional).
+        attention_part: the name of the attention part the counterfactuals edit (as
+            :func:`attnkit.evaluation.capture` names it); None: every alignment part.
+    """
+
+    model: nn.Module
+    logits: Callable[[Tensor, Tensor], Tensor]
+    inputs: Tensor
+    keep: Tensor
+    attention: Tensor
+    labels: Tensor | None = None
+    gold: Tensor | None = None
+    tokens: list[list[str]] | None = None
+    attention_part: str | None = None
+
+
+def rationale_recall(scores: Tensor, gold: Tensor, keep: Tensor) -> Tensor:
+    """Per example, |top-|G| items by ``scores`` ∩ G| / |G| (G the gold items; recall at |G|,
+    equal to precision at |G|); NaN for examples without gold. (B,)."""
+    low = torch.tensor(-math.inf, dtype=torch.float64)
+    s = torch.where(keep, scores.double(), low)
+    rank = torch.sort(s, dim=-1, descending=True, stable=True).indices.argsort(-1)
+    size = gold.sum(-1, keepdim=True)
+    hit = (gold & (rank < size)).sum(-1).double()
+    return torch.where(size.squeeze(-1) > 0, hit / size.squeeze(-1).clamp_min(1), math.nan)
+
+
+def _clean(x: Any) -> Any:
+    """JSON-ready: floats rounded to 6 digits, NaN as None."""
+    if isinstance(x, dict):
+        return {k: _clean(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_clean(v) for v in x]
+    if isinstance(x, Tensor):
+        return _clean(x.tolist())
+    if isinstance(x, float):
+        return None if math.isnan(x) else round(x, 6)
+    return x
+
+
+def explanation_suite(
+    probe: Probe,
+    *,
+    epsilon: float = 0.01,
+    n_permutations: int = 50,
+    adversarial_steps: int = 150,
+    ig_steps: int = 32,
+    top_k: int = 3,
+    n_plot: int = 4,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """Every measure of the suite on the probe's examples; returns a JSON-ready dict (see the
+    module docstring), plus ``examples``: the first ``n_plot`` examples' items, gold and scores
+    by each measure, for plots.
+
+    The output explained is the log-probability of the class predicted on the full input
+    (Jain & Wallace's choice). Importance measures: ``gradient`` (norm), ``input_x_gradient``,
+    ``integrated_gradients`` and ``leave_one_out`` (signed: positive supports the decision).
+    """
+    model, keep, x = probe.model, probe.keep, probe.inputs.detach()
+    with torch.no_grad():
+        full = probe.logits(x, keep)
+    predicted = full.argmax(-1)
+
+    def f(inputs: Tensor, keep: Tensor) -> Tensor:
+        return probe.logits(inputs, keep).log_softmax(-1).gather(-1, predicted[:, None])[:, 0]
+
+    measures = {
+        "gradient": imp.gradient(f, x, keep),
+        "input_x_gradient": imp.input_x_gradient(f, x, keep),
+        "integrated_gradients": imp.integrated_gradients(f, x, keep, steps=ig_steps),
+        "leave_one_out": imp.leave_one_out(f, x, keep),
+    }
+    attention = probe.attention.detach().to(x.dtype)
+    out: dict[str, Any] = {"n_examples": int(x.shape[0]), "epsilon": epsilon}
+    if probe.labels is not None:
+        out["accuracy"] = float((predicted == probe.labels).double().mean())
+    out["agreement"] = {
+        name: {
+            "kendall_tau": mean_defined(kendall_tau(attention, m, keep)),
+            f"top_{top_k}_overlap": float(top_k_overlap(attention, m, top_k, keep).mean()),
+        }
+        for name, m in measures.items()
+    }
+    rankings = {"attention": attention, **measures}
+    if probe.gold is not None:
+        out["rationale"] = {
+            name: mean_defined(rationale_recall(m, probe.gold, keep))
+            for name, m in rankings.items()
+        }
+
+    def run() -> Tensor:
+        return probe.logits(x, keep)
+
+    permuted = cf.permuted_weights(
+        model, run, n_permutations=n_permutations, seed=seed, only=probe.attention_part
+    )
+    adversarial = cf.adversarial_weights(
+        model, run, epsilon=epsilon, steps=adversarial_steps, only=probe.attention_part, seed=seed
+    )
+    out["counterfactual"] = {
+        "permuted_median_output_change": float(permuted.median.mean()),
+        "share_permutation_median_below_epsilon": float(
+            (permuted.median < epsilon).double().mean()
+        ),
+        "uniform_output_change": float(cf.uniform_baseline(model, run).mean()),
+        "adversarial_jsd": float(adversarial.divergence.mean()),
+        "share_adversarial_jsd_above_half_max": float(
+            (adversarial.divergence > 0.5 * math.log(2)).double().mean()
+        ),
+        "adversarial_max_output_change": float(adversarial.output_change.max()),
+    }
+    orders = {
+        "attention": attention,
+        "gradient": measures["gradient"],
+        "leave_one_out": measures["leave_one_out"],
+        "random": random_order(keep, seed),
+    }
+    out["erasure"] = {}
+    for name, order in orders.items():
+        result = erasure(probe.logits, x, keep, order)
+        flipped = result.flipped
+        out["erasure"][name] = {
+            "fraction_removed_when_flipped": (
+                float(result.fraction[flipped].mean()) if bool(flipped.any()) else math.nan
+            ),
+            "share_flipped": float(flipped.double().mean()),
+        }
+    if probe.labels is not None:
+        correct = predicted == probe.labels
+        out["confidence"] = {
+            name: confidence_correlation(signal, correct)
+            for name, signal in attention_confidence(attention).items()
+        }
+    if heads_of(model):
+
+        def accuracy() -> float:
+            with torch.no_grad():
+                logits = probe.logits(x, keep)
+            target = probe.labels if probe.labels is not None else predicted
+            return float((logits.argmax(-1) == target).double().mean())
+
+        importance = head_importance_by_masking(model, accuracy)
+        curve = pruning_curve(model, accuracy, importance)
+        out["heads"] = {
+            "importance": {k: v.tolist() for k, v in importance.items()},
+            "pruning": {"fraction": curve.fraction, "metric": curve.metric},
+        }
+    examples = []
+    for i in range(min(n_plot, x.shape[0])):
+        n = int(keep[i].sum())
+        idx = keep[i].nonzero().squeeze(-1)
+        examples.append(
+            {
+                "tokens": (probe.tokens[i] if probe.tokens else [str(j) for j in range(n)]),
+                "gold": None if probe.gold is None else probe.gold[i, idx].tolist(),
+                "predicted": int(predicted[i]),
+                "label": None if probe.labels is None else int(probe.labels[i]),
+                "scores": {k: v[i, idx].tolist() for k, v in rankings.items()},
+                "adversarial": adversarial.weights[i].reshape(-1, keep.shape[1])[0, idx].tolist(),
+            }
+        )
+    out["examples"] = examples
+    return _clean(out)

@@ -1,0 +1,126 @@
+"""``attnkit explain RUN_DIR``: the "is attention explanation?" suite on a finished run.
+
+Rebuilds the run's task and model from ``config.json``, loads the newest checkpoint, takes the
+task's explanation probe (held-out examples run from their embeddings), runs
+:func:`attnkit.evaluation.suite.explanation_suite`, writes ``explanation.json`` and adds an
+"Is it explanation?" section to ``report.html`` (replacing one from an earlier call).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from attnkit import tasks
+from attnkit.evaluation.suite import explanation_suite
+from attnkit.experiments import checkpoints
+from attnkit.experiments.config import ConfigError
+from attnkit.experiments.report import add_section, explanation_section
+from attnkit.experiments.runner import load_config
+
+__all__ = ["add_parser", "execute", "explain", "explainable_tasks"]
+
+
+def explainable_tasks() -> list[str]:
+    """Registered tasks that provide ``explanation_probe(model, n)``."""
+    return [n for n in tasks.available() if hasattr(tasks.get(n), "explanation_probe")]
+
+
+def explain(
+    run_dir: Path,
+    *,
+    examples: int = 200,
+    epsilon: float = 0.01,
+    seed: int = 0,
+    echo: Callable[[str], None] | None = None,
+) -> dict:
+    """Run the suite on the run in ``run_dir``; write explanation.json and the report section.
+    Returns the results. Raises ConfigError for a directory that is not a finished run of a
+    task with an explanation probe, CheckpointError for a damaged checkpoint."""
+    say = echo or (lambda text: print(text, flush=True))
+    if isinstance(examples, bool) or not isinstance(examples, int) or examples < 1:
+        raise ConfigError(f"--examples must be a positive int, got {examples!r}")
+    if not (isinstance(epsilon, (int, float)) and 0 < epsilon < 1):
+        raise ConfigError(f"--epsilon must be a number in (0, 1), got {epsilon!r}")
+    if not (run_dir / "config.json").is_file():
+        raise ConfigError(f"{str(run_dir)!r} is not a run directory (no config.json)")
+    config = load_config(run_dir).resolved()
+    cls = tasks.get(config.task)
+    if not hasattr(cls, "explanation_probe"):
+        raise ConfigError(
+            f"task {config.task!r} has no explanation probe; tasks with one: "
+            f"{', '.join(explainable_tasks())}"
+        )
+    task = cls(config)
+    torch.manual_seed(config.seed)
+    model = task.build_model()
+    if checkpoints.load(run_dir, model) is None:
+        raise ConfigError(f"{str(run_dir)!r} has no checkpoint yet: train it first")
+    model.eval()
+    say(f"attnkit explain {run_dir}: task {config.task}, {examples} held-out examples, ε {epsilon}")
+    probe = task.explanation_probe(model, examples)
+    results = explanation_suite(probe, epsilon=epsilon, seed=seed)
+    results = {"run": run_dir.name, "task": config.task, **results}
+    checkpoints.atomic_write(
+        run_dir / "explanation.json", lambda p: p.write_text(json.dumps(results, indent=2))
+    )
+    report = add_section(
+        run_dir / "report.html", explanation_section(results), f"attnkit explain: {run_dir.name}"
+    )
+    for name, v in results["agreement"].items():
+        say(f"  Kendall τ(attention, {name}) = {_fmt(v['kendall_tau'])}")
+    for name, v in results.get("rationale", {}).items():
+        say(f"  gold rationale recall, {name}: {_fmt(v)}")
+    c = results["counterfactual"]
+    say(
+        f"  adversarial JSD {_fmt(c['adversarial_jsd'])} at output change < {epsilon}; "
+        f"permuted median change {_fmt(c['permuted_median_output_change'])}"
+    )
+    say(f"explanation: {run_dir / 'explanation.json'}\nreport: {report}")
+    return results
+
+
+def _fmt(x) -> str:
+    return "n/a" if x is None else f"{x:.3f}"
+
+
+def add_parser(sub) -> argparse.ArgumentParser:
+    parser = sub.add_parser(
+        "explain",
+        help="is the attention of a finished run an explanation? (adds to its report)",
+        description="Run the explanation suite on a finished `attnkit run`: agreement of "
+        "attention with gradient, integrated-gradient and leave-one-out importance, recall of "
+        "the gold rationale, permuted / uniform / adversarial weights, erasure, attention as "
+        "confidence. Writes RUN_DIR/explanation.json and an 'Is it explanation?' section in "
+        f"RUN_DIR/report.html. Tasks: {', '.join(explainable_tasks())}.",
+    )
+    parser.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="a finished run directory")
+    parser.add_argument(
+        "--examples", type=int, default=200, metavar="N", help="held-out examples (default: 200)"
+    )
+    parser.add_argument(
+        "--epsilon",
+        type=float,
+        default=0.01,
+        metavar="E",
+        help="output change (TVD) the adversarial weights must stay below (default: 0.01)",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="seed of the random parts")
+    return parser
+
+
+def execute(args: argparse.Namespace) -> int:
+    """Run ``attnkit explain``; exit status 0, or 2 with one line on stderr when refused."""
+    from attnkit.experiments.checkpoints import CheckpointError
+
+    try:
+        explain(args.run_dir, examples=args.examples, epsilon=args.epsilon, seed=args.seed)
+    except (ConfigError, CheckpointError) as err:
+        print(f"attnkit explain: error: {err}", file=sys.stderr)
+        return 2
+    return 0

@@ -1,0 +1,80 @@
+"""attnkit explain: on a finished rationale run it writes explanation.json and one "Is it
+explanation?" section in report.html (one, however often it runs); refusals are one line."""
+
+import json
+
+import pytest
+
+from attnkit.cli import main
+from attnkit.experiments.config import ConfigError, RunConfig
+from attnkit.experiments.explain import explain, explainable_tasks
+from attnkit.experiments.report import EXPLANATION_START, add_section, explanation_section
+from attnkit.experiments.runner import run
+
+TINY = {"n_train": 64, "n_test": 8, "batch_size": 32, "d_model": 8, "epochs": 1}
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory):
+    out = tmp_path_factory.mktemp("runs") / "r"
+    run(RunConfig(task="rationale", **TINY), out, progress=False, echo=lambda s: None, threads=1)
+    return out
+
+
+def test_explain_writes_json_and_one_report_section(finished):
+    lines = []
+    results = explain(finished, examples=6, echo=lines.append)
+    saved = json.loads((finished / "explanation.json").read_text())
+    assert saved == json.loads(json.dumps(results))
+    assert saved["task"] == "rationale" and saved["n_examples"] == 6
+    assert saved["counterfactual"]["adversarial_max_output_change"] < 0.01
+    assert set(saved["rationale"]) == {
+        "attention", "gradient", "input_x_gradient", "integrated_gradients", "leave_one_out"
+    }  # fmt: skip
+    page = (finished / "report.html").read_text()
+    assert "<h1>attnkit run" in page and page.count("Is it explanation?") == 1
+    assert any("Kendall" in line for line in lines)
+    assert main(["explain", str(finished), "--examples", "4"]) == 0
+    page = (finished / "report.html").read_text()
+    assert page.count("Is it explanation?") == 1 and page.count(EXPLANATION_START) == 1
+    assert page.rstrip().endswith("</html>")
+
+
+def test_refusals(tmp_path, capsys):
+    assert main(["explain", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "not a run directory" in err
+    (tmp_path / "config.json").write_text(RunConfig(task="rationale", **TINY).to_json())
+    with pytest.raises(ConfigError, match="no checkpoint"):
+        explain(tmp_path, echo=lambda s: None)
+    (tmp_path / "config.json").write_text(RunConfig(task="digits", **TINY).to_json())
+    with pytest.raises(ConfigError, match=r"no explanation probe; tasks with one: .*rationale"):
+        explain(tmp_path, echo=lambda s: None)
+    with pytest.raises(ConfigError, match="--epsilon"):
+        explain(tmp_path, epsilon=2.0)
+    assert "rationale" in explainable_tasks()
+
+
+def test_section_says_n_a_for_undefined_numbers_and_a_missing_page_is_created(tmp_path):
+    results = {
+        "n_examples": 2,
+        "epsilon": 0.01,
+        "agreement": {"gradient": {"kendall_tau": None, "top_3_overlap": 0.5}},
+        "counterfactual": dict.fromkeys(
+            [
+                "permuted_median_output_change",
+                "share_permutation_median_below_epsilon",
+                "uniform_output_change",
+                "adversarial_jsd",
+                "share_adversarial_jsd_above_half_max",
+                "adversarial_max_output_change",
+            ],
+            0.25,
+        ),
+        "erasure": {"random": {"share_flipped": 1.0, "fraction_removed_when_flipped": None}},
+        "confidence": {"max_weight": {"auroc": None, "point_biserial": None}},
+    }
+    html = explanation_section(results)
+    assert "<td>n/a</td>" in html and "nothing to separate" in html
+    page = add_section(tmp_path / "report.html", html, "t").read_text()
+    assert page.startswith("<!doctype html>") and page.count(EXPLANATION_START) == 1
