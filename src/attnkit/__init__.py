@@ -8,11 +8,13 @@ from attnkit import (
     kernels,
     masks,
     mechanisms,
+    memory,
     patterns,
     positions,
     queries,
     scores,
     taxonomy,
+    vision,
 )
 from attnkit.attention import Attention, attention
 from attnkit.multihead import MultiHeadAttention
@@ -34,9 +36,11 @@ __all__ = [
     "kernels",
     "masks",
     "mechanisms",
+    "memory",
     "patterns",
     "positions",
     "queries",
     "scores",
     "taxonomy",
+    "vision",
 ]
