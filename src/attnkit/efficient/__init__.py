@@ -4,6 +4,7 @@ registered mechanism and a per-head part for ``MultiHeadAttention(attention=...)
 from attnkit.efficient.adaptive_span import AdaptiveSpanAttention
 from attnkit.efficient.adaptive_sparse import AdaptivelySparseAttention
 from attnkit.efficient.area import AreaAttention
+from attnkit.efficient.lite import LongShortRangeAttention, LongShortRangeOutput
 from attnkit.efficient.lsh import HeadOutput, LSHAttention
 from attnkit.efficient.reversible import ReversibleOutput, ReversibleStack
 from attnkit.efficient.routing import RoutingAttention
@@ -15,6 +16,8 @@ __all__ = [
     "AreaAttention",
     "HeadOutput",
     "LSHAttention",
+    "LongShortRangeAttention",
+    "LongShortRangeOutput",
     "ReversibleOutput",
     "ReversibleStack",
     "RoutingAttention",
