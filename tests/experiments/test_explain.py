@@ -78,3 +78,26 @@ def test_section_says_n_a_for_undefined_numbers_and_a_missing_page_is_created(tm
     assert "<td>n/a</td>" in html and "nothing to separate" in html
     page = add_section(tmp_path / "report.html", html, "t").read_text()
     assert page.startswith("<!doctype html>") and page.count(EXPLANATION_START) == 1
+
+
+def test_the_dates_probe_is_the_teacher_forced_step_and_its_gold_is_the_copied_character():
+    import torch
+
+    from attnkit.tasks.dates import Vocab
+    from attnkit.tasks.dates_task import DatesTask
+
+    task = DatesTask(RunConfig(task="dates", **TINY).resolved())
+    torch.manual_seed(0)
+    model = task.build_model().eval()
+    probe = task.explanation_probe(model, n=5, step=3)
+    data = task.data.splits["test"]
+    src, mask, tgt = data["src"][:5], data["mask"][:5], data["tgt"][:5]
+    tgt_in = torch.cat([torch.full((5, 1), Vocab.BOS), tgt[:, :-1]], 1)
+    with torch.no_grad():
+        full = model(src, tgt_in, mask)
+        torch.testing.assert_close(probe.logits(probe.inputs, probe.keep), full.logits[:, 3])
+    torch.testing.assert_close(probe.attention, full.weights[:, 3])
+    for i, ex in enumerate(data["examples"][:5]):
+        (j,) = probe.gold[i].nonzero().flatten().tolist()  # one input character
+        assert ex.text[j] == ex.target[3] and ex.sure[3][j]
+        assert not any(ex.sure[3][j + 1 :])  # the year field's last character

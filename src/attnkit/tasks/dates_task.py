@@ -153,6 +153,74 @@ class DatesTask(Task):
         return metrics
 
     @torch.no_grad()
+    def explanation_probe(self, model, n: int = 200, step: int = 3):
+        """``attnkit explain``: the output character at ``step`` (3: the year's last digit,
+        copied from one input character) of the first ``n`` test dates, as a classifier over
+        the output characters, run from the source embeddings; a character left out is
+        replaced by padding and not attended.
+
+        The decoder state at ``step`` is taken from teacher forcing on the full input and held
+        fixed, so the step's attention is the only path from the inputs through the decoder
+        (they still reach the output through the encoder). Gold: the last input character of the
+        sure field equal to the target character, the one a units digit is copied from (the
+        whole field when none is, e.g. a month name)."""
+        from attnkit.evaluation.suite import Probe
+
+        model.eval()
+        data = self.data.splits["test"]
+        src, mask, tgt = data["src"][:n], data["mask"][:n], data["tgt"][:n]
+        bos = torch.full((src.shape[0], 1), Vocab.BOS, dtype=torch.long)
+        tgt_in = torch.cat([bos, tgt[:, :-1]], 1)
+        states, h = model.encode(src, mask)
+        context = states.new_zeros(states.shape[0], states.shape[-1])
+        for t in range(step + 1):  # the decoder state at ``step`` (teacher forcing)
+            h = model.cell(torch.cat([model.embed_out(tgt_in[:, t]), context], -1), h)
+            if t < step:
+                context = model._attend(h.unsqueeze(-2), states, mask.unsqueeze(-2), t)
+                context = context.context.squeeze(-2)
+        query = h.unsqueeze(-2)
+
+        def logits(x: Tensor, keep: Tensor) -> Tensor:
+            # a removed character reads as padding, as the model sees padding
+            pad = model.embed_in.weight[Vocab.PAD].to(x.dtype)
+            enc, _ = model.encoder(torch.where(keep.unsqueeze(-1), x, pad))
+            out = model._attend(query.to(enc.dtype), enc, keep.unsqueeze(-2), step)
+            return model.out(
+                torch.cat([query.squeeze(-2).to(enc.dtype), out.context.squeeze(-2)], -1)
+            )
+
+        inputs = model.embed_in(src)
+        with capture(model) as records:
+            logits(inputs, mask)
+        (weights,) = next(iter(records.values()))
+        width = src.shape[1]
+        sure = data["sure"][:n, step, :width]
+        target = self.data.tgt_vocab.chars
+        source = self.data.src_vocab.chars
+        same = torch.tensor(
+            [
+                [source[c] == target[int(tgt[i, step])] for c in row]
+                for i, row in enumerate(src.tolist())
+            ]
+        )
+        matches = sure & same
+        # the copied character: the last match in the field (a units digit ends its field)
+        last = (matches.long() * torch.arange(1, width + 1)).argmax(-1, keepdim=True)
+        copied = torch.zeros_like(matches).scatter_(-1, last, True) & matches
+        gold = torch.where(copied.any(-1, keepdim=True), copied, sure)
+        return Probe(
+            model=model,
+            logits=logits,
+            inputs=inputs,
+            keep=mask,
+            attention=weights.squeeze(-2),
+            labels=tgt[:, step],
+            gold=gold & mask,
+            tokens=[list(ex.text) for ex in data["examples"][:n]],
+            attention_part="attention",
+        )
+
+    @torch.no_grad()
     def heatmaps(self, model, n: int = 4) -> list[dict]:
         """Held-out examples: weights (10 × len(text)); rows are the predicted characters."""
         model.eval()
