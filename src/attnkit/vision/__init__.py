@@ -1,9 +1,10 @@
 """Attention for images and feature maps (Wikipedia "Variants": CNN attention; Soydaner Sec. 5;
 Brauwers on Oktay et al.): channel attention (squeeze-and-excitation, CBAM), spatial attention,
-CBAM, SAGAN self-attention, and attention gates."""
+CBAM, SAGAN self-attention, attention gates, and recurrent glimpses."""
 
 from attnkit.vision.channel import ChannelAttention, ChannelAttentionOutput
 from attnkit.vision.gates import AttentionGate, AttentionGateOutput
+from attnkit.vision.glimpses import GlimpseOutput, RecurrentAttention, glimpse_sensor
 from attnkit.vision.sagan import SAGANSelfAttention, SAGANSelfAttentionOutput
 from attnkit.vision.spatial import CBAM, CBAMOutput, SpatialAttention, SpatialAttentionOutput
 
@@ -14,8 +15,11 @@ __all__ = [
     "CBAMOutput",
     "ChannelAttention",
     "ChannelAttentionOutput",
+    "GlimpseOutput",
+    "RecurrentAttention",
     "SAGANSelfAttention",
     "SAGANSelfAttentionOutput",
     "SpatialAttention",
     "SpatialAttentionOutput",
+    "glimpse_sensor",
 ]
