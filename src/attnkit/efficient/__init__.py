@@ -4,6 +4,7 @@ registered mechanism and a per-head part for ``MultiHeadAttention(attention=...)
 from attnkit.efficient.adaptive_span import AdaptiveSpanAttention
 from attnkit.efficient.adaptive_sparse import AdaptivelySparseAttention
 from attnkit.efficient.area import AreaAttention
+from attnkit.efficient.biblosa import BiBloSA, BiBloSAOutput
 from attnkit.efficient.lite import LongShortRangeAttention, LongShortRangeOutput
 from attnkit.efficient.lsh import HeadOutput, LSHAttention
 from attnkit.efficient.reversible import ReversibleOutput, ReversibleStack
@@ -14,6 +15,8 @@ __all__ = [
     "AdaptiveSpanAttention",
     "AdaptivelySparseAttention",
     "AreaAttention",
+    "BiBloSA",
+    "BiBloSAOutput",
     "HeadOutput",
     "LSHAttention",
     "LongShortRangeAttention",

@@ -7,6 +7,7 @@ kernel through :func:`block_mask`:
 """
 
 from attnkit.patterns.base import and_masks, block_mask, dense, or_masks
+from attnkit.patterns.directional import backward, forward
 from attnkit.patterns.global_tokens import bigbird, longformer
 from attnkit.patterns.local_2d import local_2d, query_blocks
 from attnkit.patterns.sparse_transformer import fixed, strided
@@ -14,12 +15,14 @@ from attnkit.patterns.window import causal, dilated_window, sliding_window
 
 __all__ = [
     "and_masks",
+    "backward",
     "bigbird",
     "block_mask",
     "causal",
     "dense",
     "dilated_window",
     "fixed",
+    "forward",
     "local_2d",
     "longformer",
     "or_masks",
