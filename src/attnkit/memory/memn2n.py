@@ -168,12 +168,12 @@ class EndToEndMemoryNetwork(nn.Module):
 
     @classmethod
     def example(cls) -> tuple[nn.Module, tuple, dict]:
-        """(2 hops, V = 5, d = 4; story (2, 4, 3, 5) float word vectors, query (2, 3, 5)),
+        """(2 hops, V = 4, d = 3; story (2, 3, 2, 4) float word vectors, query (2, 2, 4)),
         with word masks."""
-        story, query = example_tensor(2, 4, 3, 5, seed=0), example_tensor(2, 3, 5, seed=1)
-        mask = torch.tensor([[True, True, True]] * 4 + [[True, True, False]] * 4).reshape(2, 4, 3)
-        query_mask = torch.tensor([[True, True, True], [True, False, False]])
-        module = cls(5, 4, hops=2, max_memories=4)
+        story, query = example_tensor(2, 3, 2, 4, seed=0), example_tensor(2, 2, 4, seed=1)
+        mask = torch.tensor([[True, True]] * 3 + [[True, False]] * 3).reshape(2, 3, 2)
+        query_mask = torch.tensor([[True, True], [True, False]])
+        module = cls(4, 3, hops=2, max_memories=3)
         return module, (story, query), {"mask": mask, "query_mask": query_mask}
 
     def taxonomy_tags(self) -> list:

@@ -67,8 +67,8 @@ class SpatialAttention(nn.Module):
 
     @classmethod
     def example(cls) -> tuple[nn.Module, tuple, dict]:
-        """(k = 3; x (2, 4, 5, 6))."""
-        return cls(3), (example_tensor(2, 4, 5, 6),), {}
+        """(k = 3; x (2, 3, 4, 4))."""
+        return cls(3), (example_tensor(2, 3, 4, 4),), {}
 
     def taxonomy_tags(self) -> list:
         return [tx.Scoring.CONVOLUTIONAL, tx.QueryType.SELF_ATTENTIVE]
@@ -124,8 +124,8 @@ class CBAM(nn.Module):
 
     @classmethod
     def example(cls) -> tuple[nn.Module, tuple, dict]:
-        """(C = 6, r = 2, k = 3; x (2, 6, 4, 5))."""
-        return cls(6, 2, 3), (example_tensor(2, 6, 4, 5),), {}
+        """(C = 4, r = 2, k = 3; x (2, 4, 3, 3))."""
+        return cls(4, 2, 3), (example_tensor(2, 4, 3, 3),), {}
 
     def taxonomy_tags(self) -> list:
         return [tx.QueryType.SELF_ATTENTIVE]
