@@ -5,7 +5,7 @@ is downloaded at run time), each registered with its model, metrics, heatmaps an
 loudly (with the closest name) on an unknown one.
 """
 
-from attnkit.tasks import babi_task, dates_task, digits_task, rationale_task
+from attnkit.tasks import babi_task, copy_task, dates_task, digits_task, rationale_task
 from attnkit.tasks.base import REGISTRY, Metric, Task
 
 available = REGISTRY.available
@@ -17,6 +17,7 @@ __all__ = [
     "Task",
     "available",
     "babi_task",
+    "copy_task",
     "dates_task",
     "digits_task",
     "get",

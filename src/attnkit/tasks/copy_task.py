@@ -1,0 +1,138 @@
+"""The ``copy`` task for the neural Turing machine (Graves et al. 2014, Sec. 4.1): read a
+sequence of random bit vectors and a delimiter, then write the sequence back from memory.
+
+Training sequences have 1 … ``MAX_TRAIN`` vectors; the test also measures sequences of
+``LONG`` vectors, longer than any seen in training (does the learned algorithm generalise?).
+Sequences are padded to a fixed number of steps; only the output steps are scored.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from attnkit.memory.ntm import NeuralTuringMachine
+from attnkit.tasks.base import REGISTRY, Metric, Task
+from attnkit.tasks.parts import build_alignment
+
+__all__ = ["CopyTask", "make_copy"]
+
+WIDTH = 4  # bits per vector
+MAX_TRAIN = 5
+LONG = 8
+
+
+def make_copy(n: int, lengths: tuple[int, int], steps: int, *, seed: int = 0):
+    """n sequences with lengths in [lo, hi]: inputs (n, steps, WIDTH + 1) (the last channel is
+    the delimiter), targets (n, steps, WIDTH), and a (n, steps) mask of the output steps."""
+    g = torch.Generator().manual_seed(seed)
+    lo, hi = lengths
+    if 2 * hi + 1 > steps:
+        raise ValueError(f"steps = {steps} is too few for sequences of length {hi}")
+    length = torch.randint(lo, hi + 1, (n,), generator=g)
+    bits = torch.randint(0, 2, (n, hi, WIDTH), generator=g).float()
+    x = torch.zeros(n, steps, WIDTH + 1)
+    y = torch.zeros(n, steps, WIDTH)
+    out = torch.zeros(n, steps, dtype=torch.bool)
+    for i, n_i in enumerate(length.tolist()):
+        x[i, :n_i, :WIDTH] = bits[i, :n_i]
+        x[i, n_i, WIDTH] = 1.0
+        y[i, n_i + 1 : 2 * n_i + 1] = bits[i, :n_i]
+        out[i, n_i + 1 : 2 * n_i + 1] = True
+    return x, y, out
+
+
+@REGISTRY.register("copy")
+class CopyTask(Task):
+    description = "NTM copy: read random bit vectors, then write them back from memory"
+    defaults: ClassVar[dict[str, dict[str, Any]]] = {
+        "full": {"epochs": 30, "n_train": 8000, "n_test": 500, "batch_size": 16, "lr": 3e-3,
+                 "d_model": 64},
+        "quick": {"epochs": 10, "n_train": 4000, "n_test": 300, "batch_size": 16, "lr": 3e-3,
+                  "d_model": 64},
+    }  # fmt: skip
+    metrics: ClassVar[dict[str, Metric]] = {
+        "bit_errors": Metric(
+            f"wrong bits per test sequence of 1-{MAX_TRAIN} vectors (chance: half the bits)",
+            "lower",
+        ),
+        "bit_errors_long": Metric(
+            f"wrong bits per sequence of {LONG} vectors, longer than any trained on "
+            f"(chance {LONG * WIDTH // 2})",
+            "lower",
+        ),
+        "sequence_accuracy": Metric(f"share of test sequences (1-{MAX_TRAIN}) copied exactly"),
+    }
+
+    def __init__(self, config) -> None:
+        super().__init__(config)
+        steps = 2 * MAX_TRAIN + 1
+        self.train = make_copy(config.n_train, (1, MAX_TRAIN), steps, seed=config.seed)
+        self.splits = {
+            name: make_copy(config.n_test, (1, MAX_TRAIN), steps, seed=config.seed + k)
+            for k, name in ((1, "validation"), (2, "test"))
+        }
+        self.long = make_copy(config.n_test, (LONG, LONG), 2 * LONG + 1, seed=config.seed + 3)
+
+    def build_model(self) -> NeuralTuringMachine:
+        return NeuralTuringMachine(
+            WIDTH + 1,
+            WIDTH,
+            memory_size=16,
+            memory_width=8,
+            controller_size=self.config.d_model,
+            align=build_alignment(self.config.align, 8),
+        )
+
+    def has_split(self, name: str) -> bool:
+        return name in self.splits
+
+    def n_train(self) -> int:
+        return self.train[0].shape[0]
+
+    def loss(self, model, index: Tensor) -> Tensor:
+        x, y, out = (t[index] for t in self.train)
+        logits = model(x).outputs
+        return F.binary_cross_entropy_with_logits(logits[out], y[out])
+
+    @staticmethod
+    def _errors(model, data) -> tuple[Tensor, Tensor]:
+        x, y, out = data
+        wrong = ((model(x).outputs > 0) != y.bool()) & out.unsqueeze(-1)
+        per_sequence = wrong.sum((1, 2)).float()
+        return per_sequence, per_sequence == 0
+
+    @torch.no_grad()
+    def evaluate(self, model, split: str) -> dict[str, float]:
+        model.eval()
+        errors, exact = self._errors(model, self.splits[split])
+        long_errors, _ = self._errors(model, self.long)
+        return {
+            "bit_errors": float(errors.mean()),
+            "bit_errors_long": float(long_errors.mean()),
+            "sequence_accuracy": float(exact.float().mean()),
+        }
+
+    @torch.no_grad()
+    def heatmaps(self, model, n: int = 4) -> list[dict]:
+        model.eval()
+        x, _, _ = (t[:n] for t in self.splits["test"])
+        run = model(x)
+        maps = []
+        for i in range(min(n, x.shape[0])):
+            for name, w in (("write", run.write_weights), ("read", run.read_weights)):
+                maps.append(
+                    {
+                        "title": f"sequence {i}: {name} weighting",
+                        "weights": w[i, :, 0].numpy(),
+                        "gold": torch.zeros_like(w[i, :, 0], dtype=torch.bool).numpy(),
+                        "x_labels": [str(j) for j in range(w.shape[-1])],
+                        "y_labels": [str(t) for t in range(w.shape[1])],
+                        "x_title": "memory location",
+                        "y_title": "step",
+                    }
+                )
+        return maps

@@ -1,0 +1,53 @@
+"""The ``copy`` task: sequences, delimiter and scored output steps as the paper sets them up,
+and its metrics on a model that copies perfectly by construction."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from attnkit import tasks
+from attnkit.experiments.config import RunConfig
+from attnkit.tasks.copy_task import WIDTH, make_copy
+
+
+def test_sequences_delimiter_and_output_steps():
+    x, y, out = make_copy(50, (1, 5), 11, seed=0)
+    assert x.shape == (50, 11, WIDTH + 1) and y.shape == (50, 11, WIDTH)
+    for i in range(50):
+        n = int(x[i, :, WIDTH].argmax())  # the delimiter's step is the length
+        assert 1 <= n <= 5 and x[i, :, WIDTH].sum() == 1
+        assert out[i].tolist() == [n + 1 <= t <= 2 * n for t in range(11)]
+        torch.testing.assert_close(y[i, n + 1 : 2 * n + 1], x[i, :n, :WIDTH])
+        assert (x[i, n + 1 :, :WIDTH] == 0).all()  # nothing to read while writing
+    with pytest.raises(ValueError, match="steps = 9 is too few"):
+        make_copy(2, (1, 5), 9)
+
+
+class _Oracle(torch.nn.Module):
+    """Copies perfectly: at step t ≥ n + 1 it outputs input t − n − 1 (as ±logits)."""
+
+    def forward(self, x):
+        n = x[..., WIDTH].argmax(1)  # (B,)
+        t = torch.arange(x.shape[1])
+        src = (t[None] - n[:, None] - 1).clamp_min(0)
+        bits = x[torch.arange(x.shape[0])[:, None], src, :WIDTH]
+        return type("Run", (), {"outputs": 2 * bits - 1})()
+
+
+def test_metrics_of_a_perfect_copier_and_of_a_constant_one():
+    config = RunConfig(task="copy", n_train=16, n_test=40, epochs=1, batch_size=8).resolved()
+    task = tasks.get("copy")(config)
+    perfect = task.evaluate(_Oracle(), "test")
+    assert perfect == {"bit_errors": 0.0, "bit_errors_long": 0.0, "sequence_accuracy": 1.0}
+
+    class Zeros(torch.nn.Module):
+        def forward(self, x):
+            return type("Run", (), {"outputs": -torch.ones(*x.shape[:2], WIDTH)})()
+
+    zeros = task.evaluate(Zeros(), "test")
+    assert zeros["bit_errors"] > 2 and zeros["bit_errors_long"] > 10  # half the bits are ones
+    model = task.build_model()
+    loss = task.loss(model, torch.arange(8))
+    loss.backward()
+    assert torch.isfinite(loss) and len(task.heatmaps(model, n=1)) == 2
