@@ -5,7 +5,14 @@ is downloaded at run time), each registered with its model, metrics, heatmaps an
 loudly (with the closest name) on an unknown one.
 """
 
-from attnkit.tasks import babi_task, copy_task, dates_task, digits_task, rationale_task
+from attnkit.tasks import (
+    babi_task,
+    copy_task,
+    dates_task,
+    digits_task,
+    rationale_task,
+    recall_task,
+)
 from attnkit.tasks.base import REGISTRY, Metric, Task
 
 available = REGISTRY.available
@@ -22,4 +29,5 @@ __all__ = [
     "digits_task",
     "get",
     "rationale_task",
+    "recall_task",
 ]
