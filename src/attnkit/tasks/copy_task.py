@@ -123,16 +123,19 @@ class CopyTask(Task):
         run = model(x)
         maps = []
         for i in range(min(n, x.shape[0])):
-            for name, w in (("write", run.write_weights), ("read", run.read_weights)):
-                maps.append(
-                    {
-                        "title": f"sequence {i}: {name} weighting",
-                        "weights": w[i, :, 0].numpy(),
-                        "gold": torch.zeros_like(w[i, :, 0], dtype=torch.bool).numpy(),
-                        "x_labels": [str(j) for j in range(w.shape[-1])],
-                        "y_labels": [str(t) for t in range(w.shape[1])],
-                        "x_title": "memory location",
-                        "y_title": "step",
-                    }
-                )
+            # write weightings at every step, then read weightings: (2T, N)
+            w = torch.cat([run.write_weights[i, :, 0], run.read_weights[i, :, 0]], 0)
+            steps = run.write_weights.shape[1]
+            maps.append(
+                {
+                    "title": f"sequence {i}: write (top) and read (bottom) weightings",
+                    "weights": w.numpy(),
+                    "gold": torch.zeros_like(w, dtype=torch.bool).numpy(),
+                    "x_labels": [str(j) for j in range(w.shape[-1])],
+                    "y_labels": [f"write {t}" for t in range(steps)]
+                    + [f"read {t}" for t in range(steps)],
+                    "x_title": "memory location",
+                    "y_title": "step",
+                }
+            )
         return maps
