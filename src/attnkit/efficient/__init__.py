@@ -5,9 +5,13 @@ from attnkit.efficient.adaptive_span import AdaptiveSpanAttention
 from attnkit.efficient.adaptive_sparse import AdaptivelySparseAttention
 from attnkit.efficient.area import AreaAttention
 from attnkit.efficient.biblosa import BiBloSA, BiBloSAOutput
+from attnkit.efficient.fast_weights import FastWeightProgrammer
+from attnkit.efficient.linear import LinearAttention
 from attnkit.efficient.lite import LongShortRangeAttention, LongShortRangeOutput
 from attnkit.efficient.lsh import HeadOutput, LSHAttention
+from attnkit.efficient.performer import Performer
 from attnkit.efficient.reversible import ReversibleOutput, ReversibleStack
+from attnkit.efficient.rfa import RandomFeatureAttention
 from attnkit.efficient.routing import RoutingAttention
 from attnkit.efficient.sinkhorn import SinkhornAttention
 
@@ -17,10 +21,14 @@ __all__ = [
     "AreaAttention",
     "BiBloSA",
     "BiBloSAOutput",
+    "FastWeightProgrammer",
     "HeadOutput",
     "LSHAttention",
+    "LinearAttention",
     "LongShortRangeAttention",
     "LongShortRangeOutput",
+    "Performer",
+    "RandomFeatureAttention",
     "ReversibleOutput",
     "ReversibleStack",
     "RoutingAttention",

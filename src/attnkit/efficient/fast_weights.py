@@ -1,0 +1,101 @@
+"""Fast weight programmers (Schmidhuber 1992; Schlag, Irie and Schmidhuber, "Linear Transformers
+Are Secretly Fast Weight Programmers", ICML 2021; Wikipedia "Attention (machine learning)",
+Variants): a slow network programs the fast weights of another by outer products.
+
+At each position t the slow net emits a key k_t, a value v_t and a query q_t; the fast weight
+matrix W (d_v × m) is updated by the outer product of the value with the key's features and read
+by the query's (Schlag et al. eqs. 1-3, with the normalisation of their eq. 4):
+
+    W_t = W_{t−1} + v_t ⊗ φ(k_t),    z_t = z_{t−1} + φ(k_t),    y_t = W_t φ(q_t) / z_t·φ(q_t).
+
+Unrolled, y_t = Σ_{j≤t} v_j φ(k_j)·φ(q_t) / Σ_{j≤t} φ(k_j)·φ(q_t): causal linear attention
+(Katharopoulos eqs. 8-9), which the tests check. This module runs the update literally, one
+position at a time (O(N) sequential steps; :class:`attnkit.efficient.LinearAttention` with
+``causal=True`` computes the same by prefix sums in parallel).
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import torch
+from torch import Tensor, nn
+
+from attnkit import arguments, hooks, masks
+from attnkit import taxonomy as tx
+from attnkit.efficient import kernelized as kz
+from attnkit.efficient.linear import check_causal, make_feature_map, refuse_bias
+from attnkit.efficient.lsh import HeadOutput, check_head_inputs
+from attnkit.mechanisms import REGISTRY, example_tensor
+
+__all__ = ["FastWeightProgrammer"]
+
+
+@REGISTRY.register("fast_weight")
+class FastWeightProgrammer(nn.Module):
+    """The outer-product fast-weight update as a causal per-head part ``part(q, k, v, *, mask,
+    bias, need_weights)`` with q, k (B, …, N, d), v (B, …, N, d_v) → context (B, …, N, d_v).
+
+    Args:
+        feature_map: φ, ``"elu+1"``, ``"relu"`` or a module (as :class:`LinearAttention`).
+
+    Masks: a key padding mask (…, 1, N) skips the update at padded positions; a mask varying
+    over queries is refused (the programme is causal by construction). A bias is refused.
+    """
+
+    # causal self-attention: a padded position is padding as a query too
+    mask_inputs: ClassVar[dict[str, tuple[str, ...]]] = {"mask": ("q", "k", "v")}
+    causal = True
+
+    def __init__(self, feature_map: str | nn.Module = "elu+1") -> None:
+        super().__init__()
+        self.phi = make_feature_map(feature_map)
+        self.align = kz.KernelNormalized()
+
+    @classmethod
+    def example(cls):
+        q, k, v = (example_tensor(2, 6, 4, seed=s) for s in (7, 8, 9))
+        mask = masks.from_lengths(torch.tensor([6, 4]), 6)
+        return cls(), (q, k, v), {"mask": mask}
+
+    def taxonomy_tags(self) -> list:
+        return [tx.Scoring.SIMILARITY, tx.AlignmentKind.SOFT]
+
+    def forward(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        *,
+        mask: Tensor | None = None,
+        bias: Tensor | None = None,
+        need_weights: bool = False,
+    ) -> HeadOutput:
+        who = type(self).__name__
+        arguments.boolean(need_weights, "need_weights")
+        lead = check_head_inputs(q, k, v, mask, bias, who)
+        refuse_bias(bias, who)
+        check_causal(q, k, who)
+        n = k.shape[-2]
+        keep = kz.key_mask(mask, torch.Size((*lead, n, n)), who)
+        fq, fk = self.phi(q), self.phi(k)
+        if keep is not None:  # a padded position writes nothing into the fast weights
+            fk = torch.where(keep, fk, torch.zeros((), dtype=fk.dtype))
+            v = torch.where(keep, v, torch.zeros((), dtype=v.dtype))
+        fq, fk, v = (x.broadcast_to(*lead, n, x.shape[-1]) for x in (fq, fk, v))
+        w = fk.new_zeros(*lead, v.shape[-1], fk.shape[-1])  # W (…, d_v, m)
+        z = fk.new_zeros(*lead, fk.shape[-1])
+        ys = []
+        for t in range(n):
+            w = w + v[..., t, :, None] * fk[..., t, None, :]  # W_t = W_{t−1} + v_t ⊗ φ(k_t)
+            z = z + fk[..., t, :]
+            num = (w @ fq[..., t, :, None]).squeeze(-1)
+            den = (z * fq[..., t, :]).sum(-1, keepdim=True)
+            ok = den != 0
+            ys.append(torch.where(ok, num / torch.where(ok, den, 1), 0))
+        context = torch.stack(ys, -2)
+        weights = None
+        if need_weights or hooks.listening():
+            weights = kz.dense_feature_weights(self.align, fq, fk, keep, causal=True)
+            hooks.report(self, weights)
+        return HeadOutput(context, weights if need_weights else None)

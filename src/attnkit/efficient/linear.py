@@ -1,0 +1,164 @@
+"""Linear attention (Katharopoulos, Vyas, Pappas and Fleuret, "Transformers are RNNs: Fast
+Autoregressive Transformers with Linear Attention", ICML 2020; Soydaner 5.3): softmax's
+similarity replaced by a kernel φ(q)·φ(k), so attention costs O(N) (see
+:mod:`attnkit.efficient.kernelized` for the sums and their masks).
+
+The feature map is pluggable: ``"elu+1"`` (the paper's φ(x) = elu(x) + 1, eq. 7), ``"relu"``, or
+any module mapping (…, L, d) to non-negative features (…, L, m). Non-causal attention is eq. 5;
+``causal=True`` is eqs. 8-9 by prefix sums; :meth:`LinearAttention.step` is the recurrent form
+(eqs. 18-20) for decoding one position at a time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import ClassVar
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from attnkit import arguments, hooks, masks
+from attnkit import taxonomy as tx
+from attnkit.efficient import kernelized as kz
+from attnkit.efficient.lsh import HeadOutput, check_head_inputs
+from attnkit.mechanisms import REGISTRY, example_tensor
+
+__all__ = ["FEATURE_MAPS", "EluPlusOne", "LinearAttention", "ReLUFeatures", "make_feature_map"]
+
+
+class EluPlusOne(nn.Module):
+    """φ(x) = elu(x) + 1 (Katharopoulos eq. 7): positive, with gradients everywhere."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.elu(x) + 1
+
+
+class ReLUFeatures(nn.Module):
+    """φ(x) = max(x, 0): non-negative; a query whose features all vanish gets context 0."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.relu(x)
+
+
+FEATURE_MAPS: dict[str, Callable[[], nn.Module]] = {"elu+1": EluPlusOne, "relu": ReLUFeatures}
+
+
+def make_feature_map(phi: str | nn.Module) -> nn.Module:
+    """A feature map from a name in :data:`FEATURE_MAPS` or a module."""
+    if isinstance(phi, nn.Module):
+        return phi
+    if isinstance(phi, str) and phi in FEATURE_MAPS:
+        return FEATURE_MAPS[phi]()
+    raise ValueError(
+        f"feature_map must be one of {sorted(FEATURE_MAPS)} or an nn.Module mapping (…, L, d) "
+        f"to non-negative features, got {phi!r}"
+    )
+
+
+def check_causal(q: Tensor, k: Tensor, who: str) -> None:
+    if q.shape[-2] != k.shape[-2]:
+        raise ValueError(
+            f"{who}(causal=True) needs as many queries as keys (self-attention), got q "
+            f"{tuple(q.shape)} and k {tuple(k.shape)}"
+        )
+
+
+@REGISTRY.register("linear")
+class LinearAttention(nn.Module):
+    """Linear attention, a per-head part ``part(q, k, v, *, mask, bias, need_weights)`` with q
+    (B, …, M, d), k (B, …, N, d), v (B, …, N, d_v) → context (B, …, M, d_v).
+
+    Args:
+        feature_map: ``"elu+1"``, ``"relu"`` or a module giving non-negative features.
+        causal: query i attends keys j ≤ i (needs M = N).
+        chunk_size: block length of the causal prefix sums (memory vs. parallelism).
+
+    Masks: key padding masks (…, 1, N) are honoured; a mask varying over queries is refused
+    (ValueError). A bias cannot be added to a kernel's factorised scores and is refused.
+    """
+
+    mask_inputs: ClassVar[dict[str, tuple[str, ...]]] = {"mask": ("k", "v")}
+
+    def __init__(
+        self, feature_map: str | nn.Module = "elu+1", *, causal: bool = False, chunk_size: int = 64
+    ) -> None:
+        super().__init__()
+        self.phi = make_feature_map(feature_map)
+        self.causal = arguments.boolean(causal, "causal")
+        self.chunk_size = arguments.positive_int(chunk_size, "chunk_size")
+        self.align = kz.KernelNormalized()
+
+    @classmethod
+    def example(cls):
+        q, k, v = (example_tensor(2, 2, 7, 4, seed=s) for s in (1, 2, 3))
+        mask = masks.from_lengths(torch.tensor([7, 5]), 7)[:, None].expand(2, 2, 1, 7)
+        return cls(), (q, k, v), {"mask": mask}
+
+    def taxonomy_tags(self) -> list:
+        return [tx.Scoring.SIMILARITY, tx.AlignmentKind.SOFT]
+
+    def extra_repr(self) -> str:
+        return f"causal={self.causal}, chunk_size={self.chunk_size}"
+
+    def features(self, x: Tensor) -> Tensor:
+        """φ(x) (…, L, m)."""
+        return self.phi(x)
+
+    def forward(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        *,
+        mask: Tensor | None = None,
+        bias: Tensor | None = None,
+        need_weights: bool = False,
+    ) -> HeadOutput:
+        who = type(self).__name__
+        arguments.boolean(need_weights, "need_weights")
+        lead = check_head_inputs(q, k, v, mask, bias, who)
+        refuse_bias(bias, who)
+        if self.causal:
+            check_causal(q, k, who)
+        keep = kz.key_mask(mask, torch.Size((*lead, q.shape[-2], k.shape[-2])), who)
+        fq, fk = self.features(q), self.features(k)
+        return attend(self, fq, fk, v, keep, need_weights)
+
+    def step(
+        self, q: Tensor, k: Tensor, v: Tensor, state: tuple[Tensor, Tensor] | None = None
+    ) -> tuple[Tensor, tuple[Tensor, Tensor]]:
+        """One decoding step of causal linear attention (Katharopoulos eqs. 18-20).
+
+        Args:
+            q, k: (B, …, d) the current position's query and key; v: (B, …, d_v).
+            state: what the previous step returned, or None at the first position.
+
+        Returns:
+            the context (B, …, d_v) and the state (S (B, …, m, d_v), z (B, …, m)).
+        """
+        return kz.step(state, self.features(q), self.features(k), v)
+
+
+def refuse_bias(bias: Tensor | None, who: str) -> None:
+    if bias is not None:
+        raise ValueError(
+            f"{who}: an additive bias cannot be applied to kernelized attention (its scores are "
+            "never formed); pass bias=None"
+        )
+
+
+def attend(
+    part: nn.Module, fq: Tensor, fk: Tensor, v: Tensor, keep: Tensor | None, need_weights: bool
+) -> HeadOutput:
+    """Kernelized attention with ``part``'s ``causal``/``chunk_size``/``align``; weights formed
+    densely only when asked for or listened to."""
+    if part.causal:
+        context = kz.causal_feature_attention(fq, fk, v, keep, part.chunk_size)
+    else:
+        context = kz.feature_attention(fq, fk, v, keep)
+    weights = None
+    if need_weights or hooks.listening():
+        weights = kz.dense_feature_weights(part.align, fq, fk, keep, part.causal)
+        hooks.report(part, weights)
+    return HeadOutput(context, weights if need_weights else None)

@@ -1,0 +1,185 @@
+"""Performer / FAVOR+ (Choromanski et al., "Rethinking Attention with Performers", ICLR 2021;
+Soydaner 5.3): softmax attention approximated without bias in O(N) by positive orthogonal random
+features.
+
+For ω ~ N(0, I_d) the softmax kernel has the positive random-feature form (Performer Lemma 1)
+
+    exp(x·y) = E_ω[ exp(ω·x − ‖x‖²/2) · exp(ω·y − ‖y‖²/2) ],
+
+so with x = q/d^{1/4}, y = k/d^{1/4} (softmax's 1/√d scaling) and m features ω_1 … ω_m,
+φ(x) = exp(−‖x‖²/2)/√m · [exp(ω_1·x), …, exp(ω_m·x)] gives E[φ(q)·φ(k)] = exp(q·k/√d), and
+kernelized attention (:mod:`attnkit.efficient.kernelized`) with φ estimates softmax attention.
+The ω are drawn in blocks of d that are exactly orthogonal (QR of a Gaussian matrix), each row
+rescaled by the norm of an independent Gaussian vector so that every ω_i stays N(0, I_d)
+(Performer sec. 2.4: orthogonal features, still unbiased, lower variance). Positive features
+keep the estimated weights ≥ 0 and the denominators > 0 (why FAVOR+ is stable where sin/cos
+features are not).
+
+``kernel="relu"`` is the paper's generalised attention with f = ReLU: φ(x) = ReLU(Wx)/√m, a
+kernel in its own right (not an estimate of softmax).
+
+Features are buffers (they follow ``.to()`` and are saved), redrawn by :meth:`Performer.redraw`
+or every ``redraw_every`` training calls (the paper redraws periodically in training).
+
+Numerics: exp(ω·x − ‖x‖²/2) is computed with a constant subtracted in the exponent — per query
+row for queries, over all (real) keys and features per sequence for keys — which cancels in
+the normalised weights (the paper's stabiliser).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import ClassVar
+
+import torch
+from torch import Tensor, nn
+
+from attnkit import arguments, masks
+from attnkit import taxonomy as tx
+from attnkit.efficient import kernelized as kz
+from attnkit.efficient.linear import attend, check_causal, refuse_bias
+from attnkit.efficient.lsh import HeadOutput, check_head_inputs
+from attnkit.mechanisms import REGISTRY, example_tensor
+
+__all__ = ["Performer", "gaussian_features", "orthogonal_gaussian_features"]
+
+KERNELS = ("softmax", "relu")
+
+
+def gaussian_features(m: int, d: int, generator: torch.Generator) -> Tensor:
+    """(m, d) i.i.d. N(0, 1) rows (float64)."""
+    return torch.randn(m, d, generator=generator, dtype=torch.float64)
+
+
+def orthogonal_gaussian_features(m: int, d: int, generator: torch.Generator) -> Tensor:
+    """(m, d) rows, orthogonal within each block of d, each marginally N(0, I_d) (float64):
+    Performer sec. 2.4 (orthogonal random features, rows rescaled by chi-distributed norms)."""
+    blocks = []
+    for _ in range(math.ceil(m / d)):
+        g = torch.randn(d, d, generator=generator, dtype=torch.float64)
+        qmat, r = torch.linalg.qr(g)
+        qmat = qmat * torch.sign(torch.diagonal(r))  # Haar-distributed: fix the QR sign choice
+        blocks.append(qmat.T)
+    rows = torch.cat(blocks)[:m]
+    norms = torch.randn(m, d, generator=generator, dtype=torch.float64).norm(dim=-1)
+    return rows * norms[:, None]
+
+
+@REGISTRY.register("performer")
+class Performer(nn.Module):
+    """FAVOR+ attention, a per-head part ``part(q, k, v, *, mask, bias, need_weights)`` with q
+    (B, …, M, d), k (B, …, N, d), v (B, …, N, d_v) → context (B, …, M, d_v).
+
+    Args:
+        d: query/key size.
+        n_features: m, the number of random features.
+        kernel: ``"softmax"`` (positive random features, FAVOR+) or ``"relu"``.
+        orthogonal: draw orthogonal blocks (True) or i.i.d. Gaussian features.
+        causal: query i attends keys j ≤ i, by prefix sums (needs M = N).
+        redraw_every: redraw the features every this many calls in training mode (None: never).
+        seed: seed of the first draw; each redraw continues the same generator.
+        chunk_size: block length of the causal prefix sums.
+
+    Masks and bias as :class:`attnkit.efficient.LinearAttention`.
+    """
+
+    mask_inputs: ClassVar[dict[str, tuple[str, ...]]] = {"mask": ("k", "v")}
+
+    def __init__(
+        self,
+        d: int,
+        n_features: int = 256,
+        *,
+        kernel: str = "softmax",
+        orthogonal: bool = True,
+        causal: bool = False,
+        redraw_every: int | None = None,
+        seed: int = 0,
+        chunk_size: int = 64,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        super().__init__()
+        self.d = arguments.positive_int(d, "d")
+        self.n_features = arguments.positive_int(n_features, "n_features")
+        if kernel not in KERNELS:
+            raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
+        self.kernel = kernel
+        self.orthogonal = arguments.boolean(orthogonal, "orthogonal")
+        self.causal = arguments.boolean(causal, "causal")
+        self.redraw_every = arguments.optional_positive_int(redraw_every, "redraw_every")
+        self.chunk_size = arguments.positive_int(chunk_size, "chunk_size")
+        self._generator = torch.Generator().manual_seed(arguments.nonnegative_int(seed, "seed"))
+        self._calls = 0
+        dtype = dtype or torch.get_default_dtype()
+        self.register_buffer("omega", self._draw().to(device=device, dtype=dtype))
+        self.align = kz.KernelNormalized()
+
+    @classmethod
+    def example(cls):
+        q, k, v = (example_tensor(2, 2, 7, 4, seed=s) for s in (11, 12, 13))
+        mask = masks.from_lengths(torch.tensor([7, 4]), 7)[:, None].expand(2, 2, 1, 7)
+        return cls(4, n_features=16), (q, k, v), {"mask": mask}
+
+    def taxonomy_tags(self) -> list:
+        return [tx.Scoring.SCALED_MULTIPLICATIVE, tx.AlignmentKind.SOFT]
+
+    def extra_repr(self) -> str:
+        return (
+            f"d={self.d}, n_features={self.n_features}, kernel={self.kernel!r}, "
+            f"orthogonal={self.orthogonal}, causal={self.causal}, redraw_every={self.redraw_every}"
+        )
+
+    def _draw(self) -> Tensor:
+        draw = orthogonal_gaussian_features if self.orthogonal else gaussian_features
+        return draw(self.n_features, self.d, self._generator)
+
+    @torch.no_grad()
+    def redraw(self) -> None:
+        """Draw new random features (the next draw of this module's generator)."""
+        self.omega.copy_(self._draw().to(self.omega.dtype))
+
+    def features(self, x: Tensor, *, is_query: bool, keep: Tensor | None = None) -> Tensor:
+        """φ(x) (…, L, m) for x (…, L, d); ``keep`` (…, L, 1) marks the keys that count for the
+        keys' stabiliser."""
+        omega = self.omega.to(x.dtype)
+        if self.kernel == "relu":
+            return torch.relu(x @ omega.T) / math.sqrt(self.n_features)
+        x = x * self.d**-0.25
+        wx = x @ omega.T
+        sq = (x * x).sum(-1, keepdim=True) / 2
+        logits = wx - sq
+        if is_query:  # a per-row constant cancels in each query's normalisation
+            shift = logits.amax(-1, keepdim=True)
+        else:  # one constant per sequence (over its real keys) cancels in every ratio
+            real = logits if keep is None else torch.where(keep, logits, -torch.inf)
+            shift = real.amax((-1, -2), keepdim=True)
+            shift = torch.where(torch.isfinite(shift), shift, 0)
+        return torch.exp(logits - shift.detach()) / math.sqrt(self.n_features)
+
+    def forward(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        *,
+        mask: Tensor | None = None,
+        bias: Tensor | None = None,
+        need_weights: bool = False,
+    ) -> HeadOutput:
+        who = type(self).__name__
+        arguments.boolean(need_weights, "need_weights")
+        lead = check_head_inputs(q, k, v, mask, bias, who)
+        refuse_bias(bias, who)
+        if q.shape[-1] != self.d:
+            raise ValueError(f"{who}(d={self.d}) got q with {q.shape[-1]} features")
+        if self.causal:
+            check_causal(q, k, who)
+        if self.training and self.redraw_every is not None:
+            if self._calls and self._calls % self.redraw_every == 0:
+                self.redraw()
+            self._calls += 1
+        keep = kz.key_mask(mask, torch.Size((*lead, q.shape[-2], k.shape[-2])), who)
+        fq = self.features(q, is_query=True)
+        fk = self.features(k, is_query=False, keep=keep)
+        return attend(self, fq, fk, v, keep, need_weights)
