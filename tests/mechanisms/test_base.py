@@ -13,11 +13,17 @@ from torch import nn
 
 import attnkit as ak
 from attnkit import mechanisms
+from attnkit.efficient.kernelized import KernelNormalized
+from attnkit.efficient.linear import EluPlusOne, ReLUFeatures
 from attnkit.queries.query_types import QueryTagged
 
 # Public nn.Module classes in the mechanism packages that are not mechanisms, and why.
 NOT_MECHANISMS = {
     QueryTagged: "a taxonomy tag around any module; its calls pass through unchanged",
+    KernelNormalized: "an alignment (kernel values normalised over keys), a part of the kernelized "
+    "mechanisms, which are registered",
+    EluPlusOne: "a feature map for linear attention, chosen by name through FEATURE_MAPS",
+    ReLUFeatures: "a feature map for linear attention, chosen by name through FEATURE_MAPS",
 }
 
 
