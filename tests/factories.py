@@ -39,6 +39,7 @@ SCORES: dict[str, ScoreFactory] = {
     "general": lambda d: sc.General(d.d_q, d.d_k),
     "biased_general": lambda d: sc.BiasedGeneral(d.d_q, d.d_k),
     "activated_general": lambda d: sc.ActivatedGeneral(d.d_q, d.d_k),
+    "hermitian": lambda d: sc.Hermitian(d.d_k, 5),
     "cosine": lambda d: sc.Cosine(),
     "euclidean": lambda d: sc.Euclidean(),
     "location": lambda d: sc.Location(d.d_q, d.max_len),

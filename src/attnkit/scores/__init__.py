@@ -6,6 +6,7 @@ on unknown names or arguments.
 
 from attnkit.scores.additive import Additive, Concat, Deep
 from attnkit.scores.base import REGISTRY, Score
+from attnkit.scores.hermitian import Hermitian
 from attnkit.scores.multiplicative import ActivatedGeneral, BiasedGeneral, Dot, General, ScaledDot
 from attnkit.scores.positional import Convolutional, Location
 from attnkit.scores.self_attentive import LearnedQuery
@@ -26,6 +27,7 @@ __all__ = [
     "Dot",
     "Euclidean",
     "General",
+    "Hermitian",
     "LearnedQuery",
     "Location",
     "ScaledDot",

@@ -37,6 +37,7 @@ SCORE_SIZES: dict[str, tuple[str, ...]] = {
     "general": ("d_q", "d_k"),
     "biased_general": ("d_q", "d_k"),
     "activated_general": ("d_q", "d_k"),
+    "hermitian": ("d_k", "d_w"),
     "additive": ("d_q", "d_k", "d_w"),
     "concat": ("d_q", "d_k", "d_w"),
     "deep": ("d_q", "d_k", "d_w"),
