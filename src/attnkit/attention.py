@@ -34,7 +34,9 @@ def _without_dead_keys(call: Call) -> Call:
     k_ok, v_ok = bool(torch.isfinite(call.k).all()), bool(torch.isfinite(call.v).all())
     if k_ok and v_ok:
         return call
-    dead = ~call.mask.any(dim=-2).unsqueeze(-1)  # (…, N, 1): masked for every query row
+    # (…, N, 1): masked for every query row (a mask of rank < 2 is the same for every row)
+    keep = call.mask.any(dim=-2) if call.mask.dim() >= 2 else call.mask
+    dead = ~keep.unsqueeze(-1) if keep.dim() else ~keep
     zero = torch.zeros((), dtype=call.k.dtype)
     k = call.k if k_ok else torch.where(dead, zero, call.k)
     v = call.v if v_ok else torch.where(dead, zero, call.v)

@@ -121,3 +121,47 @@ def test_attention_dispatches_large_problems_to_chunks():
             assert spy.call_count == 1
         ak.attention(q, k, score=s, chunk_size=3)  # forced
         assert spy.call_count == 2
+
+
+def _input_grads(out, *xs):
+    return torch.autograd.grad(out.context.square().sum(), xs)
+
+
+def test_values_with_more_batch_dims_than_queries_and_keys():
+    g = torch.Generator().manual_seed(5)
+    q = torch.randn(2, 5, 4, generator=g, dtype=torch.float64, requires_grad=True)
+    k = torch.randn(2, 6, 4, generator=g, dtype=torch.float64, requires_grad=True)
+    v = torch.randn(3, 2, 6, 4, generator=g, dtype=torch.float64, requires_grad=True)
+    got = ak.attention(q, k, v, chunk_size=2, kernel="chunked")
+    ref = ak.attention(q, k, v, kernel="dense")
+    assert got.context.shape == (3, 2, 5, 4)
+    torch.testing.assert_close(got.context, ref.context)
+    for a, b in zip(_input_grads(got, q, k, v), _input_grads(ref, q, k, v), strict=True):
+        torch.testing.assert_close(a, b)
+
+
+@pytest.mark.parametrize("align", ["softmax", "sparsemax"])
+def test_rank_zero_and_rank_one_bias_and_mask(align):
+    g = torch.Generator().manual_seed(6)
+    q, k, v = (torch.randn(2, n, 4, generator=g, dtype=torch.float64) for n in (5, 6, 6))
+    bias = torch.tensor(0.5, dtype=torch.float64, requires_grad=True)
+    got = ak.attention(q, k, v, align=align, bias=bias, chunk_size=2, kernel="chunked")
+    ref = ak.attention(q, k, v, align=align, kernel="dense")  # a constant bias changes nothing
+    torch.testing.assert_close(got.context, ref.context)
+    row_bias = torch.randn(6, generator=g, dtype=torch.float64)
+    mask = torch.tensor([True, True, False, True, True, False])
+    got = ak.attention(q, k, v, align=align, bias=row_bias, mask=mask, chunk_size=2)
+    ref = ak.attention(q, k, v, align=align, bias=row_bias, mask=mask, kernel="dense")
+    torch.testing.assert_close(got.context, ref.context)
+
+
+@pytest.mark.parametrize("kernel", ["dense", "chunked"])
+def test_a_key_mask_of_rank_one_keeps_nan_in_masked_keys_out(kernel):
+    g = torch.Generator().manual_seed(7)
+    q, k, v = (torch.randn(2, n, 4, generator=g, dtype=torch.float64) for n in (5, 6, 6))
+    k[:, -1], v[:, -1] = float("nan"), float("nan")
+    mask = torch.tensor([True] * 5 + [False])
+    got = ak.attention(q, k, v, mask=mask, kernel=kernel, need_weights=True)
+    ref = ak.attention(q, k[:, :-1], v[:, :-1], kernel="dense", need_weights=True)
+    torch.testing.assert_close(got.context, ref.context)
+    torch.testing.assert_close(got.weights[..., :-1], ref.weights)

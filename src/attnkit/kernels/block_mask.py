@@ -89,6 +89,7 @@ class BlockMask:
     mask_mod: MaskMod | None = None
     dense: Tensor | None = None
     partial: dict[tuple[int, int], Tensor] | None = None
+    batch_only: bool = False  # from a mask function with ``batch=`` but no ``heads=``
 
     # ---- construction ------------------------------------------------------------------------
 
@@ -156,6 +157,7 @@ class BlockMask:
             has_key,
             mask_mod=mask_mod,
             partial=partial,
+            batch_only=len(lead) == 1 and heads is None,
         )
 
     @classmethod
@@ -280,6 +282,13 @@ class BlockMask:
             raise ValueError(
                 f"block_mask is for M = {self.m}, N = {self.n} but the scores are "
                 f"{tuple(shape)} (…, M, N)"
+            )
+        if self.batch_only and len(shape) > 3:
+            # lead (B,) would line up with the scores' last batch dim (heads), not the first.
+            raise ValueError(
+                f"block_mask was built with batch={self.lead[0]} but no heads=, so it is "
+                f"(B, M, N); the scores {tuple(shape)} have more batch dims: pass heads= (heads=1 "
+                "when the pattern is the same for every head) so that b indexes the first dim"
             )
         try:
             ok = torch.broadcast_shapes(tuple(self.has_key.shape[:-2]), shape[:-2]) == shape[:-2]

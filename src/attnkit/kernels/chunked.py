@@ -90,8 +90,8 @@ def _take(x: Tensor | None, dim: int, start: int, stop: int) -> Tensor | None:
 
 def _rows(x: Tensor | None, q0: int, q1: int, keys: _Keys) -> Tensor | None:
     """The (…, q1−q0, keys) block of a mask or bias broadcastable to (…, M, N)."""
-    if x is None:
-        return None
+    if x is None or x.dim() == 0:
+        return x
     if x.dim() >= 2:
         x = _take(x, -2, q0, q1)
     return keys.take(x, -1)
@@ -525,9 +525,20 @@ def attend(
         isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1
     ):
         raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}")
+    # A mask or bias of rank < 2 broadcasts over rows (and keys): give it the (…, M, N) rank.
+    mask, bias = (
+        x if x is None or x.dim() >= 2 else x.reshape((1,) * (2 - x.dim()) + tuple(x.shape))
+        for x in (mask, bias)
+    )
     n = k.shape[-2]
     m = 1 if q is None else q.shape[-2]
-    lead = torch.broadcast_shapes(k.shape[:-2], () if q is None else q.shape[:-2])
+    # The output's batch dims: values, masks and biases may carry more than q and k do.
+    lead = torch.broadcast_shapes(
+        k.shape[:-2],
+        () if q is None else q.shape[:-2],
+        v.shape[:-2],
+        *(x.shape[:-2] for x in (mask, bias) if x is not None and x.dim() > 2),
+    )
     if score_mod is not None and score.multi_dimensional:
         raise ValueError("score_mod applies to single-dimensional scores (…, M, N) only")
     if m == 0 or n == 0 or math.prod(lead) == 0 or v.shape[-1] == 0:
