@@ -15,6 +15,7 @@ from attnkit.features import (
     NestedCoAttention,
     ParallelCoAttention,
 )
+from attnkit.features.aggregation import LinearAggregation, NestedPerceptronAggregation
 
 
 def softmax(xs):
@@ -158,6 +159,12 @@ MODULES = {
     "parallel-additive": lambda: ParallelCoAttention(6, 3, d_w=5),
     "parallel-max": lambda: ParallelCoAttention(6, 3, score="max"),
     "parallel-concat": lambda: ParallelCoAttention(6, 6, affinity="concat"),
+    "parallel-general-linear": lambda: ParallelCoAttention(
+        6, 3, affinity=ak.scores.General(6, 3), score=LinearAggregation(6, 3)
+    ),
+    "parallel-additive-nested-mlp": lambda: ParallelCoAttention(
+        6, 3, affinity=ak.scores.Additive(6, 3, 4), score=NestedPerceptronAggregation(6, 3, 5)
+    ),
 }
 
 

@@ -15,6 +15,7 @@ import attnkit as ak
 from attnkit import mechanisms
 from attnkit.efficient.kernelized import KernelNormalized
 from attnkit.efficient.linear import EluPlusOne, ReLUFeatures
+from attnkit.features.aggregation import LinearAggregation, NestedPerceptronAggregation
 from attnkit.queries.query_types import QueryTagged
 
 # Public nn.Module classes in the mechanism packages that are not mechanisms, and why.
@@ -24,6 +25,9 @@ NOT_MECHANISMS = {
     "mechanisms, which are registered",
     EluPlusOne: "a feature map for linear attention, chosen by name through FEATURE_MAPS",
     ReLUFeatures: "a feature map for linear attention, chosen by name through FEATURE_MAPS",
+    LinearAggregation: "an aggregation of the affinity matrix, a part of parallel co-attention",
+    NestedPerceptronAggregation: "an aggregation of the affinity matrix, a part of parallel "
+    "co-attention",
 }
 
 

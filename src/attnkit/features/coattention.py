@@ -206,10 +206,15 @@ class ParallelCoAttention(_CoAttention):
 
     Args:
         d1, d2: feature sizes of F1 and F2.
-        affinity: ``"bilinear"`` — A = act(F1 W_A F2ᵀ) (eq. 12, tanh); or ``"concat"`` —
-            A_ij = w_Aᵀ[k_i; k_j; k_i ∘ k_j] (eq. 13, needs d1 = d2).
-        score: ``"additive"`` — e⁽¹⁾ = w_1ᵀ tanh(W_2 K⁽²⁾ Aᵀ + W_1 K⁽¹⁾) and e⁽²⁾ alike (eqs.
-            14-15); or ``"max"`` — e⁽¹⁾_i = max_j A_ij, e⁽²⁾_j = max_i A_ij (eq. 16).
+        affinity: the co-compatibility function. ``"bilinear"`` — A = act(F1 W_A F2ᵀ) (eq. 12,
+            tanh); ``"concat"`` — A_ij = w_Aᵀ[k_i; k_j; k_i ∘ k_j] (eq. 13, needs d1 = d2); or
+            any score module (Galassi IV-D2: "straightforward adaptations of any of the
+            compatibility functions"), A = score(F1, F2) with F1's rows as queries and F2's
+            as keys, e.g. ``ak.scores.build("scaled_dot")`` or ``Hermitian(d, d_w)``.
+        score: the aggregation of A into e⁽¹⁾, e⁽²⁾. ``"additive"`` — e⁽¹⁾ = w_1ᵀ tanh(W_2 K⁽²⁾
+            Aᵀ + W_1 K⁽¹⁾) and e⁽²⁾ alike (eqs. 14-15); ``"max"`` — e⁽¹⁾_i = max_j A_ij,
+            e⁽²⁾_j = max_i A_ij (eq. 16); or an aggregation module from
+            :mod:`attnkit.features.aggregation`, called as ``(A, f1, f2, mask1, mask2)``.
         d_w: hidden size of the additive scores.
 
     Masked positions take no part: their affinities are excluded from the sums and maxima.
@@ -221,8 +226,8 @@ class ParallelCoAttention(_CoAttention):
         d1: int,
         d2: int,
         *,
-        affinity: Literal["bilinear", "concat"] = "bilinear",
-        score: Literal["additive", "max"] = "additive",
+        affinity: Literal["bilinear", "concat"] | Score = "bilinear",
+        score: Literal["additive", "max"] | nn.Module = "additive",
         d_w: int = 64,
         align: str | nn.Module = "softmax",
         device: torch.device | str | None = None,
@@ -231,17 +236,27 @@ class ParallelCoAttention(_CoAttention):
         super().__init__()
         sizes(d1=d1, d2=d2, d_w=d_w)
         kw = {"device": device, "dtype": dtype}
-        if affinity not in ("bilinear", "concat"):
-            raise ValueError(f"affinity must be 'bilinear' or 'concat', got {affinity!r}")
-        if score not in ("additive", "max"):
-            raise ValueError(f"score must be 'additive' or 'max', got {score!r}")
+        if isinstance(affinity, Score):
+            if affinity.multi_dimensional or affinity.query_free:
+                raise ValueError(
+                    "affinity must give one score per (F1, F2) pair: a query-free or "
+                    f"multi-dimensional {type(affinity).__name__} score does not"
+                )
+        elif affinity not in ("bilinear", "concat"):
+            raise ValueError(
+                f"affinity must be 'bilinear', 'concat' or a Score module, got {affinity!r}"
+            )
+        if not isinstance(score, nn.Module) and score not in ("additive", "max"):
+            raise ValueError(
+                f"score must be 'additive', 'max' or an aggregation module, got {score!r}"
+            )
         if affinity == "concat" and d1 != d2:
             raise ValueError(f"affinity='concat' (eq. 13) needs d1 == d2, got {d1} and {d2}")
         self.affinity, self.score = affinity, score
         self.d1, self.d2 = d1, d2
         if affinity == "bilinear":
             self.W_A = nn.Parameter(torch.randn(d1, d2, **kw) / (d1 * d2) ** 0.25)
-        else:
+        elif affinity == "concat":
             self.w_A = HeadwiseLinear(3 * d1, 1, bias=False, **kw)
         if score == "additive":
             self.W1 = HeadwiseLinear(d1, d_w, bias=False, **kw)
@@ -257,7 +272,9 @@ class ParallelCoAttention(_CoAttention):
         return tags
 
     def affinity_matrix(self, f1: Tensor, f2: Tensor) -> Tensor:
-        """A (B, n1, n2): eq. 12 or eq. 13."""
+        """A (B, n1, n2): eq. 12, eq. 13 or the given score with F1 as queries, F2 as keys."""
+        if isinstance(self.affinity, Score):
+            return self.affinity(f1, f2)
         if self.affinity == "bilinear":
             return torch.tanh(f1 @ self.W_A @ f2.transpose(-1, -2))
         n1, n2 = f1.shape[-2], f2.shape[-2]
@@ -285,7 +302,9 @@ class ParallelCoAttention(_CoAttention):
                 else mask2
             )
             pair = m1.unsqueeze(-1) & m2.unsqueeze(-2)
-        if self.score == "additive":
+        if isinstance(self.score, nn.Module):
+            e1, e2 = self.score(A, f1, f2, mask1, mask2)
+        elif self.score == "additive":
             if pair is not None:
                 A = A * pair  # a padded position translates nothing
             h1 = self.W1(f1)
