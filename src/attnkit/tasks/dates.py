@@ -2,10 +2,19 @@
 locales) to ISO ``YYYY-MM-DD``, character level, with the gold alignment.
 
 Each field of a pattern (day, month, year, weekday) is rendered on its own, so the characters of
-every field are known: an output character links *sure* to the characters of its field in the
-input and *possible* to the separators next to that field (Och & Ney's S ⊆ P). The dashes of
-the output link possibly to the separators around the fields they join; the weekday links to
-nothing.
+every field are known (Och & Ney's sure and possible links, S ⊆ P):
+
+- an output digit *copied* from one input character (the field is written in digits and the
+  digit is one of them: "2023" or "23" for the year's last two digits, "5" for the day's units
+  digit of "05") links *sure* to that character;
+- an output character that is not copied (a month written as a name, the "0" of an unpadded
+  day, the century of a two-digit year) links *sure* to the whole field, from which it is read;
+- every output character of a field links *possibly* to its whole field and the separators next
+  to it. The dashes of the output link possibly to the separators around the fields they join;
+  the weekday links to nothing.
+
+``field`` keeps the whole-field links of every output character (what ``sure`` was before copied
+digits were told apart), for measures that ask whether attention lands in the right field.
 """
 
 from __future__ import annotations
@@ -46,6 +55,7 @@ class DateExample:
     spans: dict[str, tuple[int, int]]
     sure: tuple[tuple[bool, ...], ...]
     possible: tuple[tuple[bool, ...], ...]
+    field: tuple[tuple[bool, ...], ...]
 
 
 def _tokens(pattern: str) -> list[tuple[str, str]]:
@@ -76,6 +86,7 @@ def render(date: dt.date, pattern: str, locale: str) -> DateExample:
     n = len(text)
     sure = [[False] * n for _ in range(OUTPUT_LEN)]
     possible = [[False] * n for _ in range(OUTPUT_LEN)]
+    whole = [[False] * n for _ in range(OUTPUT_LEN)]
 
     def separators_around(a: int, b: int) -> list[int]:
         out = []
@@ -99,13 +110,37 @@ def render(date: dt.date, pattern: str, locale: str) -> DateExample:
                         possible[t][i] = True
             continue
         a, b = spans[key[f]]
+        copied = _copied_from(text[a:b], target, t)
         for i in range(a, b):
-            sure[t][i] = possible[t][i] = True
+            whole[t][i] = possible[t][i] = True
+            sure[t][i] = copied is None or i == a + copied
         for i in separators_around(a, b):
             possible[t][i] = True
     return DateExample(
-        text, target, locale, pattern, spans, tuple(map(tuple, sure)), tuple(map(tuple, possible))
+        text,
+        target,
+        locale,
+        pattern,
+        spans,
+        tuple(map(tuple, sure)),
+        tuple(map(tuple, possible)),
+        tuple(map(tuple, whole)),
     )
+
+
+def _copied_from(piece: str, target: str, t: int) -> int | None:
+    """The index in ``piece`` (a field written in digits) of the character that output
+    character ``t`` is copied from, or None when it is not copied. Digits align from the right:
+    "23" gives the last two digits of "2023", "5" the units digit of "05"."""
+    if not piece.isdigit() or not piece.isascii():
+        return None
+    start = FIELD_OF_OUTPUT.index(FIELD_OF_OUTPUT[t])  # the field's first output position
+    width = FIELD_OF_OUTPUT.count(FIELD_OF_OUTPUT[t])
+    from_right = start + width - 1 - t  # 0 for the field's last digit
+    i = len(piece) - 1 - from_right
+    if i < 0 or piece[i] != target[t]:
+        return None
+    return i
 
 
 def patterns() -> list[tuple[str, str, str]]:
@@ -199,6 +234,7 @@ def make_dates(n_train: int, n_test: int, seed: int = 0) -> DatesData:
     for split, exs in examples.items():
         enc = _encode(exs, src, tgt)
         width = enc["src"].shape[1]
-        enc["sure"], enc["possible"] = _gold(exs, width, "sure"), _gold(exs, width, "possible")
+        for which in ("sure", "possible", "field"):
+            enc[which] = _gold(exs, width, which)
         data.splits[split] = enc
     return data

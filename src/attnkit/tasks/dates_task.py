@@ -132,11 +132,12 @@ class DatesTask(Task):
         metrics["aer_threshold"] = alignment_error_rate(
             weights, sure, possible, mode="threshold", threshold=0.2, rows=rows
         )
-        # AER has a floor with one predicted link per character and several sure links per
-        # field, so also report how often the argmax falls inside the gold field.
+        # A copied digit has one sure link; a character read from a whole field (a month
+        # name) has the field: also report how often the argmax falls inside the right field.
         top = weights.argmax(-1, keepdim=True)
+        field = data["field"][..., :width]
         metrics["argmax_in_gold_field"] = float(
-            sure.gather(-1, top).squeeze(-1)[rows].float().mean()
+            field.gather(-1, top).squeeze(-1)[rows].float().mean()
         )
         metrics["entropy"] = entropy(weights[rows])
         with uniform_weights(model):
@@ -162,8 +163,8 @@ class DatesTask(Task):
         The decoder state at ``step`` is taken from teacher forcing on the full input and held
         fixed, so the step's attention is the only path from the inputs through the decoder
         (they still reach the output through the encoder). Gold: the last input character of the
-        sure field equal to the target character, the one a units digit is copied from (the
-        whole field when none is, e.g. a month name)."""
+        sure links, the input character the digit is copied from (the whole field when none
+        is, e.g. a month name)."""
         from attnkit.evaluation.suite import Probe
 
         model.eval()
@@ -194,20 +195,7 @@ class DatesTask(Task):
             logits(inputs, mask)
         (weights,) = next(iter(records.values()))
         width = src.shape[1]
-        sure = data["sure"][:n, step, :width]
-        target = self.data.tgt_vocab.chars
-        source = self.data.src_vocab.chars
-        same = torch.tensor(
-            [
-                [source[c] == target[int(tgt[i, step])] for c in row]
-                for i, row in enumerate(src.tolist())
-            ]
-        )
-        matches = sure & same
-        # the copied character: the last match in the field (a units digit ends its field)
-        last = (matches.long() * torch.arange(1, width + 1)).argmax(-1, keepdim=True)
-        copied = torch.zeros_like(matches).scatter_(-1, last, True) & matches
-        gold = torch.where(copied.any(-1, keepdim=True), copied, sure)
+        gold = data["sure"][:n, step, :width]
         return Probe(
             model=model,
             logits=logits,
