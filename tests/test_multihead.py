@@ -192,3 +192,82 @@ def test_mask_per_head():
     mask[:, 1, :, 0] = False
     w = mha(x, mask=mask, need_weights=True).weights
     assert (w[:, 1, :, 0] == 0).all() and (w[:, 0, :, 0] > 0).all()
+
+
+# Grouped-query / multi-query attention, head size independent of E/H, KV cache.
+
+
+def _grouped_loop(mha, x, mask=None):
+    """Grouped-query attention written out head by head (Ainslie et al. 2023): head h uses key
+    and value head h // (H / H_kv), i.e. k and v heads repeated; scaled dot product, softmax."""
+    h, g, d = mha.num_heads, mha.num_kv_heads, mha.head_dim
+    w_q, w_k, w_v = mha.in_proj_weight.split([h * d, g * d, g * d])
+    b_q, b_k, b_v = mha.in_proj_bias.split([h * d, g * d, g * d])
+    heads = []
+    for i in range(h):
+        j = i // (h // g)
+        q = x @ w_q[i * d : (i + 1) * d].T + b_q[i * d : (i + 1) * d]
+        k = x @ w_k[j * d : (j + 1) * d].T + b_k[j * d : (j + 1) * d]
+        v = x @ w_v[j * d : (j + 1) * d].T + b_v[j * d : (j + 1) * d]
+        s = q @ k.transpose(-1, -2) / d**0.5
+        if mask is not None:
+            s = s.masked_fill(~mask, float("-inf"))
+        heads.append(torch.softmax(s, -1) @ v)
+    return mha.out_proj(torch.cat(heads, -1))
+
+
+@pytest.mark.parametrize(("heads", "kv_heads", "head_dim"), [(4, 2, None), (4, 1, None), (6, 3, 5)])
+def test_grouped_query_attention_matches_the_loop(heads, kv_heads, head_dim):
+    torch.manual_seed(0)
+    mha = ak.MultiHeadAttention(12, heads, num_kv_heads=kv_heads, head_dim=head_dim)
+    mha = mha.double()
+    with torch.no_grad():
+        mha.in_proj_bias.normal_()
+    d = 12 // heads if head_dim is None else head_dim
+    assert mha.in_proj_weight.shape == ((heads + 2 * kv_heads) * d, 12)
+    x = torch.randn(2, 5, 12, dtype=torch.float64)
+    causal = masks.causal(5)
+    ref = _grouped_loop(mha, x, causal)
+    torch.testing.assert_close(mha(x, mask=causal).context, ref)  # SDPA path
+    torch.testing.assert_close(mha(x, mask=causal, need_weights=True).context, ref)  # dense
+
+
+def test_num_kv_heads_equal_to_num_heads_is_standard_multi_head_attention():
+    torch.manual_seed(0)
+    theirs = nn.MultiheadAttention(E, H, batch_first=True).double()
+    ours = ak.MultiHeadAttention.from_torch(theirs)
+    grouped = ak.MultiHeadAttention(E, H, num_kv_heads=H, head_dim=E // H).double()
+    grouped.load_state_dict(ours.state_dict())
+    q, k, v = _data()
+    ref, _ = theirs(q, k, v)
+    torch.testing.assert_close(grouped(q, k, v).context, ref)
+    assert ours.num_kv_heads == H and ours.head_dim == E // H
+
+
+def test_head_dim_and_num_kv_heads_are_validated():
+    with pytest.raises(ValueError, match="num_kv_heads = 2 does not divide num_heads = 3"):
+        ak.MultiHeadAttention(E, 3, num_kv_heads=2)
+    with pytest.raises(ValueError, match="give head_dim="):
+        ak.MultiHeadAttention(10, 3)
+    assert ak.MultiHeadAttention(10, 3, head_dim=7).out_proj.weight.shape == (10, 21)
+    with pytest.raises(ValueError, match="head_dim must be a positive int"):
+        ak.MultiHeadAttention(E, H, head_dim=2.5)
+
+
+@pytest.mark.parametrize("kv_heads", [H, 1])
+def test_cache_step_by_step_equals_one_causal_pass(kv_heads):
+    from attnkit.kv_cache import LayerCache
+
+    torch.manual_seed(0)
+    mha = ak.MultiHeadAttention(E, H, num_kv_heads=kv_heads, head_dim=5).double()
+    x = torch.randn(2, 6, E, dtype=torch.float64)
+    full = mha(x, mask=masks.causal(6)).context
+    cache = LayerCache()
+    steps = [mha(x[:, :2], mask=masks.causal(2), cache=cache).context]  # a prompt of two
+    for i in range(2, 6):
+        steps.append(mha(x[:, i : i + 1], mask=masks.causal(1, i + 1), cache=cache).context)
+    torch.testing.assert_close(torch.cat(steps, 1), full, atol=1e-12, rtol=1e-12)
+    assert len(cache) == 6 and cache.k.shape == (2, kv_heads, 6, 5)
+    assert cache.nbytes == 2 * 2 * kv_heads * 6 * 5 * 8
+    with pytest.raises(ValueError, match=r"mask of shape \(1, 6\)"):
+        mha(x[:, :1], mask=masks.causal(1, 6), cache=cache)  # 7 keys with this one

@@ -10,6 +10,7 @@ from attnkit import arguments, checks, inputs, masks, slots
 from attnkit import taxonomy as tx
 from attnkit.alignments import Alignment
 from attnkit.attention import Attention
+from attnkit.kv_cache import LayerCache
 from attnkit.output import AttentionOutput
 from attnkit.positions import PositionScheme
 from attnkit.scores import REGISTRY as SCORES
@@ -24,7 +25,14 @@ class MultiHeadAttention(nn.Module):
 
     Args:
         embed_dim: E, the query size and output size.
-        num_heads: H; must divide E.
+        num_heads: H; must divide E unless ``head_dim`` is given.
+        num_kv_heads: H_kv, the number of key/value heads (default H). With H_kv < H, heads
+            share keys and values in H_kv groups of H/H_kv consecutive heads (grouped-query
+            attention, Ainslie et al. 2023; H_kv = 1 is multi-query attention, Shazeer 2019):
+            head h uses key/value head h // (H/H_kv). H_kv must divide H.
+        head_dim: d, each head's size (default E/H). Giving it makes the head size independent
+            of E and H ("fixed multi-head attention", Bhojanapalli et al. 2020): the heads
+            concatenate to H·d and W^O maps H·d back to E.
         score: a score module built for per-head inputs (usually with ``heads=num_heads``), or a
             registered name, built by the score's ``for_heads(E/H, H)``: d_q = d_k = d_w = E/H
             and one parameter set per head where the score has parameters (the location score
@@ -56,6 +64,8 @@ class MultiHeadAttention(nn.Module):
         vdim: int | None = None,
         bias: bool = True,
         dropout: float = 0.0,
+        num_kv_heads: int | None = None,
+        head_dim: int | None = None,
         attention: nn.Module | None = None,
         position: str | PositionScheme | None = None,
         device: torch.device | str | None = None,
@@ -64,26 +74,39 @@ class MultiHeadAttention(nn.Module):
         super().__init__()
         self.embed_dim = arguments.positive_int(embed_dim, "embed_dim")
         self.num_heads = arguments.positive_int(num_heads, "num_heads")
-        if embed_dim % num_heads:
-            raise ValueError(f"embed_dim = {embed_dim} is not divisible by num_heads = {num_heads}")
-        self.head_dim = embed_dim // num_heads
+        if head_dim is None:
+            if embed_dim % num_heads:
+                raise ValueError(
+                    f"embed_dim = {embed_dim} is not divisible by num_heads = {num_heads} "
+                    "(give head_dim= for a head size independent of embed_dim)"
+                )
+            head_dim = embed_dim // num_heads
+        self.head_dim = arguments.positive_int(head_dim, "head_dim")
+        kv_heads = num_heads if num_kv_heads is None else num_kv_heads
+        self.num_kv_heads = arguments.positive_int(kv_heads, "num_kv_heads")
+        if num_heads % self.num_kv_heads:
+            raise ValueError(
+                f"num_kv_heads = {self.num_kv_heads} does not divide num_heads = {num_heads}"
+            )
         self.kdim = embed_dim if kdim is None else arguments.positive_int(kdim, "kdim")
         self.vdim = embed_dim if vdim is None else arguments.positive_int(vdim, "vdim")
         self.dropout = arguments.probability(dropout, "dropout")
         arguments.boolean(bias, "bias")
         kw = {"device": device, "dtype": dtype}
         e = embed_dim
-        # One packed (3E, E) matrix when all inputs share E, as torch does: self-attention then
-        # projects q, k and v with a single matmul.
+        inner, kv_inner = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        self._sizes = (inner, kv_inner, kv_inner)  # rows of W^Q, W^K, W^V
+        # One packed matrix (3E × E without grouping or head_dim) when all inputs share E, as
+        # torch does: self-attention then projects q, k and v with a single matmul.
         self.packed = self.kdim == e and self.vdim == e
         if self.packed:
-            self.in_proj_weight = nn.Parameter(torch.empty(3 * e, e, **kw))
+            self.in_proj_weight = nn.Parameter(torch.empty(sum(self._sizes), e, **kw))
         else:
-            self.q_proj_weight = nn.Parameter(torch.empty(e, e, **kw))
-            self.k_proj_weight = nn.Parameter(torch.empty(e, self.kdim, **kw))
-            self.v_proj_weight = nn.Parameter(torch.empty(e, self.vdim, **kw))
-        self.in_proj_bias = nn.Parameter(torch.empty(3 * e, **kw)) if bias else None
-        self.out_proj = nn.Linear(e, e, bias=bias, **kw)
+            self.q_proj_weight = nn.Parameter(torch.empty(inner, e, **kw))
+            self.k_proj_weight = nn.Parameter(torch.empty(kv_inner, self.kdim, **kw))
+            self.v_proj_weight = nn.Parameter(torch.empty(kv_inner, self.vdim, **kw))
+        self.in_proj_bias = nn.Parameter(torch.empty(sum(self._sizes), **kw)) if bias else None
+        self.out_proj = nn.Linear(inner, e, bias=bias, **kw)
         self._reset_parameters()
         if attention is None:
             attention = Attention(
@@ -131,20 +154,21 @@ class MultiHeadAttention(nn.Module):
             nn.init.zeros_(self.out_proj.bias)
 
     def _project(self, query: Tensor, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        e = self.embed_dim
         b = self.in_proj_bias
-        bq, bk, bv = (None, None, None) if b is None else b.split(e)
+        bq, bk, bv = (None, None, None) if b is None else b.split(self._sizes)
         if self.packed:
             if key is query and value is query:
-                return F.linear(query, self.in_proj_weight, b).chunk(3, dim=-1)
-            wq, wk, wv = self.in_proj_weight.split(e)
+                q, k, v = F.linear(query, self.in_proj_weight, b).split(self._sizes, dim=-1)
+                return q, k, v
+            wq, wk, wv = self.in_proj_weight.split(self._sizes)
         else:
             wq, wk, wv = self.q_proj_weight, self.k_proj_weight, self.v_proj_weight
         return F.linear(query, wq, bq), F.linear(key, wk, bk), F.linear(value, wv, bv)
 
-    def _split_heads(self, x: Tensor) -> Tensor:
-        """(…, L, E) -> (…, H, L, d)."""
-        return x.unflatten(-1, (self.num_heads, self.head_dim)).transpose(-2, -3)
+    def _split_heads(self, x: Tensor, heads: int | None = None) -> Tensor:
+        """(…, L, heads·d) -> (…, heads, L, d); heads defaults to H."""
+        heads = self.num_heads if heads is None else heads
+        return x.unflatten(-1, (heads, self.head_dim)).transpose(-2, -3)
 
     @staticmethod
     def _per_head(x: Tensor | None, query: Tensor) -> Tensor | None:
@@ -161,6 +185,7 @@ class MultiHeadAttention(nn.Module):
         mask: Tensor | None = None,
         bias: Tensor | None = None,
         need_weights: bool = False,
+        cache: LayerCache | None = None,
     ) -> AttentionOutput:
         """Multi-head attention; key defaults to query and value to key (self-attention).
 
@@ -171,6 +196,11 @@ class MultiHeadAttention(nn.Module):
                 — the same for every head, or (B, …, H, M, N) per head.
             bias: float, in the inputs' dtype, shaped like ``mask``.
             need_weights: return the per-head weights (B, …, H, M, N) and scores.
+            cache: a :class:`attnkit.kv_cache.LayerCache` for incremental decoding. The keys
+                and values of this call are appended to it and the queries attend over all
+                cached positions, N = cached + new; the queries sit after the cached positions
+                (the position scheme gets ``q_offset`` = number cached). ``mask`` and ``bias``
+                then cover all N keys, e.g. ``masks.causal(M, N)``.
         """
         key = query if key is None else key
         value = key if value is None else value
@@ -213,6 +243,7 @@ class MultiHeadAttention(nn.Module):
                 mask=unbatched[0],
                 bias=unbatched[1],
                 need_weights=need_weights,
+                cache=cache,
             )
             return AttentionOutput(*(None if t is None else t.squeeze(0) for t in out))
         if mask is not None and mask.dim() > query.dim() + 1:
@@ -220,9 +251,16 @@ class MultiHeadAttention(nn.Module):
                 f"mask of shape {tuple(mask.shape)} has too many dims for query "
                 f"{tuple(query.shape)}: use (…, M, N) or (…, H, M, N)"
             )
-        self._check_mask_and_bias(query, key, mask, bias)
-        q, k, v = (self._split_heads(x) for x in self._project(query, key, value))
-        q, k, position_bias = self.position(q, k)
+        offset = 0 if cache is None else len(cache)
+        self._check_mask_and_bias(query, key, mask, bias, offset)
+        q, k, v = self._project(query, key, value)
+        q, k, v = (self._split_heads(t, h) for t, h in zip((q, k, v), self._heads, strict=True))
+        if cache is not None:
+            k, v = cache.append(k, v)  # cached before the position scheme (see kv_cache)
+        if self.num_kv_heads != self.num_heads:  # head h reads key/value head h // group
+            group = self.num_heads // self.num_kv_heads
+            k, v = k.repeat_interleave(group, dim=-3), v.repeat_interleave(group, dim=-3)
+        q, k, position_bias = self.position(q, k, q_offset=offset)
         bias = self._per_head(bias, query)
         if position_bias is not None:
             bias = position_bias if bias is None else bias + position_bias
@@ -232,13 +270,22 @@ class MultiHeadAttention(nn.Module):
         context = out.context.transpose(-2, -3).flatten(-2)
         return out._replace(context=self.out_proj(context))
 
+    @property
+    def _heads(self) -> tuple[int, int, int]:
+        return (self.num_heads, self.num_kv_heads, self.num_kv_heads)
+
     def _check_mask_and_bias(
-        self, query: Tensor, key: Tensor, mask: Tensor | None, bias: Tensor | None
+        self,
+        query: Tensor,
+        key: Tensor,
+        mask: Tensor | None,
+        bias: Tensor | None,
+        cached: int = 0,
     ) -> None:
         """Check mask and bias against the caller's shapes: (…, M, N), or (…, H, M, N) per
-        head, so that an error names the shapes the caller passed."""
+        head, so that an error names the shapes the caller passed; N counts ``cached`` keys."""
         lead = torch.broadcast_shapes(query.shape[:-2], key.shape[:-2])
-        m, n = query.shape[-2], key.shape[-2]
+        m, n = query.shape[-2], key.shape[-2] + cached
         for name, x in (("mask", mask), ("bias", bias)):
             if x is None:
                 continue
@@ -289,7 +336,9 @@ class MultiHeadAttention(nn.Module):
         return ours
 
     def extra_repr(self) -> str:
+        kv = self.num_kv_heads
+        grouped = "" if kv == self.num_heads else f"num_kv_heads={kv}, "
         return (
-            f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, kdim={self.kdim}, "
-            f"vdim={self.vdim}, dropout={self.dropout}"
+            f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, {grouped}"
+            f"head_dim={self.head_dim}, kdim={self.kdim}, vdim={self.vdim}, dropout={self.dropout}"
         )

@@ -1,0 +1,82 @@
+"""Key/value caches for incremental (autoregressive) decoding.
+
+A causal decoder that emits one token at a time recomputes, without a cache, the keys and values
+of every earlier token at every step: O(N) projections and O(N²) attention per new token over a
+context of N. The keys and values of earlier tokens do not change once computed (a causal layer's
+state at position j depends only on tokens ≤ j), so a cache keeps them and each step projects only
+the new token and attends once over the stored keys: O(1) projections and O(N) attention.
+
+The cache holds the keys and values as projected, *before* the position scheme: a scheme such as
+RoPE or ALiBi is applied afresh at every step with the new queries placed after the cached ones
+(``q_offset`` = number of cached steps), so every scheme in the position slot works unchanged.
+With grouped-query attention (``num_kv_heads`` < ``num_heads``) only the shared key/value heads
+are stored, which divides the cache by num_heads / num_kv_heads.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from attnkit import arguments
+
+__all__ = ["KVCache", "LayerCache"]
+
+
+class LayerCache:
+    """The keys and values of one attention layer: k (B, …, H_kv, N, d) and v (B, …, H_kv, N, d_v),
+    grown along N by :meth:`append`; empty (None) until the first step."""
+
+    def __init__(self) -> None:
+        self.k: Tensor | None = None
+        self.v: Tensor | None = None
+
+    def __len__(self) -> int:
+        """N, the number of cached positions."""
+        return 0 if self.k is None else self.k.shape[-2]
+
+    def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Add the keys (…, H_kv, M, d) and values (…, H_kv, M, d_v) of M new positions; return
+        all keys and values, cached ones first."""
+        if self.k is None or self.v is None:
+            self.k, self.v = k, v
+            return k, v
+        for name, new, old in (("k", k, self.k), ("v", v, self.v)):
+            if new.shape[:-2] != old.shape[:-2] or new.shape[-1] != old.shape[-1]:
+                raise ValueError(
+                    f"cache: new {name} of shape {tuple(new.shape)} does not extend the cached "
+                    f"{name} of shape {tuple(old.shape)} (same dims except the length N)"
+                )
+        self.k = torch.cat([self.k, k], dim=-2)
+        self.v = torch.cat([self.v, v], dim=-2)
+        return self.k, self.v
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by the cached keys and values."""
+        return sum(t.numel() * t.element_size() for t in (self.k, self.v) if t is not None)
+
+
+class KVCache:
+    """One :class:`LayerCache` per layer of a decoder stack; ``cache[i]`` is layer i's."""
+
+    def __init__(self, layers: int) -> None:
+        arguments.positive_int(layers, "layers")
+        self.layers = [LayerCache() for _ in range(layers)]
+
+    def __getitem__(self, i: int) -> LayerCache:
+        return self.layers[i]
+
+    def __len__(self) -> int:
+        """The number of layers."""
+        return len(self.layers)
+
+    @property
+    def length(self) -> int:
+        """The number of cached positions (the position offset of the next token)."""
+        return len(self.layers[0])
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by all layers' cached keys and values."""
+        return sum(layer.nbytes for layer in self.layers)
