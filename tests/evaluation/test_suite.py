@@ -51,6 +51,9 @@ def test_suite_on_a_learned_query_model():
     json.dumps(out)  # JSON-ready
     assert set(out) >= {"agreement", "rationale", "counterfactual", "erasure", "confidence"}
     assert "heads" not in out
+    wp = out["wiegreffe_pinter"]
+    assert set(wp["frozen_mlp_accuracy"]) == {"uniform", "learned", "model", "adversary"}
+    assert 0 <= wp["adversary_jsd"] <= math.log(2) and 0 <= wp["adversary_agreement"] <= 1
     assert out["counterfactual"]["adversarial_max_output_change"] < 0.01
     expected = float((model(x, keep).argmax(-1) == labels).double().mean())
     assert out["accuracy"] == pytest.approx(expected)

@@ -16,6 +16,12 @@ from attnkit.evaluation.counterfactual import (
     total_variation,
     uniform_baseline,
 )
+from attnkit.evaluation.diagnostics import (
+    frozen_weights_probe,
+    seed_variance,
+    train_adversary,
+    uniform_pooling,
+)
 from attnkit.evaluation.effective import effective_attention
 from attnkit.evaluation.erasure import erasure, random_order
 from attnkit.evaluation.extrinsic import bleu, perplexity, word_error_rate
@@ -52,6 +58,7 @@ __all__ = [
     "effective_attention",
     "entropy",
     "erasure",
+    "frozen_weights_probe",
     "gradient",
     "head_gates",
     "head_importance_by_gradient",
@@ -67,10 +74,13 @@ __all__ = [
     "pruning_curve",
     "random_order",
     "rank_correlation",
+    "seed_variance",
     "supervised_attention_loss",
     "top_k_overlap",
     "total_variation",
+    "train_adversary",
     "uniform_baseline",
+    "uniform_pooling",
     "uniform_weights",
     "word_error_rate",
 ]

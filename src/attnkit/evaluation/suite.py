@@ -15,6 +15,10 @@ returns plain numbers (JSON-ready) and a few examples for plots:
 - ``confidence``: whether sharper attention goes with correct predictions.
 - ``heads`` (models with :class:`attnkit.MultiHeadAttention`): importance by masking and the
   pruning curve.
+- ``wiegreffe_pinter`` (``wp_steps`` > 0): the trained adversary's divergence, output change
+  and held-out agreement, and the held-out accuracy of the item-wise pooled MLP with uniform,
+  learned, the model's and the adversary's weights frozen (:mod:`attnkit.evaluation.diagnostics`;
+  even examples train, odd ones are held out; trained on the labels, else the predictions).
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ import torch
 from torch import Tensor, nn
 
 from attnkit.evaluation import counterfactual as cf
+from attnkit.evaluation import diagnostics as dg
 from attnkit.evaluation import importance as imp
 from attnkit.evaluation.agreement import kendall_tau, mean_defined, top_k_overlap
 from attnkit.evaluation.confidence import attention_confidence, confidence_correlation
@@ -100,6 +105,7 @@ def explanation_suite(
     top_k: int = 3,
     n_plot: int = 4,
     seed: int = 0,
+    wp_steps: int = 150,
 ) -> dict[str, Any]:
     """Every measure of the suite on the probe's examples; returns a JSON-ready dict (see the
     module docstring), plus ``examples``: the first ``n_plot`` examples' items, gold and scores
@@ -198,6 +204,8 @@ def explanation_suite(
             "importance": {k: v.tolist() for k, v in importance.items()},
             "pruning": {"fraction": curve.fraction, "metric": curve.metric},
         }
+    if wp_steps > 0 and x.shape[0] >= 2:
+        out["wiegreffe_pinter"] = _wiegreffe_pinter(probe, predicted, wp_steps, seed)
     examples = []
     for i in range(min(n_plot, x.shape[0])):
         n = int(keep[i].sum())
@@ -214,3 +222,25 @@ def explanation_suite(
         )
     out["examples"] = examples
     return _clean(out)
+
+
+def _wiegreffe_pinter(probe: Probe, predicted: Tensor, steps: int, seed: int) -> dict[str, Any]:
+    train = torch.arange(predicted.shape[0], device=predicted.device) % 2 == 0
+    adversary = dg.train_adversary(probe, train=train, lam=1.0, steps=steps, lr=1e-3)
+    held_out = ~train
+    keep, n = probe.keep, probe.keep.shape[-1]
+    labels = probe.labels if probe.labels is not None else predicted
+    pooling = {
+        "uniform": dg.uniform_pooling(keep),
+        "learned": "learned",
+        "model": probe.attention.detach().reshape(keep.shape[0], -1, n)[:, 0],
+        "adversary": adversary.weights.reshape(keep.shape[0], -1, n)[:, 0],
+    }
+    return {
+        "adversary_jsd": float(adversary.divergence[held_out].mean()),
+        "adversary_output_change": float(adversary.output_change[held_out].mean()),
+        "adversary_agreement": adversary.agreement,
+        "frozen_mlp_accuracy": dg.frozen_weights_probe(
+            probe.inputs, keep, labels, pooling, train=train, steps=steps, seed=seed
+        ),
+    }

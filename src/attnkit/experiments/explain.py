@@ -81,6 +81,13 @@ def explain(
         f"  adversarial JSD {_fmt(c['adversarial_jsd'])} at output change < {epsilon}; "
         f"permuted median change {_fmt(c['permuted_median_output_change'])}"
     )
+    if "wiegreffe_pinter" in results:
+        wp = results["wiegreffe_pinter"]
+        pooled = ", ".join(f"{k} {_fmt(v)}" for k, v in wp["frozen_mlp_accuracy"].items())
+        say(
+            f"  trained adversary: JSD {_fmt(wp['adversary_jsd'])}, output change "
+            f"{_fmt(wp['adversary_output_change'])}; frozen-weights MLP accuracy: {pooled}"
+        )
     say(f"explanation: {run_dir / 'explanation.json'}\nreport: {report}")
     return results
 

@@ -252,6 +252,22 @@ def explanation_section(results: dict) -> str:
             if any(v["auroc"] is None for v in results["confidence"].values())
             else "",
         ]
+    if "wiegreffe_pinter" in results:
+        wp = results["wiegreffe_pinter"]
+        parts += [
+            "<h3>Does the attention carry what a model needs? (Wiegreffe &amp; Pinter)</h3>",
+            "<p>A trained adversary (the model fine-tuned to keep its predictions while its "
+            "attention moves away, W&amp;P 4) on held-out examples: JSD from the learned attention "
+            f"{_number(wp['adversary_jsd'])}, output change (TVD) "
+            f"{_number(wp['adversary_output_change'])}, same prediction on "
+            f"{_number(wp['adversary_agreement'])} of them. An MLP that sees each item alone, "
+            "pooled with frozen weights (W&amp;P 3.3): if the model's attention beats uniform "
+            "pooling, it marks what the task needs.</p>",
+            html_table(
+                ["pooling weights", "held-out accuracy"],
+                [[k, _number(v)] for k, v in wp["frozen_mlp_accuracy"].items()],
+            ),
+        ]
     if "heads" in results:
         curve = results["heads"]["pruning"]
         fig = viz.pruning_curve(SimpleNamespace(**curve), metric_name="accuracy").figure
