@@ -4,6 +4,7 @@ cross-attention (decoder). Brauwers 3.3.2 reads a stack of them as multi-head + 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -11,19 +12,32 @@ from torch import Tensor, nn
 
 from attnkit import arguments, masks
 from attnkit import taxonomy as tx
+from attnkit.kv_cache import KVCache, LayerCache
 from attnkit.multihead import MultiHeadAttention
 from attnkit.positions import PositionScheme
 from attnkit.queries.query_types import QueryTagged
 
-__all__ = ["TransformerDecoderLayer", "TransformerEncoder", "TransformerEncoderLayer"]
+__all__ = [
+    "TransformerDecoder",
+    "TransformerDecoderLayer",
+    "TransformerEncoder",
+    "TransformerEncoderLayer",
+]
 
 
 class _FeedForward(nn.Sequential):
-    def __init__(self, d_model: int, d_ff: int | None, dropout: float, **kw: Any) -> None:
+    def __init__(
+        self, d_model: int, d_ff: int | None, dropout: float, activation: nn.Module, **kw: Any
+    ) -> None:
         d_ff = 4 * d_model if d_ff is None else arguments.positive_int(d_ff, "d_ff")
+        if not isinstance(activation, nn.Module):
+            raise TypeError(
+                f"activation must be an nn.Module (e.g. torch.nn.GELU()), got "
+                f"{type(activation).__name__}"
+            )
         super().__init__(
             nn.Linear(d_model, d_ff, **kw),
-            nn.ReLU(),
+            activation,
             nn.Dropout(dropout),
             nn.Linear(d_ff, d_model, **kw),
         )
@@ -39,7 +53,8 @@ def _heads(
 
 
 class _Block(nn.Module):
-    """What both layers share: validated sizes, causal or plain self-attention, feed-forward."""
+    """What both layers share: validated sizes, causal or plain self-attention, feed-forward,
+    and where the norms sit (``norm_first``)."""
 
     def __init__(
         self,
@@ -50,6 +65,10 @@ class _Block(nn.Module):
         score: Any = "scaled_dot",
         align: Any = "softmax",
         dropout: float = 0.0,
+        norm_first: bool = False,
+        activation: nn.Module | None = None,
+        num_kv_heads: int | None = None,
+        head_dim: int | None = None,
         attention: nn.Module | None = None,
         position: str | PositionScheme | None = None,
         device: torch.device | str | None = None,
@@ -59,75 +78,162 @@ class _Block(nn.Module):
         arguments.positive_int(d_model, "d_model")
         arguments.positive_int(heads, "heads")
         arguments.probability(dropout, "dropout")
+        self.norm_first = arguments.boolean(norm_first, "norm_first")
         kw = {"device": device, "dtype": dtype}
         slots = {"attention": attention, "position": position}
+        sizes = {"num_kv_heads": num_kv_heads, "head_dim": head_dim}
         self.self_attention = _heads(
-            d_model, heads, score, align, dropout, "self-attentive", **slots, **kw
+            d_model, heads, score, align, dropout, "self-attentive", **sizes, **slots, **kw
         )
-        self._build(d_model, heads, score, align, dropout, kw)
-        self.ff = _FeedForward(d_model, d_ff, dropout, **kw)
+        self._build(d_model, heads, score, align, dropout, {**kw, **sizes})
+        activation = nn.ReLU() if activation is None else activation
+        self.ff = _FeedForward(d_model, d_ff, dropout, activation, **kw)
         self.drop = nn.Dropout(dropout)
+
+    def _sublayer(self, x: Tensor, norm: nn.Module, f: Callable[[Tensor], Tensor]) -> Tensor:
+        """Post-norm Norm(x + f(x)) (Vaswani et al.), or pre-norm x + f(Norm(x)) (Xiong et al.
+        2020: better-behaved gradients at the start of training, no warm-up needed)."""
+        if self.norm_first:
+            return x + self.drop(f(norm(x)))
+        return norm(x + self.drop(f(x)))
 
     def _build(self, d_model: int, heads: int, score: Any, align: Any, dropout: float, kw) -> None:
         raise NotImplementedError
 
 
 class TransformerEncoderLayer(_Block):
-    """x = Norm(x + SelfAttention(x)); x = Norm(x + FF(x)) (post-norm, Vaswani et al.).
+    """x = Norm(x + SelfAttention(x)); x = Norm(x + FF(x)) (post-norm, Vaswani et al.), or with
+    ``norm_first=True`` x = x + SelfAttention(Norm(x)); x = x + FF(Norm(x)) (pre-norm).
 
     ``score``/``align`` are passed to :class:`attnkit.MultiHeadAttention` (names or modules);
-    ``d_ff`` (a positive int) is the feed-forward size, 4·d_model by default; ``device`` and
-    ``dtype`` are the parameters'. The self-attention's slots (DESIGN 7): ``attention``, a
-    per-head attention part used instead of score/align, and ``position``, a position scheme
-    (a registered name or a :class:`attnkit.positions.PositionScheme`).
+    ``d_ff`` (a positive int) is the feed-forward size, 4·d_model by default; ``activation`` the
+    feed-forward's nonlinearity (an nn.Module, ReLU by default); ``num_kv_heads`` and
+    ``head_dim`` as :class:`attnkit.MultiHeadAttention` (grouped-query heads, head size);
+    ``device`` and ``dtype`` are the parameters'. The self-attention's slots (DESIGN 7):
+    ``attention``, a per-head attention part used instead of score/align, and ``position``, a
+    position scheme (a registered name or a :class:`attnkit.positions.PositionScheme`).
     """
 
     def _build(self, d_model: int, heads: int, score: Any, align: Any, dropout: float, kw) -> None:
+        kw = {"device": kw["device"], "dtype": kw["dtype"]}
         self.norm1, self.norm2 = nn.LayerNorm(d_model, **kw), nn.LayerNorm(d_model, **kw)
 
     def forward(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
         """x (B, N, d_model); mask as :meth:`attnkit.MultiHeadAttention.forward`: (B, 1, N) from
         :func:`attnkit.masks.from_lengths`, (B, N, N) or (N, N); True = may attend."""
-        x = self.norm1(x + self.drop(self.self_attention(x, mask=mask).context))
-        return self.norm2(x + self.drop(self.ff(x)))
+        x = self._sublayer(x, self.norm1, lambda y: self.self_attention(y, mask=mask).context)
+        return self._sublayer(x, self.norm2, self.ff)
 
 
 class TransformerDecoderLayer(_Block):
     """Causal self-attention, then cross-attention to the encoder output (the decoder states
-    are basic queries), then feed-forward; each with residual and norm. Arguments as
-    :class:`TransformerEncoderLayer`; ``attention`` and ``position`` fill the self-attention's
-    slots, and the cross-attention uses ``score``/``align``."""
+    are basic queries), then feed-forward; each with residual and norm (post-norm, or pre-norm
+    with ``norm_first=True``). Arguments as :class:`TransformerEncoderLayer`; ``attention`` and
+    ``position`` fill the self-attention's slots, and the cross-attention uses
+    ``score``/``align``. ``cross_attention=False`` leaves the cross-attention out: a layer of a
+    decoder-only model (GPT)."""
+
+    def __init__(
+        self,
+        d_model: int,
+        heads: int,
+        d_ff: int | None = None,
+        *,
+        cross_attention: bool = True,
+        **layer: Any,
+    ) -> None:
+        # Read by _build, which the shared constructor calls.
+        self._with_cross = arguments.boolean(cross_attention, "cross_attention")
+        super().__init__(d_model, heads, d_ff, **layer)
 
     def _build(self, d_model: int, heads: int, score: Any, align: Any, dropout: float, kw) -> None:
-        self.cross_attention = _heads(d_model, heads, score, align, dropout, "basic", **kw)
-        self.norms = nn.ModuleList([nn.LayerNorm(d_model, **kw) for _ in range(3)])
+        self.cross_attention = (
+            _heads(d_model, heads, score, align, dropout, "basic", **kw)
+            if self._with_cross
+            else None
+        )
+        kw = {"device": kw["device"], "dtype": kw["dtype"]}
+        count = 3 if self._with_cross else 2
+        self.norms = nn.ModuleList([nn.LayerNorm(d_model, **kw) for _ in range(count)])
 
-    def forward(self, x: Tensor, memory: Tensor, *, memory_mask: Tensor | None = None) -> Tensor:
-        """x (B, M, d_model) decoder states; memory (B, N, d_model) encoder output;
-        memory_mask (B, 1, N) from :func:`attnkit.masks.from_lengths` or (B, M, N), True = may
-        attend (the self-attention is causal)."""
-        causal = masks.causal(x.shape[-2], device=x.device)
-        x = self.norms[0](x + self.drop(self.self_attention(x, mask=causal).context))
-        cross = self.cross_attention(x, memory, memory, mask=memory_mask).context
-        x = self.norms[1](x + self.drop(cross))
-        return self.norms[2](x + self.drop(self.ff(x)))
+    def forward(
+        self,
+        x: Tensor,
+        memory: Tensor | None = None,
+        *,
+        mask: Tensor | None = None,
+        memory_mask: Tensor | None = None,
+        causal: bool = True,
+        cache: LayerCache | None = None,
+    ) -> Tensor:
+        """Args:
+        x: (B, M, d_model) decoder states.
+        memory: (B, N, d_model) encoder output (None without cross-attention).
+        mask: the self-attention's mask, True = may attend, combined with the causal mask:
+            (B, 1, M) from :func:`attnkit.masks.from_lengths` for target padding, or
+            (B, M, M) / (M, M); with a cache, over all cached + M keys.
+        memory_mask: (B, 1, N) from :func:`attnkit.masks.from_lengths` or (B, M, N).
+        causal: mask future positions (query i attends keys j <= i).
+        cache: a :class:`attnkit.kv_cache.LayerCache` for incremental decoding; x then
+            holds the new positions only, placed after the cached ones.
+        """
+        arguments.boolean(causal, "causal")
+        n = x.shape[-2] + (0 if cache is None else len(cache))
+        future = masks.causal(x.shape[-2], n, device=x.device) if causal else None
+        self_mask = masks.combine(future, mask)
+        x = self._sublayer(
+            x,
+            self.norms[0],
+            lambda y: self.self_attention(y, mask=self_mask, cache=cache).context,
+        )
+        if self.cross_attention is None:
+            if memory is not None or memory_mask is not None:
+                raise ValueError("this decoder layer has no cross-attention: pass no memory")
+        else:
+            if memory is None:
+                raise ValueError("memory (the encoder output) is required for cross-attention")
+            cross = self.cross_attention
+            x = self._sublayer(
+                x, self.norms[1], lambda y: cross(y, memory, memory, mask=memory_mask).context
+            )
+        return self._sublayer(x, self.norms[-1], self.ff)
+
+
+def _final_norm(final_norm: bool | None, d_model: int, layer: dict) -> nn.LayerNorm | None:
+    """A LayerNorm after the last layer: by default only for pre-norm stacks, whose residual
+    stream is otherwise never normalised (post-norm layers end with a norm already)."""
+    if final_norm is None:
+        final_norm = layer.get("norm_first", False)
+    if not arguments.boolean(final_norm, "final_norm"):
+        return None
+    kw = {k: layer[k] for k in ("device", "dtype") if k in layer}
+    return nn.LayerNorm(d_model, **kw)
 
 
 class TransformerEncoder(nn.Module):
     """A stack of ``layers`` ≥ 1 encoder layers; each layer is one hop over the refined
     features. ``layer`` holds :class:`TransformerEncoderLayer`'s keyword arguments (``score``,
-    ``align``, ``dropout``, ``device``, ``dtype``; an unknown one raises TypeError); a score or
-    alignment given as a module is shared by every layer (give a name for one part per
-    layer)."""
+    ``align``, ``dropout``, ``norm_first``, ``position``, ``device``, ``dtype``, ...; an unknown
+    one raises TypeError); a score or alignment given as a module is shared by every layer
+    (give a name for one part per layer). ``final_norm`` adds a LayerNorm after the last layer
+    (default: with ``norm_first=True`` only)."""
 
     def __init__(
-        self, layers: int, d_model: int, heads: int, d_ff: int | None = None, **layer: Any
+        self,
+        layers: int,
+        d_model: int,
+        heads: int,
+        d_ff: int | None = None,
+        *,
+        final_norm: bool | None = None,
+        **layer: Any,
     ) -> None:
         super().__init__()
         arguments.positive_int(layers, "layers")
         self.layers = nn.ModuleList(
             [TransformerEncoderLayer(d_model, heads, d_ff, **layer) for _ in range(layers)]
         )
+        self.norm = _final_norm(final_norm, d_model, layer)
 
     def taxonomy_tags(self) -> list:
         return [tx.QueryMultiplicity.MULTI_HOP] if len(self.layers) > 1 else []
@@ -136,4 +242,57 @@ class TransformerEncoder(nn.Module):
         """x (B, N, d_model); mask as :meth:`TransformerEncoderLayer.forward`."""
         for layer in self.layers:
             x = layer(x, mask)
-        return x
+        return x if self.norm is None else self.norm(x)
+
+
+class TransformerDecoder(nn.Module):
+    """A stack of ``layers`` ≥ 1 decoder layers (causal self-attention, cross-attention to the
+    encoder output unless ``cross_attention=False``, feed-forward); keyword arguments as
+    :class:`TransformerEncoder`, ``layer`` as :class:`TransformerDecoderLayer`."""
+
+    def __init__(
+        self,
+        layers: int,
+        d_model: int,
+        heads: int,
+        d_ff: int | None = None,
+        *,
+        final_norm: bool | None = None,
+        **layer: Any,
+    ) -> None:
+        super().__init__()
+        arguments.positive_int(layers, "layers")
+        self.layers = nn.ModuleList(
+            [TransformerDecoderLayer(d_model, heads, d_ff, **layer) for _ in range(layers)]
+        )
+        self.norm = _final_norm(final_norm, d_model, layer)
+
+    def taxonomy_tags(self) -> list:
+        return [tx.QueryMultiplicity.MULTI_HOP] if len(self.layers) > 1 else []
+
+    def new_cache(self) -> KVCache:
+        """An empty :class:`attnkit.kv_cache.KVCache` with one slot per layer."""
+        return KVCache(len(self.layers))
+
+    def forward(
+        self,
+        x: Tensor,
+        memory: Tensor | None = None,
+        *,
+        mask: Tensor | None = None,
+        memory_mask: Tensor | None = None,
+        causal: bool = True,
+        cache: KVCache | None = None,
+    ) -> Tensor:
+        """x (B, M, d_model); the rest as :meth:`TransformerDecoderLayer.forward`, with
+        ``cache`` a :class:`attnkit.kv_cache.KVCache` from :meth:`new_cache` (one slot per
+        layer): each call appends x's positions, so decoding feeds one new token at a time."""
+        if cache is not None and (not isinstance(cache, KVCache) or len(cache) != len(self.layers)):
+            raise ValueError(
+                f"cache must be a KVCache with {len(self.layers)} layers (decoder.new_cache()), "
+                f"got {cache!r}"
+            )
+        for i, layer in enumerate(self.layers):
+            slot = None if cache is None else cache[i]
+            x = layer(x, memory, mask=mask, memory_mask=memory_mask, causal=causal, cache=slot)
+        return x if self.norm is None else self.norm(x)
