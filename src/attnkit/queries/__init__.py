@@ -9,6 +9,7 @@ from attnkit.queries.multi_output import (
     frobenius_penalty,
 )
 from attnkit.queries.multihop import MultiHop, MultiHopOutput
+from attnkit.queries.pointer import PointerNetwork, PointerOutput
 from attnkit.queries.query_types import QueryTagged
 from attnkit.queries.self_attention import SelfAttention, SelfAttentionOutput
 
@@ -19,6 +20,8 @@ __all__ = [
     "LabelWiseAttention",
     "MultiHop",
     "MultiHopOutput",
+    "PointerNetwork",
+    "PointerOutput",
     "QueryTagged",
     "SelfAttention",
     "SelfAttentionOutput",
