@@ -2,6 +2,8 @@
 explanation?" section in report.html (one, however often it runs); refusals are one line."""
 
 import json
+import math
+import shutil
 
 import pytest
 
@@ -101,3 +103,29 @@ def test_the_dates_probe_is_the_teacher_forced_step_and_its_gold_is_the_copied_c
         (j,) = probe.gold[i].nonzero().flatten().tolist()  # one input character
         assert ex.text[j] == ex.target[3] and ex.sure[3][j]
         assert not any(ex.sure[3][j + 1 :])  # the year field's last character
+
+
+def test_other_seeds_give_the_variance_across_seeds(finished, tmp_path):
+    """The same run compared with itself is 0 apart; another seed's model lies some way off;
+    a run of another configuration is refused."""
+    again = tmp_path / "again"
+    shutil.copytree(finished, again)
+    results = explain(finished, examples=6, other_seeds=[again], echo=lambda s: None)
+    assert results["seed_variance"]["jsd"] == pytest.approx(0.0, abs=1e-9)
+    assert results["seed_variance"]["output_change"] == pytest.approx(0.0, abs=1e-9)
+    other = tmp_path / "s1"
+    run(RunConfig(task="rationale", seed=1, **TINY), other, progress=False, echo=lambda s: None)
+    lines = []
+    results = explain(finished, examples=6, other_seeds=[other], echo=lines.append)
+    assert results["seed_variance"]["runs"] == ["s1"]
+    assert 0 < results["seed_variance"]["jsd"] <= math.log(2)
+    assert any("other seeds (1)" in line for line in lines)
+    wide = tmp_path / "wide"
+    run(
+        RunConfig(task="rationale", **{**TINY, "d_model": 12}),
+        wide,
+        progress=False,
+        echo=lambda s: None,
+    )
+    with pytest.raises(ConfigError, match="d_model 12 vs 8"):
+        explain(finished, examples=6, other_seeds=[wide], echo=lambda s: None)

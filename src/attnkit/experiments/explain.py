@@ -4,6 +4,10 @@ Rebuilds the run's task and model from ``config.json``, loads the newest checkpo
 task's explanation probe (held-out examples run from their embeddings), runs
 :func:`attnkit.evaluation.suite.explanation_suite`, writes ``explanation.json`` and adds an
 "Is it explanation?" section to ``report.html`` (replacing one from an earlier call).
+
+With ``--other-seeds RUN_DIR ...`` (runs of the same configuration with other seeds) it also
+measures Wiegreffe & Pinter's variance across seeds (3.2): the other models' attention and
+predictions on this run's probe examples, against this run's, beside the adversary's.
 """
 
 from __future__ import annotations
@@ -11,12 +15,14 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
 
 from attnkit import tasks
+from attnkit.evaluation.diagnostics import seed_variance
 from attnkit.evaluation.suite import explanation_suite
 from attnkit.experiments import checkpoints
 from attnkit.experiments.config import ConfigError
@@ -37,6 +43,7 @@ def explain(
     examples: int = 200,
     epsilon: float = 0.01,
     seed: int = 0,
+    other_seeds: Sequence[Path] = (),
     echo: Callable[[str], None] | None = None,
 ) -> dict:
     """Run the suite on the run in ``run_dir``; write explanation.json and the report section.
@@ -66,6 +73,8 @@ def explain(
     probe = task.explanation_probe(model, examples)
     results = explanation_suite(probe, epsilon=epsilon, seed=seed)
     results = {"run": run_dir.name, "task": config.task, **results}
+    if other_seeds:
+        results["seed_variance"] = _seed_variance(task, config, probe, other_seeds, examples)
     checkpoints.atomic_write(
         run_dir / "explanation.json", lambda p: p.write_text(json.dumps(results, indent=2))
     )
@@ -88,8 +97,49 @@ def explain(
             f"  trained adversary: JSD {_fmt(wp['adversary_jsd'])}, output change "
             f"{_fmt(wp['adversary_output_change'])}; frozen-weights MLP accuracy: {pooled}"
         )
+    if "seed_variance" in results:
+        sv = results["seed_variance"]
+        say(
+            f"  other seeds ({len(sv['runs'])}): attention JSD {_fmt(sv['jsd'])} from this run's, "
+            f"output change {_fmt(sv['output_change'])}"
+        )
     say(f"explanation: {run_dir / 'explanation.json'}\nreport: {report}")
     return results
+
+
+def _seed_variance(task, config, probe, others: Sequence[Path], examples: int) -> dict:
+    """This run's probe against the same probe run by models trained with other seeds."""
+
+    def run(p) -> tuple[torch.Tensor, torch.Tensor]:
+        with torch.no_grad():
+            return p.attention.detach(), p.logits(p.inputs, p.keep).softmax(-1)
+
+    mine = asdict(config)
+    weights, probabilities = zip(run(probe), strict=True)
+    weights, probabilities = list(weights), list(probabilities)
+    for other in others:
+        if not (other / "config.json").is_file():
+            raise ConfigError(f"{str(other)!r} is not a run directory (no config.json)")
+        theirs = asdict(load_config(other).resolved())
+        differ = sorted(k for k in mine if k not in ("seed", "out") and mine[k] != theirs.get(k))
+        if differ:
+            raise ConfigError(
+                f"{str(other)!r} is not the same configuration with another seed: "
+                f"{', '.join(f'{k} {theirs.get(k)!r} vs {mine[k]!r}' for k in differ)}"
+            )
+        model = task.build_model()
+        if checkpoints.load(other, model) is None:
+            raise ConfigError(f"{str(other)!r} has no checkpoint yet: train it first")
+        w, p = run(task.explanation_probe(model.eval(), examples))
+        weights.append(w)
+        probabilities.append(p)
+    variance = seed_variance(weights, probabilities)
+    return {
+        "runs": [o.name for o in others],
+        "jsd": float(variance.divergence.mean()),
+        "jsd_per_run": variance.divergence.mean(-1).tolist(),
+        "output_change": float(variance.output_change.mean()),
+    }
 
 
 def _fmt(x) -> str:
@@ -118,6 +168,15 @@ def add_parser(sub) -> argparse.ArgumentParser:
         help="output change (TVD) the adversarial weights must stay below (default: 0.01)",
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of the random parts")
+    parser.add_argument(
+        "--other-seeds",
+        type=Path,
+        nargs="+",
+        default=[],
+        metavar="RUN_DIR",
+        help="finished runs of the same configuration with other seeds: how far their attention "
+        "lies from this run's on the same examples (Wiegreffe & Pinter's variance across seeds)",
+    )
     return parser
 
 
@@ -126,7 +185,13 @@ def execute(args: argparse.Namespace) -> int:
     from attnkit.experiments.checkpoints import CheckpointError
 
     try:
-        explain(args.run_dir, examples=args.examples, epsilon=args.epsilon, seed=args.seed)
+        explain(
+            args.run_dir,
+            examples=args.examples,
+            epsilon=args.epsilon,
+            seed=args.seed,
+            other_seeds=args.other_seeds,
+        )
     except (ConfigError, CheckpointError) as err:
         print(f"attnkit explain: error: {err}", file=sys.stderr)
         return 2
