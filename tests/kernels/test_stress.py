@@ -33,7 +33,7 @@ DTYPES = [torch.float64, torch.float32, torch.bfloat16]
 # Mathematically unchanged by a constant added to a row; sigmoid is not, hard/reinforced pick
 # an argmax or a sample, which rounding at a large offset may turn into another tie-break.
 SHIFT_INVARIANT = {"softmax", "sparsemax", "entmax15", "entmax", "local", "uniform"}
-SHIFT_VARIANT = {"sigmoid", "hard", "reinforced"}
+SHIFT_VARIANT = {"sigmoid", "hard", "reinforced", "structured"}
 # Tolerances: a path against dense in the same dtype; dense against float64.
 SAME = {torch.float64: 1e-8, torch.float32: 2e-4, torch.bfloat16: 2e-2}
 REF = {torch.float64: 1e-8, torch.float32: 5e-3, torch.bfloat16: 8e-2}

@@ -17,6 +17,7 @@ from attnkit.alignments.reinforced import Reinforced
 from attnkit.alignments.sigmoid import Sigmoid
 from attnkit.alignments.softmax import Softmax
 from attnkit.alignments.sparse import Entmax, Entmax15, Sparsemax
+from attnkit.alignments.structured import Structured
 from attnkit.alignments.uniform import Uniform
 
 available = REGISTRY.available
@@ -34,6 +35,7 @@ __all__ = [
     "Sigmoid",
     "Softmax",
     "Sparsemax",
+    "Structured",
     "Uniform",
     "available",
     "build",
