@@ -12,6 +12,7 @@ from attnkit.tasks import (
     digits_task,
     rationale_task,
     recall_task,
+    sort_task,
 )
 from attnkit.tasks.base import REGISTRY, Metric, Task
 
@@ -30,4 +31,5 @@ __all__ = [
     "get",
     "rationale_task",
     "recall_task",
+    "sort_task",
 ]

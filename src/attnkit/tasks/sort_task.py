@@ -1,0 +1,138 @@
+"""The ``sort`` task for pointer networks (Vinyals et al. 2015, Sec. 4): read 5 to 20 numbers
+drawn uniformly from [0, 1) and output them in increasing order, by pointing at the inputs.
+
+The answer is the permutation argsort(x); the gold attention of output step i is the input
+holding the i-th smallest number. Training uses teacher forcing; evaluation decodes greedily,
+each input at most once.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import torch
+from torch import Tensor
+
+import attnkit as ak
+from attnkit import masks
+from attnkit.queries.pointer import PointerNetwork
+from attnkit.tasks.base import REGISTRY, Metric, Task
+from attnkit.tasks.parts import build_alignment, build_score
+
+__all__ = ["SortTask", "make_sort"]
+
+MIN_LEN, MAX_LEN = 5, 20
+
+
+def make_sort(n: int, lengths: tuple[int, int], *, seed: int = 0):
+    """n lists with lengths in [lo, hi]: values x (n, hi, 1) (0 where padded), a (n, hi) mask of
+    the real values, and targets (n, hi): the indices in increasing order of value (0 where
+    padded)."""
+    g = torch.Generator().manual_seed(seed)
+    lo, hi = lengths
+    length = torch.randint(lo, hi + 1, (n,), generator=g)
+    keep = masks.from_lengths(length, hi).squeeze(-2)
+    x = torch.rand(n, hi, generator=g)
+    order = x.masked_fill(~keep, float("inf")).argsort(-1)  # padded values sort last
+    targets = torch.where(keep, order, torch.zeros((), dtype=torch.long))
+    return (x * keep).unsqueeze(-1), keep, targets
+
+
+@REGISTRY.register("sort")
+class SortTask(Task):
+    description = "pointer network: sort 5-20 numbers by pointing at them (Vinyals et al.)"
+    defaults: ClassVar[dict[str, dict[str, Any]]] = {
+        "full": {"epochs": 40, "n_train": 20000, "n_test": 1000, "batch_size": 64, "lr": 5e-3,
+                 "d_model": 64},
+        "quick": {"epochs": 8, "n_train": 4000, "n_test": 400, "batch_size": 64, "lr": 1e-2,
+                  "d_model": 32},
+    }  # fmt: skip
+    metrics: ClassVar[dict[str, Metric]] = {
+        "sequence_accuracy": Metric(f"share of test lists ({MIN_LEN}-{MAX_LEN} numbers) sorted "
+                                    "exactly"),
+        "position_accuracy": Metric("share of output positions holding the right number"),
+        "sequence_accuracy_5": Metric("share of lists of 5 numbers sorted exactly"),
+        "sequence_accuracy_20": Metric("share of lists of 20 numbers sorted exactly"),
+    }  # fmt: skip
+
+    @classmethod
+    def validate(cls, config: Any) -> None:
+        if ak.alignments.REGISTRY.get(config.align).stochastic:
+            raise ValueError(
+                f"align {config.align!r} samples its weights; the sort task trains the output "
+                "distribution by its likelihood and needs a deterministic alignment"
+            )
+
+    def __init__(self, config) -> None:
+        super().__init__(config)
+        lengths = (MIN_LEN, MAX_LEN)
+        self.train = make_sort(config.n_train, lengths, seed=config.seed)
+        self.splits = {
+            "validation": make_sort(max(config.n_test // 2, 1), lengths, seed=config.seed + 1),
+            "test": make_sort(config.n_test, lengths, seed=config.seed + 2),
+        }
+        self.fixed = {
+            n: make_sort(config.n_test, (n, n), seed=config.seed + 3 + n) for n in (5, MAX_LEN)
+        }
+
+    def build_model(self) -> PointerNetwork:
+        d = self.config.d_model
+        score = build_score(self.config.score, d_q=d, d_k=d, d_w=d, max_len=MAX_LEN)
+        return PointerNetwork(
+            1, d, score=score, align=build_alignment(self.config.align, d), exclusive=True
+        )
+
+    def has_split(self, name: str) -> bool:
+        return name in self.splits
+
+    def n_train(self) -> int:
+        return self.train[0].shape[0]
+
+    def loss(self, model, index: Tensor) -> Tensor:
+        x, keep, targets = (t[index] for t in self.train)
+        return model(x, keep, targets).nll(targets, keep)
+
+    @staticmethod
+    @torch.no_grad()
+    def _right(model, data) -> tuple[Tensor, Tensor]:
+        """(right pointers (B, n) counting only real steps, real steps (B, n))."""
+        x, keep, targets = data
+        pointers = model(x, keep).pointers
+        return (pointers == targets) & keep, keep
+
+    @torch.no_grad()
+    def evaluate(self, model, split: str) -> dict[str, float]:
+        model.eval()
+        right, keep = self._right(model, self.splits[split])
+        out = {
+            "sequence_accuracy": float((right == keep).all(-1).float().mean()),
+            "position_accuracy": float(right.sum() / keep.sum()),
+        }
+        for n, data in self.fixed.items():
+            r, k = self._right(model, data)
+            out[f"sequence_accuracy_{n}"] = float((r == k).all(-1).float().mean())
+        return out
+
+    @torch.no_grad()
+    def heatmaps(self, model, n: int = 4) -> list[dict]:
+        model.eval()
+        x, keep, targets = (t[:n] for t in self.splits["test"])
+        w = model(x, keep).weights
+        maps = []
+        for i in range(min(n, x.shape[0])):
+            length = int(keep[i].sum())
+            values = x[i, :length, 0]
+            gold = torch.zeros(length, length, dtype=torch.bool)
+            gold[torch.arange(length), targets[i, :length]] = True
+            maps.append(
+                {
+                    "title": f"list {i}: output step (row) points at an input (column)",
+                    "weights": w[i, :length, :length].numpy(),
+                    "gold": gold.numpy(),
+                    "x_labels": [f"{v:.2f}" for v in values.tolist()],
+                    "y_labels": [str(j + 1) for j in range(length)],
+                    "x_title": "input number",
+                    "y_title": "output position",
+                }
+            )
+        return maps

@@ -1,0 +1,71 @@
+"""The ``sort`` task: lists, targets and metrics, checked on a model that sorts by construction."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from attnkit import tasks
+from attnkit.experiments.config import ConfigError, RunConfig
+from attnkit.queries.pointer import PointerOutput
+from attnkit.tasks.sort_task import make_sort
+
+
+def test_lists_and_targets():
+    x, keep, targets = make_sort(60, (5, 20), seed=0)
+    assert x.shape == (60, 20, 1) and keep.shape == targets.shape == (60, 20)
+    lengths = keep.sum(-1)
+    assert lengths.min() >= 5 and lengths.max() <= 20 and len(set(lengths.tolist())) > 5
+    for i in range(60):
+        n = int(lengths[i])
+        assert keep[i].tolist() == [j < n for j in range(20)]
+        values = x[i, :n, 0].tolist()
+        assert targets[i, :n].tolist() == sorted(range(n), key=values.__getitem__)
+        assert (x[i, n:] == 0).all() and (targets[i, n:] == 0).all()
+
+
+class _Sorter(torch.nn.Module):
+    """Points at the inputs in increasing order of value; ``wrong`` swaps the first two steps."""
+
+    def __init__(self, wrong=False):
+        super().__init__()
+        self.wrong = wrong
+
+    def forward(self, x, keep, targets=None):
+        order = x[..., 0].masked_fill(~keep, float("inf")).argsort(-1)
+        if self.wrong:
+            order[:, [0, 1]] = order[:, [1, 0]]
+        w = torch.nn.functional.one_hot(order, x.shape[1]).double()
+        return PointerOutput(w, order)
+
+
+def test_metrics_of_a_perfect_sorter_and_of_one_that_swaps_two():
+    config = RunConfig(task="sort", n_train=16, n_test=50, epochs=1, batch_size=8).resolved()
+    task = tasks.get("sort")(config)
+    perfect = task.evaluate(_Sorter(), "test")
+    assert perfect == {
+        "sequence_accuracy": 1.0,
+        "position_accuracy": 1.0,
+        "sequence_accuracy_5": 1.0,
+        "sequence_accuracy_20": 1.0,
+    }
+    swapped = task.evaluate(_Sorter(wrong=True), "test")
+    keep = task.splits["test"][1]
+    assert swapped["sequence_accuracy"] == 0.0
+    assert swapped["position_accuracy"] == pytest.approx(1 - 2 * len(keep) / keep.sum().item())
+    assert swapped["sequence_accuracy_5"] == 0.0
+
+
+def test_stochastic_alignments_are_refused():
+    with pytest.raises(ConfigError, match="deterministic"):
+        RunConfig(task="sort", align="hard").resolved()
+
+
+def test_heatmaps_mark_the_sorted_order():
+    config = RunConfig(task="sort", n_train=8, n_test=8, epochs=1, batch_size=4).resolved()
+    task = tasks.get("sort")(config)
+    torch.manual_seed(0)
+    maps = task.heatmaps(task.build_model(), n=2)
+    for item, target in zip(maps, task.splits["test"][2][:2], strict=True):
+        n = item["gold"].shape[0]
+        assert item["gold"].argmax(-1).tolist() == target[:n].tolist()
