@@ -15,6 +15,13 @@ import attnkit as ak
 from attnkit import mechanisms
 from attnkit.efficient.kernelized import KernelNormalized
 from attnkit.efficient.linear import EluPlusOne, ReLUFeatures
+from attnkit.efficient.synthesizer import (
+    DenseSynthetic,
+    DotProductLogits,
+    FactorizedDenseSynthetic,
+    FactorizedRandomSynthetic,
+    RandomSynthetic,
+)
 from attnkit.features.aggregation import LinearAggregation, NestedPerceptronAggregation
 from attnkit.queries.query_types import QueryTagged
 
@@ -28,6 +35,16 @@ NOT_MECHANISMS = {
     LinearAggregation: "an aggregation of the affinity matrix, a part of parallel co-attention",
     NestedPerceptronAggregation: "an aggregation of the affinity matrix, a part of parallel "
     "co-attention",
+    **dict.fromkeys(
+        (
+            DenseSynthetic,
+            DotProductLogits,
+            FactorizedDenseSynthetic,
+            FactorizedRandomSynthetic,
+            RandomSynthetic,
+        ),
+        "logits for the registered synthesizer mechanism, which mixes them",
+    ),
 }
 
 

@@ -14,6 +14,7 @@ from attnkit.efficient.reversible import ReversibleOutput, ReversibleStack
 from attnkit.efficient.rfa import RandomFeatureAttention
 from attnkit.efficient.routing import RoutingAttention
 from attnkit.efficient.sinkhorn import SinkhornAttention
+from attnkit.efficient.synthesizer import Synthesizer
 
 __all__ = [
     "AdaptiveSpanAttention",
@@ -33,4 +34,5 @@ __all__ = [
     "ReversibleStack",
     "RoutingAttention",
     "SinkhornAttention",
+    "Synthesizer",
 ]
