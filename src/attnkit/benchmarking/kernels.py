@@ -153,6 +153,65 @@ def limits_table(n: int, progress) -> str:
     return "\n".join(lines)
 
 
+def tanh_table(n: int, progress, compile_tile: bool = True) -> str:
+    """Additive attention's limit: tanh evaluations per second, achieved vs the machine's.
+
+    The machine's rate is ``torch.tanh`` over 2**24 float32 elements into a preallocated output
+    (one pass through memory, vectorised); additive attention needs M·N·d_w of them per forward.
+    """
+    from attnkit.kernels import compiled
+
+    progress("tanh rate and additive attention's rate")
+    torch.manual_seed(0)
+    x = torch.randn(1 << 24)
+    out = torch.empty_like(x)
+    limit = x.numel() / _best(lambda: torch.tanh(x, out=out))
+    d, d_w = 64, 64
+    q, k, v = (torch.randn(1, n, d) for _ in range(3))
+    score, soft = ak.scores.Additive(d, d, d_w), ak.alignments.Softmax()
+    evals = n * n * d_w
+    rows = []
+    with torch.no_grad():
+        before = compiled.enabled()
+        try:
+            compiled.set_enabled(False)
+            rows.append(
+                (
+                    "additive chunked, eager tile",
+                    evals / _best(lambda: chunked.attend(q, k, v, score, soft)),
+                )
+            )
+            if compile_tile:
+                compiled.set_enabled(True)
+                chunked.attend(q, k, v, score, soft)  # compile outside the timing
+                rows.append(
+                    (
+                        "additive chunked, compiled tile",
+                        evals / _best(lambda: chunked.attend(q, k, v, score, soft)),
+                    )
+                )
+        finally:
+            compiled.set_enabled(before)
+        if n <= 2048:
+            rows.append(
+                (
+                    "additive dense broadcast",
+                    evals / _best(lambda: dense.attend(q, k, v, score, soft)),
+                )
+            )
+    lines = [
+        "### The limit of additive attention: tanh evaluations per second",
+        "",
+        f"torch.tanh over 2^24 float32 elements: {limit / 1e9:.2f} G tanh/s (the machine's rate). "
+        f"Forward only, B=1, M=N={n}, d=d_w=64: M·N·d_w tanh evaluations per call.",
+        "",
+        "| kernel | G tanh/s | fraction of torch.tanh's rate |",
+        "|---|---:|---:|",
+    ]
+    lines += [f"| {name} | {r / 1e9:.2f} | {r / limit:.2f} |" for name, r in rows]
+    return "\n".join(lines)
+
+
 def main(quick: bool, progress=lambda msg: None) -> str:
     if quick:
         parts = [
@@ -160,6 +219,7 @@ def main(quick: bool, progress=lambda msg: None) -> str:
             sparse_table(1024, progress),
             sdpa_table(2, 4, 256, progress),
             limits_table(1024, progress),
+            tanh_table(512, progress),
         ]
     else:
         parts = [
@@ -167,5 +227,6 @@ def main(quick: bool, progress=lambda msg: None) -> str:
             sparse_table(4096, progress),
             sdpa_table(4, 8, 1024, progress),
             limits_table(2048, progress),
+            tanh_table(2048, progress),
         ]
     return "\n\n".join(parts)
