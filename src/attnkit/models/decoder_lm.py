@@ -1,0 +1,141 @@
+"""A decoder-only language model (GPT-style; Radford et al. 2018, Soydaner 5.2) from attnkit
+parts: token + position embeddings, a causal stack of decoder layers without cross-attention,
+and a linear head over the vocabulary; incremental decoding through a KV cache."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from attnkit import arguments
+from attnkit.kv_cache import KVCache
+from attnkit.positions import PositionScheme
+from attnkit.transformer import TransformerDecoder
+
+__all__ = ["DecoderLM"]
+
+
+class DecoderLM(nn.Module):
+    """p(x_t | x_<t) by a causal Transformer: logits = W · Stack(E_tok[x] + E_pos[t]).
+
+    Args:
+        vocab_size: V, the number of token ids.
+        d_model, heads, layers, d_ff: sizes of the stack.
+        max_len: the longest sequence (prompt + generated); the size of the learned position
+            table.
+        learned_positions: add a learned absolute position embedding to the token embedding
+            (GPT). Turn it off when ``position`` carries the order (RoPE, ALiBi, ...).
+        position: a position scheme for every layer's self-attention (a registered name or a
+            :class:`attnkit.positions.PositionScheme`).
+        tie_embeddings: the output head reuses the token embedding matrix (GPT-2).
+        layer: further keyword arguments of the layers (``norm_first`` — pre-norm by default,
+            as GPT-2 —, ``score``, ``align``, ``dropout``, ``num_kv_heads``, ``head_dim``,
+            ``device``, ``dtype``, ...).
+    """
+
+    def __init__(
+        self,
+        vocab_size: int,
+        d_model: int,
+        heads: int,
+        layers: int,
+        *,
+        max_len: int,
+        d_ff: int | None = None,
+        learned_positions: bool = True,
+        position: str | PositionScheme | None = None,
+        tie_embeddings: bool = True,
+        **layer: Any,
+    ) -> None:
+        super().__init__()
+        self.vocab_size = arguments.positive_int(vocab_size, "vocab_size")
+        self.max_len = arguments.positive_int(max_len, "max_len")
+        kw = {k: layer[k] for k in ("device", "dtype") if k in layer}
+        layer.setdefault("norm_first", True)
+        self.tokens = nn.Embedding(vocab_size, d_model, **kw)
+        nn.init.normal_(self.tokens.weight, std=0.02)
+        self.positions = (
+            nn.Embedding(max_len, d_model, **kw)
+            if arguments.boolean(learned_positions, "learned_positions")
+            else None
+        )
+        if self.positions is not None:
+            nn.init.normal_(self.positions.weight, std=0.02)
+        self.decoder = TransformerDecoder(
+            layers, d_model, heads, d_ff, cross_attention=False, position=position, **layer
+        )
+        self.head = nn.Linear(d_model, vocab_size, bias=False, **kw)
+        if arguments.boolean(tie_embeddings, "tie_embeddings"):
+            self.head.weight = self.tokens.weight
+
+    def new_cache(self) -> KVCache:
+        """An empty cache for :meth:`forward` / :meth:`generate`."""
+        return self.decoder.new_cache()
+
+    def forward(
+        self, tokens: Tensor, *, mask: Tensor | None = None, cache: KVCache | None = None
+    ) -> Tensor:
+        """tokens (B, M) long -> logits (B, M, V) of the next token at every position.
+
+        ``mask`` (B, 1, M) from :func:`attnkit.masks.from_lengths` hides right padding from
+        the attention (it is combined with the causal mask). With ``cache`` the tokens are
+        the new ones only, placed after the cached positions."""
+        _token_ids(tokens, "tokens")
+        offset = 0 if cache is None else cache.length
+        m = tokens.shape[-1]
+        if offset + m > self.max_len:
+            raise ValueError(
+                f"{offset} cached + {m} new tokens exceed max_len = {self.max_len} "
+                f"(tokens of shape {tuple(tokens.shape)})"
+            )
+        x = self.tokens(tokens)
+        if self.positions is not None:
+            x = x + self.positions(torch.arange(offset, offset + m, device=tokens.device))
+        return self.head(self.decoder(x, mask=mask, cache=cache))
+
+    @torch.no_grad()
+    def generate(
+        self,
+        prompt: Tensor,
+        n: int,
+        *,
+        greedy: bool = True,
+        use_cache: bool = True,
+        temperature: float = 1.0,
+        generator: torch.Generator | None = None,
+    ) -> Tensor:
+        """Continue ``prompt`` (B, P) by ``n`` tokens -> (B, P + n).
+
+        ``greedy``: take the most likely token, else sample from softmax(logits / temperature)
+        with ``generator``. ``use_cache``: feed one token per step through the KV cache;
+        without it every step recomputes the whole sequence (the same tokens, slower)."""
+        arguments.nonnegative_int(n, "n")
+        arguments.boolean(greedy, "greedy")
+        arguments.boolean(use_cache, "use_cache")
+        if not temperature > 0:
+            raise ValueError(f"temperature must be > 0, got {temperature!r}")
+        _token_ids(prompt, "prompt")
+        if prompt.shape[1] < 1:
+            raise ValueError(f"prompt must be (B, P) with P >= 1, got {tuple(prompt.shape)}")
+        cache = self.new_cache() if use_cache else None
+        out, new = prompt, prompt
+        for _ in range(n):
+            logits = self(new if use_cache else out, cache=cache)[:, -1]
+            if greedy:
+                token = logits.argmax(-1, keepdim=True)
+            else:
+                probs = torch.softmax(logits / temperature, -1)
+                token = torch.multinomial(probs, 1, generator=generator)
+            out = torch.cat([out, token], 1)
+            new = token
+        return out
+
+
+def _token_ids(x: object, name: str) -> None:
+    if not isinstance(x, Tensor) or x.dtype != torch.long:
+        what = x.dtype if isinstance(x, Tensor) else type(x).__name__
+        raise TypeError(f"{name} must be a torch.long tensor of token ids, got {what}")
+    if x.dim() != 2:
+        raise ValueError(f"{name} must be (B, length) token ids, got shape {tuple(x.shape)}")

@@ -1,0 +1,44 @@
+"""KV caches: growth and checks; cached decoding through the encoder–decoder Transformer equals
+one causal pass over the whole target (float64)."""
+
+import pytest
+import torch
+
+import attnkit as ak
+from attnkit import masks
+from attnkit.kv_cache import KVCache, LayerCache
+
+
+def test_layer_cache_grows_along_the_length():
+    cache = LayerCache()
+    assert len(cache) == 0 and cache.nbytes == 0
+    k, v = torch.randn(2, 3, 4, 5), torch.randn(2, 3, 4, 6)
+    assert cache.append(k, v) == (k, v)
+    k2, v2 = cache.append(torch.randn(2, 3, 1, 5), torch.randn(2, 3, 1, 6))
+    assert k2.shape == (2, 3, 5, 5) and v2.shape == (2, 3, 5, 6) and torch.equal(k2[:, :, :4], k)
+    assert len(cache) == 5 and cache.nbytes == (2 * 3 * 5 * 11) * 4
+    with pytest.raises(ValueError, match=r"new k of shape \(2, 2, 1, 5\) does not extend"):
+        cache.append(torch.randn(2, 2, 1, 5), torch.randn(2, 2, 1, 6))
+    with pytest.raises(ValueError, match="layers must be a positive int"):
+        KVCache(0)
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_encoder_decoder_cached_decoding_equals_one_pass(norm_first):
+    torch.manual_seed(0)
+    model = ak.Transformer(
+        8, 2, encoder_layers=1, decoder_layers=2, d_ff=16, norm_first=norm_first, num_kv_heads=1
+    )
+    model = model.double().eval()
+    src = torch.randn(2, 6, 8, dtype=torch.float64)
+    tgt = torch.randn(2, 5, 8, dtype=torch.float64)
+    src_ok = masks.from_lengths(torch.tensor([6, 4]), 6)
+    memory = model.encode(src, src_ok)
+    full = model.decode(tgt, memory, memory_mask=src_ok)
+    cache = model.decoder.new_cache()
+    steps = [
+        model.decode(tgt[:, i : i + 1], memory, memory_mask=src_ok, cache=cache) for i in range(5)
+    ]
+    torch.testing.assert_close(torch.cat(steps, 1), full, atol=1e-12, rtol=1e-12)
+    assert cache.length == 5 and len(cache) == 2
+    assert cache[0].k.shape == (2, 1, 5, 4)  # one shared key/value head of size 8/2
