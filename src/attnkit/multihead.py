@@ -120,7 +120,9 @@ class MultiHeadAttention(nn.Module):
                 "not both"
             )
         self.attention = slots.attention_part(attention)
-        self.position = slots.position_scheme(position)
+        self.position = slots.position_scheme(
+            position, head_dim=self.head_dim, num_heads=self.num_heads, **kw
+        )
 
     @property
     def score(self) -> Score | None:
@@ -260,13 +262,24 @@ class MultiHeadAttention(nn.Module):
         if self.num_kv_heads != self.num_heads:  # head h reads key/value head h // group
             group = self.num_heads // self.num_kv_heads
             k, v = k.repeat_interleave(group, dim=-3), v.repeat_interleave(group, dim=-3)
-        q, k, position_bias = self.position(q, k, q_offset=offset)
+        positioned = self.position(q, k, q_offset=offset)
+        q, k, position_bias = positioned.q, positioned.k, positioned.bias
         bias = self._per_head(bias, query)
         if position_bias is not None:
             bias = position_bias if bias is None else bias + position_bias
+        value_term = positioned.values  # a scheme acting on the values needs the weights
         out = self.attention(
-            q, k, v, mask=self._per_head(mask, query), bias=bias, need_weights=need_weights
+            q,
+            k,
+            v,
+            mask=self._per_head(mask, query),
+            bias=bias,
+            need_weights=need_weights or value_term is not None,
         )
+        if value_term is not None:
+            out = out._replace(context=out.context + value_term(out.weights))
+            if not need_weights:
+                out = out._replace(weights=None, scores=None)
         context = out.context.transpose(-2, -3).flatten(-2)
         return out._replace(context=self.out_proj(context))
 

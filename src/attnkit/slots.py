@@ -16,7 +16,7 @@ import inspect
 from torch import nn
 
 from attnkit.positions import REGISTRY as POSITIONS
-from attnkit.positions import NoPosition, PositionScheme
+from attnkit.positions import AbsolutePosition, NoPosition, PositionScheme
 
 __all__ = ["ATTENTION_KEYWORDS", "attention_part", "position_scheme"]
 
@@ -46,14 +46,30 @@ def attention_part(part: object) -> nn.Module:
     return part
 
 
-def position_scheme(position: object) -> PositionScheme:
-    """A position scheme from None (no positions), a registered name or a module."""
+def position_scheme(
+    position: object,
+    *,
+    head_dim: int | None = None,
+    num_heads: int | None = None,
+    device=None,
+    dtype=None,
+) -> PositionScheme:
+    """A position scheme from None (no positions), a registered name or a module. A name is
+    built by the scheme's ``for_heads(head_dim, num_heads)`` when the sizes are given."""
     if position is None:
         return NoPosition()
     if isinstance(position, str):
-        return POSITIONS.build(position)
+        if head_dim is None or num_heads is None:
+            scheme = POSITIONS.build(position)
+        else:
+            scheme = POSITIONS.get(position).for_heads(
+                head_dim, num_heads, device=device, dtype=dtype
+            )
+        return position_scheme(scheme)
     if isinstance(position, PositionScheme):
         return position
+    if isinstance(position, AbsolutePosition):
+        type(position).for_heads(0, 0)  # raises a TypeError saying where it belongs
     raise TypeError(
         "position must be None, a registered name "
         f"({', '.join(POSITIONS.available())}) or an attnkit.positions.PositionScheme, got "

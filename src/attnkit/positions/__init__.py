@@ -4,10 +4,25 @@
 on unknown names or arguments.
 """
 
-from attnkit.positions.base import REGISTRY, Positioned, PositionScheme
+from attnkit.positions.base import (
+    REGISTRY,
+    AbsolutePosition,
+    Positioned,
+    PositionScheme,
+    relative_distances,
+)
 from attnkit.positions.none import NoPosition
 
 available = REGISTRY.available
 build = REGISTRY.build
 
-__all__ = ["REGISTRY", "NoPosition", "PositionScheme", "Positioned", "available", "build"]
+__all__ = [
+    "REGISTRY",
+    "AbsolutePosition",
+    "NoPosition",
+    "PositionScheme",
+    "Positioned",
+    "available",
+    "build",
+    "relative_distances",
+]

@@ -8,31 +8,47 @@ acts on the per-head queries and keys in one or both of two ways:
 - transform q and k per position (rotary embeddings rotate them), and/or
 - add a bias to the scores (ALiBi's linear distance penalty, T5's relative buckets).
 
+and, for schemes that also act on the values (Shaw et al.'s a^V), return a value term: a function
+of the attention weights whose result is added to each head's context.
+
 Absolute embeddings added to the token embeddings before attention (sinusoidal, learned) act on
-the model's input instead and need no slot here.
+the model's input instead: they are :class:`AbsolutePosition` modules, ``forward(x, offset=0)``,
+registered in the same registry but refused by the attention slot.
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from collections.abc import Callable
+from typing import Any, ClassVar, NamedTuple
 
+import torch
 from torch import Tensor, nn
 
 from attnkit.registry import Registry
 
-__all__ = ["REGISTRY", "PositionScheme", "Positioned"]
+__all__ = ["REGISTRY", "AbsolutePosition", "PositionScheme", "Positioned", "relative_distances"]
 
 
 class Positioned(NamedTuple):
-    """Queries (…, M, d) and keys (…, N, d) after the scheme, and a bias broadcastable to the
-    scores (…, M, N), or None."""
+    """Queries (…, M, d) and keys (…, N, d) after the scheme, a bias broadcastable to the
+    scores (…, M, N) or None, and a value term or None: ``values(weights)`` maps the attention
+    weights (…, M, N) to a term (…, M, d_v) that multi-head attention adds to each head's context
+    (Shaw et al. eq. 3: z_i = Σ_j α_ij (v_j + a^V_ij))."""
 
     q: Tensor
     k: Tensor
     bias: Tensor | None = None
+    values: Callable[[Tensor], Tensor] | None = None
 
 
-REGISTRY: Registry[PositionScheme] = Registry("position scheme")
+REGISTRY: Registry[Any] = Registry("position scheme")
+
+
+def relative_distances(m: int, n: int, q_offset: int, k_offset: int, device=None) -> Tensor:
+    """(M, N) int64 i − j of query i at ``q_offset + i`` and key j at ``k_offset + j``."""
+    i = torch.arange(q_offset, q_offset + m, device=device)
+    j = torch.arange(k_offset, k_offset + n, device=device)
+    return i[:, None] - j[None, :]
 
 
 class PositionScheme(nn.Module):
@@ -41,7 +57,37 @@ class PositionScheme(nn.Module):
     ``q`` is (B, …, M, d) and ``k`` (B, …, N, d), per head. Query i sits at position
     ``q_offset + i`` and key j at ``k_offset + j``: a decoder that caches keys passes the number
     of cached steps as ``q_offset`` so that a new query is placed after them.
+
+    ``for_heads(head_dim, num_heads, device=, dtype=)`` builds a scheme from its registered name
+    for multi-head attention with H heads of size d (the default ignores the sizes); schemes
+    with parameters per head or per feature override it.
     """
 
+    absolute: ClassVar[bool] = False
+
+    @classmethod
+    def for_heads(
+        cls, head_dim: int, num_heads: int, *, device=None, dtype=None
+    ) -> PositionScheme:
+        return cls()
+
     def forward(self, q: Tensor, k: Tensor, *, q_offset: int = 0, k_offset: int = 0) -> Positioned:
+        raise NotImplementedError
+
+
+class AbsolutePosition(nn.Module):
+    """An absolute position embedding added to the token embeddings: ``forward(x, *, offset=0)``
+    maps x (B, …, L, D) to x + P[offset : offset + L] (Vaswani et al. 3.5)."""
+
+    absolute: ClassVar[bool] = True
+
+    @classmethod
+    def for_heads(cls, head_dim: int, num_heads: int, *, device=None, dtype=None) -> Any:
+        raise TypeError(
+            f"position scheme {getattr(cls, 'registered_name', cls.__name__)!r} is an absolute "
+            "embedding added to the token embeddings, not a per-head scheme of the attention "
+            "slot: add it to the model's inputs (e.g. attnkit.positions.build(name, d_model=D)(x))"
+        )
+
+    def forward(self, x: Tensor, *, offset: int = 0) -> Tensor:
         raise NotImplementedError
