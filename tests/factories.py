@@ -62,6 +62,8 @@ ALIGNMENTS: dict[str, AlignFactory] = {
     "local[predictive]": lambda d: al.Local(1, "predictive", d_q=d.d_q, d_p=3),
     "reinforced": lambda d: al.Reinforced(),
     "uniform": lambda d: al.Uniform(),
+    "constrained_softmax": lambda d: al.ConstrainedSoftmax(1.0),
+    "constrained_sparsemax": lambda d: al.ConstrainedSparsemax(),
     "structured": lambda d: al.Structured(torch.tensor([[0.3, -0.5], [-0.2, 0.6]])),
     "structured[normalized]": lambda d: al.Structured(normalize=True),
 }

@@ -32,7 +32,16 @@ PAIRS = list(itertools.product(SCORES, ALIGNMENTS))
 DTYPES = [torch.float64, torch.float32, torch.bfloat16]
 # Mathematically unchanged by a constant added to a row; sigmoid is not, hard/reinforced pick
 # an argmax or a sample, which rounding at a large offset may turn into another tie-break.
-SHIFT_INVARIANT = {"softmax", "sparsemax", "entmax15", "entmax", "local", "uniform"}
+SHIFT_INVARIANT = {
+    "softmax",
+    "sparsemax",
+    "entmax15",
+    "entmax",
+    "local",
+    "uniform",
+    "constrained_softmax",
+    "constrained_sparsemax",
+}
 SHIFT_VARIANT = {"sigmoid", "hard", "reinforced", "structured"}
 # Tolerances: a path against dense in the same dtype; dense against float64.
 SAME = {torch.float64: 1e-8, torch.float32: 2e-4, torch.bfloat16: 2e-2}

@@ -11,6 +11,7 @@ from attnkit.alignments.base import (
     masked_log_softmax,
     masked_softmax,
 )
+from attnkit.alignments.constrained import ConstrainedSoftmax, ConstrainedSparsemax
 from attnkit.alignments.hard import Hard
 from attnkit.alignments.local import Local
 from attnkit.alignments.reinforced import Reinforced
@@ -27,6 +28,8 @@ __all__ = [
     "REGISTRY",
     "AlignOutput",
     "Alignment",
+    "ConstrainedSoftmax",
+    "ConstrainedSparsemax",
     "Entmax",
     "Entmax15",
     "Hard",
