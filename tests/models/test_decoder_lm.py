@@ -23,10 +23,7 @@ class _ScaleByPosition(ak.positions.PositionScheme):
 POSITIONS = {
     "learned-absolute": {},
     "offset-reading-test-scheme": {"position": _ScaleByPosition(), "learned_positions": False},
-    **{
-        f"registered-{name}": {"position": name, "learned_positions": False}
-        for name in ak.positions.available()
-    },
+    **{f"registered-{name}": {"position": name} for name in ak.positions.available()},
 }
 
 

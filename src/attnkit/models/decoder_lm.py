@@ -11,7 +11,7 @@ from torch import Tensor, nn
 
 from attnkit import arguments
 from attnkit.kv_cache import KVCache
-from attnkit.positions import PositionScheme
+from attnkit.positions import REGISTRY as POSITIONS
 from attnkit.transformer import TransformerDecoder
 
 __all__ = ["DecoderLM"]
@@ -25,10 +25,13 @@ class DecoderLM(nn.Module):
         d_model, heads, layers, d_ff: sizes of the stack.
         max_len: the longest sequence (prompt + generated); the size of the learned position
             table.
-        learned_positions: add a learned absolute position embedding to the token embedding
-            (GPT). Turn it off when ``position`` carries the order (RoPE, ALiBi, ...).
-        position: a position scheme for every layer's self-attention (a registered name or a
-            :class:`attnkit.positions.PositionScheme`).
+        position: how token order enters: a per-head scheme of every layer's self-attention
+            (a registered name or a :class:`attnkit.positions.PositionScheme`: RoPE, ALiBi,
+            ...), or an absolute embedding added to the token embeddings (a module with
+            ``absolute = True`` called as ``forward(x, *, offset)``, or the registered name of
+            one, built with ``d_model``).
+        learned_positions: add GPT's learned absolute position table (max_len × d_model) to the
+            token embeddings; by default only when no ``position`` is given.
         tie_embeddings: the output head reuses the token embedding matrix (GPT-2).
         layer: further keyword arguments of the layers (``norm_first`` — pre-norm by default,
             as GPT-2 —, ``score``, ``align``, ``dropout``, ``num_kv_heads``, ``head_dim``,
@@ -44,8 +47,8 @@ class DecoderLM(nn.Module):
         *,
         max_len: int,
         d_ff: int | None = None,
-        learned_positions: bool = True,
-        position: str | PositionScheme | None = None,
+        learned_positions: bool | None = None,
+        position: str | nn.Module | None = None,
         tie_embeddings: bool = True,
         **layer: Any,
     ) -> None:
@@ -56,13 +59,19 @@ class DecoderLM(nn.Module):
         layer.setdefault("norm_first", True)
         self.tokens = nn.Embedding(vocab_size, d_model, **kw)
         nn.init.normal_(self.tokens.weight, std=0.02)
-        self.positions = (
-            nn.Embedding(max_len, d_model, **kw)
-            if arguments.boolean(learned_positions, "learned_positions")
-            else None
-        )
-        if self.positions is not None:
-            nn.init.normal_(self.positions.weight, std=0.02)
+        if learned_positions is None:
+            learned_positions = position is None
+        self.positions: nn.Module | None = None
+        if arguments.boolean(learned_positions, "learned_positions"):
+            self.positions = _LearnedTable(max_len, d_model, **kw)
+        if _is_absolute(position):
+            if self.positions is not None:
+                raise ValueError(
+                    "learned_positions=True and an absolute position embedding: pick one"
+                )
+            if isinstance(position, str):
+                position = POSITIONS.build(position, d_model=d_model)
+            self.positions, position = position, None
         self.decoder = TransformerDecoder(
             layers, d_model, heads, d_ff, cross_attention=False, position=position, **layer
         )
@@ -92,7 +101,7 @@ class DecoderLM(nn.Module):
             )
         x = self.tokens(tokens)
         if self.positions is not None:
-            x = x + self.positions(torch.arange(offset, offset + m, device=tokens.device))
+            x = self.positions(x, offset=offset)
         return self.head(self.decoder(x, mask=mask, cache=cache))
 
     @torch.no_grad()
@@ -131,6 +140,24 @@ class DecoderLM(nn.Module):
             out = torch.cat([out, token], 1)
             new = token
         return out
+
+
+class _LearnedTable(nn.Embedding):
+    """GPT's learned absolute positions: x + P[offset : offset + L]."""
+
+    def __init__(self, max_len: int, d_model: int, **kw: Any) -> None:
+        super().__init__(max_len, d_model, **kw)
+        nn.init.normal_(self.weight, std=0.02)
+
+    def forward(self, x: Tensor, *, offset: int = 0) -> Tensor:  # type: ignore[override]
+        steps = torch.arange(offset, offset + x.shape[-2], device=x.device)
+        return x + super().forward(steps)
+
+
+def _is_absolute(position: object) -> bool:
+    if isinstance(position, str):
+        return bool(getattr(POSITIONS.get(position), "absolute", False))
+    return bool(getattr(position, "absolute", False))
 
 
 def _token_ids(x: object, name: str) -> None:
