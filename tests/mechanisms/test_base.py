@@ -14,6 +14,7 @@ from torch import nn
 import attnkit as ak
 from attnkit import mechanisms
 from attnkit.efficient.kernelized import KernelNormalized
+from attnkit.efficient.landmarks import GaussianKernel
 from attnkit.efficient.linear import EluPlusOne, ReLUFeatures
 from attnkit.efficient.synthesizer import (
     DenseSynthetic,
@@ -30,6 +31,8 @@ NOT_MECHANISMS = {
     QueryTagged: "a taxonomy tag around any module; its calls pass through unchanged",
     KernelNormalized: "an alignment (kernel values normalised over keys), a part of the kernelized "
     "mechanisms, which are registered",
+    GaussianKernel: "an alignment (the unnormalised Gaussian kernel), a part of SOFT and "
+    "Skyformer, which are registered",
     EluPlusOne: "a feature map for linear attention, chosen by name through FEATURE_MAPS",
     ReLUFeatures: "a feature map for linear attention, chosen by name through FEATURE_MAPS",
     LinearAggregation: "an aggregation of the affinity matrix, a part of parallel co-attention",

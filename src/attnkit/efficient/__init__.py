@@ -7,6 +7,7 @@ from attnkit.efficient.area import AreaAttention
 from attnkit.efficient.biblosa import BiBloSA, BiBloSAOutput
 from attnkit.efficient.fast_weights import FastWeightProgrammer
 from attnkit.efficient.linear import LinearAttention
+from attnkit.efficient.linformer import Linformer
 from attnkit.efficient.lite import LongShortRangeAttention, LongShortRangeOutput
 from attnkit.efficient.lsh import HeadOutput, LSHAttention
 from attnkit.efficient.performer import Performer
@@ -26,6 +27,7 @@ __all__ = [
     "HeadOutput",
     "LSHAttention",
     "LinearAttention",
+    "Linformer",
     "LongShortRangeAttention",
     "LongShortRangeOutput",
     "Performer",

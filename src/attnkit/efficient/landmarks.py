@@ -1,0 +1,168 @@
+"""The shared core of the low-rank and landmark mechanisms (Linformer, Nyströmformer, SOFT,
+Skyformer; Soydaner 5.3): padding masks split into query and key padding, landmarks as segment
+means, the iterative Moore-Penrose pseudo-inverse, and the three-factor Nyström product.
+
+Nyström approximation (Xiong et al. 2021, eq. 4 and sec. 3): a matrix S (M × N) whose rows and
+columns are indexed by queries and keys is approximated from m landmark queries q̃ and keys k̃ by
+
+    Ŝ = F A⁺ B,   F = κ(Q, K̃) (M × m),   A = κ(Q̃, K̃) (m × m),   B = κ(Q̃, K) (m × N),
+
+so that Ŝ V = F (A⁺ (B V)) costs O((M + N)·m·d + m³). When the landmarks are all the tokens
+(K̃ = K, Q̃ = Q) the approximation is exact: Ŝ = S S⁺ S = S.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+from attnkit import masks
+from attnkit import taxonomy as tx
+from attnkit.alignments import Alignment, AlignOutput
+
+__all__ = [
+    "GaussianKernel",
+    "LandmarkOutput",
+    "iterative_pinv",
+    "padding_masks",
+    "segment_means",
+]
+
+
+class LandmarkOutput(NamedTuple):
+    """What the landmark mechanisms return: ``AttentionOutput``'s fields (for the attention slot
+    of :class:`attnkit.MultiHeadAttention`) and the two non-negative factors they compute.
+
+    Attributes:
+        context: (B, …, M, d_v).
+        weights: (B, …, M, N) the dense approximate matrix F A⁺ B, only with
+            ``need_weights=True``. A pseudo-inverse has entries of both signs, so these weights
+            may be negative (and rows need not sum to 1).
+        to_landmarks: F (B, …, M, m), queries against the landmark keys.
+        from_landmarks: B (B, …, m, N), landmark queries against the keys.
+    """
+
+    context: Tensor
+    weights: Tensor | None = None
+    scores: Tensor | None = None
+    log_prob: Tensor | None = None
+    to_landmarks: Tensor | None = None
+    from_landmarks: Tensor | None = None
+
+    @property
+    def representation(self) -> Tensor:
+        return self.context
+
+    def named_weights(self) -> dict[str, Tensor]:
+        named = {"to_landmarks": self.to_landmarks, "from_landmarks": self.from_landmarks}
+        return {k: w for k, w in named.items() if w is not None}
+
+
+class GaussianKernel(Alignment):
+    """The Gaussian kernel as an alignment: scores e_ij = −‖q_i − k_j‖² / (2√d) give weights
+    a_ij = exp(e_ij) (SOFT eq. 3, Skyformer eq. 5), not normalised over the keys; masked keys
+    get 0."""
+
+    label = tx.AlignmentKind.SOFT
+    normalized = False
+
+    def forward(
+        self, scores: Tensor, mask: Tensor | None = None, *, query: Tensor | None = None
+    ) -> AlignOutput:
+        w = torch.exp(scores if mask is None else torch.where(mask, scores, -torch.inf))
+        return AlignOutput(w)
+
+
+def gaussian_scores(x: Tensor, y: Tensor) -> Tensor:
+    """−‖x_i − y_j‖² / (2√d) (…, M, N) for x (…, M, d), y (…, N, d), clamped at 0 from above
+    (the expansion ‖x‖² + ‖y‖² − 2x·y can round a little above 0)."""
+    sq = (x * x).sum(-1, keepdim=True) + (y * y).sum(-1).unsqueeze(-2) - 2 * x @ y.transpose(-1, -2)
+    return (-sq / (2 * x.shape[-1] ** 0.5)).clamp_max(0)
+
+
+def padding_masks(
+    mask: Tensor | None, shape: torch.Size, who: str
+) -> tuple[Tensor | None, Tensor | None]:
+    """Split a boolean mask broadcastable to ``shape`` (…, M, N) into query padding (…, M, 1)
+    and key padding (…, 1, N), or raise a ValueError when it is not of that form.
+
+    A mask is a padding mask when mask_ij = query_i ∧ key_j: each query row is either all False
+    (a padded query, which attends nothing) or the same set of keys. Such masks the landmark
+    mechanisms honour: padded keys and queries are left out of every landmark and sum. Any other
+    mask (causal, windows) would need a different landmark set per query and is refused.
+    """
+    if mask is None:
+        return None, None
+    masks.check(mask, shape)
+    rows = mask.broadcast_to(shape)
+    key = rows.any(-2, keepdim=True)
+    query = rows.any(-1, keepdim=True)
+    if not torch.equal(rows, key & query):
+        raise ValueError(
+            f"{who}: the mask (shape {tuple(mask.shape)}) is not a padding mask: its landmarks "
+            "and projections are shared by all queries, so it honours only masks whose rows "
+            "are either all False (a padded query) or the same keys (key padding (…, 1, N)); "
+            "causal and other per-query masks are not supported"
+        )
+    return query, key
+
+
+def segment_means(x: Tensor, m: int, keep: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """m landmarks of x (…, L, d) as means of consecutive segments (Nyströmformer sec. 3.3).
+
+    The real rows (``keep`` (…, L, 1), True = real; all when None) are split in order: the r-th
+    of L' real rows goes to segment ⌊r·m / L'⌋, so that with L' divisible by m each segment has
+    L'/m rows (the paper's segment means), with m = L' each landmark is one token, and padding
+    equals truncation. With L' < m some segments are empty.
+
+    Returns:
+        landmarks (…, m, d) (0 where empty) and ``present`` (…, m, 1), True where non-empty.
+    """
+    n = x.shape[-2]
+    if keep is None:
+        keep = torch.ones(n, 1, dtype=torch.bool, device=x.device)
+    keep = keep.broadcast_to(*keep.shape[:-2], n, 1)
+    rank = keep.long().cumsum(-2) - 1  # (…, L, 1)
+    real = keep.sum(-2, keepdim=True)  # (…, 1, 1)
+    segment = torch.div(rank * m, real.clamp_min(1), rounding_mode="floor")
+    ids = torch.arange(m, device=x.device)
+    member = keep & (segment == ids)  # (…, L, m)
+    count = member.sum(-2).unsqueeze(-1)  # (…, m, 1)
+    clean = torch.where(keep, x, torch.zeros((), dtype=x.dtype, device=x.device))
+    sums = member.to(x.dtype).transpose(-1, -2) @ clean
+    present = count > 0
+    return sums / count.clamp_min(1).to(x.dtype), present
+
+
+def iterative_pinv(a: Tensor, iterations: int = 6) -> Tensor:
+    """The Moore-Penrose pseudo-inverse of a (…, m, m) by Nyströmformer's iteration (eq. 11,
+    after Razavi et al. 2014): Z₀ = Aᵀ / (‖A‖₁ ‖A‖_∞) and
+
+        Z_{j+1} = ¼ Z_j (13 I − A Z_j (15 I − A Z_j (7 I − A Z_j))).
+
+    ‖A‖₂² ≤ ‖A‖₁‖A‖_∞, so every singular value of A Z₀ lies in (0, 1]; the iteration drives
+    them all to 1 (for small x it multiplies x by 13/4, near 1 it converges with order 4), and
+    Z_j stays in the row space of Aᵀ, so it converges to A⁺, also for a singular A. Six
+    iterations suffice for a softmax kernel matrix (the paper); use more for exactness.
+    """
+    eye = torch.eye(a.shape[-1], dtype=a.dtype, device=a.device)
+    col = a.abs().sum(-2).amax(-1)[..., None, None]
+    row = a.abs().sum(-1).amax(-1)[..., None, None]
+    scale = col * row
+    z = a.transpose(-1, -2) / torch.where(scale > 0, scale, 1)
+    for _ in range(iterations):
+        az = a @ z
+        z = 0.25 * z @ (13 * eye - az @ (15 * eye - az @ (7 * eye - az)))
+    return z
+
+
+def working_dtype(x: Tensor) -> torch.dtype:
+    """At least float32: the pseudo-inverse iteration loses everything in bfloat16/float16."""
+    return torch.promote_types(x.dtype, torch.float32)
+
+
+def zero_rows(x: Tensor, keep: Tensor | None) -> Tensor:
+    """x with the rows where ``keep`` (…, L, 1) is False set to 0."""
+    return x if keep is None else torch.where(keep, x, torch.zeros((), dtype=x.dtype))
