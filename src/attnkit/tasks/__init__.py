@@ -8,6 +8,7 @@ loudly (with the closest name) on an unknown one.
 from attnkit.tasks import (
     babi_task,
     copy_task,
+    dates_lm_task,
     dates_task,
     digits_task,
     rationale_task,
@@ -26,6 +27,7 @@ __all__ = [
     "available",
     "babi_task",
     "copy_task",
+    "dates_lm_task",
     "dates_task",
     "digits_task",
     "get",
