@@ -14,6 +14,7 @@ from attnkit.alignments.base import (
 from attnkit.alignments.constrained import ConstrainedSoftmax, ConstrainedSparsemax
 from attnkit.alignments.hard import Hard
 from attnkit.alignments.local import Local
+from attnkit.alignments.per_head import PerHead
 from attnkit.alignments.reinforced import Reinforced
 from attnkit.alignments.sigmoid import Sigmoid
 from attnkit.alignments.softmax import Softmax
@@ -34,6 +35,7 @@ __all__ = [
     "Entmax15",
     "Hard",
     "Local",
+    "PerHead",
     "Reinforced",
     "Sigmoid",
     "Softmax",
