@@ -41,8 +41,8 @@ class DatesLMTask(Task):
     )
     defaults: ClassVar[dict[str, dict[str, Any]]] = {
         mode: {"epochs": epochs, "n_train": n_train, "n_test": n_test, "batch_size": 32,
-               "lr": 3e-3, "d_model": 64}
-        for mode, epochs, n_train, n_test in (("full", 8, 12000, 1000), ("quick", 4, 2000, 300))
+               "lr": 5e-3, "d_model": 64}
+        for mode, epochs, n_train, n_test in (("full", 10, 12000, 1000), ("quick", 10, 2000, 300))
     }  # fmt: skip
     metrics: ClassVar[dict[str, Metric]] = {
         "perplexity": Metric(
