@@ -10,6 +10,7 @@ from attnkit.efficient.linear import LinearAttention
 from attnkit.efficient.linformer import Linformer
 from attnkit.efficient.lite import LongShortRangeAttention, LongShortRangeOutput
 from attnkit.efficient.lsh import HeadOutput, LSHAttention
+from attnkit.efficient.nystrom import NystromAttention
 from attnkit.efficient.performer import Performer
 from attnkit.efficient.reversible import ReversibleOutput, ReversibleStack
 from attnkit.efficient.rfa import RandomFeatureAttention
@@ -30,6 +31,7 @@ __all__ = [
     "Linformer",
     "LongShortRangeAttention",
     "LongShortRangeOutput",
+    "NystromAttention",
     "Performer",
     "RandomFeatureAttention",
     "ReversibleOutput",

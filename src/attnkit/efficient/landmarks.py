@@ -13,19 +13,22 @@ so that Ŝ V = F (A⁺ (B V)) costs O((M + N)·m·d + m³). When the landmarks a
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
-from attnkit import masks
+from attnkit import arguments, hooks, masks
 from attnkit import taxonomy as tx
 from attnkit.alignments import Alignment, AlignOutput
+from attnkit.efficient.lsh import check_head_inputs
 
 __all__ = [
     "GaussianKernel",
     "LandmarkOutput",
     "iterative_pinv",
+    "landmark_attention",
     "padding_masks",
     "segment_means",
 ]
@@ -146,6 +149,10 @@ def iterative_pinv(a: Tensor, iterations: int = 6) -> Tensor:
     them all to 1 (for small x it multiplies x by 13/4, near 1 it converges with order 4), and
     Z_j stays in the row space of Aᵀ, so it converges to A⁺, also for a singular A. Six
     iterations suffice for a softmax kernel matrix (the paper); use more for exactness.
+
+    Caveat: x = 0 is an unstable fixed point, so for a numerically singular A the rounding
+    errors in its null space also grow by 13/4 per step and, after ~30 steps, swamp the result;
+    exact zero rows and columns (the masked landmarks here) stay exactly zero.
     """
     eye = torch.eye(a.shape[-1], dtype=a.dtype, device=a.device)
     col = a.abs().sum(-2).amax(-1)[..., None, None]
@@ -166,3 +173,63 @@ def working_dtype(x: Tensor) -> torch.dtype:
 def zero_rows(x: Tensor, keep: Tensor | None) -> Tensor:
     """x with the rows where ``keep`` (…, L, 1) is False set to 0."""
     return x if keep is None else torch.where(keep, x, torch.zeros((), dtype=x.dtype))
+
+
+def _both(a: Tensor | None, b: Tensor | None) -> Tensor | None:
+    if a is None or b is None:
+        return b if a is None else a
+    return a & b
+
+
+Landmarks = Callable[[Tensor, Tensor, Tensor | None, Tensor | None], tuple[Tensor, ...]]
+
+
+def landmark_attention(
+    part: nn.Module,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    mask: Tensor | None,
+    bias: Tensor | None,
+    need_weights: bool,
+    score: Callable[[Tensor, Tensor], Tensor],
+    landmarks: Landmarks,
+) -> LandmarkOutput:
+    """The Nyström product Ŝ V = F (A⁺ (B V)) with F = align(score(Q, K̃)), A = align(score(Q̃,
+    K̃)), B = align(score(Q̃, K)) (``part.align``; Xiong et al. eq. 14), A⁺ by
+    ``part.iterations`` steps of :func:`iterative_pinv`.
+
+    ``landmarks(q, k, query_keep (…, M, 1), key_keep (…, N, 1))`` returns (Q̃, present_q, K̃,
+    present_k), present (…, m, 1). Padded queries and keys and empty landmarks are masked out of
+    every factor; computed in at least float32 and returned in the inputs' dtype.
+    """
+    who = type(part).__name__
+    arguments.boolean(need_weights, "need_weights")
+    lead = check_head_inputs(q, k, v, mask, bias, who)
+    if bias is not None:
+        raise ValueError(
+            f"{who}: an additive bias cannot be applied to a landmark approximation (the (M, N) "
+            "scores are never formed); pass bias=None"
+        )
+    m, n = q.shape[-2], k.shape[-2]
+    query_keep, key_row = padding_masks(mask, torch.Size((*lead, m, n)), who)
+    key_keep = None if key_row is None else key_row.transpose(-1, -2)
+    dtype, work = q.dtype, working_dtype(q)
+    q = zero_rows(q.to(work), query_keep).broadcast_to(*lead, m, q.shape[-1])
+    k = zero_rows(k.to(work), key_keep).broadcast_to(*lead, n, k.shape[-1])
+    v = zero_rows(v.to(work), key_keep)
+    ql, q_present, kl, k_present = landmarks(q, k, query_keep, key_keep)
+    kp = k_present.transpose(-1, -2)
+    f = part.align(score(q, kl), _both(query_keep, kp)).weights
+    a = part.align(score(ql, kl), q_present & kp).weights
+    b = part.align(score(ql, k), _both(q_present, key_row)).weights
+    z = iterative_pinv(a, part.iterations)
+    context = f @ (z @ (b @ v))
+    dense = None
+    if need_weights:
+        dense = (f @ z @ b).to(dtype)
+    f, b = f.to(dtype), b.to(dtype)
+    hooks.report(part, f, "to_landmarks")
+    hooks.report(part, b, "from_landmarks")
+    return LandmarkOutput(context.to(dtype), dense, to_landmarks=f, from_landmarks=b)
