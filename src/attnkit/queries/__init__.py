@@ -3,6 +3,7 @@ queries (multi-hop, capsule-based, multiple outputs). Multi-head attention is
 :class:`attnkit.MultiHeadAttention`."""
 
 from attnkit.queries.capsule import CapsuleAttention, CapsuleOutput, capsule_loss
+from attnkit.queries.gated_heads import GatedHeadAttention, GatedHeadOutput
 from attnkit.queries.multi_output import (
     ImportanceMatrixAttention,
     LabelWiseAttention,
@@ -16,6 +17,8 @@ from attnkit.queries.self_attention import SelfAttention, SelfAttentionOutput
 __all__ = [
     "CapsuleAttention",
     "CapsuleOutput",
+    "GatedHeadAttention",
+    "GatedHeadOutput",
     "ImportanceMatrixAttention",
     "LabelWiseAttention",
     "MultiHop",
