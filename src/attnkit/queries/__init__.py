@@ -3,6 +3,7 @@ queries (multi-hop, capsule-based, multiple outputs). Multi-head attention is
 :class:`attnkit.MultiHeadAttention`."""
 
 from attnkit.queries.capsule import CapsuleAttention, CapsuleOutput, capsule_loss
+from attnkit.queries.disan import DiSAN, DiSANOutput
 from attnkit.queries.gated_heads import GatedHeadAttention, GatedHeadOutput
 from attnkit.queries.multi_output import (
     ImportanceMatrixAttention,
@@ -17,6 +18,8 @@ from attnkit.queries.self_attention import SelfAttention, SelfAttentionOutput
 __all__ = [
     "CapsuleAttention",
     "CapsuleOutput",
+    "DiSAN",
+    "DiSANOutput",
     "GatedHeadAttention",
     "GatedHeadOutput",
     "ImportanceMatrixAttention",
