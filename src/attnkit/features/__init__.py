@@ -9,6 +9,7 @@ from attnkit.features.coattention import (
     NestedCoAttention,
     ParallelCoAttention,
 )
+from attnkit.features.decomposable import DecomposableAttention, DecomposableOutput
 from attnkit.features.levels import AttentionViaAttention, HierarchicalAttention
 from attnkit.features.representations import MetaEmbedding
 from attnkit.features.rotatory import RotatoryAttention
@@ -17,6 +18,8 @@ __all__ = [
     "AlternatingCoAttention",
     "AttentionViaAttention",
     "CoAttentionOutput",
+    "DecomposableAttention",
+    "DecomposableOutput",
     "HierarchicalAttention",
     "InteractiveCoAttention",
     "MetaEmbedding",
