@@ -16,6 +16,8 @@ from attnkit.efficient.reversible import ReversibleOutput, ReversibleStack
 from attnkit.efficient.rfa import RandomFeatureAttention
 from attnkit.efficient.routing import RoutingAttention
 from attnkit.efficient.sinkhorn import SinkhornAttention
+from attnkit.efficient.skyformer import Skyformer
+from attnkit.efficient.soft import SoftmaxFreeAttention
 from attnkit.efficient.synthesizer import Synthesizer
 
 __all__ = [
@@ -38,5 +40,7 @@ __all__ = [
     "ReversibleStack",
     "RoutingAttention",
     "SinkhornAttention",
+    "Skyformer",
+    "SoftmaxFreeAttention",
     "Synthesizer",
 ]

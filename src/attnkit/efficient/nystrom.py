@@ -32,7 +32,12 @@ from torch import Tensor, nn
 from attnkit import arguments, masks
 from attnkit import taxonomy as tx
 from attnkit.alignments import Softmax
-from attnkit.efficient.landmarks import LandmarkOutput, landmark_attention, segment_means
+from attnkit.efficient.landmarks import (
+    LandmarkOutput,
+    iterative_pinv,
+    landmark_attention,
+    segment_means,
+)
 from attnkit.mechanisms import REGISTRY, example_tensor
 
 __all__ = ["NystromAttention"]
@@ -73,6 +78,10 @@ class NystromAttention(nn.Module):
 
     def extra_repr(self) -> str:
         return f"num_landmarks={self.num_landmarks}, iterations={self.iterations}"
+
+    def pseudo_inverse(self, a: Tensor) -> Tensor:
+        """Z ≈ A⁺ by ``iterations`` steps of the paper's iteration (eq. 11)."""
+        return iterative_pinv(a, self.iterations)
 
     def landmarks(
         self, q: Tensor, k: Tensor, query_keep: Tensor | None, key_keep: Tensor | None
