@@ -15,8 +15,9 @@ returns plain numbers (JSON-ready) and a few examples for plots:
 - ``confidence``: whether sharper attention goes with correct predictions.
 - ``heads`` (models with :class:`attnkit.MultiHeadAttention`): importance by masking and the
   pruning curve.
-- ``wiegreffe_pinter`` (``wp_steps`` > 0): the trained adversary's divergence, output change
-  and held-out agreement, and the held-out accuracy of the item-wise pooled MLP with uniform,
+- ``wiegreffe_pinter`` (``wp_steps`` > 0): the trained adversary's (λ = 0.01: KL is unbounded,
+  and larger λ bought divergence with the predictions on the rationale task) divergence, output
+  change and held-out agreement, and the held-out accuracy of the item-wise pooled MLP with uniform,
   learned, the model's and the adversary's weights frozen (:mod:`attnkit.evaluation.diagnostics`;
   even examples train, odd ones are held out; trained on the labels, else the predictions).
 """
@@ -226,7 +227,7 @@ def explanation_suite(
 
 def _wiegreffe_pinter(probe: Probe, predicted: Tensor, steps: int, seed: int) -> dict[str, Any]:
     train = torch.arange(predicted.shape[0], device=predicted.device) % 2 == 0
-    adversary = dg.train_adversary(probe, train=train, lam=1.0, steps=steps, lr=1e-3)
+    adversary = dg.train_adversary(probe, train=train, lam=0.01, steps=steps, lr=1e-3)
     held_out = ~train
     keep, n = probe.keep, probe.keep.shape[-1]
     labels = probe.labels if probe.labels is not None else predicted
