@@ -28,6 +28,8 @@ _CONFIG_FLAGS: dict[str, tuple[str, type, str, str]] = {
     "--n-train": ("n_train", int, "N", "training examples (default: {n_train})"),
     "--n-test": ("n_test", int, "N", "test examples; validation has half as many "
                  "(default: {n_test})"),
+    "--attention": ("attention", str, "NAME", "the task's attention mechanism, for tasks that "
+                    "offer several: {attentions} (default: the task's own)"),
     "--supervise-attention": ("supervise_attention", float, "LAMBDA", "add LAMBDA × KL(gold ‖ "
                               "weights) to the loss; tasks with gold alignments only: "
                               "{supervisable} (default: 0)"),
@@ -50,6 +52,11 @@ def add_parser(sub) -> argparse.ArgumentParser:
         "scores": ", ".join(parts.usable_scores()),
         "aligns": ", ".join(ak.alignments.available()),
         "supervisable": ", ".join(n for n in tasks.available() if tasks.get(n).gold_alignment),
+        "attentions": "; ".join(
+            f"{n}: {', '.join(tasks.get(n).attentions)}"
+            for n in tasks.available()
+            if tasks.get(n).attentions
+        ),
         **{key: _task_defaults(key) for key in ("epochs", "batch_size", "lr", "d_model",
                                                   "n_train", "n_test")},
     }  # fmt: skip

@@ -39,6 +39,7 @@ class RunConfig:
     d_model: int | None = None
     n_train: int | None = None
     n_test: int | None = None
+    attention: str = "default"  # the task's mechanism, for tasks with several (Task.attentions)
 
     @classmethod
     def names(cls) -> list[str]:
@@ -84,6 +85,12 @@ class RunConfig:
             raise ConfigError(
                 f"batch_size {out.batch_size} is larger than the training set (n_train = "
                 f"{out.n_train}): no training step would run"
+            )
+        if out.attention != "default" and out.attention not in task.attentions:
+            offered = ", ".join(task.attentions) or "none (only 'default')"
+            raise ConfigError(
+                f"attention {out.attention!r} is not offered by task {out.task!r}; it offers: "
+                f"{offered}"
             )
         try:
             task.validate(out)

@@ -45,6 +45,9 @@ class Task:
     - ``metrics``: metric name -> :class:`Metric`, in the order reports show them.
     - ``gold_alignment``: True when the data carries gold attention, so that the loss can be
       supervised (``supervise_attention``).
+    - ``attentions``: the mechanisms the task can build, chosen by the run configuration's
+      ``attention`` key (``"default"``: the task's own choice), e.g. for ``--compare
+      attention=...``.
 
     An instance is made from a resolved run configuration and makes its data.
     """
@@ -53,6 +56,7 @@ class Task:
     defaults: ClassVar[dict[str, dict[str, Any]]] = {}
     metrics: ClassVar[dict[str, Metric]] = {}
     gold_alignment: ClassVar[bool] = False
+    attentions: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, config: Any) -> None:
         self.config = config
