@@ -66,6 +66,10 @@ ALIGNMENTS: dict[str, AlignFactory] = {
     "constrained_sparsemax": lambda d: al.ConstrainedSparsemax(),
     "structured": lambda d: al.Structured(torch.tensor([[0.3, -0.5], [-0.2, 0.6]])),
     "structured[normalized]": lambda d: al.Structured(normalize=True),
+    "query_temperature": lambda d: al.QueryTemperature(d.d_q, base=3.0),
+    "predicted_window": lambda d: al.PredictedWindow(d.d_q, 3),
+    "graph_local": lambda d: al.GraphLocal(1.5),
+    "graph_local[window]": lambda d: al.GraphLocal(None, window=1.0),
 }
 
 

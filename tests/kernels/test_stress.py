@@ -41,6 +41,9 @@ SHIFT_INVARIANT = {
     "uniform",
     "constrained_softmax",
     "constrained_sparsemax",
+    "query_temperature",
+    "predicted_window",
+    "graph_local",
 }
 SHIFT_VARIANT = {"sigmoid", "hard", "reinforced", "structured"}
 # Tolerances: a path against dense in the same dtype; dense against float64.

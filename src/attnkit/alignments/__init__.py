@@ -12,14 +12,17 @@ from attnkit.alignments.base import (
     masked_softmax,
 )
 from attnkit.alignments.constrained import ConstrainedSoftmax, ConstrainedSparsemax
+from attnkit.alignments.graph import GraphLocal, tree_distance
 from attnkit.alignments.hard import Hard
 from attnkit.alignments.local import Local
+from attnkit.alignments.localness import PredictedWindow
 from attnkit.alignments.per_head import PerHead
 from attnkit.alignments.reinforced import Reinforced
 from attnkit.alignments.sigmoid import Sigmoid
 from attnkit.alignments.softmax import Softmax
 from attnkit.alignments.sparse import Entmax, Entmax15, Sparsemax
 from attnkit.alignments.structured import Structured
+from attnkit.alignments.temperature import QueryTemperature
 from attnkit.alignments.uniform import Uniform
 
 available = REGISTRY.available
@@ -33,9 +36,12 @@ __all__ = [
     "ConstrainedSparsemax",
     "Entmax",
     "Entmax15",
+    "GraphLocal",
     "Hard",
     "Local",
     "PerHead",
+    "PredictedWindow",
+    "QueryTemperature",
     "Reinforced",
     "Sigmoid",
     "Softmax",
@@ -46,4 +52,5 @@ __all__ = [
     "build",
     "masked_log_softmax",
     "masked_softmax",
+    "tree_distance",
 ]
