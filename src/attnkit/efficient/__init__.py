@@ -6,6 +6,7 @@ from attnkit.efficient.adaptive_sparse import AdaptivelySparseAttention
 from attnkit.efficient.area import AreaAttention
 from attnkit.efficient.biblosa import BiBloSA, BiBloSAOutput
 from attnkit.efficient.fast_weights import FastWeightProgrammer
+from attnkit.efficient.fmm import FMMformer, FMMOutput
 from attnkit.efficient.linear import LinearAttention
 from attnkit.efficient.linformer import Linformer
 from attnkit.efficient.lite import LongShortRangeAttention, LongShortRangeOutput
@@ -26,6 +27,8 @@ __all__ = [
     "AreaAttention",
     "BiBloSA",
     "BiBloSAOutput",
+    "FMMOutput",
+    "FMMformer",
     "FastWeightProgrammer",
     "HeadOutput",
     "LSHAttention",

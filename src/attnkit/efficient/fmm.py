@@ -1,0 +1,197 @@
+"""FMMformer (Nguyen, Suliafu, Osher, Chen and Wang, "FMMformer: Efficient and Flexible Transformer
+via Decomposed Near-field and Far-field Attention", NeurIPS 2021; Soydaner 5.3): as the fast
+multipole method splits an N-body sum, attention is split into a banded near field and a low-rank
+far field, blended by learned weights:
+
+    V̂ = w₁ D V + w₂ L V                                      (FMMformer eq. 6)
+
+- near field D: softmax attention restricted to the band |i − j| ≤ w (0 ≤ i − j ≤ w when causal),
+  D_ij = exp(q_i·k_j/√d) / Σ_{|i−l|≤w} exp(q_i·k_l/√d), computed on the band only: O(N·w·d);
+- far field L: linear attention (Katharopoulos et al.; :mod:`attnkit.efficient.kernelized`) with
+  the kernel φ(q)·φ(k) = Σ_l φ_l(q)·φ_l(k) of r feature maps (the paper's rank-r far field:
+  the features are concatenated), O(N·r·m·d); causal by prefix sums;
+- w₁, w₂: learned scalars (unconstrained, initialised to ``near_weight``, ``far_weight``).
+
+With w ≥ N the band is everything, so w₁ = 1, w₂ = 0 is softmax attention.
+
+Masks: padding masks are honoured (key padding (…, 1, N); padded queries, all-False rows, get
+context 0); other per-query masks are refused (the far field sums over keys once for all
+queries) — use ``causal=True`` for the causal form. Bias is refused.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import ClassVar, NamedTuple
+
+import torch
+from torch import Tensor, nn
+
+from attnkit import arguments, hooks, masks
+from attnkit import taxonomy as tx
+from attnkit.alignments import Softmax
+from attnkit.efficient import kernelized as kz
+from attnkit.efficient.landmarks import padding_masks, zero_rows
+from attnkit.efficient.linear import check_causal, make_feature_map, refuse_bias
+from attnkit.efficient.lsh import check_head_inputs
+from attnkit.mechanisms import REGISTRY, example_tensor
+
+__all__ = ["FMMOutput", "FMMformer", "band_indices"]
+
+
+class FMMOutput(NamedTuple):
+    """FMMformer's output: ``AttentionOutput``'s fields and the two fields' weights.
+
+    Attributes:
+        context: (B, …, M, d_v).
+        weights: (B, …, M, N) the blended w₁ D + w₂ L, only with ``need_weights=True``.
+        near: D (B, …, M, N), banded softmax weights, only with ``need_weights=True``.
+        far: L (B, …, M, N), linear-attention weights, only with ``need_weights=True``.
+    """
+
+    context: Tensor
+    weights: Tensor | None = None
+    scores: Tensor | None = None
+    log_prob: Tensor | None = None
+    near: Tensor | None = None
+    far: Tensor | None = None
+
+    @property
+    def representation(self) -> Tensor:
+        return self.context
+
+    def named_weights(self) -> dict[str, Tensor]:
+        return {k: w for k, w in (("near", self.near), ("far", self.far)) if w is not None}
+
+
+def band_indices(
+    m: int, n: int, bandwidth: int, causal: bool, device: torch.device
+) -> tuple[Tensor, Tensor]:
+    """For query i, the key indices i + o, o ∈ [−w, w] ([−w, 0] causal), clamped into [0, N),
+    and whether each is in range: (M, W) long and (M, W) bool."""
+    w = min(bandwidth, max(m, n))  # a wider band adds only out-of-range slots
+    offsets = torch.arange(-w, 1 if causal else w + 1, device=device)
+    idx = torch.arange(m, device=device)[:, None] + offsets
+    valid = (idx >= 0) & (idx < n)
+    return idx.clamp(0, n - 1), valid
+
+
+@REGISTRY.register("fmm")
+class FMMformer(nn.Module):
+    """FMMformer attention, a per-head part ``part(q, k, v, *, mask, bias, need_weights)`` with
+    q (B, …, M, d), k (B, …, N, d), v (B, …, N, d_v) → context (B, …, M, d_v); query i and key
+    i are the same position (the band is over indices).
+
+    Args:
+        bandwidth: w, the near field's half-width (keys |i − j| ≤ w).
+        feature_maps: the far field's feature maps, names in
+            :data:`attnkit.efficient.linear.FEATURE_MAPS` or modules (r = their number).
+        causal: near field 0 ≤ i − j ≤ w and causal far field (needs M = N).
+        near_weight, far_weight: initial w₁, w₂.
+        chunk_size: block length of the causal far field's prefix sums.
+    """
+
+    mask_inputs: ClassVar[dict[str, tuple[str, ...]]] = {"mask": ("k", "v")}
+
+    def __init__(
+        self,
+        bandwidth: int = 8,
+        feature_maps: Sequence[str | nn.Module] = ("elu+1",),
+        *,
+        causal: bool = False,
+        near_weight: float = 0.5,
+        far_weight: float = 0.5,
+        chunk_size: int = 64,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        super().__init__()
+        self.bandwidth = arguments.nonnegative_int(bandwidth, "bandwidth")
+        if isinstance(feature_maps, (str, nn.Module)) or not len(feature_maps):
+            raise ValueError(
+                f"feature_maps must be a non-empty sequence of names or modules, got "
+                f"{feature_maps!r}"
+            )
+        self.phis = nn.ModuleList(make_feature_map(p) for p in feature_maps)
+        self.causal = arguments.boolean(causal, "causal")
+        self.chunk_size = arguments.positive_int(chunk_size, "chunk_size")
+        kw = {"device": device, "dtype": dtype}
+        self.near_weight = nn.Parameter(
+            torch.tensor(arguments.finite_float(near_weight, "near_weight"), **kw)
+        )
+        self.far_weight = nn.Parameter(
+            torch.tensor(arguments.finite_float(far_weight, "far_weight"), **kw)
+        )
+        self.align = Softmax()
+        self.far_align = kz.KernelNormalized()
+
+    @classmethod
+    def example(cls):
+        q, k, v = (example_tensor(2, 2, 7, 4, seed=s) for s in (61, 62, 63))
+        mask = masks.from_lengths(torch.tensor([7, 3]), 7)[:, None].expand(2, 2, 1, 7)
+        return cls(1), (q, k, v), {"mask": mask}
+
+    def taxonomy_tags(self) -> list:
+        return [tx.Scoring.SCALED_MULTIPLICATIVE, tx.AlignmentKind.LOCAL]
+
+    def extra_repr(self) -> str:
+        return f"bandwidth={self.bandwidth}, causal={self.causal}, chunk_size={self.chunk_size}"
+
+    def features(self, x: Tensor) -> Tensor:
+        """[φ_1(x), …, φ_r(x)] (…, L, Σ m_l): the far field's kernel is the sum of theirs."""
+        return torch.cat([phi(x) for phi in self.phis], -1)
+
+    def near_field(
+        self, q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """Banded softmax attention: (context (…, M, d_v), band weights (…, M, W), key indices
+        (M, W), in range (M, W)); ``keep`` (…, 1, N) is the key padding."""
+        m, n = q.shape[-2], k.shape[-2]
+        idx, valid = band_indices(m, n, self.bandwidth, self.causal, q.device)
+        kw, vw = k[..., idx, :], v[..., idx, :]  # (…, M, W, d)
+        scores = (q.unsqueeze(-2) * kw).sum(-1) / math.sqrt(q.shape[-1])
+        allowed = valid if keep is None else valid & keep[..., 0, :][..., idx]
+        weights = self.align(scores, allowed).weights
+        return (weights.unsqueeze(-1) * vw).sum(-2), weights, idx, valid
+
+    def forward(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        *,
+        mask: Tensor | None = None,
+        bias: Tensor | None = None,
+        need_weights: bool = False,
+    ) -> FMMOutput:
+        who = type(self).__name__
+        arguments.boolean(need_weights, "need_weights")
+        lead = check_head_inputs(q, k, v, mask, bias, who)
+        refuse_bias(bias, who)
+        if self.causal:
+            check_causal(q, k, who)
+        m, n = q.shape[-2], k.shape[-2]
+        query_keep, key_row = padding_masks(mask, torch.Size((*lead, m, n)), who)
+        key_keep = None if key_row is None else key_row.transpose(-1, -2)  # (…, N, 1)
+        k, v = zero_rows(k, key_keep), zero_rows(v, key_keep)
+        near, band, idx, valid = self.near_field(q, k, v, key_row)
+        fq, fk = self.features(q), self.features(k)
+        if self.causal:
+            far = kz.causal_feature_attention(fq, fk, v, key_keep, self.chunk_size)
+        else:
+            far = kz.feature_attention(fq, fk, v, key_keep)
+        context = self.near_weight * near + self.far_weight * far
+        context = zero_rows(context, query_keep)
+        near_w = far_w = blended = None
+        if need_weights or hooks.listening():
+            dense = band.new_zeros(*band.shape[:-1], n)
+            near_w = dense.scatter_add(-1, idx.expand_as(band), band * valid)
+            far_w = kz.dense_feature_weights(self.far_align, fq, fk, key_keep, self.causal)
+            near_w, far_w = zero_rows(near_w, query_keep), zero_rows(far_w, query_keep)
+            blended = self.near_weight * near_w + self.far_weight * far_w
+            hooks.report(self, near_w, "near")
+            hooks.report(self, far_w, "far")
+        if not need_weights:
+            return FMMOutput(context)
+        return FMMOutput(context, blended, near=near_w, far=far_w)
