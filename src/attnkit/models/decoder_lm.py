@@ -83,14 +83,12 @@ class DecoderLM(nn.Module):
         """An empty cache for :meth:`forward` / :meth:`generate`."""
         return self.decoder.new_cache()
 
-    def forward(
-        self, tokens: Tensor, *, mask: Tensor | None = None, cache: KVCache | None = None
-    ) -> Tensor:
+    def forward(self, tokens: Tensor, *, cache: KVCache | None = None) -> Tensor:
         """tokens (B, M) long -> logits (B, M, V) of the next token at every position.
 
-        ``mask`` (B, 1, M) from :func:`attnkit.masks.from_lengths` hides right padding from
-        the attention (it is combined with the causal mask). With ``cache`` the tokens are
-        the new ones only, placed after the cached positions."""
+        Sequences of different lengths can be right-padded: causal attention never lets a
+        real position see the padding after it (ignore the logits at padded positions). With
+        ``cache`` the tokens are the new ones only, placed after the cached positions."""
         _token_ids(tokens, "tokens")
         offset = 0 if cache is None else cache.length
         m = tokens.shape[-1]
@@ -102,7 +100,7 @@ class DecoderLM(nn.Module):
         x = self.tokens(tokens)
         if self.positions is not None:
             x = self.positions(x, offset=offset)
-        return self.head(self.decoder(x, mask=mask, cache=cache))
+        return self.head(self.decoder(x, cache=cache))
 
     @torch.no_grad()
     def generate(
