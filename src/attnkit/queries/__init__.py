@@ -2,6 +2,11 @@
 queries (multi-hop, capsule-based, multiple outputs). Multi-head attention is
 :class:`attnkit.MultiHeadAttention`."""
 
+from attnkit.queries.attention_sum import (
+    AttentionSumOutput,
+    AttentionSumReader,
+    occurrences,
+)
 from attnkit.queries.capsule import CapsuleAttention, CapsuleOutput, capsule_loss
 from attnkit.queries.disan import DiSAN, DiSANOutput
 from attnkit.queries.gated_heads import GatedHeadAttention, GatedHeadOutput
@@ -16,6 +21,8 @@ from attnkit.queries.query_types import QueryTagged
 from attnkit.queries.self_attention import SelfAttention, SelfAttentionOutput
 
 __all__ = [
+    "AttentionSumOutput",
+    "AttentionSumReader",
     "CapsuleAttention",
     "CapsuleOutput",
     "DiSAN",
@@ -33,4 +40,5 @@ __all__ = [
     "SelfAttentionOutput",
     "capsule_loss",
     "frobenius_penalty",
+    "occurrences",
 ]
