@@ -11,8 +11,10 @@ from attnkit.features.coattention import (
 )
 from attnkit.features.decomposable import DecomposableAttention, DecomposableOutput
 from attnkit.features.levels import AttentionViaAttention, HierarchicalAttention
+from attnkit.features.query_coattention import QueryGuidedCoAttention
 from attnkit.features.representations import MetaEmbedding
 from attnkit.features.rotatory import RotatoryAttention
+from attnkit.features.target_document import TargetDocumentAttention, TargetDocumentOutput
 
 __all__ = [
     "AlternatingCoAttention",
@@ -26,5 +28,8 @@ __all__ = [
     "MultiGrainedCoAttention",
     "NestedCoAttention",
     "ParallelCoAttention",
+    "QueryGuidedCoAttention",
     "RotatoryAttention",
+    "TargetDocumentAttention",
+    "TargetDocumentOutput",
 ]
