@@ -50,6 +50,9 @@ SCORE_SIZES: dict[str, tuple[str, ...]] = {
 ALIGNMENT_ARGUMENTS: dict[str, Callable[[int], dict[str, Any]]] = {
     # Luong's predictive local alignment with a half-window of 2.
     "local": lambda d_q: {"window": 2, "position": "predictive", "d_q": d_q},
+    # Predictors of the temperature (Lin et al.) and of the window (Yang et al.) read the query.
+    "query_temperature": lambda d_q: {"d_q": d_q},
+    "predicted_window": lambda d_q: {"d_q": d_q},
 }
 
 
