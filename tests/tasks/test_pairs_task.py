@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+import attnkit as ak
 from attnkit import tasks
 from attnkit.experiments.config import ConfigError, RunConfig
 from attnkit.tasks.pairs_task import PairsModel, make_pairs
@@ -73,3 +74,12 @@ def test_attention_values_are_checked():
         RunConfig(task="dates", attention="decomposable").resolved()
     with pytest.raises(ConfigError, match="deterministic"):
         RunConfig(task="pairs", align="hard").resolved()
+
+
+def test_parallel_co_attention_takes_the_run_score_as_co_compatibility():
+    config = RunConfig(
+        task="pairs", attention="parallel", score="hermitian", n_train=8, n_test=4,
+        batch_size=4, d_model=8,
+    ).resolved()  # fmt: skip
+    model = tasks.get("pairs")(config).build_model()
+    assert isinstance(model.pair.affinity, ak.scores.Hermitian)

@@ -4,9 +4,10 @@ decomposable attention and co-attention (Galassi IV-D2).
 A premise is 4-8 distinct tokens; a hypothesis is 1-3 tokens. The hypothesis is *entailed*
 (label 1) when every one of its tokens occurs in the premise, and not (label 0) when one of
 them does not. The gold alignment of a hypothesis token is its occurrence in the premise.
-``--compare attention=...`` swaps the pair mechanism: ``decomposable`` (Parikh et al.),
-``parallel`` (Lu et al.'s parallel co-attention, eqs. 12-15), ``nested``
-(attention-over-attention).
+``--compare attention=...`` swaps the pair mechanism: ``decomposable`` (Parikh et al.; the
+default), ``parallel`` (fine-grained parallel co-attention with the run's ``score`` as the
+co-compatibility function and Lu et al.'s perceptron aggregation, eqs. 14-15), ``nested``
+(attention-over-attention). Only ``parallel`` reads ``score``; every mechanism reads ``align``.
 """
 
 from __future__ import annotations
@@ -20,8 +21,9 @@ from torch import Tensor, nn
 from attnkit import alignments as al
 from attnkit import masks
 from attnkit.features import DecomposableAttention, NestedCoAttention, ParallelCoAttention
+from attnkit.scores import Score
 from attnkit.tasks.base import REGISTRY, Metric, Task
-from attnkit.tasks.parts import build_alignment
+from attnkit.tasks.parts import build_alignment, build_score
 
 __all__ = ["PAIR_MECHANISMS", "PairsModel", "PairsTask", "make_pairs"]
 
@@ -72,7 +74,14 @@ class PairsModel(nn.Module):
     """Token embeddings, a pair mechanism, and a linear classifier over its representation.
     ``alignment(out)`` gives each hypothesis token's weights over the premise (B, 3, 8)."""
 
-    def __init__(self, mechanism: str, d: int, *, align: str | nn.Module = "softmax") -> None:
+    def __init__(
+        self,
+        mechanism: str,
+        d: int,
+        *,
+        align: str | nn.Module = "softmax",
+        affinity: Score | None = None,
+    ) -> None:
         super().__init__()
         if mechanism not in PAIR_MECHANISMS:
             raise ValueError(f"mechanism must be one of {PAIR_MECHANISMS}, got {mechanism!r}")
@@ -82,7 +91,9 @@ class PairsModel(nn.Module):
             self.pair: nn.Module = DecomposableAttention(d, d, 2, align=align)
             self.classify: nn.Module = nn.Identity()
         elif mechanism == "parallel":
-            self.pair = ParallelCoAttention(d, d, d_w=d, align=align)
+            self.pair = ParallelCoAttention(
+                d, d, affinity=affinity or "bilinear", d_w=d, align=align
+            )
             self.classify = nn.Linear(2 * d, 2)
         else:
             self.pair = NestedCoAttention(align=align)
@@ -137,8 +148,12 @@ class PairsTask(Task):
 
     def build_model(self) -> PairsModel:
         mechanism = "decomposable" if self.config.attention == "default" else self.config.attention
-        align = build_alignment(self.config.align, self.config.d_model)
-        return PairsModel(mechanism, self.config.d_model, align=align)
+        d = self.config.d_model
+        align = build_alignment(self.config.align, d)
+        affinity = None
+        if mechanism == "parallel":
+            affinity = build_score(self.config.score, d_q=d, d_k=d, d_w=d, max_len=PREMISE[1])
+        return PairsModel(mechanism, d, align=align, affinity=affinity)
 
     def has_split(self, name: str) -> bool:
         return name in self.splits
