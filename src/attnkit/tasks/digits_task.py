@@ -1,5 +1,6 @@
 """The ``digits`` task: attention with a learned query over a small CNN's feature grid
-(show-attend-tell style), soft or hard (REINFORCE), on cluttered handwritten digits."""
+(show-attend-tell style), soft or hard (REINFORCE), on cluttered handwritten digits; with
+``--attention vit``, a Vision Transformer on 4×4 patches (the same 12×12 grid) instead."""
 
 from __future__ import annotations
 
@@ -9,14 +10,16 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from attnkit import alignments, hooks
 from attnkit import taxonomy as tx
 from attnkit.attention import Attention
 from attnkit.evaluation import attention_correctness, capture, entropy, uniform_weights
+from attnkit.models.vit import ViT
 from attnkit.tasks.base import REGISTRY, Metric, Task
 from attnkit.tasks.digits import box_region, make_digits
 from attnkit.tasks.parts import build_attention, task_loss
 
-__all__ = ["DigitsModel", "DigitsTask"]
+__all__ = ["DigitsModel", "DigitsTask", "DigitsViT"]
 
 GRID = 12  # 48 / 4
 
@@ -49,6 +52,38 @@ class DigitsModel(nn.Module):
         logits = self.out(out.context.squeeze(1))
         log_prob = None if out.log_prob is None else out.log_prob.squeeze(-1)
         return logits, out.weights.squeeze(1), log_prob
+
+
+class DigitsViT(nn.Module):
+    """A ViT (:class:`attnkit.models.vit.ViT`) on 4×4 patches of the 48×48 canvas: 12×12 patches,
+    the grid of :class:`DigitsModel`. Its weights for the metrics are the class token's attention
+    over the patches in the last layer, averaged over heads and renormalised over the patches
+    (its weight on itself left out). ``score`` and ``align`` are its heads' (names); ViT's own
+    is ``scaled_dot`` with ``softmax``."""
+
+    def __init__(
+        self,
+        d: int,
+        heads: int = 4,
+        layers: int = 2,
+        *,
+        score: str = "scaled_dot",
+        align: str = "softmax",
+    ) -> None:
+        super().__init__()
+        self.vit = ViT(
+            4 * GRID, 4, 1, 10, d_model=d, heads=heads, layers=layers, d_ff=2 * d,
+            score=score, align=align,
+        )  # fmt: skip
+
+    def forward(self, images: Tensor):
+        with hooks.listen() as reports:  # the layers' weights, read here, not by the caller
+            logits = self.vit(images).logits
+        last = reports[-1].weights  # (B, H, 1 + P, 1 + P), detached
+        cls = last[:, :, 0, 1:].mean(1)
+        weights = cls / cls.sum(-1, keepdim=True).clamp_min(torch.finfo(cls.dtype).tiny)
+        hooks.report(self, weights)
+        return logits, weights, None
 
 
 @REGISTRY.register("digits")
@@ -84,7 +119,20 @@ class DigitsTask(Task):
         )
         self.train = self.data.splits["train"]
 
-    def build_model(self) -> DigitsModel:
+    attentions: ClassVar[tuple[str, ...]] = ("vit",)
+
+    @classmethod
+    def validate(cls, config: Any) -> None:
+        if config.attention == "vit" and alignments.REGISTRY.get(config.align).stochastic:
+            raise ValueError(
+                f"align {config.align!r} samples its weights; the ViT (attention=vit) trains by "
+                "back-propagation and needs a deterministic alignment"
+            )
+
+    def build_model(self) -> nn.Module:
+        if self.config.attention == "vit":
+            c = self.config
+            return DigitsViT(c.d_model, score=c.score, align=c.align)
         d = self.config.d_model // 2
         return DigitsModel(d, build_attention(self.config.score, self.config.align, d, GRID * GRID))
 
