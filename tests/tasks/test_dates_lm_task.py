@@ -63,3 +63,14 @@ def test_gold_links_copied_digits_to_the_characters_they_copy(task):
 def test_causal_scores_only():
     with pytest.raises(ConfigError, match=r"convolutional.*causal"):
         RunConfig(task="dates-lm", score="convolutional", **SMALL).resolved()
+
+
+def test_position_key_is_checked():
+    with pytest.raises(ConfigError, match=r"task 'dates' takes no position scheme.*dates-lm"):
+        RunConfig(task="dates", position="none", **SMALL).resolved()
+    with pytest.raises(ConfigError, match="position scheme"):
+        RunConfig(task="dates-lm", score="scaled_dot", position="nonsense", **SMALL).resolved()
+    config = RunConfig(task="dates-lm", score="scaled_dot", position="none", **SMALL).resolved()
+    model = DatesLMTask(config).build_model()
+    assert model.positions is None  # the scheme replaces the learned table
+    assert type(model.decoder.layers[0].self_attention.module.position).__name__ == "NoPosition"

@@ -30,6 +30,8 @@ _CONFIG_FLAGS: dict[str, tuple[str, type, str, str]] = {
                  "(default: {n_test})"),
     "--attention": ("attention", str, "NAME", "the task's attention mechanism, for tasks that "
                     "offer several: {attentions} (default: the task's own)"),
+    "--position": ("position", str, "NAME", "position scheme, for tasks that take one "
+                   "({positional}): one of {positions} (default: the task's own)"),
     "--supervise-attention": ("supervise_attention", float, "LAMBDA", "add LAMBDA × KL(gold ‖ "
                               "weights) to the loss; tasks with gold alignments only: "
                               "{supervisable} (default: 0)"),
@@ -52,6 +54,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
         "scores": ", ".join(parts.usable_scores()),
         "aligns": ", ".join(ak.alignments.available()),
         "supervisable": ", ".join(n for n in tasks.available() if tasks.get(n).gold_alignment),
+        "positional": ", ".join(n for n in tasks.available() if tasks.get(n).takes_position),
+        "positions": ", ".join(ak.positions.available()),
         "attentions": "; ".join(
             f"{n}: {', '.join(tasks.get(n).attentions)}"
             for n in tasks.available()

@@ -40,6 +40,7 @@ class RunConfig:
     n_train: int | None = None
     n_test: int | None = None
     attention: str = "default"  # the task's mechanism, for tasks with several (Task.attentions)
+    position: str = "default"  # a position scheme, for tasks that take one (Task.takes_position)
 
     @classmethod
     def names(cls) -> list[str]:
@@ -91,6 +92,12 @@ class RunConfig:
             raise ConfigError(
                 f"attention {out.attention!r} is not offered by task {out.task!r}; it offers: "
                 f"{offered}"
+            )
+        if out.position != "default" and not task.takes_position:
+            takers = [n for n in tasks.available() if tasks.get(n).takes_position]
+            raise ConfigError(
+                f"position: task {out.task!r} takes no position scheme (tasks that do: "
+                f"{', '.join(takers) or 'none'})"
             )
         try:
             task.validate(out)

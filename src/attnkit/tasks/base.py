@@ -48,6 +48,9 @@ class Task:
     - ``attentions``: the mechanisms the task can build, chosen by the run configuration's
       ``attention`` key (``"default"``: the task's own choice), e.g. for ``--compare
       attention=...``.
+    - ``takes_position``: True when the run configuration's ``position`` key (a position
+      scheme's registered name; ``"default"``: the task's own choice) is honoured; the task's
+      ``validate`` checks the name.
 
     An instance is made from a resolved run configuration and makes its data.
     """
@@ -57,6 +60,7 @@ class Task:
     metrics: ClassVar[dict[str, Metric]] = {}
     gold_alignment: ClassVar[bool] = False
     attentions: ClassVar[tuple[str, ...]] = ()
+    takes_position: ClassVar[bool] = False
 
     def __init__(self, config: Any) -> None:
         self.config = config

@@ -3,8 +3,8 @@ written dates of the ``dates`` task, each line ``<written date>=<ISO date>`` fol
 mark. Measured: perplexity per character on held-out dates, and whether greedy generation with
 the KV cache, prompted with a held-out written date and ``=``, writes its ISO form.
 
-The run configuration's ``position`` (when it has one) picks the position scheme: ``learned`` or
-none given means GPT's learned absolute embeddings; a registered scheme name replaces them.
+The run configuration's ``position`` picks the position scheme: ``default`` means GPT's learned
+absolute embeddings; a registered scheme's name (``--position rope``) replaces them.
 """
 
 from __future__ import annotations
@@ -54,6 +54,8 @@ class DatesLMTask(Task):
         "unseen_patterns_exact_match": Metric("the same on date patterns never seen in training"),
     }
 
+    takes_position = True
+
     @classmethod
     def validate(cls, config) -> None:
         days = (END - START).days + 1
@@ -70,7 +72,7 @@ class DatesLMTask(Task):
                 "neighbouring keys or needs a fixed key count); try scaled_dot"
             )
         position = _position(config)
-        if position not in (None, "learned"):
+        if position is not None:
             ak.positions.REGISTRY.get(position)  # unknown names: the options and the closest
 
     def __init__(self, config) -> None:
@@ -94,7 +96,7 @@ class DatesLMTask(Task):
         heads = 4 if d % 4 == 0 else 2
         name = _position(self.config)
         position = None
-        if name is not None and name != "learned":
+        if name is not None:
             position = name
             if getattr(ak.positions.REGISTRY.get(name), "absolute", False):
                 position = ak.positions.build(name, d_model=d)
@@ -202,4 +204,5 @@ class DatesLMTask(Task):
 
 
 def _position(config) -> str | None:
-    return getattr(config, "position", None)
+    """The configured scheme's name, or None for the task's default (learned absolute)."""
+    return None if config.position == "default" else config.position
