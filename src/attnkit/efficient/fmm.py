@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from typing import ClassVar, NamedTuple
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnkit import arguments, hooks, masks
@@ -37,7 +38,7 @@ from attnkit.efficient.linear import check_causal, make_feature_map, refuse_bias
 from attnkit.efficient.lsh import check_head_inputs
 from attnkit.mechanisms import REGISTRY, example_tensor
 
-__all__ = ["FMMOutput", "FMMformer", "band_indices"]
+__all__ = ["FMMOutput", "FMMformer", "band_offsets"]
 
 
 class FMMOutput(NamedTuple):
@@ -65,16 +66,16 @@ class FMMOutput(NamedTuple):
         return {k: w for k, w in (("near", self.near), ("far", self.far)) if w is not None}
 
 
-def band_indices(
+def band_offsets(
     m: int, n: int, bandwidth: int, causal: bool, device: torch.device
 ) -> tuple[Tensor, Tensor]:
-    """For query i, the key indices i + o, o ∈ [−w, w] ([−w, 0] causal), clamped into [0, N),
-    and whether each is in range: (M, W) long and (M, W) bool."""
-    w = min(bandwidth, max(m, n))  # a wider band adds only out-of-range slots
+    """The band's offsets o ∈ [−w, w] ([−w, 0] causal; w clipped to max(M, N), as a wider band
+    adds only out-of-range slots) and, for query i and offset o, whether key i + o exists:
+    (W,) long and (M, W) bool."""
+    w = min(bandwidth, max(m, n))
     offsets = torch.arange(-w, 1 if causal else w + 1, device=device)
     idx = torch.arange(m, device=device)[:, None] + offsets
-    valid = (idx >= 0) & (idx < n)
-    return idx.clamp(0, n - 1), valid
+    return offsets, (idx >= 0) & (idx < n)
 
 
 @REGISTRY.register("fmm")
@@ -145,15 +146,26 @@ class FMMformer(nn.Module):
     def near_field(
         self, q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None
     ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-        """Banded softmax attention: (context (…, M, d_v), band weights (…, M, W), key indices
-        (M, W), in range (M, W)); ``keep`` (…, 1, N) is the key padding."""
+        """Banded softmax attention: (context (…, M, d_v), band weights (…, M, W), offsets (W,),
+        in range (M, W)); ``keep`` (…, 1, N) is the key padding.
+
+        One offset at a time over keys and values padded by w on each side, so memory is
+        O(M·W + M·d), never O(M·W·d)."""
         m, n = q.shape[-2], k.shape[-2]
-        idx, valid = band_indices(m, n, self.bandwidth, self.causal, q.device)
-        kw, vw = k[..., idx, :], v[..., idx, :]  # (…, M, W, d)
-        scores = (q.unsqueeze(-2) * kw).sum(-1) / math.sqrt(q.shape[-1])
-        allowed = valid if keep is None else valid & keep[..., 0, :][..., idx]
+        offsets, valid = band_offsets(m, n, self.bandwidth, self.causal, q.device)
+        w = -int(offsets[0])
+        pad = (w, w + max(0, m - n))  # slot t of query i is key i + t − w
+        kp, vp = (F.pad(x, (0, 0, *pad)) for x in (k, v))
+        scores = torch.stack(
+            [(q * kp[..., t : t + m, :]).sum(-1) for t in range(len(offsets))], -1
+        ) / math.sqrt(q.shape[-1])
+        allowed = valid
+        if keep is not None:
+            kept = F.pad(keep[..., 0, :], pad, value=False)
+            allowed = valid & torch.stack([kept[..., t : t + m] for t in range(len(offsets))], -1)
         weights = self.align(scores, allowed).weights
-        return (weights.unsqueeze(-1) * vw).sum(-2), weights, idx, valid
+        context = sum(weights[..., t, None] * vp[..., t : t + m, :] for t in range(len(offsets)))
+        return context, weights, offsets, valid
 
     def forward(
         self,
@@ -175,7 +187,7 @@ class FMMformer(nn.Module):
         query_keep, key_row = padding_masks(mask, torch.Size((*lead, m, n)), who)
         key_keep = None if key_row is None else key_row.transpose(-1, -2)  # (…, N, 1)
         k, v = zero_rows(k, key_keep), zero_rows(v, key_keep)
-        near, band, idx, valid = self.near_field(q, k, v, key_row)
+        near, band, offsets, valid = self.near_field(q, k, v, key_row)
         fq, fk = self.features(q), self.features(k)
         if self.causal:
             far = kz.causal_feature_attention(fq, fk, v, key_keep, self.chunk_size)
@@ -185,6 +197,7 @@ class FMMformer(nn.Module):
         context = zero_rows(context, query_keep)
         near_w = far_w = blended = None
         if need_weights or hooks.listening():
+            idx = (torch.arange(m, device=q.device)[:, None] + offsets).clamp(0, n - 1)
             dense = band.new_zeros(*band.shape[:-1], n)
             near_w = dense.scatter_add(-1, idx.expand_as(band), band * valid)
             far_w = kz.dense_feature_weights(self.far_align, fq, fk, key_keep, self.causal)
