@@ -42,6 +42,7 @@ def test_each_head_with_its_alignment():
     (g2,) = torch.autograd.grad(ref.sum(), x)
     torch.testing.assert_close(g1, g2)
     assert out.weights[:, 0].triu(2).abs().sum() == 0  # the local head stays in its window
+    assert set(ak.describe(mha).alignment.split(" + ")) == {"Global", "Sparse", "Local"}
 
 
 def test_groups_of_heads():
