@@ -67,6 +67,8 @@ def test_from_torch_copies_every_parameter_and_setting():
         Transformer.from_torch(nn.Linear(2, 2))
     with pytest.raises(ValueError, match="bias=False"):
         Transformer.from_torch(nn.Transformer(8, 2, 1, 1, 16, bias=False))
+    with pytest.raises(ValueError, match="custom_encoder"):
+        Transformer.from_torch(nn.Transformer(8, 2, 1, 1, 16, custom_encoder=nn.Identity()))
 
 
 def test_transformer_is_causal_in_the_target_and_exported():

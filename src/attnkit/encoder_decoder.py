@@ -92,6 +92,10 @@ class Transformer(nn.Module):
         biases (``bias=False``) and activations other than ReLU and GELU are refused."""
         if not isinstance(module, nn.Transformer):
             raise TypeError(f"expected torch.nn.Transformer, got {type(module).__name__}")
+        if not isinstance(module.encoder, nn.TransformerEncoder) or not isinstance(
+            module.decoder, nn.TransformerDecoder
+        ):
+            raise ValueError("from_torch: custom_encoder / custom_decoder are not supported")
         enc, dec = module.encoder.layers, module.decoder.layers
         first = enc[0]
         if first.linear1.bias is None or first.norm1.bias is None:
