@@ -8,6 +8,9 @@ import attnkit as ak
 from attnkit import masks
 from attnkit.encoder_decoder import Transformer
 
+# torch.nn.Transformer warns that its inference fast path is off for these settings.
+pytestmark = pytest.mark.filterwarnings("ignore:enable_nested_tensor is True")
+
 
 def _torch_transformer(norm_first, activation="relu", seed=0):
     torch.manual_seed(seed)
