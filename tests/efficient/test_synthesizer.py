@@ -181,3 +181,18 @@ def test_clear_errors():
         Synthesizer(DotProductLogits())
     with pytest.raises(ValueError, match="at least one"):
         Synthesizer([])
+
+
+def test_kv_cached_decoding_equals_one_causal_pass():
+    """Dense synthetic logits come from the query's content and index absolute key positions,
+    so decoding token by token with a cache (keys 0 … t) equals the causal pass. (The random
+    forms index query rows too, which the attention slot does not place: see the module.)"""
+    torch.manual_seed(2)
+    parts = [DenseSynthetic(4, 6, heads=2), DotProductLogits()]
+    mha = ak.MultiHeadAttention(8, 2, attention=Synthesizer(parts), dtype=D)
+    mha.attention.double()
+    x = torch.randn(2, 6, 8, dtype=D)
+    full = mha(x, mask=ak.masks.causal(6, 6)).context
+    cache = ak.kv_cache.LayerCache()
+    steps = [mha(x[:, t : t + 1], cache=cache).context for t in range(6)]
+    torch.testing.assert_close(torch.cat(steps, 1), full)

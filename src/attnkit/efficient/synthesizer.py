@@ -21,6 +21,9 @@ mechanism and a per-head part for ``MultiHeadAttention(attention=...)``.
 
 Synthetic logits index key *positions*, so masks are honoured by masking the logits (a causal
 mask works, padding equals truncation); N (and M for the random forms) may not exceed ℓ.
+The random forms also index query rows 0 … M−1: in incremental decoding with a KV cache the
+attention slot does not say where the new queries sit, so decode with the dense form and
+dot-product only (they depend on the query's content, not its position).
 """
 
 from __future__ import annotations
