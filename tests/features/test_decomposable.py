@@ -94,7 +94,7 @@ def test_learns_whether_the_hypothesis_token_is_in_the_premise():
         hypothesis = torch.where(label.bool(), perm[:, 0], perm[:, 4])[:, None]
         return perm[:, :4], hypothesis, label
 
-    for _ in range(150):
+    for _ in range(120):
         prem, hyp, label = batch(32)
         loss = torch.nn.functional.cross_entropy(m(embed(prem), embed(hyp)).logits, label)
         opt.zero_grad()
