@@ -69,11 +69,11 @@ def test_near_field_is_banded_softmax():
     torch.testing.assert_close(out.near.sum(-1), torch.ones(2, 9, dtype=D))
 
 
-@pytest.mark.parametrize("m", [4, 13])
-def test_near_field_with_more_or_fewer_queries_than_keys(m):
+@pytest.mark.parametrize(("m", "n"), [(4, 9), (13, 9), (2, 40)])
+def test_near_field_with_more_or_fewer_queries_than_keys(m, n):
     """The band is over indices: query i sees keys |i − j| ≤ w that exist."""
     q, _, _ = _qkv(6, n=m)
-    _, k, v = _qkv(7)
+    _, k, v = _qkv(7, n=n)
     part = FMMformer(3, near_weight=1.0, far_weight=0.0).to(D)
     torch.testing.assert_close(part(q, k, v).context, _near(q, k, v, 3))
 

@@ -6,7 +6,8 @@ far field, blended by learned weights:
     V̂ = w₁ D V + w₂ L V                                      (FMMformer eq. 6)
 
 - near field D: softmax attention restricted to the band |i − j| ≤ w (0 ≤ i − j ≤ w when causal),
-  D_ij = exp(q_i·k_j/√d) / Σ_{|i−l|≤w} exp(q_i·k_l/√d), computed on the band only: O(N·w·d);
+  D_ij = exp(q_i·k_j/√d) / Σ_{|i−l|≤w} exp(q_i·k_l/√d), computed in blocks of c = max(w, 16)
+  queries against the 3c keys around them: O(N·c·d);
 - far field L: linear attention (Katharopoulos et al.; :mod:`attnkit.efficient.kernelized`) with
   the kernel φ(q)·φ(k) = Σ_l φ_l(q)·φ_l(k) of r feature maps (the paper's rank-r far field:
   the features are concatenated), O(N·r·m·d); causal by prefix sums;
@@ -38,7 +39,7 @@ from attnkit.efficient.linear import check_causal, make_feature_map, refuse_bias
 from attnkit.efficient.lsh import check_head_inputs
 from attnkit.mechanisms import REGISTRY, example_tensor
 
-__all__ = ["FMMOutput", "FMMformer", "band_offsets"]
+__all__ = ["FMMOutput", "FMMformer", "band_blocks"]
 
 
 class FMMOutput(NamedTuple):
@@ -66,16 +67,34 @@ class FMMOutput(NamedTuple):
         return {k: w for k, w in (("near", self.near), ("far", self.far)) if w is not None}
 
 
-def band_offsets(
+def band_blocks(
     m: int, n: int, bandwidth: int, causal: bool, device: torch.device
-) -> tuple[Tensor, Tensor]:
-    """The band's offsets o ∈ [−w, w] ([−w, 0] causal; w clipped to max(M, N), as a wider band
-    adds only out-of-range slots) and, for query i and offset o, whether key i + o exists:
-    (W,) long and (M, W) bool."""
-    w = min(bandwidth, max(m, n))
-    offsets = torch.arange(-w, 1 if causal else w + 1, device=device)
-    idx = torch.arange(m, device=device)[:, None] + offsets
-    return offsets, (idx >= 0) & (idx < n)
+) -> tuple[int, Tensor, Tensor]:
+    """The near field's blocking: queries in blocks of c ≥ w, block b seeing the keys of blocks
+    b − 1, b, b + 1 (3c slots, slot s of block b is key j = (b − 1)c + s).
+
+    Returns:
+        c; the key index of each (block, row, slot) (nb, c, 3c), clamped into [0, N); and
+        whether the pair is in the band |i − j| ≤ w (−w ≤ j − i ≤ 0 causal) with i < M and
+        j < N, (nb, c, 3c).
+    """
+    w = min(bandwidth, max(m, n))  # a wider band adds only out-of-range keys
+    c = max(w, min(16, max(m, n)), 1)  # blocks of ≥ 16 keep the matrix products efficient
+    nb = -(-m // c)
+    i = torch.arange(nb * c, device=device).reshape(nb, c, 1)
+    j = (torch.arange(nb, device=device) - 1).reshape(nb, 1, 1) * c + torch.arange(
+        3 * c, device=device
+    )
+    o = j - i
+    inside = (o >= -w) & (o <= (0 if causal else w)) & (i < m) & (j >= 0) & (j < n)
+    return c, j.clamp(0, n - 1).expand(nb, c, 3 * c), inside
+
+
+def _windows(x: Tensor, c: int, nb: int) -> Tensor:
+    """x (…, N, e) → (…, nb, 3c, e): for block b, rows (b − 1)c … (b + 2)c − 1 (0 outside)."""
+    n = x.shape[-2]
+    padded = F.pad(x, (0, 0, c, (nb + 2) * c - c - n))
+    return padded.unfold(-2, 3 * c, c).transpose(-1, -2)
 
 
 @REGISTRY.register("fmm")
@@ -145,27 +164,21 @@ class FMMformer(nn.Module):
 
     def near_field(
         self, q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None
-    ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-        """Banded softmax attention: (context (…, M, d_v), band weights (…, M, W), offsets (W,),
-        in range (M, W)); ``keep`` (…, 1, N) is the key padding.
-
-        One offset at a time over keys and values padded by w on each side, so memory is
-        O(M·W + M·d), never O(M·W·d)."""
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """Banded softmax attention, block by block: (context (…, M, d_v), weights (…, nb, c, 3c)
+        over each block's key slots, key index of each slot (nb, c, 3c)); ``keep`` (…, 1, N)
+        is the key padding. O(M·c·d) time and O(M·c) memory for blocks of c = max(w, 16)."""
         m, n = q.shape[-2], k.shape[-2]
-        offsets, valid = band_offsets(m, n, self.bandwidth, self.causal, q.device)
-        w = -int(offsets[0])
-        pad = (w, w + max(0, m - n))  # slot t of query i is key i + t − w
-        kp, vp = (F.pad(x, (0, 0, *pad)) for x in (k, v))
-        scores = torch.stack(
-            [(q * kp[..., t : t + m, :]).sum(-1) for t in range(len(offsets))], -1
-        ) / math.sqrt(q.shape[-1])
-        allowed = valid
+        c, j, inside = band_blocks(m, n, self.bandwidth, self.causal, q.device)
+        nb = j.shape[0]
+        qb = F.pad(q, (0, 0, 0, nb * c - m)).unflatten(-2, (nb, c))  # (…, nb, c, d)
+        scores = qb @ _windows(k, c, nb).transpose(-1, -2) / math.sqrt(q.shape[-1])
+        allowed = inside
         if keep is not None:
-            kept = F.pad(keep[..., 0, :], pad, value=False)
-            allowed = valid & torch.stack([kept[..., t : t + m] for t in range(len(offsets))], -1)
-        weights = self.align(scores, allowed).weights
-        context = sum(weights[..., t, None] * vp[..., t : t + m, :] for t in range(len(offsets)))
-        return context, weights, offsets, valid
+            allowed = inside & _windows(keep.transpose(-1, -2), c, nb).transpose(-1, -2)
+        weights = self.align(scores, allowed).weights  # (…, nb, c, 3c)
+        context = (weights @ _windows(v, c, nb)).flatten(-3, -2)[..., :m, :]
+        return context, weights, j
 
     def forward(
         self,
@@ -187,7 +200,7 @@ class FMMformer(nn.Module):
         query_keep, key_row = padding_masks(mask, torch.Size((*lead, m, n)), who)
         key_keep = None if key_row is None else key_row.transpose(-1, -2)  # (…, N, 1)
         k, v = zero_rows(k, key_keep), zero_rows(v, key_keep)
-        near, band, offsets, valid = self.near_field(q, k, v, key_row)
+        near, band, slots = self.near_field(q, k, v, key_row)
         fq, fk = self.features(q), self.features(k)
         if self.causal:
             far = kz.causal_feature_attention(fq, fk, v, key_keep, self.chunk_size)
@@ -197,9 +210,9 @@ class FMMformer(nn.Module):
         context = zero_rows(context, query_keep)
         near_w = far_w = blended = None
         if need_weights or hooks.listening():
-            idx = (torch.arange(m, device=q.device)[:, None] + offsets).clamp(0, n - 1)
+            band, slots = band.flatten(-3, -2)[..., :m, :], slots.flatten(0, 1)[:m]
             dense = band.new_zeros(*band.shape[:-1], n)
-            near_w = dense.scatter_add(-1, idx.expand_as(band), band * valid)
+            near_w = dense.scatter_add(-1, slots.expand_as(band), band)
             far_w = kz.dense_feature_weights(self.far_align, fq, fk, key_keep, self.causal)
             near_w, far_w = zero_rows(near_w, query_keep), zero_rows(far_w, query_keep)
             blended = self.near_weight * near_w + self.far_weight * far_w
