@@ -4,6 +4,7 @@
 on unknown names or arguments.
 """
 
+from attnkit.positions.alibi import ALiBi, alibi_slopes
 from attnkit.positions.base import (
     REGISTRY,
     AbsolutePosition,
@@ -11,18 +12,40 @@ from attnkit.positions.base import (
     PositionScheme,
     relative_distances,
 )
+from attnkit.positions.learned import Learned
+from attnkit.positions.music import MusicRelative, skew
 from attnkit.positions.none import NoPosition
+from attnkit.positions.rope import Rotary, rotate
+from attnkit.positions.shaw import ShawRelative
+from attnkit.positions.sinusoidal import Sinusoidal, sinusoid_table
+from attnkit.positions.t5 import T5Relative, t5_bucket
+from attnkit.positions.transformer_xl import TransformerXL, TransformerXLLayer, XLRelative
 
 available = REGISTRY.available
 build = REGISTRY.build
 
 __all__ = [
     "REGISTRY",
+    "ALiBi",
     "AbsolutePosition",
+    "Learned",
+    "MusicRelative",
     "NoPosition",
     "PositionScheme",
     "Positioned",
+    "Rotary",
+    "ShawRelative",
+    "Sinusoidal",
+    "T5Relative",
+    "TransformerXL",
+    "TransformerXLLayer",
+    "XLRelative",
+    "alibi_slopes",
     "available",
     "build",
     "relative_distances",
+    "rotate",
+    "sinusoid_table",
+    "skew",
+    "t5_bucket",
 ]

@@ -26,7 +26,14 @@ from torch import Tensor, nn
 
 from attnkit.registry import Registry
 
-__all__ = ["REGISTRY", "AbsolutePosition", "PositionScheme", "Positioned", "relative_distances"]
+__all__ = [
+    "REGISTRY",
+    "AbsolutePosition",
+    "PositionScheme",
+    "Positioned",
+    "check_qk",
+    "relative_distances",
+]
 
 
 class Positioned(NamedTuple):
@@ -66,9 +73,7 @@ class PositionScheme(nn.Module):
     absolute: ClassVar[bool] = False
 
     @classmethod
-    def for_heads(
-        cls, head_dim: int, num_heads: int, *, device=None, dtype=None
-    ) -> PositionScheme:
+    def for_heads(cls, head_dim: int, num_heads: int, *, device=None, dtype=None) -> PositionScheme:
         return cls()
 
     def forward(self, q: Tensor, k: Tensor, *, q_offset: int = 0, k_offset: int = 0) -> Positioned:
@@ -91,3 +96,23 @@ class AbsolutePosition(nn.Module):
 
     def forward(self, x: Tensor, *, offset: int = 0) -> Tensor:
         raise NotImplementedError
+
+
+def check_qk(q: Tensor, k: Tensor, scheme: str, *, heads: int | None = None) -> None:
+    """Raise for queries and keys a per-head scheme cannot take: floating tensors (…, M, d) and
+    (…, N, d) with the same d and dtype, and with ``heads`` given, H = ``heads`` at dim −3."""
+    from attnkit import inputs
+
+    min_dim = 2 if heads is None else 3
+    inputs.tensor(q, "q", min_dim=min_dim)
+    inputs.tensor(k, "k", min_dim=min_dim)
+    if q.shape[-1] != k.shape[-1] or q.dtype != k.dtype:
+        raise ValueError(
+            f"{scheme}: q {tuple(q.shape)} {q.dtype} and k {tuple(k.shape)} {k.dtype} need the "
+            "same size d and dtype"
+        )
+    if heads is not None and (q.shape[-3] != heads or k.shape[-3] != heads):
+        raise ValueError(
+            f"{scheme} has parameters for {heads} heads but got q {tuple(q.shape)} and k "
+            f"{tuple(k.shape)} (heads at dim -3)"
+        )
