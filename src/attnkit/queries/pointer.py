@@ -6,7 +6,8 @@ of d_i over the e_j is the output distribution itself (Vinyals et al. eq. 3):
 
     u^i_j = vᵀ tanh(W_1 e_j + W_2 d_i),   p(C_i | C_1 … C_{i−1}, P) = softmax(u^i).
 
-No context vector is formed. The decoder's next input is the input the step pointed at (the
+(The default :class:`attnkit.scores.Additive` adds a bias b inside the tanh.) No context vector
+is formed. The decoder's next input is the input the step pointed at (the
 target's during training, ``targets``; the most probable one otherwise). Any score and alignment
 may replace the additive score and softmax.
 """
