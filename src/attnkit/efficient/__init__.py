@@ -7,6 +7,7 @@ from attnkit.efficient.area import AreaAttention
 from attnkit.efficient.biblosa import BiBloSA, BiBloSAOutput
 from attnkit.efficient.fast_weights import FastWeightProgrammer
 from attnkit.efficient.fmm import FMMformer, FMMOutput
+from attnkit.efficient.landmarks import LandmarkOutput
 from attnkit.efficient.linear import LinearAttention
 from attnkit.efficient.linformer import Linformer
 from attnkit.efficient.lite import LongShortRangeAttention, LongShortRangeOutput
@@ -32,6 +33,7 @@ __all__ = [
     "FastWeightProgrammer",
     "HeadOutput",
     "LSHAttention",
+    "LandmarkOutput",
     "LinearAttention",
     "Linformer",
     "LongShortRangeAttention",
