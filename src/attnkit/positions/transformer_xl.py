@@ -191,6 +191,7 @@ class TransformerXL(nn.Module):
         for n, layer in enumerate(self.layers):
             mem = None if memory is None else memory[n]
             full = h if mem is None else torch.cat([mem, h], dim=-2)
-            new_memory.append(full[..., full.shape[-2] - self.mem_len :, :].detach())
+            keep = max(full.shape[-2] - self.mem_len, 0)  # the last mem_len positions
+            new_memory.append(full[..., keep:, :].detach())
             h = layer(h, mem, mask)
         return h, new_memory
