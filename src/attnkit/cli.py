@@ -56,6 +56,14 @@ def main(argv: list[str] | None = None) -> int:
         "taxonomy", help="rebuild Brauwers Table III from attnkit's models and check each row"
     )
     bench = sub.add_parser("bench", help="quick benchmarks: ratios against baselines, one run")
+    bench.add_argument(
+        "which",
+        nargs="?",
+        choices=("core", "efficient"),
+        default="core",
+        help="core: multi-head attention, scores and kernels (default); efficient: efficient "
+        "attention against exact attention as N grows",
+    )
     bench.add_argument("--full", action="store_true", help="the full sizes (slow: many minutes)")
     args = parser.parse_args(argv)
     if args.command == "run":
@@ -87,6 +95,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"... {msg}", file=sys.stderr, flush=True)
 
         print(f"Machine: {machine()}\n")
+        if args.which == "efficient":
+            from attnkit.benchmarking import efficient
+
+            print(efficient.main(quick=not args.full, progress=progress))
+            return 0
         progress("multi-head attention and score functions")
         print(core.main(quick=not args.full), flush=True)
         print()

@@ -59,3 +59,20 @@ def test_reinforce_term_only_for_stochastic_alignments():
     loss.backward()
     # reward - baseline = (-1 - -2, -3 - -2) = (1, -1); d/dlog_prob = -(reward - mean) / 2
     torch.testing.assert_close(log_prob.grad, torch.tensor([-0.5, 0.5]))
+
+
+def test_slot_mechanisms_by_registry_and_built_with_the_model_sizes():
+    names = parts.slot_mechanisms("attnkit.efficient")
+    assert {"linear", "performer", "rfa"} <= set(names)
+    assert "memn2n" not in parts.slot_mechanisms()  # not a per-head attention part
+    performer = parts.build_slot_attention("performer", head_dim=8, num_heads=2, max_len=16)
+    assert performer.d == 8 and performer.omega.shape[-1] == 8
+
+
+def test_build_slot_attention_refuses_what_it_cannot_build():
+    with pytest.raises(ValueError, match="not a per-head attention part"):
+        parts.build_slot_attention("memn2n", head_dim=8, num_heads=2, max_len=16)
+    with pytest.raises(ValueError, match="unknown mechanism"):
+        parts.build_slot_attention("nope", head_dim=8, num_heads=2, max_len=16)
+    with pytest.raises(ValueError, match="needs the argument 'components'"):
+        parts.build_slot_attention("synthesizer", head_dim=8, num_heads=2, max_len=16)

@@ -7,10 +7,11 @@ is refused with a message saying so, instead of being built with guessed or defa
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from typing import Any
 
-from torch import Tensor
+from torch import Tensor, nn
 
 import attnkit as ak
 from attnkit import alignments as al
@@ -23,6 +24,8 @@ __all__ = [
     "build_alignment",
     "build_attention",
     "build_score",
+    "build_slot_attention",
+    "slot_mechanisms",
     "task_loss",
     "usable_scores",
 ]
@@ -54,6 +57,70 @@ ALIGNMENT_ARGUMENTS: dict[str, Callable[[int], dict[str, Any]]] = {
     "query_temperature": lambda d_q: {"d_q": d_q},
     "predicted_window": lambda d_q: {"d_q": d_q},
 }
+
+
+# Constructor parameters of a registered attention-slot mechanism that attnkit run and the
+# benchmarks fill from the model's sizes, by parameter name; every other parameter keeps its
+# default, and a required parameter not named here makes the mechanism unbuildable (refused).
+SLOT_SIZES: dict[str, str] = {
+    "d": "head_dim", "dim": "head_dim", "head_dim": "head_dim", "d_head": "head_dim",
+    "d_k": "head_dim", "seq_len": "max_len", "max_len": "max_len", "max_length": "max_len",
+    "n": "max_len", "length": "max_len", "num_heads": "num_heads", "n_heads": "num_heads",
+    "heads": "num_heads",
+}  # fmt: skip
+
+
+def _is_slot_part(cls: type) -> bool:
+    from attnkit.slots import ATTENTION_KEYWORDS
+
+    params = inspect.signature(cls.forward).parameters
+    return all(name in params for name in ATTENTION_KEYWORDS)
+
+
+def slot_mechanisms(package: str | None = None) -> list[str]:
+    """Registered mechanisms that are per-head parts for the attention slot (``forward(q, k, v,
+    *, mask, bias, need_weights)``), optionally only those defined in ``package`` (e.g.
+    ``"attnkit.efficient"``). New registrations appear here without any list to update."""
+    names = ak.mechanisms.available()  # imports the registering packages
+    out = []
+    for name in names:
+        cls = ak.mechanisms.REGISTRY.get(name)
+        if package is not None and not cls.__module__.startswith(package + "."):
+            continue
+        if _is_slot_part(cls):
+            out.append(name)
+    return out
+
+
+def build_slot_attention(name: str, *, head_dim: int, num_heads: int, max_len: int) -> nn.Module:
+    """The registered mechanism ``name`` as a per-head attention part, its required constructor
+    arguments filled by name from the sizes (:data:`SLOT_SIZES`).
+
+    Raises ValueError for an unknown name, a mechanism that is not an attention-slot part, or one
+    that needs an argument attnkit cannot give.
+    """
+    ak.mechanisms.available()
+    cls = ak.mechanisms.REGISTRY.get(name)  # unknown names: ValueError listing the options
+    if not _is_slot_part(cls):
+        raise ValueError(
+            f"mechanism {name!r} is not a per-head attention part (forward(q, k, v, *, mask, "
+            f"bias, need_weights)); usable: full, {', '.join(slot_mechanisms())}"
+        )
+    sizes = {"head_dim": head_dim, "num_heads": num_heads, "max_len": max_len}
+    kwargs = {}
+    for key, param in inspect.signature(cls).parameters.items():
+        if param.kind in (param.VAR_KEYWORD, param.VAR_POSITIONAL):
+            continue
+        if key in SLOT_SIZES:
+            if param.default is inspect.Parameter.empty or SLOT_SIZES[key] == "max_len":
+                kwargs[key] = sizes[SLOT_SIZES[key]]
+        elif param.default is inspect.Parameter.empty:
+            raise ValueError(
+                f"mechanism {name!r} needs the argument {key!r}, which attnkit cannot fill from "
+                f"the model's sizes ({', '.join(sorted(SLOT_SIZES))}); build it yourself and "
+                "pass it as MultiHeadAttention(attention=...)"
+            )
+    return ak.mechanisms.build(name, **kwargs)
 
 
 def usable_scores() -> list[str]:
