@@ -81,3 +81,30 @@ def test_errors():
         )
     with pytest.raises(ValueError, match="max_len"):
         MaskedLM(5, 4, d_model=8, heads=2, layers=1)(torch.zeros(1, 6, dtype=torch.long))
+
+
+@pytest.mark.slow
+def test_learns_to_fill_in_a_counting_sequence():
+    """Sequences s, s+1, …, s+9 (mod 10) under BERT masking: a hidden token is a neighbour ± 1,
+    read from either side. Bar: ≥ 0.9 of the [MASK]ed tokens right (chance 0.1) after 800
+    steps (about 0.96 at 600 steps, 0.99 at 800 when measured)."""
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(0)
+    model = MaskedLM(11, 10, d_model=32, heads=2, layers=2, d_ff=64, norm_first=True)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+
+    def batch(n):
+        start = torch.randint(0, 10, (n, 1), generator=g)
+        return (start + torch.arange(10)) % 10
+
+    for _ in range(800):
+        m = mask_tokens(batch(64), vocab_size=10, mask_id=10, generator=g)
+        loss = masked_lm_loss(model(m.inputs), m.labels)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    m = mask_tokens(batch(512), vocab_size=10, mask_id=10, generator=g)
+    with torch.no_grad():
+        guess = model.eval()(m.inputs).argmax(-1)
+    hidden = m.chosen & (m.inputs == 10)
+    assert (guess[hidden] == m.labels[hidden]).float().mean().item() >= 0.9
