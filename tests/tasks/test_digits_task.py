@@ -43,3 +43,4 @@ def test_vit_weights_are_the_class_tokens_last_layer_attention():
     torch.testing.assert_close(weights, cls / cls.sum(-1, keepdim=True))
     torch.testing.assert_close(weights.sum(-1), torch.ones(2, dtype=torch.float64))
     assert [r.shape for calls in records.values() for r in calls] == [(2, GRID * GRID)]
+    torch.testing.assert_close(model.train()(images)[0], logits)  # training: logits only
