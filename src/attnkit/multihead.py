@@ -277,6 +277,11 @@ class MultiHeadAttention(nn.Module):
             need_weights=need_weights or value_term is not None,
         )
         if value_term is not None:
+            if out.weights is None:
+                raise TypeError(
+                    f"position scheme {type(self.position).__name__} adds a value term from the "
+                    f"weights, but attention part {type(self.attention).__name__} returned none"
+                )
             out = out._replace(context=out.context + value_term(out.weights))
             if not need_weights:
                 out = out._replace(weights=None, scores=None)

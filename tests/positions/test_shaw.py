@@ -75,3 +75,13 @@ def test_errors_and_by_name():
     assert ak.MultiHeadAttention(8, 2, position="shaw").position.head_dim == 4
     with pytest.raises(ValueError, match="head_dim = 4"):
         ShawRelative(4)(torch.randn(2, 3, 6), torch.randn(2, 3, 6))
+
+
+def test_a_part_without_weights_is_refused():
+    class NoWeights(torch.nn.Module):
+        def forward(self, q, k, v, *, mask=None, bias=None, need_weights=False):
+            return ak.AttentionOutput(v.mean(-2, keepdim=True).expand(*q.shape[:-1], v.shape[-1]))
+
+    mha = ak.MultiHeadAttention(8, 2, attention=NoWeights(), position="shaw")
+    with pytest.raises(TypeError, match="returned none"):
+        mha(torch.randn(2, 3, 8))
