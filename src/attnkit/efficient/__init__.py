@@ -17,12 +17,17 @@ from attnkit.efficient.performer import Performer
 from attnkit.efficient.reversible import ReversibleOutput, ReversibleStack
 from attnkit.efficient.rfa import RandomFeatureAttention
 from attnkit.efficient.routing import RoutingAttention
+from attnkit.efficient.set_transformer import ISAB, MAB, PMA, SAB, ISABOutput, SetOutput
 from attnkit.efficient.sinkhorn import SinkhornAttention
 from attnkit.efficient.skyformer import Skyformer
 from attnkit.efficient.soft import SoftmaxFreeAttention
 from attnkit.efficient.synthesizer import Synthesizer
 
 __all__ = [
+    "ISAB",
+    "MAB",
+    "PMA",
+    "SAB",
     "AdaptiveSpanAttention",
     "AdaptivelySparseAttention",
     "AreaAttention",
@@ -32,6 +37,7 @@ __all__ = [
     "FMMformer",
     "FastWeightProgrammer",
     "HeadOutput",
+    "ISABOutput",
     "LSHAttention",
     "LandmarkOutput",
     "LinearAttention",
@@ -44,6 +50,7 @@ __all__ = [
     "ReversibleOutput",
     "ReversibleStack",
     "RoutingAttention",
+    "SetOutput",
     "SinkhornAttention",
     "Skyformer",
     "SoftmaxFreeAttention",
