@@ -12,6 +12,7 @@ from attnkit.efficient.linear import LinearAttention
 from attnkit.efficient.linformer import Linformer
 from attnkit.efficient.lite import LongShortRangeAttention, LongShortRangeOutput
 from attnkit.efficient.lsh import HeadOutput, LSHAttention
+from attnkit.efficient.luna import LunaAttention, LunaOutput
 from attnkit.efficient.nystrom import NystromAttention
 from attnkit.efficient.performer import Performer
 from attnkit.efficient.reversible import ReversibleOutput, ReversibleStack
@@ -44,6 +45,8 @@ __all__ = [
     "Linformer",
     "LongShortRangeAttention",
     "LongShortRangeOutput",
+    "LunaAttention",
+    "LunaOutput",
     "NystromAttention",
     "Performer",
     "RandomFeatureAttention",
