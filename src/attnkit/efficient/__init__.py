@@ -14,6 +14,7 @@ from attnkit.efficient.lite import LongShortRangeAttention, LongShortRangeOutput
 from attnkit.efficient.lsh import HeadOutput, LSHAttention
 from attnkit.efficient.luna import LunaAttention, LunaOutput
 from attnkit.efficient.nystrom import NystromAttention
+from attnkit.efficient.perceiver import PerceiverEncoder, PerceiverOutput
 from attnkit.efficient.performer import Performer
 from attnkit.efficient.reversible import ReversibleOutput, ReversibleStack
 from attnkit.efficient.rfa import RandomFeatureAttention
@@ -48,6 +49,8 @@ __all__ = [
     "LunaAttention",
     "LunaOutput",
     "NystromAttention",
+    "PerceiverEncoder",
+    "PerceiverOutput",
     "Performer",
     "RandomFeatureAttention",
     "ReversibleOutput",
