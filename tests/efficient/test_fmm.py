@@ -10,6 +10,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from flag_task import flag_retrieval_accuracy
 
 import attnkit as ak
 from attnkit.efficient import FMMformer
@@ -126,3 +127,9 @@ def test_refuses_other_masks_and_bias_and_fits_the_attention_slot():
     mha = ak.MultiHeadAttention(8, 2, attention=FMMformer(3, causal=True)).to(D)
     x = torch.randn(2, 12, 8, dtype=D)
     assert mha(x, x, x).context.shape == (2, 12, 8)
+
+
+@pytest.mark.slow
+def test_learns_flag_retrieval():
+    """Inside MultiHeadAttention it learns the flag-retrieval task (chance 1/8)."""
+    assert flag_retrieval_accuracy(FMMformer(4)) > 0.9

@@ -9,6 +9,7 @@ import math
 
 import pytest
 import torch
+from flag_task import flag_retrieval_accuracy
 
 import attnkit as ak
 from attnkit.efficient import Linformer
@@ -107,3 +108,9 @@ def test_refuses_causal_masks_bias_and_long_inputs():
         part(q, k, v)
     with pytest.raises(ValueError, match=r"heads=2\) needs inputs"):
         Linformer(7, 3, heads=2).to(D)(q, k, v)
+
+
+@pytest.mark.slow
+def test_learns_flag_retrieval():
+    """Inside MultiHeadAttention it learns the flag-retrieval task (chance 1/8)."""
+    assert flag_retrieval_accuracy(Linformer(24, 16)) > 0.9

@@ -9,6 +9,7 @@ import math
 
 import pytest
 import torch
+from flag_task import flag_retrieval_accuracy
 
 import attnkit as ak
 from attnkit.efficient import NystromAttention
@@ -102,3 +103,9 @@ def test_refuses_causal_masks_and_bias_and_fits_the_attention_slot():
     x = torch.randn(2, 16, 8, dtype=D)
     out = mha(x, x, x, need_weights=True)
     assert out.context.shape == (2, 16, 8) and out.weights.shape == (2, 2, 16, 16)
+
+
+@pytest.mark.slow
+def test_learns_flag_retrieval():
+    """Inside MultiHeadAttention it learns the flag-retrieval task (chance 1/8)."""
+    assert flag_retrieval_accuracy(NystromAttention(8)) > 0.9

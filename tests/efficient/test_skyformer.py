@@ -8,6 +8,7 @@ import math
 
 import pytest
 import torch
+from flag_task import flag_retrieval_accuracy
 
 import attnkit as ak
 from attnkit.efficient import Skyformer
@@ -71,3 +72,9 @@ def test_refuses_causal_masks_and_bias():
         Skyformer(3)(q, k, v, mask=ak.masks.causal(6))
     with pytest.raises(ValueError, match="bias"):
         Skyformer(3)(q, k, v, bias=torch.zeros(6, 6, dtype=D))
+
+
+@pytest.mark.slow
+def test_learns_flag_retrieval():
+    """Inside MultiHeadAttention it learns the flag-retrieval task (chance 1/8)."""
+    assert flag_retrieval_accuracy(Skyformer(8)) > 0.9

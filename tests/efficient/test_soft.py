@@ -9,6 +9,7 @@ import math
 
 import pytest
 import torch
+from flag_task import flag_retrieval_accuracy
 
 import attnkit as ak
 from attnkit.efficient import SoftmaxFreeAttention
@@ -83,3 +84,9 @@ def test_refuses_causal_masks_and_fits_the_attention_slot():
     mha = ak.MultiHeadAttention(8, 2, attention=SoftmaxFreeAttention(4)).to(D)
     x = torch.randn(2, 12, 8, dtype=D)
     assert mha(x, x, x).context.shape == (2, 12, 8)
+
+
+@pytest.mark.slow
+def test_learns_flag_retrieval():
+    """Inside MultiHeadAttention it learns the flag-retrieval task (chance 1/8)."""
+    assert flag_retrieval_accuracy(SoftmaxFreeAttention(8)) > 0.9

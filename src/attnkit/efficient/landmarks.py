@@ -100,6 +100,9 @@ def padding_masks(
     if mask is None:
         return None, None
     masks.check(mask, shape)
+    if mask.dim() < 2 or mask.shape[-2] == 1:  # key padding: never form (…, M, N)
+        key = mask if mask.dim() >= 2 else mask.unsqueeze(0)
+        return key.any(-1, keepdim=True), key
     rows = mask.broadcast_to(shape)
     key = rows.any(-2, keepdim=True)
     query = rows.any(-1, keepdim=True)

@@ -90,10 +90,8 @@ class Skyformer(nn.Module):
             qk = torch.ones_like(q[..., :1], dtype=torch.bool) if query_keep is None else query_keep
             kk = torch.ones_like(k[..., :1], dtype=torch.bool) if key_keep is None else key_keep
             lead = torch.broadcast_shapes(qk.shape[:-2], kk.shape[:-2])
-            keep = torch.cat(
-                (qk.broadcast_to(*lead, *qk.shape[-2:]), kk.broadcast_to(*lead, *kk.shape[-2:])),
-                -2,
-            )
+            m, n = q.shape[-2], k.shape[-2]
+            keep = torch.cat((qk.broadcast_to(*lead, m, 1), kk.broadcast_to(*lead, n, 1)), -2)
         landmarks, present = segment_means(points, self.num_landmarks, keep)
         return landmarks, present, landmarks, present
 
