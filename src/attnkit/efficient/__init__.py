@@ -19,6 +19,7 @@ from attnkit.efficient.performer import Performer
 from attnkit.efficient.reversible import ReversibleOutput, ReversibleStack
 from attnkit.efficient.rfa import RandomFeatureAttention
 from attnkit.efficient.routing import RoutingAttention
+from attnkit.efficient.rpe_fft import RelativeKernelAttention
 from attnkit.efficient.set_transformer import ISAB, MAB, PMA, SAB, ISABOutput, SetOutput
 from attnkit.efficient.sinkhorn import SinkhornAttention
 from attnkit.efficient.skyformer import Skyformer
@@ -53,6 +54,7 @@ __all__ = [
     "PerceiverOutput",
     "Performer",
     "RandomFeatureAttention",
+    "RelativeKernelAttention",
     "ReversibleOutput",
     "ReversibleStack",
     "RoutingAttention",
