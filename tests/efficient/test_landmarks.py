@@ -1,4 +1,4 @@
-"""The landmark core: segment means (Nyströmformer sec. 3.3) over the real rows, empty segments
+"""The landmark core: segment means (Nyströmformer) over the real rows, empty segments
 when there are fewer rows than landmarks, and the split of padding masks into query and key
 padding (other masks refused)."""
 

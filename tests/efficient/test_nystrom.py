@@ -1,7 +1,7 @@
 """Nyström attention (Xiong et al. 2021): the pseudo-inverse iteration converges to
 torch.linalg.pinv; with every token a landmark it is softmax attention; with fewer landmarks it is
-the paper's eq. 14 on segment means (written out below with torch.linalg.pinv); padding equals
-truncation; causal masks and bias are refused."""
+the paper's approximation on segment means (written out below with torch.linalg.pinv); padding
+equals truncation; causal masks and bias are refused."""
 
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ def _softmax_rows(s):
 
 
 def _reference(q, k, v, m):
-    """Xiong et al. eq. 14 for one item: segment means of N/m consecutive rows (sec. 3.3),
+    """Xiong et al.'s approximation for one item: segment means of N/m consecutive rows,
     three softmax matrices and the exact pseudo-inverse."""
     d = q.shape[-1]
     ql = torch.stack([q[i * len(q) // m : (i + 1) * len(q) // m].mean(0) for i in range(m)])

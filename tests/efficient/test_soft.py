@@ -28,7 +28,7 @@ def _qkv(seed=0, lead=(2,), m=6, n=6, d=4, dv=3):
 
 
 def gaussian(x, y):
-    """exp(−‖x_i − y_j‖² / (2√d)) entry by entry (SOFT eq. 3)."""
+    """exp(−‖x_i − y_j‖² / (2√d)) entry by entry (SOFT)."""
     d = x.shape[-1]
     out = torch.empty(len(x), len(y), dtype=D)
     for i in range(len(x)):

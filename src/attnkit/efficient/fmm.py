@@ -3,7 +3,7 @@ via Decomposed Near-field and Far-field Attention", NeurIPS 2021; Soydaner 5.3):
 multipole method splits an N-body sum, attention is split into a banded near field and a low-rank
 far field, blended by learned weights:
 
-    V̂ = w₁ D V + w₂ L V                                      (FMMformer eq. 6)
+    V̂ = w₁ D V + w₂ L V
 
 - near field D: softmax attention restricted to the band |i − j| ≤ w (0 ≤ i − j ≤ w when causal),
   D_ij = exp(q_i·k_j/√d) / Σ_{|i−l|≤w} exp(q_i·k_l/√d), computed in blocks of c = max(w, 16)

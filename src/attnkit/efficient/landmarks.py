@@ -2,7 +2,7 @@
 Skyformer; Soydaner 5.3): padding masks split into query and key padding, landmarks as segment
 means, the iterative Moore-Penrose pseudo-inverse, and the three-factor Nyström product.
 
-Nyström approximation (Xiong et al. 2021, eq. 4 and sec. 3): a matrix S (M × N) whose rows and
+Nyström approximation (Xiong et al. 2021): a matrix S (M × N) whose rows and
 columns are indexed by queries and keys is approximated from m landmark queries q̃ and keys k̃ by
 
     Ŝ = F A⁺ B,   F = κ(Q, K̃) (M × m),   A = κ(Q̃, K̃) (m × m),   B = κ(Q̃, K) (m × N),
@@ -66,7 +66,7 @@ class LandmarkOutput(NamedTuple):
 
 class GaussianKernel(Alignment):
     """The Gaussian kernel as an alignment: scores e_ij = −‖q_i − k_j‖² / (2√d) give weights
-    a_ij = exp(e_ij) (SOFT eq. 3, Skyformer eq. 5), not normalised over the keys; masked keys
+    a_ij = exp(e_ij) (SOFT; Skyformer), not normalised over the keys; masked keys
     get 0."""
 
     label = tx.AlignmentKind.SOFT
@@ -117,7 +117,7 @@ def padding_masks(
 
 
 def segment_means(x: Tensor, m: int, keep: Tensor | None = None) -> tuple[Tensor, Tensor]:
-    """m landmarks of x (…, L, d) as means of consecutive segments (Nyströmformer sec. 3.3).
+    """m landmarks of x (…, L, d) as means of consecutive segments (Nyströmformer).
 
     The real rows (``keep`` (…, L, 1), True = real; all when None) are split in order: the r-th
     of L' real rows goes to segment ⌊r·m / L'⌋, so that with L' divisible by m each segment has
@@ -144,15 +144,16 @@ def segment_means(x: Tensor, m: int, keep: Tensor | None = None) -> tuple[Tensor
 
 
 def iterative_pinv(a: Tensor, iterations: int = 6) -> Tensor:
-    """The Moore-Penrose pseudo-inverse of a (…, m, m) by Nyströmformer's iteration (eq. 11,
-    after Razavi et al. 2014): Z₀ = Aᵀ / (‖A‖₁ ‖A‖_∞) and
+    """The Moore-Penrose pseudo-inverse of a (…, m, m) by Nyströmformer's iteration (after
+    Razavi et al. 2014): Z₀ = Aᵀ / (‖A‖₁ ‖A‖_∞) and
 
         Z_{j+1} = ¼ Z_j (13 I − A Z_j (15 I − A Z_j (7 I − A Z_j))).
 
-    ‖A‖₂² ≤ ‖A‖₁‖A‖_∞, so every singular value of A Z₀ lies in (0, 1]; the iteration drives
-    them all to 1 (for small x it multiplies x by 13/4, near 1 it converges with order 4), and
-    Z_j stays in the row space of Aᵀ, so it converges to A⁺, also for a singular A. Six
-    iterations suffice for a softmax kernel matrix (the paper); use more for exactness.
+    ‖A‖₂² ≤ ‖A‖₁‖A‖_∞, so every singular value x of A Z₀ lies in (0, 1]; the iteration drives
+    them all to 1 (for small x it multiplies x by 13/4; near 1 it converges with order 3,
+    1 − x ↦ ¾(1 − x)³ + ¼(1 − x)⁴), and Z_j stays in the row space of Aᵀ, so it converges to
+    A⁺, also for a singular A. Six iterations suffice for a softmax kernel matrix (the paper);
+    use more for exactness.
 
     Caveat: x = 0 is an unstable fixed point, so for a numerically singular A the rounding
     errors in its null space also grow by 13/4 per step and, after ~30 steps, swamp the result;
@@ -168,7 +169,7 @@ def iterative_pinv(a: Tensor, iterations: int = 6) -> Tensor:
 
 def newton_pinv(a: Tensor, iterations: int = 20) -> Tensor:
     """The Moore-Penrose pseudo-inverse of a (…, m, m) by the Newton-Schulz iteration that SOFT
-    uses (Lu et al. 2021, sec. 3.3; Ben-Israel and Cohen 1966): Z₀ = Aᵀ / (‖A‖₁ ‖A‖_∞),
+    uses (Lu et al. 2021; Ben-Israel and Cohen 1966): Z₀ = Aᵀ / (‖A‖₁ ‖A‖_∞),
     Z_{j+1} = 2 Z_j − Z_j A Z_j. Each singular value x of A Z goes to 2x − x² (quadratic
     convergence near 1); the caveat of :func:`iterative_pinv` about numerically singular A
     applies (the growth factor is 2)."""
@@ -217,7 +218,7 @@ def landmark_attention(
     landmarks: Landmarks,
 ) -> LandmarkOutput:
     """The Nyström product Ŝ V = F (A⁺ (B V)) with F = align(score(Q, K̃)), A = align(score(Q̃,
-    K̃)), B = align(score(Q̃, K)) (``part.align``; Xiong et al. eq. 14), A⁺ by
+    K̃)), B = align(score(Q̃, K)) (``part.align``; Xiong et al.), A⁺ by
     ``part.pseudo_inverse(A)``.
 
     ``landmarks(q, k, query_keep (…, M, 1), key_keep (…, N, 1))`` returns (Q̃, present_q, K̃,

@@ -4,9 +4,9 @@ attention approximated from m landmarks in O((M + N)·m·d):
 
     Ŝ V = softmax(Q K̃ᵀ/√d) · Z · (softmax(Q̃ Kᵀ/√d) V),   Z ≈ softmax(Q̃ K̃ᵀ/√d)⁺
 
-(the paper's eq. 14), where the landmarks Q̃, K̃ (m × d) are the means of m consecutive segments
-of the queries and keys (sec. 3.3) and Z is the pseudo-inverse by the paper's iteration (eq. 11;
-:func:`attnkit.efficient.landmarks.iterative_pinv`). With m = N landmarks each landmark is one
+(the paper's approximation), where the landmarks Q̃, K̃ (m × d) are the means of m consecutive
+segments of the queries and keys and Z is the pseudo-inverse by the paper's iteration
+(:func:`attnkit.efficient.landmarks.iterative_pinv`). With m = N landmarks each landmark is one
 token and, with Z converged, Ŝ = S S⁺ S = S: exact softmax attention.
 
 Omitted: the paper's optional skip connection (a depthwise convolution of V added to the output),
@@ -80,7 +80,7 @@ class NystromAttention(nn.Module):
         return f"num_landmarks={self.num_landmarks}, iterations={self.iterations}"
 
     def pseudo_inverse(self, a: Tensor) -> Tensor:
-        """Z ≈ A⁺ by ``iterations`` steps of the paper's iteration (eq. 11)."""
+        """Z ≈ A⁺ by ``iterations`` steps of the paper's iteration."""
         return iterative_pinv(a, self.iterations)
 
     def landmarks(

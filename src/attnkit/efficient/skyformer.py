@@ -8,7 +8,7 @@ sound: C is the off-diagonal block of the kernel matrix of all 2N points [Q; K],
 
 so with landmarks L (m rows of the space of [Q; K]) the Nyström approximation of B̄ gives
 
-    Ĉ = κ(Q, L) · κ(L, L)⁺ · κ(L, K)                     (Skyformer sec. 4),
+    Ĉ = κ(Q, L) · κ(L, L)⁺ · κ(L, K),
 
 and with every point of [Q; K] a landmark, Ĉ = C exactly (B̄ B̄⁺ B̄ = B̄). Unlike Nyströmformer's
 softmax factors, these are blocks of one PSD kernel matrix, for which Nyström's guarantees hold.
@@ -16,7 +16,7 @@ softmax factors, these are blocks of one PSD kernel matrix, for which Nyström's
 Differences from the paper, said plainly: the paper samples landmark columns at random from the
 2N points; here the landmarks are segment means of [Q; K] (deterministic, as
 :class:`attnkit.efficient.NystromAttention`), and κ(L, L)⁺ is taken by Nyströmformer's iteration
-(:func:`attnkit.efficient.landmarks.iterative_pinv`), as the paper's code does.
+(:func:`attnkit.efficient.landmarks.iterative_pinv`).
 
 Masks and bias as :class:`attnkit.efficient.NystromAttention` (padded queries and keys are left
 out of the landmarks; per-query masks are refused).

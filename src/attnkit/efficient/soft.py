@@ -2,14 +2,15 @@
 Softmax-free Transformer with Linear Complexity", NeurIPS 2021; Soydaner 5.3): the softmax of dot
 products is replaced by the Gaussian kernel, unnormalised,
 
-    S_ij = exp(−‖q_i − k_j‖² / (2√d))                                (SOFT eq. 3)
+    S_ij = exp(−‖q_i − k_j‖² / (2√d)),
 
-and S is approximated from m landmarks by the Nyström form (SOFT eq. 6):
+and S is approximated from m landmarks by the Nyström form:
 
     Ŝ = exp(Q ⊖ K̃) · exp(Q̃ ⊖ K̃)⁺ · exp(Q̃ ⊖ K),    output Ŝ V,
 
-the pseudo-inverse by Newton-Schulz iterations (sec. 3.3;
-:func:`attnkit.efficient.landmarks.newton_pinv`). With every token a landmark, Ŝ = S S⁺ S = S.
+where exp(X ⊖ Y) is the matrix of exp(−‖x_i − y_j‖² / (2√d)), and the pseudo-inverse by
+Newton-Schulz iterations (:func:`attnkit.efficient.landmarks.newton_pinv`). With every token a
+landmark, Ŝ = S S⁺ S = S.
 
 Differences from the paper, said plainly: the paper ties keys to queries (K = Q, one projection),
 which makes the middle matrix a symmetric positive-definite kernel matrix; a per-head part
