@@ -17,7 +17,8 @@ __all__ = ["add_parser", "execute"]
 # the task's (or RunConfig's), so a flag left out is not in the parsed arguments at all: that
 # is how --resume tells a contradicting flag from an unset one.
 _CONFIG_FLAGS: dict[str, tuple[str, type, str, str]] = {
-    "--score": ("score", str, "NAME", "score function (default: additive); one of: {scores}"),
+    "--score": ("score", str, "NAME", "score function (default: the task's, else additive); "
+                "one of: {scores}"),
     "--align": ("align", str, "NAME", "alignment function (default: softmax); one of: {aligns}"),
     "--epochs": ("epochs", int, "N", "training epochs (default: the task's; {epochs})"),
     "--batch-size": ("batch_size", int, "N", "examples per step (default: {batch_size})"),
@@ -32,6 +33,8 @@ _CONFIG_FLAGS: dict[str, tuple[str, type, str, str]] = {
                     "offer several: {attentions} (default: the task's own)"),
     "--position": ("position", str, "NAME", "position scheme, for tasks that take one "
                    "({positional}): one of {positions} (default: the task's own)"),
+    "--seq-len": ("seq_len", int, "N", "sequence length, for tasks with one (default: "
+                  "{seq_len})"),
     "--supervise-attention": ("supervise_attention", float, "LAMBDA", "add LAMBDA × KL(gold ‖ "
                               "weights) to the loss; tasks with gold alignments only: "
                               "{supervisable} (default: 0)"),
@@ -54,6 +57,12 @@ def add_parser(sub) -> argparse.ArgumentParser:
         "scores": ", ".join(parts.usable_scores()),
         "aligns": ", ".join(ak.alignments.available()),
         "supervisable": ", ".join(n for n in tasks.available() if tasks.get(n).gold_alignment),
+        "seq_len": "; ".join(
+            f"{n} {tasks.get(n).defaults['full']['seq_len']}, quick "
+            f"{tasks.get(n).defaults['quick']['seq_len']}"
+            for n in tasks.available()
+            if "seq_len" in tasks.get(n).defaults["full"]
+        ),
         "positional": ", ".join(n for n in tasks.available() if tasks.get(n).takes_position),
         "positions": ", ".join(ak.positions.available()),
         "attentions": "; ".join(
@@ -186,9 +195,23 @@ def _resume(args: argparse.Namespace, given: dict, options: dict) -> None:
     run(saved, resume=args.resume, **options)
 
 
+def _cost(run_dir: Path) -> dict:
+    """The training time and peak memory the runner recorded (cost.json), as table columns."""
+    import json
+
+    from attnkit.experiments.cost import METRICS
+
+    try:
+        spent = json.loads((run_dir / "cost.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return {k: float(spent[k]) for k in METRICS if isinstance(spent.get(k), int | float)}
+
+
 def _compare(args: argparse.Namespace, given: dict, options: dict) -> None:
     """One run per value of the compared key, each in ``<out>/<key>-<value>``, then the
     combined table (printed, compare.md, compare.html) in ``<out>``."""
+    from attnkit.experiments import cost
     from attnkit.experiments.compare import markdown_table, write_comparison
     from attnkit.experiments.config import ConfigError, RunConfig, check_output_dir, parse_value
     from attnkit.experiments.runner import run
@@ -211,8 +234,8 @@ def _compare(args: argparse.Namespace, given: dict, options: dict) -> None:
     rows = []
     for value, config in variants:
         run_dir, metrics = run(config, out / f"{key}-{value}", **options)
-        rows.append((value, run_dir, metrics))
-    info = tasks.get(task).metrics
+        rows.append((value, run_dir, {**metrics, **_cost(run_dir)}))
+    info = {**tasks.get(task).metrics, **cost.METRICS}
     page = write_comparison(out, key, rows, info)
     print("\n" + markdown_table(key, rows, info))
     print(f"\ncomparison: {page}")

@@ -28,7 +28,7 @@ class RunConfig:
     """Everything that decides a run's results. ``None``: the task's default (quick or full)."""
 
     task: str = "dates"
-    score: str = "additive"
+    score: str | None = None  # the task's default, else "additive"
     align: str = "softmax"
     epochs: int | None = None
     batch_size: int | None = None
@@ -39,6 +39,7 @@ class RunConfig:
     d_model: int | None = None
     n_train: int | None = None
     n_test: int | None = None
+    seq_len: int | None = None  # for tasks whose defaults give one (sequence-length tasks)
     attention: str = "default"  # the task's mechanism, for tasks with several (Task.attentions)
     position: str = "default"  # a position scheme, for tasks that take one (Task.takes_position)
 
@@ -60,12 +61,26 @@ class RunConfig:
         except ValueError as err:
             raise ConfigError(str(err)) from None
         defaults = task.defaults["quick" if self.quick else "full"]
-        out = replace(self, **{k: defaults[k] for k in self.names() if getattr(self, k) is None})
+        unset = [k for k in self.names() if getattr(self, k) is None and k in defaults]
+        out = replace(self, **{k: defaults[k] for k in unset})
+        if out.score is None:
+            out = replace(out, score="additive")
+        takes_length = "seq_len" in defaults
+        if out.seq_len is not None and not takes_length:
+            with_length = [
+                n for n in tasks.available() if "seq_len" in tasks.get(n).defaults["full"]
+            ]
+            raise ConfigError(
+                f"seq_len: task {out.task!r} has no sequence length to set (tasks with one: "
+                f"{', '.join(with_length)})"
+            )
         for key in self.names():
+            if key == "seq_len" and not takes_length:
+                continue
             if getattr(out, key) is None:
                 raise ConfigError(f"{key} is not set and task {self.task!r} gives no default")
-        for name in ("epochs", "batch_size", "n_train", "n_test"):
-            if getattr(out, name) < 1:
+        for name in ("epochs", "batch_size", "n_train", "n_test", "seq_len"):
+            if getattr(out, name) is not None and getattr(out, name) < 1:
                 raise ConfigError(f"{name} must be a positive int, got {getattr(out, name)!r}")
         if out.d_model < 2 or out.d_model % 2:
             raise ConfigError(f"d_model must be an even int >= 2, got {out.d_model!r}")

@@ -23,7 +23,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from attnkit import tasks
-from attnkit.experiments import checkpoints
+from attnkit.experiments import checkpoints, cost
 from attnkit.experiments.config import ConfigError, RunConfig, check_output_dir
 from attnkit.experiments.report import metric_rows, write_report
 from attnkit.experiments.threads import choose_threads, count_flops
@@ -121,8 +121,9 @@ def run(
     flops = count_flops(lambda: task.loss(model, first)) if threads is None else 0
     n_threads, why = choose_threads(threads, flops)
     torch.set_num_threads(n_threads)
+    slot = "" if config.attention == "default" else f"attention {config.attention}, "
     say(
-        f"attnkit run {config.task}: score {config.score}, align {config.align}, "
+        f"attnkit run {config.task}: {slot}score {config.score}, align {config.align}, "
         f"{config.epochs} epochs of {steps} steps (n_train {n}, batch {config.batch_size}), "
         f"seed {config.seed}"
     )
@@ -153,9 +154,13 @@ def run(
         say=say,
         progress=progress,
     )
-    history = trainer.fit()
+    with cost.measure() as spent:
+        history = trainer.fit()
     metrics: dict = {}
     if rank == 0:
+        checkpoints.atomic_write(
+            run_dir / "cost.json", lambda p: p.write_text(json.dumps(spent, indent=2))
+        )
         metrics = task.final_metrics(model)
         checkpoints.atomic_write(
             run_dir / "metrics.json", lambda p: p.write_text(json.dumps(metrics, indent=2))

@@ -1,0 +1,228 @@
+"""What the long-range tasks (``listops``, ``kv-recall``) share: a small Transformer encoder
+classifier whose attention is chosen by name, and the task plumbing (cross-entropy, accuracy
+with its chance level, heatmaps of the last layer's weights).
+
+The attention (run configuration key ``attention``) is ``full`` — :class:`attnkit.
+MultiHeadAttention` with the run's score and alignment (the tasks default to scaled dot-product
+and softmax) — or any registered mechanism that is a per-head attention-slot part
+(:func:`attnkit.tasks.parts.slot_mechanisms`), built for the model's head size and sequence
+length; a mechanism registered later is offered without any change here. No attention mask is
+passed (a sequence is padded with a padding token that the model learns to ignore), so that
+every mechanism sees the same input, including those that refuse masks (Linformer).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import ClassVar
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from attnkit.evaluation.capture import capture
+from attnkit.tasks import parts
+from attnkit.tasks.base import Task
+from attnkit.transformer import TransformerEncoderLayer
+
+__all__ = ["EncoderClassifier", "LongRangeTask", "SlotAttentions"]
+
+HEADS = 2
+LAYERS = 2
+
+
+class SlotAttentions(Sequence):
+    """``("full", *registered attention-slot mechanisms)``, read from the registry each time."""
+
+    def _names(self) -> tuple[str, ...]:
+        return ("full", *parts.slot_mechanisms())
+
+    def __getitem__(self, i):
+        return self._names()[i]
+
+    def __len__(self) -> int:
+        return len(self._names())
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._names())
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._names()
+
+
+class EncoderClassifier(nn.Module):
+    """Token embeddings (one table per input channel, summed) + learned positions → a stack of
+    pre-norm encoder layers → LayerNorm → a linear classifier read at position ``readout``.
+
+    Args:
+        vocab: tokens per channel; inputs are (B, N, C) integer tensors with C = len(vocab).
+        classes: output classes. d_model, heads, layers: sizes. max_len: longest input.
+        attention: ``"full"`` (multi-head attention with ``score``/``align``) or a registered
+            attention-slot mechanism's name (one instance per layer).
+        readout: the position whose final state is classified (e.g. 0 or -1).
+    """
+
+    def __init__(
+        self,
+        vocab: Sequence[int],
+        classes: int,
+        *,
+        d_model: int,
+        max_len: int,
+        attention: str = "full",
+        score: str = "scaled_dot",
+        align: str = "softmax",
+        heads: int = HEADS,
+        layers: int = LAYERS,
+        readout: int = 0,
+    ) -> None:
+        super().__init__()
+        self.embed = nn.ModuleList([nn.Embedding(v, d_model) for v in vocab])
+        self.position = nn.Embedding(max_len, d_model)
+        nn.init.normal_(self.position.weight, std=0.02)
+        head_dim = d_model // heads
+
+        def layer() -> TransformerEncoderLayer:
+            if attention == "full":
+                part = parts.build_attention(score, align, head_dim, max_len)
+            else:
+                part = parts.build_slot_attention(
+                    attention, head_dim=head_dim, num_heads=heads, max_len=max_len
+                )
+            return TransformerEncoderLayer(
+                d_model, heads, 2 * d_model, norm_first=True, attention=part
+            )
+
+        self.layers = nn.ModuleList([layer() for _ in range(layers)])
+        self.norm = nn.LayerNorm(d_model)
+        self.out = nn.Linear(d_model, classes)
+        self.readout = readout
+
+    def forward(self, tokens: Tensor) -> Tensor:
+        """tokens (B, N, C) → logits (B, classes)."""
+        if tokens.dim() != 3 or tokens.shape[-1] != len(self.embed):
+            raise ValueError(f"tokens must be (B, N, {len(self.embed)}), got {tuple(tokens.shape)}")
+        n = tokens.shape[1]
+        if n > self.position.num_embeddings:
+            raise ValueError(
+                f"sequence of {n} tokens, longer than max_len = {self.position.num_embeddings}"
+            )
+        x = sum(e(tokens[..., c]) for c, e in enumerate(self.embed))
+        x = x + self.position(torch.arange(n, device=tokens.device))
+        for layer in self.layers:
+            x = layer(x)
+        return self.out(self.norm(x[:, self.readout]))
+
+
+class LongRangeTask(Task):
+    """A classification task over generated token sequences. Subclasses set ``vocab``,
+    ``classes``, ``readout`` and make ``self.train`` and ``self.splits`` as (tokens (n, N, C),
+    labels (n,)) pairs, and may give gold positions per example for the heatmaps
+    (``gold_positions``)."""
+
+    attentions: ClassVar[SlotAttentions] = SlotAttentions()
+    vocab: ClassVar[tuple[int, ...]] = ()
+    classes: ClassVar[int] = 10
+    readout: ClassVar[int] = 0
+
+    @classmethod
+    def attention_name(cls, config) -> str:
+        return "full" if config.attention == "default" else config.attention
+
+    @classmethod
+    def validate(cls, config) -> None:
+        name = cls.attention_name(config)
+        if name != "full":  # a mechanism attnkit cannot build from the sizes: refused now
+            parts.build_slot_attention(name, head_dim=max(config.d_model // HEADS, 1),
+                                       num_heads=HEADS, max_len=config.seq_len)  # fmt: skip
+        if config.d_model % HEADS:
+            raise ValueError(
+                f"d_model must be divisible by the {HEADS} heads, got {config.d_model}"
+            )
+
+    def build_model(self) -> EncoderClassifier:
+        c = self.config
+        return EncoderClassifier(
+            self.vocab,
+            self.classes,
+            d_model=c.d_model,
+            max_len=self.length(),
+            attention=self.attention_name(c),
+            score=c.score,
+            align=c.align,
+            readout=self.readout,
+        )
+
+    def length(self) -> int:
+        return self.config.seq_len
+
+    def n_train(self) -> int:
+        return self.train[0].shape[0]
+
+    def has_split(self, name: str) -> bool:
+        return name in self.splits
+
+    def loss(self, model, index: Tensor) -> Tensor:
+        tokens, labels = (t[index] for t in self.train)
+        return F.cross_entropy(model(tokens), labels)
+
+    @torch.no_grad()
+    def predict(self, model, tokens: Tensor, batch: int = 256) -> Tensor:
+        model.eval()
+        return torch.cat(
+            [model(tokens[i : i + batch]).argmax(-1) for i in range(0, len(tokens), batch)]
+        )
+
+    @torch.no_grad()
+    def evaluate(self, model, split: str) -> dict[str, float]:
+        tokens, labels = self.splits[split]
+        accuracy = (self.predict(model, tokens) == labels).float().mean()
+        majority = torch.bincount(labels, minlength=self.classes).max() / len(labels)
+        return {"accuracy": float(accuracy), "majority_share": float(majority)}
+
+    def gold_positions(self, split: str) -> Tensor | None:
+        """(n,) the position the readout should attend to, or None."""
+        return None
+
+    @torch.no_grad()
+    def heatmaps(self, model, n: int = 4) -> list[dict]:
+        model.eval()
+        tokens, labels = (t[:n] for t in self.splits["test"])
+        with capture(model) as records:
+            predicted = model(tokens).argmax(-1)
+        last = [k for k in records if k.startswith(f"layers.{len(model.layers) - 1}.")]
+        gold_at = self.gold_positions("test")
+        show = min(tokens.shape[1], 48)
+        maps = []
+        for i in range(min(n, tokens.shape[0])):
+            if last:
+                w = records[last[0]][-1][i].float()
+                w = w.mean(0) if w.dim() == 3 else w  # mean over heads
+            else:
+                w = torch.zeros(tokens.shape[1], tokens.shape[1])
+            w = w[-show:, -show:] if self.readout == -1 else w[:show, :show]
+            gold = torch.zeros_like(w, dtype=torch.bool)
+            if gold_at is not None:
+                offset = tokens.shape[1] - show if self.readout == -1 else 0
+                col = int(gold_at[i]) - offset
+                row = show - 1 if self.readout == -1 else 0
+                if 0 <= col < show:
+                    gold[row, col] = True
+            labels_x = self.token_labels(tokens[i])
+            labels_x = labels_x[-show:] if self.readout == -1 else labels_x[:show]
+            maps.append(
+                {
+                    "title": f"example {i}: label {int(labels[i])}, predicted {int(predicted[i])}"
+                    + ("" if last else " (this attention reports no weights)"),
+                    "weights": w.numpy(),
+                    "gold": gold.numpy(),
+                    "x_labels": labels_x,
+                    "y_labels": labels_x,
+                    "x_title": "key position (token)",
+                    "y_title": "query position, last layer, mean over heads",
+                }
+            )
+        return maps
+
+    def token_labels(self, tokens: Tensor) -> list[str]:
+        return [str(t.tolist()) for t in tokens]

@@ -1,0 +1,83 @@
+"""kv-recall: the answers are the values stored with the queried keys (checked by a loop), full
+attention learns the task above chance, and the attention is chosen by registry name."""
+
+import pytest
+import torch
+
+from attnkit import cli, tasks
+from attnkit.experiments.config import ConfigError, RunConfig
+from attnkit.tasks.kv_recall_task import QUERY, VALUES, make_kv_recall
+
+
+def test_answers_are_the_values_stored_with_the_queried_key():
+    tokens, answers, where = make_kv_recall(50, 12, seed=3)
+    assert tokens.shape == (50, 12, 2)
+    for i in range(50):
+        pairs = {int(k): int(v) for k, v in tokens[i, :-1].tolist()}
+        assert len(pairs) == 11  # distinct keys
+        key, marker = tokens[i, -1].tolist()
+        assert marker == QUERY
+        assert answers[i] == pairs[key]
+        assert tokens[i, where[i], 0] == key
+    assert set(answers.tolist()) <= set(range(VALUES))
+
+
+def _train(attention: str, steps: int, seed: int = 0) -> float:
+    config = RunConfig(task="kv-recall", quick=True, seq_len=6, n_train=512, n_test=400,
+                       d_model=32, attention=attention, seed=seed).resolved()  # fmt: skip
+    task = tasks.get("kv-recall")(config)
+    torch.manual_seed(seed)
+    model = task.build_model()
+    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+    g = torch.Generator().manual_seed(seed)
+    for _ in range(steps):
+        model.train()
+        loss = task.loss(model, torch.randint(0, 512, (32,), generator=g))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return task.evaluate(model, "test")["accuracy"]
+
+
+def test_full_attention_learns_retrieval_above_chance():
+    torch.set_num_threads(1)
+    assert _train("full", 300) > 3 / VALUES  # chance 1/10
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("attention", ["full", "linear", "performer"])
+def test_longer_training_retrieves(attention):
+    assert _train(attention, 1500) > 2 / VALUES
+
+
+def test_attention_by_registry_name_and_refusals():
+    from attnkit.efficient import LinearAttention
+
+    config = RunConfig(task="kv-recall", quick=True, attention="linear").resolved()
+    model = tasks.get("kv-recall")(config).build_model()
+    found = [m for m in model.modules() if isinstance(m, LinearAttention)]
+    assert len(found) == 2 and found[0] is not found[1]  # one part per layer
+    assert "full" in tasks.get("kv-recall").attentions
+    assert "performer" in tasks.get("kv-recall").attentions
+    with pytest.raises(ConfigError, match="not offered"):
+        RunConfig(task="kv-recall", attention="memn2n").resolved()
+    with pytest.raises(ConfigError, match="needs the argument 'components'"):
+        RunConfig(task="kv-recall", attention="synthesizer").resolved()
+    with pytest.raises(ConfigError, match="seq_len: task 'dates' has no sequence length"):
+        RunConfig(task="dates", seq_len=10).resolved()
+
+
+def test_compare_attention_reports_accuracy_time_and_memory(tmp_path, capsys):
+    out = tmp_path / "cmp"
+    argv = ["run", "kv-recall", "--quick", "--seq-len", "4", "--n-train", "64", "--n-test",
+            "16", "--epochs", "1", "--d-model", "8", "--no-progress", "--compare",
+            "attention=full,linear", "--out", str(out)]  # fmt: skip
+    assert cli.main(argv) == 0
+    table = (out / "compare.md").read_text().splitlines()
+    head = table[0]
+    assert "accuracy" in head and "train_seconds" in head and "train_peak_mib" in head
+    assert [row.split("|")[1].strip() for row in table[2:]] == ["full", "linear"]
+    for row in table[2:]:
+        cells = [c.strip() for c in row.split("|")[2:-2]]
+        assert all(float(c) >= 0 for c in cells)
+    assert (out / "attention-linear" / "cost.json").is_file()
