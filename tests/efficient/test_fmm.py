@@ -86,10 +86,14 @@ def test_wide_band_without_far_field_is_softmax_attention():
         torch.testing.assert_close(part(q, k, v).context, ak.attention(q, k, v).context)
 
 
-def test_far_field_sums_the_feature_maps_kernels_and_the_fields_blend_linearly():
+@pytest.mark.parametrize(
+    ("names", "maps"),
+    [(("elu+1", "relu"), (_elu1, F.relu)), (("elu+1", "elu(-x)+1"), (_elu1, lambda x: _elu1(-x)))],
+)
+def test_far_field_sums_the_feature_maps_kernels_and_the_fields_blend_linearly(names, maps):
     q, k, v = _qkv(2)
-    part = FMMformer(1, ("elu+1", "relu"), near_weight=0.3, far_weight=0.9).to(D)
-    far = _far(q, k, v, (_elu1, F.relu))
+    part = FMMformer(1, names, near_weight=0.3, far_weight=0.9).to(D)
+    far = _far(q, k, v, maps)
     torch.testing.assert_close(part(q, k, v).context, 0.3 * _near(q, k, v, 1) + 0.9 * far)
 
 

@@ -67,6 +67,13 @@ class FMMOutput(NamedTuple):
         return {k: w for k, w in (("near", self.near), ("far", self.far)) if w is not None}
 
 
+class _NegatedEluPlusOne(nn.Module):
+    """φ(x) = elu(−x) + 1, positive: FMMformer's second far-field feature map."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.elu(-x) + 1
+
+
 def band_blocks(
     m: int, n: int, bandwidth: int, causal: bool, device: torch.device
 ) -> tuple[int, Tensor, Tensor]:
@@ -106,7 +113,8 @@ class FMMformer(nn.Module):
     Args:
         bandwidth: w, the near field's half-width (keys |i − j| ≤ w).
         feature_maps: the far field's feature maps, names in
-            :data:`attnkit.efficient.linear.FEATURE_MAPS` or modules (r = their number).
+            :data:`attnkit.efficient.linear.FEATURE_MAPS`, ``"elu(-x)+1"`` (the paper's second
+            map; ``("elu+1", "elu(-x)+1")`` is its rank-2 far field), or modules (r maps).
         causal: near field 0 ≤ i − j ≤ w and causal far field (needs M = N).
         near_weight, far_weight: initial w₁, w₂.
         chunk_size: block length of the causal far field's prefix sums.
@@ -133,7 +141,9 @@ class FMMformer(nn.Module):
                 f"feature_maps must be a non-empty sequence of names or modules, got "
                 f"{feature_maps!r}"
             )
-        self.phis = nn.ModuleList(make_feature_map(p) for p in feature_maps)
+        self.phis = nn.ModuleList(
+            _NegatedEluPlusOne() if p == "elu(-x)+1" else make_feature_map(p) for p in feature_maps
+        )
         self.causal = arguments.boolean(causal, "causal")
         self.chunk_size = arguments.positive_int(chunk_size, "chunk_size")
         kw = {"device": device, "dtype": dtype}
