@@ -1,0 +1,32 @@
+"""The position slot's contract over every registered per-head scheme: built by name for the
+heads, and queries placed by q_offset exactly as in one pass (cached decoding = full pass)."""
+
+import pytest
+import torch
+
+import attnkit as ak
+
+PER_HEAD = [n for n in ak.positions.available() if not ak.positions.REGISTRY.get(n).absolute]
+
+
+def test_every_scheme_is_listed():
+    assert set(ak.positions.available()) >= {
+        "none", "sinusoidal", "learned", "rope", "alibi", "t5", "shaw", "music", "transformer_xl"
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize("name", PER_HEAD)
+def test_cached_decoding_equals_one_causal_pass(name):
+    torch.manual_seed(0)
+    mha = ak.MultiHeadAttention(8, 2, position=name, dtype=torch.float64)
+    x = torch.randn(1, 5, 8, dtype=torch.float64)
+    full = mha(x, mask=ak.masks.causal(5)).context
+    cache = ak.kv_cache.LayerCache()
+    first = mha(x[:, :2], mask=ak.masks.causal(2), cache=cache).context
+    rest = [mha(x[:, t : t + 1], cache=cache).context for t in range(2, 5)]
+    torch.testing.assert_close(torch.cat([first, *rest], dim=1), full)
+
+
+def test_relative_distances():
+    d = ak.positions.relative_distances(2, 3, 5, 1)
+    assert d.tolist() == [[4, 3, 2], [5, 4, 3]]
