@@ -7,6 +7,7 @@ from attnkit.vision.gates import AttentionGate, AttentionGateOutput
 from attnkit.vision.glimpses import GlimpseOutput, RecurrentAttention, glimpse_sensor
 from attnkit.vision.sagan import SAGANSelfAttention, SAGANSelfAttentionOutput
 from attnkit.vision.spatial import CBAM, CBAMOutput, SpatialAttention, SpatialAttentionOutput
+from attnkit.vision.xcit import CrossCovarianceAttention, CrossCovarianceAttentionOutput
 
 __all__ = [
     "CBAM",
@@ -15,6 +16,8 @@ __all__ = [
     "CBAMOutput",
     "ChannelAttention",
     "ChannelAttentionOutput",
+    "CrossCovarianceAttention",
+    "CrossCovarianceAttentionOutput",
     "GlimpseOutput",
     "RecurrentAttention",
     "SAGANSelfAttention",
