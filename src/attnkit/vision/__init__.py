@@ -3,6 +3,7 @@ Brauwers on Oktay et al.): channel attention (squeeze-and-excitation, CBAM), spa
 CBAM, SAGAN self-attention, attention gates, and recurrent glimpses."""
 
 from attnkit.vision.channel import ChannelAttention, ChannelAttentionOutput
+from attnkit.vision.draw import DRAWFilterbank, DRAWRead, DRAWReadOutput
 from attnkit.vision.gates import AttentionGate, AttentionGateOutput
 from attnkit.vision.glimpses import GlimpseOutput, RecurrentAttention, glimpse_sensor
 from attnkit.vision.sagan import SAGANSelfAttention, SAGANSelfAttentionOutput
@@ -18,6 +19,9 @@ __all__ = [
     "ChannelAttentionOutput",
     "CrossCovarianceAttention",
     "CrossCovarianceAttentionOutput",
+    "DRAWFilterbank",
+    "DRAWRead",
+    "DRAWReadOutput",
     "GlimpseOutput",
     "RecurrentAttention",
     "SAGANSelfAttention",
