@@ -12,6 +12,7 @@ from attnkit.memory.coverage import (
 )
 from attnkit.memory.lstmn import LSTMN, LSTMNOutput
 from attnkit.memory.memn2n import EndToEndMemoryNetwork, MemN2NOutput, position_encoding
+from attnkit.memory.memnet import MemoryNetwork, MemoryNetworkOutput
 from attnkit.memory.ntm import NeuralTuringMachine, NTMOutput
 
 __all__ = [
@@ -21,6 +22,8 @@ __all__ = [
     "EndToEndMemoryNetwork",
     "LSTMNOutput",
     "MemN2NOutput",
+    "MemoryNetwork",
+    "MemoryNetworkOutput",
     "NTMOutput",
     "NeuralTuringMachine",
     "coverage_loss",
