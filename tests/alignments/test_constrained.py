@@ -9,6 +9,7 @@ import torch
 from helpers import rand
 from scipy.optimize import minimize
 
+import attnkit as ak
 from attnkit import alignments as al
 
 MAPS = [al.ConstrainedSoftmax, al.ConstrainedSparsemax]
@@ -189,3 +190,25 @@ def test_bad_bounds_are_refused(cls):
         cls(0.0)
     with pytest.raises(TypeError, match="upper"):
         cls(True)
+
+
+@pytest.mark.parametrize("cls", MAPS)
+def test_the_chunked_kernel_streams_the_module_bound(cls):
+    g = torch.Generator().manual_seed(12)
+    q = torch.randn(2, 3, 4, generator=g, dtype=torch.float64, requires_grad=True)
+    k = torch.randn(2, 9, 4, generator=g, dtype=torch.float64, requires_grad=True)
+    v = torch.randn(2, 9, 3, generator=g, dtype=torch.float64, requires_grad=True)
+    mask = ak.masks.from_lengths(torch.tensor([9, 6]), 9)
+    align = cls(0.3)
+    assert align.streamable
+    dense = ak.attention(3 * q, k, v, align=align, mask=mask, kernel="dense", need_weights=True)
+    assert (dense.weights == 0.3).any(), "no bound was active: the test would not test them"
+    chunked = ak.attention(3 * q, k, v, align=align, mask=mask, chunk_size=2)
+    torch.testing.assert_close(chunked.context, dense.context, atol=1e-12, rtol=0)
+    r = torch.randn(dense.context.shape, generator=g, dtype=torch.float64)
+    g1 = torch.autograd.grad((dense.context * r).sum(), [q, k, v])
+    g2 = torch.autograd.grad((chunked.context * r).sum(), [q, k, v])
+    for a, b in zip(g1, g2, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-10, rtol=0)
+    with pytest.raises(ValueError, match="sum to"):
+        ak.attention(q, k, v, align=cls(0.1), mask=mask, chunk_size=2)
