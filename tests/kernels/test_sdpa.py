@@ -15,6 +15,7 @@ DOT_FORM = {
     "biased_general": lambda: sc.BiasedGeneral(4, 4),
     "cosine": lambda: sc.Cosine(),
     "learned_query": lambda: sc.LearnedQuery(4, scaled=True),
+    "hermitian": lambda: sc.Hermitian(4, 3),
 }
 
 
