@@ -14,7 +14,7 @@ from torch import nn
 import attnkit as ak
 from attnkit import mechanisms
 from attnkit.efficient.kernelized import KernelNormalized
-from attnkit.efficient.landmarks import GaussianKernel
+from attnkit.efficient.landmarks import GaussianKernel, LandmarkAttention
 from attnkit.efficient.linear import EluPlusOne, ReLUFeatures
 from attnkit.efficient.synthesizer import (
     DenseSynthetic,
@@ -33,6 +33,8 @@ NOT_MECHANISMS = {
     "mechanisms, which are registered",
     GaussianKernel: "an alignment (the unnormalised Gaussian kernel), a part of SOFT and "
     "Skyformer, which are registered",
+    LandmarkAttention: "the base of the landmark mechanisms (Nyströmformer, SOFT, Skyformer), "
+    "which are registered",
     EluPlusOne: "a feature map for linear attention, chosen by name through FEATURE_MAPS",
     ReLUFeatures: "a feature map for linear attention, chosen by name through FEATURE_MAPS",
     LinearAggregation: "an aggregation of the affinity matrix, a part of parallel co-attention",

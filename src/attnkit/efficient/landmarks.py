@@ -14,7 +14,7 @@ so that Ŝ V = F (A⁺ (B V)) costs O((M + N)·m·d + m³). When the landmarks a
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import ClassVar, NamedTuple
 
 import torch
 from torch import Tensor, nn
@@ -26,6 +26,7 @@ from attnkit.efficient.lsh import check_head_inputs
 
 __all__ = [
     "GaussianKernel",
+    "LandmarkAttention",
     "LandmarkOutput",
     "iterative_pinv",
     "landmark_attention",
@@ -254,3 +255,70 @@ def landmark_attention(
     hooks.report(part, f, "to_landmarks")
     hooks.report(part, b, "from_landmarks")
     return LandmarkOutput(context.to(dtype), dense, to_landmarks=f, from_landmarks=b)
+
+
+class LandmarkAttention(nn.Module):
+    """The per-head part shared by the three-factor landmark mechanisms (Nyströmformer, SOFT,
+    Skyformer): ``part(q, k, v, *, mask, bias, need_weights)`` with q (B, …, M, d), k (B, …, N, d),
+    v (B, …, N, d_v) → context (B, …, M, d_v), computed by :func:`landmark_attention`.
+
+    A mechanism says what differs: its factor ``score(x, y)``, its alignment ``align`` (applied
+    to each factor), its :meth:`pseudo_inverse` and, if not segment means of the queries and of
+    the keys apart, its :meth:`landmarks`.
+
+    Args:
+        num_landmarks: m, the number of landmarks.
+        iterations: steps of the pseudo-inverse iteration.
+        align: the alignment applied to each factor's scores.
+    """
+
+    mask_inputs: ClassVar[dict[str, tuple[str, ...]]] = {"mask": ("k", "v")}
+
+    def __init__(self, num_landmarks: int, iterations: int, align: Alignment) -> None:
+        super().__init__()
+        self.num_landmarks = arguments.positive_int(num_landmarks, "num_landmarks")
+        self.iterations = arguments.positive_int(iterations, "iterations")
+        self.align = align
+
+    def extra_repr(self) -> str:
+        return f"num_landmarks={self.num_landmarks}, iterations={self.iterations}"
+
+    @staticmethod
+    def score(x: Tensor, y: Tensor) -> Tensor:
+        """The factor's scores between rows of x (…, P, d) and y (…, R, d): (…, P, R)."""
+        raise NotImplementedError
+
+    def pseudo_inverse(self, a: Tensor) -> Tensor:
+        """Z ≈ A⁺ by ``iterations`` steps of the paper's iteration (Nyströmformer's, by default)."""
+        return iterative_pinv(a, self.iterations)
+
+    def landmarks(
+        self, q: Tensor, k: Tensor, query_keep: Tensor | None, key_keep: Tensor | None
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """Segment means of the real queries and keys: (Q̃, present, K̃, present)."""
+        return (
+            *segment_means(q, self.num_landmarks, query_keep),
+            *segment_means(k, self.num_landmarks, key_keep),
+        )
+
+    def forward(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        *,
+        mask: Tensor | None = None,
+        bias: Tensor | None = None,
+        need_weights: bool = False,
+    ) -> LandmarkOutput:
+        return landmark_attention(
+            self,
+            q,
+            k,
+            v,
+            mask=mask,
+            bias=bias,
+            need_weights=need_weights,
+            score=self.score,
+            landmarks=self.landmarks,
+        )

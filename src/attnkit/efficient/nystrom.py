@@ -24,31 +24,22 @@ negative (a pseudo-inverse); the two softmax factors are the named, non-negative
 
 from __future__ import annotations
 
-from typing import ClassVar
-
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
-from attnkit import arguments, masks
+from attnkit import masks
 from attnkit import taxonomy as tx
 from attnkit.alignments import Softmax
 from attnkit.efficient.landmarks import (
-    LandmarkOutput,
-    iterative_pinv,
-    landmark_attention,
-    segment_means,
+    LandmarkAttention,
 )
 from attnkit.mechanisms import REGISTRY, example_tensor
 
 __all__ = ["NystromAttention"]
 
 
-def _scaled_dot(x: Tensor, y: Tensor) -> Tensor:
-    return x @ y.transpose(-1, -2) / x.shape[-1] ** 0.5
-
-
 @REGISTRY.register("nystrom")
-class NystromAttention(nn.Module):
+class NystromAttention(LandmarkAttention):
     """Nyströmformer attention, a per-head part ``part(q, k, v, *, mask, bias, need_weights)``
     with q (B, …, M, d), k (B, …, N, d), v (B, …, N, d_v) → context (B, …, M, d_v).
 
@@ -59,13 +50,13 @@ class NystromAttention(nn.Module):
     Bias is refused (the (M, N) scores are never formed).
     """
 
-    mask_inputs: ClassVar[dict[str, tuple[str, ...]]] = {"mask": ("k", "v")}
-
     def __init__(self, num_landmarks: int = 64, *, iterations: int = 6) -> None:
-        super().__init__()
-        self.num_landmarks = arguments.positive_int(num_landmarks, "num_landmarks")
-        self.iterations = arguments.positive_int(iterations, "iterations")
-        self.align = Softmax()
+        super().__init__(num_landmarks, iterations, Softmax())
+
+    @staticmethod
+    def score(x: Tensor, y: Tensor) -> Tensor:
+        """Scaled dot products x yᵀ/√d."""
+        return x @ y.transpose(-1, -2) / x.shape[-1] ** 0.5
 
     @classmethod
     def example(cls):
@@ -75,41 +66,3 @@ class NystromAttention(nn.Module):
 
     def taxonomy_tags(self) -> list:
         return [tx.Scoring.SCALED_MULTIPLICATIVE, tx.AlignmentKind.GLOBAL]
-
-    def extra_repr(self) -> str:
-        return f"num_landmarks={self.num_landmarks}, iterations={self.iterations}"
-
-    def pseudo_inverse(self, a: Tensor) -> Tensor:
-        """Z ≈ A⁺ by ``iterations`` steps of the paper's iteration."""
-        return iterative_pinv(a, self.iterations)
-
-    def landmarks(
-        self, q: Tensor, k: Tensor, query_keep: Tensor | None, key_keep: Tensor | None
-    ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-        """Segment means of the real queries and keys: (Q̃, present, K̃, present)."""
-        return (
-            *segment_means(q, self.num_landmarks, query_keep),
-            *segment_means(k, self.num_landmarks, key_keep),
-        )
-
-    def forward(
-        self,
-        q: Tensor,
-        k: Tensor,
-        v: Tensor,
-        *,
-        mask: Tensor | None = None,
-        bias: Tensor | None = None,
-        need_weights: bool = False,
-    ) -> LandmarkOutput:
-        return landmark_attention(
-            self,
-            q,
-            k,
-            v,
-            mask=mask,
-            bias=bias,
-            need_weights=need_weights,
-            score=_scaled_dot,
-            landmarks=self.landmarks,
-        )

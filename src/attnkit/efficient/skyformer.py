@@ -24,19 +24,15 @@ out of the landmarks; per-query masks are refused).
 
 from __future__ import annotations
 
-from typing import ClassVar
-
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
-from attnkit import arguments, masks
+from attnkit import masks
 from attnkit import taxonomy as tx
 from attnkit.efficient.landmarks import (
     GaussianKernel,
-    LandmarkOutput,
+    LandmarkAttention,
     gaussian_scores,
-    iterative_pinv,
-    landmark_attention,
     segment_means,
 )
 from attnkit.mechanisms import REGISTRY, example_tensor
@@ -45,7 +41,7 @@ __all__ = ["Skyformer"]
 
 
 @REGISTRY.register("skyformer")
-class Skyformer(nn.Module):
+class Skyformer(LandmarkAttention):
     """Skyformer, a per-head part ``part(q, k, v, *, mask, bias, need_weights)`` with q
     (B, …, M, d), k (B, …, N, d), v (B, …, N, d_v) → context (B, …, M, d_v).
 
@@ -57,13 +53,10 @@ class Skyformer(nn.Module):
     Ĉ of ``need_weights=True`` may have negative entries.
     """
 
-    mask_inputs: ClassVar[dict[str, tuple[str, ...]]] = {"mask": ("k", "v")}
+    score = staticmethod(gaussian_scores)
 
     def __init__(self, num_landmarks: int = 64, *, iterations: int = 6) -> None:
-        super().__init__()
-        self.num_landmarks = arguments.positive_int(num_landmarks, "num_landmarks")
-        self.iterations = arguments.positive_int(iterations, "iterations")
-        self.align = GaussianKernel()
+        super().__init__(num_landmarks, iterations, GaussianKernel())
 
     @classmethod
     def example(cls):
@@ -73,12 +66,6 @@ class Skyformer(nn.Module):
 
     def taxonomy_tags(self) -> list:
         return [tx.Scoring.SIMILARITY, tx.AlignmentKind.SOFT]
-
-    def extra_repr(self) -> str:
-        return f"num_landmarks={self.num_landmarks}, iterations={self.iterations}"
-
-    def pseudo_inverse(self, a: Tensor) -> Tensor:
-        return iterative_pinv(a, self.iterations)
 
     def landmarks(
         self, q: Tensor, k: Tensor, query_keep: Tensor | None, key_keep: Tensor | None
@@ -94,25 +81,3 @@ class Skyformer(nn.Module):
             keep = torch.cat((qk.broadcast_to(*lead, m, 1), kk.broadcast_to(*lead, n, 1)), -2)
         landmarks, present = segment_means(points, self.num_landmarks, keep)
         return landmarks, present, landmarks, present
-
-    def forward(
-        self,
-        q: Tensor,
-        k: Tensor,
-        v: Tensor,
-        *,
-        mask: Tensor | None = None,
-        bias: Tensor | None = None,
-        need_weights: bool = False,
-    ) -> LandmarkOutput:
-        return landmark_attention(
-            self,
-            q,
-            k,
-            v,
-            mask=mask,
-            bias=bias,
-            need_weights=need_weights,
-            score=gaussian_scores,
-            landmarks=self.landmarks,
-        )

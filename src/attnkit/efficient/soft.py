@@ -25,20 +25,16 @@ refused: no causal form in the paper).
 
 from __future__ import annotations
 
-from typing import ClassVar
-
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
-from attnkit import arguments, masks
+from attnkit import masks
 from attnkit import taxonomy as tx
 from attnkit.efficient.landmarks import (
     GaussianKernel,
-    LandmarkOutput,
+    LandmarkAttention,
     gaussian_scores,
-    landmark_attention,
     newton_pinv,
-    segment_means,
 )
 from attnkit.mechanisms import REGISTRY, example_tensor
 
@@ -46,7 +42,7 @@ __all__ = ["SoftmaxFreeAttention"]
 
 
 @REGISTRY.register("soft")
-class SoftmaxFreeAttention(nn.Module):
+class SoftmaxFreeAttention(LandmarkAttention):
     """SOFT, a per-head part ``part(q, k, v, *, mask, bias, need_weights)`` with q (B, …, M, d),
     k (B, …, N, d), v (B, …, N, d_v) → context (B, …, M, d_v).
 
@@ -58,13 +54,10 @@ class SoftmaxFreeAttention(nn.Module):
     Ŝ of ``need_weights=True`` may have negative entries.
     """
 
-    mask_inputs: ClassVar[dict[str, tuple[str, ...]]] = {"mask": ("k", "v")}
+    score = staticmethod(gaussian_scores)
 
     def __init__(self, num_landmarks: int = 64, *, iterations: int = 20) -> None:
-        super().__init__()
-        self.num_landmarks = arguments.positive_int(num_landmarks, "num_landmarks")
-        self.iterations = arguments.positive_int(iterations, "iterations")
-        self.align = GaussianKernel()
+        super().__init__(num_landmarks, iterations, GaussianKernel())
 
     @classmethod
     def example(cls):
@@ -75,38 +68,6 @@ class SoftmaxFreeAttention(nn.Module):
     def taxonomy_tags(self) -> list:
         return [tx.Scoring.SIMILARITY, tx.AlignmentKind.SOFT]
 
-    def extra_repr(self) -> str:
-        return f"num_landmarks={self.num_landmarks}, iterations={self.iterations}"
-
     def pseudo_inverse(self, a: Tensor) -> Tensor:
+        """Z ≈ A⁺ by Newton-Schulz steps (SOFT's)."""
         return newton_pinv(a, self.iterations)
-
-    def landmarks(
-        self, q: Tensor, k: Tensor, query_keep: Tensor | None, key_keep: Tensor | None
-    ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-        return (
-            *segment_means(q, self.num_landmarks, query_keep),
-            *segment_means(k, self.num_landmarks, key_keep),
-        )
-
-    def forward(
-        self,
-        q: Tensor,
-        k: Tensor,
-        v: Tensor,
-        *,
-        mask: Tensor | None = None,
-        bias: Tensor | None = None,
-        need_weights: bool = False,
-    ) -> LandmarkOutput:
-        return landmark_attention(
-            self,
-            q,
-            k,
-            v,
-            mask=mask,
-            bias=bias,
-            need_weights=need_weights,
-            score=gaussian_scores,
-            landmarks=self.landmarks,
-        )
