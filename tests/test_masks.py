@@ -44,3 +44,20 @@ def test_check():
     masks.check(torch.ones(1, 5, dtype=torch.bool), torch.Size((2, 3, 5)))
     with pytest.raises(ValueError, match=r"\(2, 5\) does not broadcast"):
         masks.check(torch.ones(2, 5, dtype=torch.bool), torch.Size((2, 3, 5)))
+
+
+def test_padding_only_zeroes_padding_and_refuses_other_masks():
+    x = torch.randn(2, 4, 3)
+    mask = masks.from_lengths(torch.tensor([4, 2]), 4)  # (2, 1, 4)
+    zeroed, keep = masks.padding_only(x, 3, mask, "Part")
+    assert keep.tolist() == [[True] * 4, [True, True, False, False]]
+    assert torch.equal(zeroed[0], x[0]) and torch.equal(zeroed[1, :2], x[1, :2])
+    assert not zeroed[1, 2:].any()
+    same, everywhere = masks.padding_only(x, 3, None, "Part")
+    assert same is x and everywhere.all()
+    with pytest.raises(ValueError, match="Part takes a padding mask"):
+        masks.padding_only(x, 3, torch.ones(2, 4, 4, dtype=torch.bool), "Part")
+    with pytest.raises(ValueError, match=r"Part needs x \(B, N, 5\)"):
+        masks.padding_only(x, 5, None, "Part")
+    with pytest.raises(TypeError, match="boolean"):
+        masks.padding_only(x, 3, torch.ones(2, 1, 4), "Part")

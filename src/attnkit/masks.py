@@ -111,3 +111,24 @@ def check(mask: Tensor | None, scores_shape: torch.Size, *, name: str = "mask") 
             f"{name} of shape {tuple(mask.shape)} does not broadcast to the scores' shape "
             f"{expected} (B, …, M, N)"
         )
+
+
+def padding_only(x: Tensor, d: int, mask: Tensor | None, who: str) -> tuple[Tensor, Tensor]:
+    """Check a sequence x (B, N, d) and a padding mask (B, 1, N) for a part whose other masks are
+    its own (directional parts such as DiSAN and Bi-BloSA): returns x with padded positions set
+    to 0 (their content reaches nothing) and the kept positions (B, N). Any other mask shape,
+    e.g. a per-query (B, N, N) mask, is refused naming ``who``.
+    """
+    if not isinstance(x, Tensor) or x.dim() != 3 or x.shape[-1] != d:
+        raise ValueError(f"{who} needs x (B, N, {d}), got {getattr(x, 'shape', type(x).__name__)}")
+    b, n, _ = x.shape
+    if mask is None:
+        return x, torch.ones(b, n, dtype=torch.bool, device=x.device)
+    if isinstance(mask, Tensor) and mask.dim() >= 2 and mask.shape[-2] != 1:
+        raise ValueError(
+            f"{who} takes a padding mask (B, 1, N) (its directions are its own masks), "
+            f"got a mask of shape {tuple(mask.shape)}"
+        )
+    check(mask, torch.Size((b, 1, n)))
+    keep = mask.broadcast_to(b, 1, n).reshape(b, n)
+    return torch.where(keep[..., None], x, 0.0), keep

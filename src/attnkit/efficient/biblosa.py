@@ -130,22 +130,7 @@ class BiBloSA(nn.Module):
         self, x: Tensor, mask: Tensor | None = None, need_weights: bool = False
     ) -> BiBloSAOutput:
         arguments.boolean(need_weights, "need_weights")
-        if not isinstance(x, Tensor) or x.dim() != 3 or x.shape[-1] != self.d:
-            raise ValueError(
-                f"BiBloSA(d={self.d}) needs x (B, N, {self.d}), got "
-                f"{getattr(x, 'shape', type(x).__name__)}"
-            )
-        b, n, _ = x.shape
-        keep = torch.ones(b, n, dtype=torch.bool, device=x.device)
-        if mask is not None:
-            if mask.dim() >= 2 and mask.shape[-2] != 1:
-                raise ValueError(
-                    "BiBloSA takes a padding mask (B, 1, N) (its directions are its own masks), "
-                    f"got a mask of shape {tuple(mask.shape)}"
-                )
-            masks.check(mask, torch.Size((b, 1, n)))
-            keep = mask.broadcast_to(b, 1, n).reshape(b, n)
-            x = torch.where(keep[..., None], x, 0.0)  # padding content reaches nothing
+        x, keep = masks.padding_only(x, self.d, mask, f"BiBloSA(d={self.d})")
         outputs, weights = [], {}
         for name, part in (
             ("forward", self.forward_direction),

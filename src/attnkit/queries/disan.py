@@ -133,22 +133,7 @@ class DiSAN(nn.Module):
 
     def forward(self, x: Tensor, mask: Tensor | None = None) -> DiSANOutput:
         """x (B, N, d_in); mask (B, 1, N) from :func:`attnkit.masks.from_lengths` (padding)."""
-        if not isinstance(x, Tensor) or x.dim() != 3 or x.shape[-1] != self.d_in:
-            raise ValueError(
-                f"DiSAN(d_in={self.d_in}) needs x (B, N, {self.d_in}), got "
-                f"{getattr(x, 'shape', type(x).__name__)}"
-            )
-        b, n, _ = x.shape
-        keep = torch.ones(b, n, dtype=torch.bool, device=x.device)
-        if mask is not None:
-            if mask.dim() >= 2 and mask.shape[-2] != 1:
-                raise ValueError(
-                    "DiSAN takes a padding mask (B, 1, N) (its directions are its own masks), "
-                    f"got a mask of shape {tuple(mask.shape)}"
-                )
-            masks.check(mask, torch.Size((b, 1, n)))
-            keep = mask.broadcast_to(b, 1, n).reshape(b, n)
-            x = torch.where(keep[..., None], x, 0.0)  # padding content reaches nothing
+        x, keep = masks.padding_only(x, self.d_in, mask, f"DiSAN(d_in={self.d_in})")
         u_fw, a_fw = self.forward_direction(x, keep)
         u_bw, a_bw = self.backward_direction(x, keep)
         u = torch.cat([u_fw, u_bw], -1)  # (B, N, 2d_h)
