@@ -271,3 +271,30 @@ def test_cache_step_by_step_equals_one_causal_pass(kv_heads):
     assert cache.nbytes == 2 * 2 * kv_heads * 6 * 5 * 8
     with pytest.raises(ValueError, match=r"mask of shape \(1, 6\)"):
         mha(x[:, :1], mask=masks.causal(1, 6), cache=cache)  # 7 keys with this one
+
+
+class _Recorder(nn.Module):
+    """An attention part that records the keywords it is called with (plain averaging)."""
+
+    def __init__(self, takes_q_offset: bool) -> None:
+        super().__init__()
+        self.takes_q_offset = takes_q_offset
+        self.calls: list[dict] = []
+
+    def forward(self, q, k, v, *, mask=None, bias=None, need_weights=False, **rest):
+        self.calls.append(rest)
+        return ak.AttentionOutput(v.mean(-2, keepdim=True).expand(*q.shape[:-1], v.shape[-1]))
+
+
+@pytest.mark.parametrize("takes", [True, False])
+def test_the_query_offset_reaches_only_parts_that_ask_for_it(takes):
+    part = _Recorder(takes)
+    mha = ak.MultiHeadAttention(4, 2, attention=part)
+    x = torch.randn(1, 3, 4)
+    cache = ak.kv_cache.LayerCache()
+    mha(x[:, :2], x[:, :2], x[:, :2], cache=cache)
+    mha(x[:, 2:], x[:, 2:], x[:, 2:], cache=cache)
+    mha(x, x, x)
+    assert part.calls == (
+        [{"q_offset": 0}, {"q_offset": 2}, {"q_offset": 0}] if takes else [{}] * 3
+    )

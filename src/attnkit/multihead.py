@@ -275,6 +275,7 @@ class MultiHeadAttention(nn.Module):
             mask=self._per_head(mask, query),
             bias=bias,
             need_weights=need_weights or value_term is not None,
+            **({"q_offset": offset} if getattr(self.attention, "takes_q_offset", False) else {}),
         )
         if value_term is not None:
             if out.weights is None:

@@ -5,7 +5,10 @@
   (B, …, H, M, d), k (B, …, H, N, d), v (B, …, H, N, d_v), a boolean mask and a float bias
   broadcastable to (B, …, H, M, N). :class:`attnkit.Attention` (score → align → weighted sum) is
   one such part and the default. A part reports its weights through :mod:`attnkit.hooks` so that
-  evaluation sees them.
+  evaluation sees them. A part whose result depends on where the queries sit (a relative
+  distance, a matrix indexed by query position) sets the class attribute
+  ``takes_q_offset = True`` and takes the keyword ``q_offset``: the position of the first query,
+  which is the number of cached positions when decoding with a KV cache (0 otherwise).
 - **position slot**: a :class:`attnkit.positions.PositionScheme`, or a registered name.
 """
 

@@ -100,3 +100,19 @@ def test_in_multi_head_attention_and_errors():
         AdaptiveSpanAttention(2, 6, ramp=0.0)
     with pytest.raises(ValueError, match="init"):
         AdaptiveSpanAttention(2, 6, init=1.5)
+
+
+def test_step_by_step_decoding_with_a_kv_cache_equals_the_causal_sequence():
+    torch.manual_seed(0)
+    part = AdaptiveSpanAttention(2, 4, init=0.3)
+    mha = ak.MultiHeadAttention(8, 2, attention=part).double().eval()
+    x = torch.randn(2, 9, 8, dtype=D)
+    whole = mha(x, x, x, mask=ak.masks.causal(9)).context
+    cache = ak.kv_cache.LayerCache()
+    steps = [
+        mha(x[:, t : t + 1], x[:, t : t + 1], x[:, t : t + 1], cache=cache).context
+        for t in range(9)
+    ]
+    torch.testing.assert_close(torch.cat(steps, 1), whole)
+    # the span matters here: without the queries' positions the steps would differ
+    assert not torch.allclose(steps[-1], mha(x[:, -1:], x, x).context)

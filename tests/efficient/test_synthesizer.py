@@ -196,3 +196,28 @@ def test_kv_cached_decoding_equals_one_causal_pass():
     cache = ak.kv_cache.LayerCache()
     steps = [mha(x[:, t : t + 1], cache=cache).context for t in range(6)]
     torch.testing.assert_close(torch.cat(steps, 1), full)
+
+
+def test_random_form_reads_the_rows_of_the_queries_positions():
+    r = RandomSynthetic(6, heads=2)
+    q, k, _ = _inputs(m=2, n=5)
+    torch.testing.assert_close(r(q.float(), k.float(), q_offset=3), r.r[:, 3:5, :5])
+    with pytest.raises(ValueError, match="q_offset"):
+        r(q.float(), k.float(), q_offset=5)  # rows 5 and 6 of a 6 × 6 matrix
+    with pytest.raises(ValueError, match="q_offset"):
+        r(q.float(), k.float(), q_offset=-1)
+
+
+def test_step_by_step_decoding_with_a_kv_cache_equals_the_causal_sequence():
+    torch.manual_seed(0)
+    parts = [RandomSynthetic(8, heads=2), FactorizedRandomSynthetic(8, 2, heads=2)]
+    part = Synthesizer([*parts, DenseSynthetic(4, 8, heads=2), DotProductLogits()])
+    mha = ak.MultiHeadAttention(8, 2, attention=part).double().eval()
+    x = torch.randn(2, 6, 8, dtype=D)
+    whole = mha(x, x, x, mask=ak.masks.causal(6)).context
+    cache = ak.kv_cache.LayerCache()
+    steps = [
+        mha(x[:, t : t + 1], x[:, t : t + 1], x[:, t : t + 1], cache=cache).context
+        for t in range(6)
+    ]
+    torch.testing.assert_close(torch.cat(steps, 1), whole)

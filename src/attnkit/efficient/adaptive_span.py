@@ -51,6 +51,7 @@ class AdaptiveSpanAttention(nn.Module):
     """
 
     mask_inputs: ClassVar[dict[str, tuple[str, ...]]] = {"mask": ("k", "v")}
+    takes_q_offset: ClassVar[bool] = True  # distances i − j need the queries' positions
 
     def __init__(
         self,
@@ -106,8 +107,12 @@ class AdaptiveSpanAttention(nn.Module):
         mask: Tensor | None = None,
         bias: Tensor | None = None,
         need_weights: bool = False,
+        q_offset: int = 0,
     ) -> HeadOutput:
+        """``q_offset``: the position of the first query (keys sit at 0 … N−1), e.g. the number
+        of cached positions in incremental decoding."""
         arguments.boolean(need_weights, "need_weights")
+        arguments.nonnegative_int(q_offset, "q_offset")
         check_head_inputs(q, k, v, mask, bias, "AdaptiveSpanAttention")
         if q.dim() < 3 or q.shape[-3] != self.n_heads:
             raise ValueError(
@@ -115,7 +120,7 @@ class AdaptiveSpanAttention(nn.Module):
                 f"M, d), got {tuple(q.shape)}"
             )
         m, n = q.shape[-2], k.shape[-2]
-        i = torch.arange(m, device=q.device)[:, None]
+        i = torch.arange(q_offset, q_offset + m, device=q.device)[:, None]
         j = torch.arange(n, device=q.device)[None, :]
         distance = (i - j).abs().to(q.dtype)
         soft = span_mask(distance, self.spans.to(q.dtype)[:, None, None], self.ramp)  # (H, M, N)

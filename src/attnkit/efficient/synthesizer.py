@@ -21,9 +21,10 @@ mechanism and a per-head part for ``MultiHeadAttention(attention=...)``.
 
 Synthetic logits index key *positions*, so masks are honoured by masking the logits (a causal
 mask works, padding equals truncation); N (and M for the random forms) may not exceed ℓ.
-The random forms also index query rows 0 … M−1: in incremental decoding with a KV cache the
-attention slot does not say where the new queries sit, so decode with the dense form and
-dot-product only (they depend on the query's content, not its position).
+The random forms index query rows by position: rows q_offset … q_offset + M − 1, where
+``q_offset`` is the position of the first query (the number of cached positions in
+incremental decoding with a KV cache, which :class:`attnkit.MultiHeadAttention` passes), so
+decoding step by step equals the whole causal sequence at once.
 """
 
 from __future__ import annotations
@@ -178,6 +179,7 @@ class RandomSynthetic(nn.Module):
     """
 
     scoring: ClassVar[tx.Scoring] = tx.Scoring.LOCATION  # depends on positions only
+    takes_q_offset: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -202,12 +204,14 @@ class RandomSynthetic(nn.Module):
         """R (H, ℓ, ℓ)."""
         return self.r
 
-    def forward(self, q: Tensor, k: Tensor) -> Tensor:
+    def forward(self, q: Tensor, k: Tensor, q_offset: int = 0) -> Tensor:
+        """R[q_offset : q_offset + M, :N]: the queries sit at positions q_offset … (keys at 0 …)."""
         _heads_of(q, self.heads, type(self).__name__)
+        arguments.nonnegative_int(q_offset, "q_offset")
         m, n = q.shape[-2], k.shape[-2]
-        _check_len(m, self.max_len, "M", type(self).__name__)
+        _check_len(q_offset + m, self.max_len, "q_offset + M", type(self).__name__)
         _check_len(n, self.max_len, "N", type(self).__name__)
-        r = self.matrix()[:, :m, :n]
+        r = self.matrix()[:, q_offset : q_offset + m, :n]
         return r[0] if self.heads == 1 else r
 
 
@@ -268,6 +272,7 @@ class Synthesizer(nn.Module):
     """
 
     mask_inputs: ClassVar[dict[str, tuple[str, ...]]] = {"mask": ("k", "v")}
+    takes_q_offset: ClassVar[bool] = True  # passed on to the random forms
 
     def __init__(
         self,
@@ -323,8 +328,12 @@ class Synthesizer(nn.Module):
         mask: Tensor | None = None,
         bias: Tensor | None = None,
         need_weights: bool = False,
+        q_offset: int = 0,
     ) -> HeadOutput:
+        """``q_offset``: the position of the first query, passed to the components that index
+        query positions (the random forms)."""
         arguments.boolean(need_weights, "need_weights")
+        arguments.nonnegative_int(q_offset, "q_offset")
         lead = check_head_inputs(q, k, v, mask, bias, "Synthesizer")
         m, n = q.shape[-2], k.shape[-2]
         if mask is not None:
@@ -334,7 +343,8 @@ class Synthesizer(nn.Module):
         alpha = self.mixture().to(q.dtype)
         logits = None
         for a, component in zip(alpha, self.components, strict=True):
-            term = a * component(q, k)  # α_c = 0 adds exactly 0 (the logits are finite)
+            where = {"q_offset": q_offset} if getattr(component, "takes_q_offset", False) else {}
+            term = a * component(q, k, **where)  # α_c = 0 adds exactly 0 (the logits are finite)
             logits = term if logits is None else logits + term
         if bias is not None:
             logits = logits + bias
