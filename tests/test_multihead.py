@@ -298,3 +298,11 @@ def test_the_query_offset_reaches_only_parts_that_ask_for_it(takes):
     assert part.calls == (
         [{"q_offset": 0}, {"q_offset": 2}, {"q_offset": 0}] if takes else [{}] * 3
     )
+
+
+def test_a_score_that_mixes_neighbouring_keys_refuses_the_kv_cache():
+    mha = ak.MultiHeadAttention(8, 2, "convolutional")
+    x = torch.randn(1, 3, 8)
+    mha(x, x, x)  # without a cache it runs
+    with pytest.raises(ValueError, match="mixes neighbouring keys"):
+        mha(x, x, x, cache=ak.kv_cache.LayerCache())

@@ -254,6 +254,13 @@ class MultiHeadAttention(nn.Module):
                 f"{tuple(query.shape)}: use (…, M, N) or (…, H, M, N)"
             )
         offset = 0 if cache is None else len(cache)
+        score = getattr(self.attention, "score", None)
+        if cache is not None and getattr(score, "mixes_keys", False):
+            raise ValueError(
+                f"score {type(score).__name__} mixes neighbouring keys (a key's score reads "
+                "the keys around it), so a key's score changes as later keys arrive and "
+                "decoding with a KV cache cannot equal the whole sequence; call without cache="
+            )
         self._check_mask_and_bias(query, key, mask, bias, offset)
         q, k, v = self._project(query, key, value)
         q, k, v = (self._split_heads(t, h) for t, h in zip((q, k, v), self._heads, strict=True))
