@@ -306,3 +306,18 @@ def test_a_score_that_mixes_neighbouring_keys_refuses_the_kv_cache():
     mha(x, x, x)  # without a cache it runs
     with pytest.raises(ValueError, match="mixes neighbouring keys"):
         mha(x, x, x, cache=ak.kv_cache.LayerCache())
+
+
+@pytest.mark.parametrize(
+    "align",
+    [
+        ak.alignments.GraphLocal(sigma=1.0),
+        ak.alignments.Local(2, position="monotonic"),
+    ],
+)
+def test_an_alignment_that_reads_query_positions_refuses_the_kv_cache(align):
+    mha = ak.MultiHeadAttention(8, 2, "scaled_dot", align)
+    x = torch.randn(1, 3, 8)
+    mha(x, x, x)
+    with pytest.raises(ValueError, match="query at position m"):
+        mha(x, x, x, cache=ak.kv_cache.LayerCache())

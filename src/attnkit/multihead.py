@@ -254,13 +254,8 @@ class MultiHeadAttention(nn.Module):
                 f"{tuple(query.shape)}: use (…, M, N) or (…, H, M, N)"
             )
         offset = 0 if cache is None else len(cache)
-        score = getattr(self.attention, "score", None)
-        if cache is not None and getattr(score, "mixes_keys", False):
-            raise ValueError(
-                f"score {type(score).__name__} mixes neighbouring keys (a key's score reads "
-                "the keys around it), so a key's score changes as later keys arrive and "
-                "decoding with a KV cache cannot equal the whole sequence; call without cache="
-            )
+        if cache is not None:
+            self._check_cacheable()
         self._check_mask_and_bias(query, key, mask, bias, offset)
         q, k, v = self._project(query, key, value)
         q, k, v = (self._split_heads(t, h) for t, h in zip((q, k, v), self._heads, strict=True))
@@ -295,6 +290,23 @@ class MultiHeadAttention(nn.Module):
                 out = out._replace(weights=None, scores=None)
         context = out.context.transpose(-2, -3).flatten(-2)
         return out._replace(context=self.out_proj(context))
+
+    def _check_cacheable(self) -> None:
+        """Refuse a KV cache where a step could not equal the whole sequence."""
+        score = getattr(self.attention, "score", None)
+        if getattr(score, "mixes_keys", False):
+            raise ValueError(
+                f"score {type(score).__name__} mixes neighbouring keys (a key's score reads "
+                "the keys around it), so a key's score changes as later keys arrive and "
+                "decoding with a KV cache cannot equal the whole sequence; call without cache="
+            )
+        align = getattr(self.attention, "align", None)
+        if getattr(align, "query_position_based", False):
+            raise ValueError(
+                f"alignment {type(align).__name__} takes row m of the scores to be the query at "
+                "position m, which a decoding step with a KV cache (queries after the cached "
+                "keys) is not; call without cache="
+            )
 
     @property
     def _heads(self) -> tuple[int, int, int]:

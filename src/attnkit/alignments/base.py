@@ -67,12 +67,16 @@ class Alignment(nn.Module):
       implements the streaming protocol (:mod:`attnkit.alignments.streaming`) and this instance
       has no reason not to stream (e.g. a learned α).
     - ``position_based``: depends on key positions (not invariant to permuting keys).
+    - ``query_position_based``: takes row m of the scores to be the query at position m (a
+      distance |m − n|, p_t = t), which a decoding step with a KV cache, whose queries sit
+      after the cached keys, does not satisfy.
     """
 
     label: ClassVar[tx.AlignmentKind]
     normalized: bool = True
     stochastic: ClassVar[bool] = False
     position_based: ClassVar[bool] = False
+    query_position_based: ClassVar[bool] = False
 
     def taxonomy_tags(self) -> list:
         return [self.label]

@@ -71,6 +71,7 @@ class GraphLocal(Alignment):
     """
 
     position_based: ClassVar[bool] = True
+    query_position_based: ClassVar[bool] = True  # |m − n|, or a distance laid out (M, N)
     label = tx.AlignmentKind.LOCAL
 
     def __init__(

@@ -75,6 +75,7 @@ class Local(Alignment):
         if gaussian is not None and not isinstance(gaussian, bool):
             raise TypeError(f"gaussian must be a bool or None, got {gaussian!r}")
         self.window, self.position = window, position
+        self.query_position_based = position == "monotonic"  # type: ignore[misc]  # p_t = t
         self.gaussian = (position == "predictive") if gaussian is None else gaussian
         if self.gaussian and window == 0:
             raise ValueError("gaussian local alignment needs window >= 1 (σ = window/2)")

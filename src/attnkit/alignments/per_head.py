@@ -66,6 +66,7 @@ class PerHead(Alignment):
         self.normalized = all(a.normalized for a in parts)
         self.stochastic = any(a.stochastic for a in parts)  # type: ignore[misc]
         self.position_based = any(a.position_based for a in parts)  # type: ignore[misc]
+        self.query_position_based = any(a.query_position_based for a in parts)  # type: ignore[misc]
 
     def taxonomy_tags(self) -> list:
         tags: list = []
