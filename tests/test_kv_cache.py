@@ -65,3 +65,75 @@ def test_every_causal_score_and_alignment_decodes_with_the_cache(score, align):
         mha(x[:, i : i + 1], mask=masks.causal(1, i + 1), cache=cache).context for i in range(6)
     ]
     torch.testing.assert_close(torch.cat(steps, 1), full, atol=1e-12, rtol=1e-12)
+
+
+def _decode_or_refuse(part_or_align, causal_part: bool = False) -> str:
+    """'same' when step-by-step decoding with the cache equals the causal pass (float64), 'refused'
+    when the cached call raises ValueError; raises AssertionError when it silently differs."""
+    torch.manual_seed(0)
+    if isinstance(part_or_align, ak.alignments.Alignment):
+        mha = ak.MultiHeadAttention(8, 2, "scaled_dot", part_or_align)
+    else:
+        mha = ak.MultiHeadAttention(8, 2, attention=part_or_align)
+    mha = mha.double().eval()
+    x = torch.randn(2, 6, 8, dtype=torch.float64)
+    full = mha(x, mask=None if causal_part else masks.causal(6)).context
+    cache = LayerCache()
+    try:
+        steps = [mha(x[:, i : i + 1], cache=cache).context for i in range(6)]
+    except ValueError:
+        return "refused"
+    torch.testing.assert_close(torch.cat(steps, 1), full, atol=1e-10, rtol=1e-10)
+    return "same"
+
+
+def _alignments():
+    from attnkit.tasks import parts
+
+    found = {name: parts.build_alignment(name, 4) for name in ak.alignments.available()}
+    found["local (monotonic)"] = ak.alignments.Local(2, position="monotonic")
+    return found
+
+
+@pytest.mark.parametrize("name", sorted(_alignments()))
+def test_no_alignment_decodes_silently_differently_with_the_cache(name):
+    assert _decode_or_refuse(_alignments()[name]) in ("same", "refused")
+
+
+def _slot_parts():
+    from attnkit.efficient import synthesizer as sy
+    from attnkit.tasks import parts
+
+    built = {}
+    for name in parts.slot_mechanisms():
+        try:
+            built[name] = (parts.build_slot_attention(name, head_dim=4, num_heads=2, max_len=8), 0)
+        except ValueError:  # needs an argument the sizes do not give: built below
+            continue
+    causal = {
+        "linear": {},
+        "performer": {"d": 4},
+        "rfa": {"d": 4},
+        "fmm": {"bandwidth": 2},
+        "kernel_rpe_fft": {"max_len": 8, "heads": 2},
+    }
+    for name, kw in causal.items():  # causal by a constructor flag, not by a mask
+        built[name + " (causal)"] = (ak.mechanisms.build(name, causal=True, **kw), 1)
+    built["fast_weight"] = (ak.mechanisms.build("fast_weight"), 1)  # causal by construction
+    built["adaptive_span"] = (ak.mechanisms.build("adaptive_span", n_heads=2, max_span=3), 0)
+    random_forms = [sy.RandomSynthetic(8, heads=2), sy.FactorizedRandomSynthetic(8, 2, heads=2)]
+    built["synthesizer"] = (ak.mechanisms.build("synthesizer", components=random_forms), 0)
+    return built
+
+
+def test_no_attention_slot_mechanism_decodes_silently_differently_with_the_cache():
+    outcomes = {}
+    for name, (part, causal) in _slot_parts().items():
+        try:
+            outcomes[name] = _decode_or_refuse(part, causal_part=bool(causal))
+        except ValueError:
+            outcomes[name] = "no causal pass"  # refuses a causal mask: nothing to decode
+    decoding = sorted(n for n, o in outcomes.items() if o == "same")
+    # the mechanisms that decode step by step include those that read query positions
+    expected = {"adaptive_span", "synthesizer", "kernel_rpe_fft (causal)", "lsh", "routing", "area"}
+    assert expected <= set(decoding), outcomes

@@ -29,9 +29,10 @@ def test_toeplitz_fft_equals_the_dense_product(m, n):
     torch.testing.assert_close(toeplitz_fft(c, u, m), dense @ u)
 
 
-def _reference(part, q, k, v, keep=None, causal=False):
+def _reference(part, q, k, v, keep=None, causal=False, q_offset=0):
     """y_i = Σ_j exp(b_{j−i}) φ(q_i)·φ(k_j) v_j / Σ_j exp(b_{j−i}) φ(q_i)·φ(k_j) (Luo et al.
-    eq. 5 with a kernel), a loop over batch, heads, queries and keys; ``keep`` (B, N)."""
+    eq. 5 with a kernel), a loop over batch, heads, queries and keys; ``keep`` (B, N); query
+    row i sits at position i + q_offset."""
     b_, h_, m, _ = q.shape
     n = k.shape[-2]
     out = torch.zeros(b_, h_, m, v.shape[-1], dtype=q.dtype)
@@ -39,10 +40,11 @@ def _reference(part, q, k, v, keep=None, causal=False):
         for h in range(h_):
             for i in range(m):
                 num, den = torch.zeros(v.shape[-1], dtype=q.dtype), 0.0
+                p = i + q_offset
                 for j in range(n):
-                    if (keep is not None and not keep[b, j]) or (causal and j > i):
+                    if (keep is not None and not keep[b, j]) or (causal and j > p):
                         continue
-                    rel = part.rel_bias[h, j - i + part.max_len - 1]
+                    rel = part.rel_bias[h, j - p + part.max_len - 1]
                     s = torch.exp(rel) * (F.elu(q[b, h, i]) + 1) @ (F.elu(k[b, h, j]) + 1)
                     num, den = num + s * v[b, h, j], den + s
                 out[b, h, i] = num / den if den != 0 else 0
@@ -118,3 +120,14 @@ def test_inside_multi_head_attention_and_bad_inputs():
         RelativeKernelAttention(8, heads=2).double()(q, q, q)
     with pytest.raises(ValueError, match="bias"):
         part(q[:, :3], q[:, :3], q[:, :3], bias=torch.zeros(3, 3, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("q_offset", [1, 4])
+def test_queries_after_the_keys_start_use_their_positions(causal, q_offset):
+    part = _part(causal=causal)
+    q, k, v = _x(2, 2, 3, 4, seed=14), _x(2, 2, 7, 4, seed=15), _x(2, 2, 7, 3, seed=16)
+    out = part(q, k, v, q_offset=q_offset).context
+    torch.testing.assert_close(out, _reference(part, q, k, v, causal=causal, q_offset=q_offset))
+    with pytest.raises(ValueError, match="from position 8"):
+        part(q, k, v, q_offset=8)  # positions 8 … 10 > max_len

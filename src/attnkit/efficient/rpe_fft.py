@@ -90,6 +90,7 @@ class RelativeKernelAttention(nn.Module):
     """
 
     mask_inputs: ClassVar[dict[str, tuple[str, ...]]] = {"mask": ("k", "v")}
+    takes_q_offset: ClassVar[bool] = True  # the biases b_{j−i} need the queries' positions
 
     def __init__(
         self,
@@ -129,12 +130,14 @@ class RelativeKernelAttention(nn.Module):
     def extra_repr(self) -> str:
         return f"max_len={self.max_len}, heads={self.heads}, causal={self.causal}"
 
-    def coefficients(self, m: int, n: int) -> Tensor:
+    def coefficients(self, m: int, n: int, q_offset: int = 0) -> Tensor:
         """c_r = exp(b_r − max b) for r = −(m−1) … n−1: ((heads,) m + n − 1), 0 for r > 0 when
-        causal."""
-        b = self.rel_bias[..., self.max_len - m : self.max_len + n - 1]
+        causal. With the queries at positions q_offset … (keys at 0 …), entry r holds the
+        coefficient of the offset r − q_offset."""
+        start = self.max_len - m - q_offset
+        b = self.rel_bias[..., start : start + m + n - 1]
         if self.causal:
-            r = torch.arange(-(m - 1), n, device=b.device)
+            r = torch.arange(-(m - 1), n, device=b.device) - q_offset
             b = torch.where(r <= 0, b, -torch.inf)
         return torch.exp(b - b.amax(-1, keepdim=True).detach())
 
@@ -152,16 +155,20 @@ class RelativeKernelAttention(nn.Module):
         mask: Tensor | None = None,
         bias: Tensor | None = None,
         need_weights: bool = False,
+        q_offset: int = 0,
     ) -> HeadOutput:
+        """``q_offset``: the position of the first query (keys sit at 0 … N−1), e.g. the number
+        of cached positions in incremental decoding."""
         who = type(self).__name__
         arguments.boolean(need_weights, "need_weights")
+        arguments.nonnegative_int(q_offset, "q_offset")
         lead = check_head_inputs(q, k, v, mask, bias, who)
         refuse_bias(bias, who)
         m, n = q.shape[-2], k.shape[-2]
-        if max(m, n) > self.max_len:
+        if max(m + q_offset, n) > self.max_len:
             raise ValueError(
-                f"{who}(max_len={self.max_len}) got M = {m} queries and N = {n} keys; the "
-                "relative biases cover offsets up to max_len − 1"
+                f"{who}(max_len={self.max_len}) got M = {m} queries from position {q_offset} and "
+                f"N = {n} keys; the relative biases cover offsets up to max_len − 1"
             )
         if self.heads is not None and (len(lead) < 2 or lead[-1] != self.heads):
             raise ValueError(
@@ -172,7 +179,7 @@ class RelativeKernelAttention(nn.Module):
         fq = self._features(q, is_query=True, keep=None)
         fk = self._features(k, is_query=False, keep=keep)
         fk, v = kz._drop(fk, keep), kz._drop(v, keep)
-        c = self.coefficients(m, n).to(q.dtype)
+        c = self.coefficients(m, n, q_offset).to(q.dtype)
         fk = fk.broadcast_to(*lead, n, fk.shape[-1])
         v = v.broadcast_to(*lead, n, v.shape[-1])
         u = (fk.unsqueeze(-1) * v.unsqueeze(-2)).flatten(-2)  # U_j = φ(k_j) v_jᵀ: (…, N, m·d_v)
