@@ -4,6 +4,7 @@ position bias); other alignments change it as they should and train."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 import transformers
@@ -214,3 +215,19 @@ def test_scaled_dot_softmax_by_name_is_the_same_model_in_float32():
     swap_attention(model, score="scaled_dot", align="softmax")
     out = model(ids, attention_mask=mask).last_hidden_state
     torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+
+
+def test_viz_draws_the_captured_heads_of_a_swapped_model():
+    from attnkit import viz
+
+    model = _bert()
+    swap_attention(model, align="sparsemax")
+    ids, mask = _inputs()
+    with ak.evaluation.capture(model) as records:
+        model(ids, attention_mask=mask)
+    weights = records["encoder.layer.1.attention.self"][0]  # (B, H, M, N)
+    fig = viz.head_grid(weights[1])
+    shown = [ax for ax in fig.axes if ax.get_visible() and ax.images]
+    assert len(shown) == weights.shape[1] == model.config.num_attention_heads
+    drawn = shown[0].images[0].get_array()
+    np.testing.assert_allclose(drawn, weights[1, 0].detach().numpy())
