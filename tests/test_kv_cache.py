@@ -42,6 +42,30 @@ def test_encoder_decoder_cached_decoding_equals_one_pass(norm_first):
     torch.testing.assert_close(torch.cat(steps, 1), full, atol=1e-12, rtol=1e-12)
     assert cache.length == 5 and len(cache) == 2
     assert cache[0].k.shape == (2, 1, 5, 4)  # one shared key/value head of size 8/2
+    # the cross-attention projected the memory once: (B, kv heads, N, d) kept per layer
+    assert cache[1].memory.k.shape == (2, 1, 6, 4) and len(cache[1].memory) == 6
+    own = sum(t.numel() * 8 for layer in cache.layers for t in (layer.k, layer.v))
+    assert cache.nbytes == own + sum(layer.memory.nbytes for layer in cache.layers) > own
+    with pytest.raises(ValueError, match="same encoder output"):
+        model.decode(tgt[:, :1], memory.clone(), memory_mask=src_ok, cache=cache)
+
+
+def test_memory_cache_projects_the_memory_once():
+    torch.manual_seed(0)
+    mha = ak.MultiHeadAttention(8, 4, num_kv_heads=2).double()
+    memory = torch.randn(2, 7, 8, dtype=torch.float64)
+    fixed = ak.kv_cache.MemoryCache()
+    calls = []
+    original = mha._project
+    mha._project = lambda *a: calls.append(1) or original(*a)
+    for _ in range(3):
+        y = torch.randn(2, 1, 8, dtype=torch.float64)
+        torch.testing.assert_close(
+            mha(y, memory, memory, memory_cache=fixed).context, mha(y, memory, memory).context
+        )
+    assert len(calls) == 1 + 3  # one projection of the memory, then only the uncached calls
+    with pytest.raises(ValueError, match=r"cache= \(self-attention\) or memory_cache="):
+        mha(y, memory, memory, cache=LayerCache(), memory_cache=fixed)
 
 
 def _score(name, d, heads):

@@ -11,6 +11,11 @@ RoPE or ALiBi is applied afresh at every step with the new queries placed after 
 (``q_offset`` = number of cached steps), so every scheme in the position slot works unchanged.
 With grouped-query attention (``num_kv_heads`` < ``num_heads``) only the shared key/value heads
 are stored, which divides the cache by num_heads / num_kv_heads.
+
+A decoder layer's cross-attention reads the same encoder output at every step, so its projected
+keys and values are computed once and kept in the layer's :class:`MemoryCache`
+(``LayerCache.memory``); a step that passes another memory tensor is refused rather than
+answered from a stale projection.
 """
 
 from __future__ import annotations
@@ -20,7 +25,42 @@ from torch import Tensor
 
 from attnkit import arguments
 
-__all__ = ["KVCache", "LayerCache"]
+__all__ = ["KVCache", "LayerCache", "MemoryCache"]
+
+
+class MemoryCache:
+    """The projected keys k (B, …, H_kv, N, d) and values v (B, …, H_kv, N, d_v) of a fixed
+    memory (a cross-attention's encoder output), made on the first step and reused after."""
+
+    def __init__(self) -> None:
+        self.k: Tensor | None = None
+        self.v: Tensor | None = None
+        self._source: tuple[Tensor, Tensor] | None = None
+
+    def __len__(self) -> int:
+        """N, the number of memory positions (0 before the first step)."""
+        return 0 if self.k is None else self.k.shape[-2]
+
+    def holds(self, key: Tensor, value: Tensor) -> bool:
+        """True when the projections of exactly these tensors are stored; raises ValueError if
+        projections of other tensors are (the memory must stay the same over a decode)."""
+        if self._source is None:
+            return False
+        if self._source[0] is key and self._source[1] is value:
+            return True
+        raise ValueError(
+            "this cache holds the projections of another memory: a decode must pass the same "
+            "encoder output (the same tensor) at every step; start a new cache for a new memory"
+        )
+
+    def store(self, key: Tensor, value: Tensor, k: Tensor, v: Tensor) -> None:
+        """Keep k and v, the projections of ``key`` and ``value``."""
+        self._source, self.k, self.v = (key, value), k, v
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by the projected keys and values."""
+        return sum(t.numel() * t.element_size() for t in (self.k, self.v) if t is not None)
 
 
 class LayerCache:
@@ -30,6 +70,7 @@ class LayerCache:
     def __init__(self) -> None:
         self.k: Tensor | None = None
         self.v: Tensor | None = None
+        self.memory = MemoryCache()  # the layer's cross-attention, if it has one
 
     def __len__(self) -> int:
         """N, the number of cached positions."""
@@ -53,8 +94,9 @@ class LayerCache:
 
     @property
     def nbytes(self) -> int:
-        """Bytes held by the cached keys and values."""
-        return sum(t.numel() * t.element_size() for t in (self.k, self.v) if t is not None)
+        """Bytes held by the cached keys and values (self- and cross-attention)."""
+        own = sum(t.numel() * t.element_size() for t in (self.k, self.v) if t is not None)
+        return own + self.memory.nbytes
 
 
 class KVCache:
@@ -78,5 +120,5 @@ class KVCache:
 
     @property
     def nbytes(self) -> int:
-        """Bytes held by all layers' cached keys and values."""
+        """Bytes held by all layers' cached keys and values (self- and cross-attention)."""
         return sum(layer.nbytes for layer in self.layers)

@@ -10,7 +10,7 @@ from attnkit import arguments, checks, inputs, masks, slots
 from attnkit import taxonomy as tx
 from attnkit.alignments import Alignment
 from attnkit.attention import Attention
-from attnkit.kv_cache import LayerCache
+from attnkit.kv_cache import LayerCache, MemoryCache
 from attnkit.output import AttentionOutput
 from attnkit.positions import PositionScheme
 from attnkit.scores import REGISTRY as SCORES
@@ -167,6 +167,12 @@ class MultiHeadAttention(nn.Module):
             wq, wk, wv = self.q_proj_weight, self.k_proj_weight, self.v_proj_weight
         return F.linear(query, wq, bq), F.linear(key, wk, bk), F.linear(value, wv, bv)
 
+    def _project_query(self, query: Tensor) -> Tensor:
+        b = self.in_proj_bias
+        bq = None if b is None else b.split(self._sizes)[0]
+        wq = self.in_proj_weight.split(self._sizes)[0] if self.packed else self.q_proj_weight
+        return F.linear(query, wq, bq)
+
     def _split_heads(self, x: Tensor, heads: int | None = None) -> Tensor:
         """(…, L, heads·d) -> (…, heads, L, d); heads defaults to H."""
         heads = self.num_heads if heads is None else heads
@@ -188,6 +194,7 @@ class MultiHeadAttention(nn.Module):
         bias: Tensor | None = None,
         need_weights: bool = False,
         cache: LayerCache | None = None,
+        memory_cache: MemoryCache | None = None,
     ) -> AttentionOutput:
         """Multi-head attention; key defaults to query and value to key (self-attention).
 
@@ -203,6 +210,10 @@ class MultiHeadAttention(nn.Module):
                 cached positions, N = cached + new; the queries sit after the cached positions
                 (the position scheme gets ``q_offset`` = number cached). ``mask`` and ``bias``
                 then cover all N keys, e.g. ``masks.causal(M, N)``.
+            memory_cache: a :class:`attnkit.kv_cache.MemoryCache` for attention over a fixed
+                memory (a decoder's cross-attention): the key and value projections are made on
+                the first call and reused while ``key`` and ``value`` are the same tensors (other
+                tensors are refused). Not with ``cache``.
         """
         key = query if key is None else key
         value = key if value is None else value
@@ -246,6 +257,7 @@ class MultiHeadAttention(nn.Module):
                 bias=unbatched[1],
                 need_weights=need_weights,
                 cache=cache,
+                memory_cache=memory_cache,
             )
             return AttentionOutput(*(None if t is None else t.squeeze(0) for t in out))
         if mask is not None and mask.dim() > query.dim() + 1:
@@ -256,9 +268,17 @@ class MultiHeadAttention(nn.Module):
         offset = 0 if cache is None else len(cache)
         if cache is not None:
             self._check_cacheable()
+            if memory_cache is not None:
+                raise ValueError("pass cache= (self-attention) or memory_cache= (a fixed memory)")
         self._check_mask_and_bias(query, key, mask, bias, offset)
-        q, k, v = self._project(query, key, value)
-        q, k, v = (self._split_heads(t, h) for t, h in zip((q, k, v), self._heads, strict=True))
+        if memory_cache is not None and memory_cache.holds(key, value):
+            q = self._split_heads(self._project_query(query))
+            k, v = memory_cache.k, memory_cache.v
+        else:
+            q, k, v = self._project(query, key, value)
+            q, k, v = (self._split_heads(t, h) for t, h in zip((q, k, v), self._heads, strict=True))
+            if memory_cache is not None:
+                memory_cache.store(key, value, k, v)
         if cache is not None:
             k, v = cache.append(k, v)  # cached before the position scheme (see kv_cache)
         if self.num_kv_heads != self.num_heads:  # head h reads key/value head h // group

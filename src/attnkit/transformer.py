@@ -175,7 +175,9 @@ class TransformerDecoderLayer(_Block):
         memory_mask: (B, 1, N) from :func:`attnkit.masks.from_lengths` or (B, M, N).
         causal: mask future positions (query i attends keys j <= i).
         cache: a :class:`attnkit.kv_cache.LayerCache` for incremental decoding; x then
-            holds the new positions only, placed after the cached ones.
+            holds the new positions only, placed after the cached ones. The cross-attention's
+            projections of ``memory`` are kept in ``cache.memory`` on the first step; pass the
+            same memory tensor at every step.
         """
         arguments.boolean(causal, "causal")
         n = x.shape[-2] + (0 if cache is None else len(cache))
@@ -193,8 +195,11 @@ class TransformerDecoderLayer(_Block):
             if memory is None:
                 raise ValueError("memory (the encoder output) is required for cross-attention")
             cross = self.cross_attention
+            fixed = None if cache is None else cache.memory  # projected once per decode
             x = self._sublayer(
-                x, self.norms[1], lambda y: cross(y, memory, memory, mask=memory_mask).context
+                x,
+                self.norms[1],
+                lambda y: cross(y, memory, memory, mask=memory_mask, memory_cache=fixed).context,
             )
         return self._sublayer(x, self.norms[-1], self.ff)
 

@@ -5,7 +5,9 @@ from attnkit.benchmarking import decode
 
 def test_quick_tables_have_every_row_and_consistent_ratios():
     seen = []
-    text = decode.main(quick=True, progress=seen.append)
+    text, cross = decode.main(quick=True, progress=seen.append).split(
+        "### Encoder–decoder: cross-attention memory cache"
+    )
     lines = text.splitlines()
     assert lines[0] == "### Decoding: KV cache vs recomputation"
     s = decode.sizes(True)
@@ -24,3 +26,9 @@ def test_quick_tables_have_every_row_and_consistent_ratios():
     # The cache holds H_kv heads: its size is proportional to the number of key/value heads.
     assert ratios == [round(k / s.heads, 3) for k in kv]
     assert seen
+    rows = [line.strip("|").split("|") for line in cross.splitlines() if line.startswith("| ")]
+    rows = [r for r in rows if r[0].strip().isdigit()]
+    assert [int(r[0]) for r in rows] == list(s.contexts)
+    for r in rows:
+        kept, again, ratio = (float(x) for x in r[1:4])
+        assert kept > 0 and again > 0 and abs(ratio - kept / again) <= 0.05 * ratio + 0.1
