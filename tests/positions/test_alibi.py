@@ -51,3 +51,14 @@ def test_in_multi_head_attention():
 def test_needs_heads():
     with pytest.raises(ValueError, match="per-head"):
         ALiBi()(torch.randn(3, 4), torch.randn(3, 4))
+
+
+@pytest.mark.parametrize("heads", [1, 3, 5, 6, 8, 12, 16, 20, 24])
+def test_slopes_equal_bloom_alibi_in_transformers(heads):
+    from transformers.models.bloom.modeling_bloom import build_alibi_tensor
+
+    theirs = build_alibi_tensor(torch.ones(1, 3), heads, torch.float64)[:, 0, 1]  # slope · 1
+    # BLOOM computes the slopes in float32
+    torch.testing.assert_close(
+        torch.tensor(alibi_slopes(heads), dtype=torch.float64), theirs, rtol=1e-6, atol=0
+    )

@@ -7,6 +7,7 @@ import torch
 
 import attnkit as ak
 from attnkit.positions import Rotary
+from attnkit.positions.rope import rotate
 
 
 def rotation_matrix(m: int, d: int, base: float = 10000.0) -> torch.Tensor:
@@ -73,3 +74,15 @@ def test_errors():
     with pytest.raises(ValueError, match="same size"):
         Rotary()(torch.randn(2, 3, 4), torch.randn(2, 3, 6))
     assert isinstance(ak.MultiHeadAttention(8, 2, position="rope").position, Rotary)
+
+
+def test_rotation_equals_gptj_rotary_embedding_in_transformers():
+    from transformers.models.gptj import modeling_gptj as gptj
+
+    torch.manual_seed(0)
+    length, d = 40, 16
+    x = torch.randn(length, d)
+    sincos = gptj.create_sinusoidal_positions(length, d)  # (L, d): sin and cos of m·θ_i
+    sin, cos = sincos[None, :, : d // 2], sincos[None, :, d // 2 :]
+    theirs = gptj.apply_rotary_pos_emb(x[None, :, None, :], sin, cos)[0, :, 0]
+    torch.testing.assert_close(rotate(x, torch.arange(length)), theirs, rtol=1e-5, atol=1e-5)

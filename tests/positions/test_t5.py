@@ -84,3 +84,18 @@ def test_built_by_name_for_the_heads_and_errors():
         mha.position(torch.randn(1, 2, 3, 2), torch.randn(1, 2, 3, 2))
     with pytest.raises(ValueError, match="num_buckets"):
         T5Relative(2, num_buckets=2)
+
+
+@pytest.mark.parametrize("bidirectional", [True, False])
+@pytest.mark.parametrize(("num_buckets", "max_distance"), [(32, 128), (16, 20), (8, 50)])
+def test_buckets_equal_the_transformers_t5_implementation(bidirectional, num_buckets, max_distance):
+    from transformers.models.t5.modeling_t5 import T5Attention
+
+    relative = torch.arange(-300, 300)[None, :]
+    theirs = T5Attention._relative_position_bucket(
+        relative, bidirectional=bidirectional, num_buckets=num_buckets, max_distance=max_distance
+    )
+    mine = t5_bucket(
+        relative, bidirectional=bidirectional, num_buckets=num_buckets, max_distance=max_distance
+    )
+    assert torch.equal(mine, theirs)
