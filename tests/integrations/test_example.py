@@ -1,4 +1,4 @@
-"""The fine-tuning example runs as documented (tiny sizes)."""
+"""The fine-tuning examples run as documented (tiny sizes)."""
 
 import subprocess
 import sys
@@ -26,3 +26,27 @@ def test_finetune_example_runs():
     )
     assert proc.returncode == 0, proc.stderr
     assert "epoch 1: loss" in proc.stdout and "test accuracy" in proc.stdout
+
+
+def test_vit_example_runs():
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "examples" / "finetune_vit.py"),
+            "--align",
+            "sparsemax",
+            "--epochs",
+            "1",
+            "--n-train",
+            "64",
+            "--n-test",
+            "32",
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr
+    line = proc.stdout.strip().splitlines()[-1]
+    assert line.startswith("epoch 1: loss") and "[CLS] attention on the digit" in line
