@@ -51,3 +51,27 @@ def test_metrics_of_a_perfect_copier_and_of_a_constant_one():
     loss = task.loss(model, torch.arange(8))
     loss.backward()
     assert torch.isfinite(loss) and len(task.heatmaps(model, n=1)) == 1
+
+
+@pytest.mark.parametrize("task_name", ["copy", "associative-recall"])
+def test_the_lstm_baseline_has_no_memory_and_learns_the_trained_lengths(task_name):
+    from attnkit.tasks.copy_task import LSTMBaseline
+
+    torch.manual_seed(0)
+    config = RunConfig(
+        task=task_name, attention="lstm", n_train=512, n_test=64, epochs=1, batch_size=32
+    ).resolved()
+    task = tasks.get(task_name)(config)
+    model = task.build_model()
+    assert isinstance(model, LSTMBaseline) and not hasattr(model, "memory0")
+    assert task.heatmaps(model) == []
+    before = task.evaluate(model, "test")["bit_errors"]
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    for _ in range(150):
+        loss = task.loss(model, torch.randint(0, 512, (32,)))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    after = task.evaluate(model, "test")
+    assert set(after) == set(task.metrics)
+    assert after["bit_errors"] < 0.8 * before  # it learns something without memory

@@ -4,21 +4,24 @@ sequence of random bit vectors and a delimiter, then write the sequence back fro
 Training sequences have 1 … ``MAX_TRAIN`` vectors; the test also measures sequences of
 ``LONG`` vectors, longer than any seen in training (does the learned algorithm generalise?).
 Sequences are padded to a fixed number of steps; only the output steps are scored.
+
+``attention="lstm"`` (``attnkit run copy --attention lstm``) trains the paper's baseline instead:
+an LSTM of the same controller size with no memory and no attention.
 """
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
 
 from attnkit.memory.ntm import NeuralTuringMachine
 from attnkit.tasks.base import REGISTRY, Metric, Task
 from attnkit.tasks.parts import build_alignment
 
-__all__ = ["CopyTask", "make_copy"]
+__all__ = ["CopyTask", "LSTMBaseline", "make_copy"]
 
 WIDTH = 4  # bits per vector
 MAX_TRAIN = 5
@@ -45,6 +48,23 @@ def make_copy(n: int, lengths: tuple[int, int], steps: int, *, seed: int = 0):
     return x, y, out
 
 
+class BaselineOutput(NamedTuple):
+    outputs: Tensor  # (B, T, d_out) logits
+
+
+class LSTMBaseline(nn.Module):
+    """An LSTM without memory (Graves et al.'s baseline): inputs (B, T, d_in) → logits
+    (B, T, d_out) read from the hidden state at every step."""
+
+    def __init__(self, d_in: int, d_out: int, hidden: int) -> None:
+        super().__init__()
+        self.lstm = nn.LSTM(d_in, hidden, batch_first=True)
+        self.out = nn.Linear(hidden, d_out)
+
+    def forward(self, x: Tensor) -> BaselineOutput:
+        return BaselineOutput(self.out(self.lstm(x)[0]))
+
+
 @REGISTRY.register("copy")
 class CopyTask(Task):
     description = "NTM copy: read random bit vectors, then write them back from memory"
@@ -66,6 +86,7 @@ class CopyTask(Task):
         ),
         "sequence_accuracy": Metric(f"share of test sequences (1-{MAX_TRAIN}) copied exactly"),
     }
+    attentions: ClassVar[tuple[str, ...]] = ("lstm",)  # the baseline without memory
 
     def __init__(self, config) -> None:
         super().__init__(config)
@@ -77,7 +98,9 @@ class CopyTask(Task):
         }
         self.long = make_copy(config.n_test, (LONG, LONG), 2 * LONG + 1, seed=config.seed + 3)
 
-    def build_model(self) -> NeuralTuringMachine:
+    def build_model(self) -> nn.Module:
+        if self.config.attention == "lstm":
+            return LSTMBaseline(WIDTH + 1, WIDTH, self.config.d_model)
         return NeuralTuringMachine(
             WIDTH + 1,
             WIDTH,
@@ -118,6 +141,8 @@ class CopyTask(Task):
 
     @torch.no_grad()
     def heatmaps(self, model, n: int = 4) -> list[dict]:
+        if isinstance(model, LSTMBaseline):
+            return []  # no memory, nothing to show
         model.eval()
         x, _, _ = (t[:n] for t in self.splits["test"])
         run = model(x)

@@ -13,11 +13,11 @@ from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
 
 from attnkit.memory.ntm import NeuralTuringMachine
 from attnkit.tasks.base import REGISTRY, Metric, Task
-from attnkit.tasks.copy_task import CopyTask
+from attnkit.tasks.copy_task import CopyTask, LSTMBaseline
 from attnkit.tasks.parts import build_alignment
 
 __all__ = ["AssociativeRecallTask", "make_recall"]
@@ -92,7 +92,9 @@ class AssociativeRecallTask(CopyTask):
         }
         self.long = make_recall(config.n_test, (LONG, LONG), _steps(LONG), seed=config.seed + 3)
 
-    def build_model(self) -> NeuralTuringMachine:
+    def build_model(self) -> nn.Module:
+        if self.config.attention == "lstm":  # the baseline without memory
+            return LSTMBaseline(WIDTH + 2, WIDTH, self.config.d_model)
         return NeuralTuringMachine(
             WIDTH + 2,
             WIDTH,
