@@ -19,9 +19,20 @@ so that whatever the padded rows hold, NaN included, never enters). A mask that 
 queries cannot be honoured in this factorised form (the sums would differ per query): use the
 causal variant for the causal mask; any other such mask is refused with a ValueError. A query
 whose denominator is 0 (no key, or a ReLU feature map that vanishes) gets context 0.
+
+Working set (:func:`chunked_feature_attention`). The non-causal sums are the same whether the
+feature maps are formed at once, (…, N, m), or a chunk of rows at a time: the key sums
+Σ_j φ(k_j) v_jᵀ and Σ_j φ(k_j) are accumulated over key chunks, then each chunk of queries is
+answered from them. With m random features larger than d (Performer, RFA) the whole maps are
+many times the cache at long N and every elementwise pass over them goes to main memory; by
+chunks (and with the maps recomputed chunk by chunk in the backward pass instead of kept) the
+working set stays a few MiB whatever N, so time grows as N, and memory holds only the inputs
+and the (m × d_v) sums.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import Tensor
@@ -33,6 +44,7 @@ from attnkit.alignments import Alignment, AlignOutput
 __all__ = [
     "KernelNormalized",
     "causal_feature_attention",
+    "chunked_feature_attention",
     "dense_feature_weights",
     "feature_attention",
     "key_mask",
@@ -99,6 +111,173 @@ def feature_attention(fq: Tensor, fk: Tensor, v: Tensor, keep: Tensor | None = N
     num = fq @ kv
     den = (fq * fk.sum(-2, keepdim=True)).sum(-1, keepdim=True)
     return _divide(num, den)
+
+
+FeatureMap = Callable[..., Tensor]
+"""φ(x, *params): features (…, L, m) of rows x (…, L, d), row by row (a constant it subtracts,
+such as a stabiliser, is fixed before the call, so that a chunk of rows gets the rows of the
+whole map)."""
+
+CHUNK_ELEMENTS = 1 << 18
+"""Elements of a chunk's feature map (all leading dims together): 1 MiB in float32, so that
+the few maps alive at once while a chunk is processed stay in a core's cache."""
+
+
+def chunk_rows(lead: torch.Size, m: int, elements: int | None = None) -> int:
+    """Rows per chunk (at least 16) so that a chunk's (…, rows, m) map has about ``elements``
+    entries (default :data:`CHUNK_ELEMENTS`)."""
+    elements = CHUNK_ELEMENTS if elements is None else elements
+    return max(16, elements // max(1, lead.numel() * m))
+
+
+def _rows(x: Tensor | None, start: int, stop: int) -> Tensor | None:
+    if x is None or x.shape[-2] == 1:  # a key mask may broadcast over the keys
+        return x
+    return x[..., start:stop, :]
+
+
+def _starts(n: int, c: int) -> range:
+    return range(0, max(n, 1), c)  # one (empty) chunk when n = 0
+
+
+def _key_sums(
+    phi_k: FeatureMap, k: Tensor, v: Tensor, keep: Tensor | None, c: int, params: Sequence[Tensor]
+) -> tuple[Tensor, Tensor]:
+    """Σ_j φ(k_j) v_jᵀ (…, m, d_v) and Σ_j φ(k_j) (…, m) over the kept keys, chunk by chunk."""
+    kv = z = None
+    for s in _starts(k.shape[-2], c):
+        part_kv, part_z = _key_chunk(phi_k, k[..., s : s + c, :], v[..., s : s + c, :],
+                                     _rows(keep, s, s + c), params)  # fmt: skip
+        kv = part_kv if kv is None else kv + part_kv
+        z = part_z if z is None else z + part_z
+    return kv, z
+
+
+def _key_chunk(
+    phi_k: FeatureMap, k: Tensor, v: Tensor, keep: Tensor | None, params: Sequence[Tensor]
+) -> tuple[Tensor, Tensor]:
+    fk = _drop(phi_k(k, *params), keep)
+    return fk.transpose(-1, -2) @ _drop(v, keep), fk.sum(-2)
+
+
+def _query_chunk(
+    phi_q: FeatureMap, q: Tensor, kv: Tensor, z: Tensor, params: Sequence[Tensor]
+) -> Tensor:
+    fq = phi_q(q, *params)
+    return _divide(fq @ kv, fq @ z.unsqueeze(-1))
+
+
+def _leaf(x: Tensor, grad: bool) -> Tensor:
+    return x.detach().requires_grad_(grad)
+
+
+class _ChunkedFeatureAttention(torch.autograd.Function):
+    """Forward by chunks without keeping any feature map; backward recomputes each chunk's
+    maps and differentiates the chunk (autograd on the chunk), so neither pass holds more than
+    a chunk of features."""
+
+    @staticmethod
+    def forward(ctx, phi_q, phi_k, c, keep, q, k, v, *params):
+        kv, z = _key_sums(phi_k, k, v, keep, c, params)
+        chunks = [q[..., s : s + c, :] for s in _starts(q.shape[-2], c)]
+        out = torch.cat([_query_chunk(phi_q, qc, kv, z, params) for qc in chunks], -2)
+        ctx.phi, ctx.c = (phi_q, phi_k), c
+        ctx.save_for_backward(q, k, v, kv, z, *params)
+        ctx.keep = keep
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        (phi_q, phi_k), c, keep = ctx.phi, ctx.c, ctx.keep
+        q, k, v, kv, z, *params = ctx.saved_tensors
+        need_q, need_k, need_v = ctx.needs_input_grad[4:7]
+        need_p = ctx.needs_input_grad[7:]
+        gq = torch.zeros_like(q) if need_q else None
+        gk = torch.zeros_like(k) if need_k else None
+        gv = torch.zeros_like(v) if need_v else None
+        gp = [torch.zeros_like(p) if need else None for p, need in zip(params, need_p, strict=True)]
+        need_sums = need_k or need_v or any(need_p)
+        with torch.enable_grad():
+            leaves_p = [_leaf(p, need) for p, need in zip(params, need_p, strict=True)]
+            kv_, z_ = _leaf(kv, need_sums), _leaf(z, need_sums)
+            gkv = torch.zeros_like(kv) if need_sums else None
+            gz = torch.zeros_like(z) if need_sums else None
+            # queries: y_c = φ(q_c)ᵀS / φ(q_c)ᵀz; gradients to q_c, S, z and the parameters
+            for s in _starts(q.shape[-2], c):
+                qc = _leaf(q[..., s : s + c, :], need_q)
+                out = _query_chunk(phi_q, qc, kv_, z_, leaves_p)
+                wrt = [(qc, gq, s)] if need_q else []
+                wrt += [(kv_, gkv, None), (z_, gz, None)] if need_sums else []
+                wrt += [(p, g, None) for p, g in zip(leaves_p, gp, strict=True) if g is not None]
+                _accumulate(out, grad_out[..., s : s + c, :], wrt)
+            if need_sums:  # keys: S = Σ φ(k_j) v_jᵀ, z = Σ φ(k_j); gradients to k, v, parameters
+                for s in _starts(k.shape[-2], c):
+                    kc = _leaf(k[..., s : s + c, :], need_k)
+                    vc = _leaf(v[..., s : s + c, :], need_v)
+                    part = _key_chunk(phi_k, kc, vc, _rows(keep, s, s + c), leaves_p)
+                    wrt = [(kc, gk, s)] if need_k else []
+                    wrt += [(vc, gv, s)] if need_v else []
+                    wrt += [
+                        (p, g, None) for p, g in zip(leaves_p, gp, strict=True) if g is not None
+                    ]
+                    _accumulate(part, (gkv, gz), wrt)
+        return (None, None, None, None, gq, gk, gv, *gp)
+
+
+def _accumulate(
+    outputs: Tensor | tuple[Tensor, ...],
+    grads: Tensor | tuple[Tensor, ...],
+    wrt: list[tuple[Tensor, Tensor, int | None]],
+) -> None:
+    """Add d(outputs)/d(leaf) · grads into each target: at rows start: of it, or all of it."""
+    if isinstance(outputs, Tensor):
+        outputs, grads = (outputs,), (grads,)
+    pairs = [(o, g) for o, g in zip(outputs, grads, strict=True) if o.requires_grad]
+    if not wrt or not pairs:  # e.g. Σ φ(k_j) when only v asks for gradients
+        return
+    found = torch.autograd.grad(
+        [o for o, _ in pairs],
+        [leaf for leaf, _, _ in wrt],
+        [g for _, g in pairs],
+        allow_unused=True,
+    )
+    for (leaf, target, start), g in zip(wrt, found, strict=True):
+        if g is None:
+            continue
+        if start is None:
+            target += g
+        else:
+            target[..., start : start + leaf.shape[-2], :] += g
+
+
+def chunked_feature_attention(
+    phi_q: FeatureMap,
+    phi_k: FeatureMap,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    keep: Tensor | None = None,
+    *,
+    params: Sequence[Tensor] = (),
+    chunk_size: int,
+) -> Tensor:
+    """Non-causal kernelized attention (Katharopoulos eq. 5) from the inputs, by chunks of
+    ``chunk_size`` rows: :func:`feature_attention` of ``phi_q(q)``, ``phi_k(k)`` up to float
+    rounding, without ever forming the (…, N, m) maps (see the module's "Working set").
+
+    Args:
+        phi_q, phi_k: feature maps ``phi(x, *params)`` acting row by row.
+        q: (…, M, d); k: (…, N, d); v: (…, N, d_v).
+        keep: key mask (…, N, 1) from :func:`key_mask`, or None.
+        params: the tensors the maps take after x (their gradients are returned).
+        chunk_size: rows per chunk (:func:`chunk_rows`).
+
+    Returns:
+        context (…, M, d_v).
+    """
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be positive, got {chunk_size}")
+    return _ChunkedFeatureAttention.apply(phi_q, phi_k, chunk_size, keep, q, k, v, *params)
 
 
 def causal_feature_attention(

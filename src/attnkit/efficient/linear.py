@@ -148,6 +148,32 @@ def refuse_bias(bias: Tensor | None, who: str) -> None:
         )
 
 
+def attend_inputs(
+    part: nn.Module,
+    phi_q: kz.FeatureMap,
+    phi_k: kz.FeatureMap,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    keep: Tensor | None,
+    need_weights: bool,
+    *,
+    params: tuple[Tensor, ...] = (),
+    m: int,
+) -> HeadOutput:
+    """:func:`attend` from the inputs and row-wise feature maps ``phi(x, *params)`` with m
+    features: non-causal context by chunks of rows (:func:`kernelized.chunked_feature_attention`,
+    the (…, N, m) maps never formed); the whole maps only for the causal form or the weights."""
+    if part.causal or need_weights or hooks.listening():
+        return attend(part, phi_q(q, *params), phi_k(k, *params), v, keep, need_weights)
+    lead = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
+    chunk = kz.chunk_rows(lead, m)
+    context = kz.chunked_feature_attention(
+        phi_q, phi_k, q, k, v, keep, params=params, chunk_size=chunk
+    )
+    return HeadOutput(context, None)
+
+
 def attend(
     part: nn.Module, fq: Tensor, fk: Tensor, v: Tensor, keep: Tensor | None, need_weights: bool
 ) -> HeadOutput:

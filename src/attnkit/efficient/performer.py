@@ -29,6 +29,7 @@ the normalised weights (the paper's stabiliser).
 from __future__ import annotations
 
 import math
+from functools import partial
 from typing import ClassVar
 
 import torch
@@ -37,7 +38,7 @@ from torch import Tensor, nn
 from attnkit import arguments, masks
 from attnkit import taxonomy as tx
 from attnkit.efficient import kernelized as kz
-from attnkit.efficient.linear import attend, check_causal, refuse_bias
+from attnkit.efficient.linear import attend_inputs, check_causal, refuse_bias
 from attnkit.efficient.lsh import HeadOutput, check_head_inputs
 from attnkit.mechanisms import REGISTRY, example_tensor
 
@@ -142,20 +143,43 @@ class Performer(nn.Module):
     def features(self, x: Tensor, *, is_query: bool, keep: Tensor | None = None) -> Tensor:
         """φ(x) (…, L, m) for x (…, L, d); ``keep`` (…, L, 1) marks the keys that count for the
         keys' stabiliser."""
-        omega = self.omega.to(x.dtype)
         if self.kernel == "relu":
-            return torch.relu(x @ omega.T) / math.sqrt(self.n_features)
+            return self._relu_features(x)
+        if is_query:
+            return self._query_features(x)
+        return self._shifted(x, self._key_shift(x, keep, x.shape[-2]))
+
+    def _relu_features(self, x: Tensor) -> Tensor:
+        return torch.relu(x @ self.omega.to(x.dtype).T) / math.sqrt(self.n_features)
+
+    def _logits(self, x: Tensor) -> Tensor:
+        """ω_i·x − ‖x‖²/2 with x scaled by d^{−1/4} (Lemma 1's exponent), (…, L, m)."""
         x = x * self.d**-0.25
-        wx = x @ omega.T
-        sq = (x * x).sum(-1, keepdim=True) / 2
-        logits = wx - sq
-        if is_query:  # a per-row constant cancels in each query's normalisation
-            shift = logits.amax(-1, keepdim=True)
-        else:  # one constant per sequence (over its real keys) cancels in every ratio
-            real = logits if keep is None else torch.where(keep, logits, -torch.inf)
-            shift = real.amax((-1, -2), keepdim=True)
-            shift = torch.where(torch.isfinite(shift), shift, 0)
+        wx = x @ self.omega.to(x.dtype).T
+        return wx - (x * x).sum(-1, keepdim=True) / 2
+
+    def _query_features(self, x: Tensor) -> Tensor:
+        # a per-row constant cancels in each query's normalisation
+        logits = self._logits(x)
+        shift = logits.amax(-1, keepdim=True)
         return torch.exp(logits - shift.detach()) / math.sqrt(self.n_features)
+
+    def _shifted(self, x: Tensor, shift: Tensor) -> Tensor:
+        return torch.exp(self._logits(x) - shift) / math.sqrt(self.n_features)
+
+    @torch.no_grad()
+    def _key_shift(self, k: Tensor, keep: Tensor | None, chunk: int) -> Tensor:
+        """The keys' stabiliser: one constant per sequence, the maximum exponent over its real
+        keys and all features (it cancels in every ratio), taken chunk by chunk (…, 1, 1)."""
+        shift = None
+        for s in range(0, k.shape[-2], chunk):
+            logits = self._logits(k[..., s : s + chunk, :])
+            if keep is not None:
+                rows = keep if keep.shape[-2] == 1 else keep[..., s : s + chunk, :]
+                logits = torch.where(rows, logits, -torch.inf)
+            top = logits.amax((-1, -2), keepdim=True)
+            shift = top if shift is None else torch.maximum(shift, top)
+        return torch.where(torch.isfinite(shift), shift, 0)
 
     def forward(
         self,
@@ -180,6 +204,11 @@ class Performer(nn.Module):
                 self.redraw()
             self._calls += 1
         keep = kz.key_mask(mask, torch.Size((*lead, q.shape[-2], k.shape[-2])), who)
-        fq = self.features(q, is_query=True)
-        fk = self.features(k, is_query=False, keep=keep)
-        return attend(self, fq, fk, v, keep, need_weights)
+        m = self.n_features
+        if self.kernel == "relu":
+            phi_q = phi_k = self._relu_features
+        else:
+            phi_q = self._query_features
+            shift = self._key_shift(k, keep, kz.chunk_rows(torch.Size(lead), m))
+            phi_k = partial(self._shifted, shift=shift)
+        return attend_inputs(self, phi_q, phi_k, q, k, v, keep, need_weights, m=m)

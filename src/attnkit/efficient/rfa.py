@@ -31,7 +31,7 @@ from torch import Tensor, nn
 from attnkit import arguments, hooks, masks
 from attnkit import taxonomy as tx
 from attnkit.efficient import kernelized as kz
-from attnkit.efficient.linear import attend, check_causal, refuse_bias
+from attnkit.efficient.linear import attend_inputs, check_causal, refuse_bias
 from attnkit.efficient.lsh import HeadOutput, check_head_inputs
 from attnkit.mechanisms import REGISTRY, example_tensor
 
@@ -113,7 +113,10 @@ class RandomFeatureAttention(nn.Module):
 
     def features(self, x: Tensor) -> Tensor:
         """φ(x̂) (…, L, 2D) of the unit vectors x̂ = x/‖x‖ (RFA eq. 2)."""
-        w = self.omega.to(x.dtype) / self.log_sigma.exp()  # w_i = ω_i / σ, per dimension
+        return self._features(x, self.log_sigma)
+
+    def _features(self, x: Tensor, log_sigma: Tensor) -> Tensor:
+        w = self.omega.to(x.dtype) / log_sigma.exp()  # w_i = ω_i / σ, per dimension
         wx = _unit(x) @ w.T
         return torch.cat([torch.sin(wx), torch.cos(wx)], -1) / math.sqrt(self.n_features)
 
@@ -140,9 +143,11 @@ class RandomFeatureAttention(nn.Module):
         if self.causal:
             check_causal(q, k, who)
         keep = kz.key_mask(mask, torch.Size((*lead, q.shape[-2], k.shape[-2])), who)
-        fq, fk = self.features(q), self.features(k)
         if not self.gated:
-            return attend(self, fq, fk, v, keep, need_weights)
+            phi, m = self._features, 2 * self.n_features
+            params = (self.log_sigma,)
+            return attend_inputs(self, phi, phi, q, k, v, keep, need_weights, params=params, m=m)
+        fq, fk = self.features(q), self.features(k)
         g = self.gates(k)
         if keep is not None:  # a padded step leaves the state as it is: g = 1, no write
             g = torch.where(keep, g, torch.ones((), dtype=g.dtype))
