@@ -104,6 +104,7 @@ def _module_check(part, q, k, v, mask, keep, full, params):
 @pytest.mark.parametrize("elements", [32 * 24, 1 << 18])  # 16-row chunks of N = 37, or one
 def test_performer_by_chunks_equals_its_whole_feature_maps(monkeypatch, kernel, elements):
     monkeypatch.setattr(kz, "CHUNK_ELEMENTS", elements)
+    monkeypatch.setattr(kz, "WHOLE_BYTES", 0)  # by chunks even at this size
     q, k, v, _ = _inputs(6, lead_q=(2,), lead_kv=(2,), m_rows=37, n=37, d=8, dv=3)
     with torch.no_grad():
         k[1] += 3.0  # a sequence whose largest exponent lies far from the first chunk's
@@ -135,6 +136,7 @@ def test_performer_key_stabiliser_by_chunks_is_the_maximum_over_all_real_keys(mo
 @pytest.mark.parametrize("elements", [64 * 16, 1 << 18])  # 16-row chunks of N = 29, or one
 def test_rfa_by_chunks_equals_its_whole_feature_maps_and_learns_sigma(monkeypatch, elements):
     monkeypatch.setattr(kz, "CHUNK_ELEMENTS", elements)
+    monkeypatch.setattr(kz, "WHOLE_BYTES", 0)  # by chunks even at this size
     q, k, v, _ = _inputs(8, lead_q=(2,), lead_kv=(2,), m_rows=29, n=29, d=6, dv=3)
     part = RandomFeatureAttention(6, 32, sigma=1.3, dtype=D)
     with torch.no_grad():
@@ -146,3 +148,18 @@ def test_rfa_by_chunks_equals_its_whole_feature_maps_and_learns_sigma(monkeypatc
         return part.features(q), part.features(k)
 
     _module_check(part, q, k, v, mask, keep, full, (part.log_sigma,))
+
+
+def test_small_maps_are_formed_whole_and_large_ones_by_chunks(monkeypatch):
+    calls = []
+    real = kz.chunked_feature_attention
+    monkeypatch.setattr(
+        kz, "chunked_feature_attention", lambda *a, **kw: calls.append(1) or real(*a, **kw)
+    )
+    q, k, v, _ = _inputs(9, lead_q=(2,), lead_kv=(2,), m_rows=20, n=20, d=6, dv=3)
+    part = RandomFeatureAttention(6, 32, dtype=D)
+    whole = part(q, k, v).context
+    assert not calls  # 2 x 20 x 64 float64 entries: far under WHOLE_BYTES
+    monkeypatch.setattr(kz, "WHOLE_BYTES", 2 * 20 * 64 * 8 - 1)
+    torch.testing.assert_close(part(q, k, v).context, whole, rtol=1e-12, atol=1e-12)
+    assert calls == [1]

@@ -27,7 +27,8 @@ answered from them. With m random features larger than d (Performer, RFA) the wh
 many times the cache at long N and every elementwise pass over them goes to main memory; by
 chunks (and with the maps recomputed chunk by chunk in the backward pass instead of kept) the
 working set stays a few MiB whatever N, so time grows as N, and memory holds only the inputs
-and the (m × d_v) sums.
+and the (m × d_v) sums. Maps small enough to stay in cache anyway (:data:`WHOLE_BYTES`) are
+formed whole, which is faster there.
 """
 
 from __future__ import annotations
@@ -121,6 +122,11 @@ whole map)."""
 CHUNK_ELEMENTS = 1 << 18
 """Elements of a chunk's feature map (all leading dims together): 1 MiB in float32, so that
 the few maps alive at once while a chunk is processed stay in a core's cache."""
+
+
+WHOLE_BYTES = 8 << 20
+"""Feature maps up to this size are formed whole (and kept for the backward pass): while they
+fit in cache, recomputing them by chunks costs more than it saves."""
 
 
 def chunk_rows(lead: torch.Size, m: int, elements: int | None = None) -> int:

@@ -163,10 +163,12 @@ def attend_inputs(
 ) -> HeadOutput:
     """:func:`attend` from the inputs and row-wise feature maps ``phi(x, *params)`` with m
     features: non-causal context by chunks of rows (:func:`kernelized.chunked_feature_attention`,
-    the (…, N, m) maps never formed); the whole maps only for the causal form or the weights."""
-    if part.causal or need_weights or hooks.listening():
-        return attend(part, phi_q(q, *params), phi_k(k, *params), v, keep, need_weights)
+    the (…, N, m) maps never formed) once the maps are over :data:`kernelized.WHOLE_BYTES`; the
+    whole maps for smaller ones, the causal form or the weights."""
     lead = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
+    size = lead.numel() * max(q.shape[-2], k.shape[-2]) * m * q.element_size()
+    if part.causal or need_weights or hooks.listening() or size <= kz.WHOLE_BYTES:
+        return attend(part, phi_q(q, *params), phi_k(k, *params), v, keep, need_weights)
     chunk = kz.chunk_rows(lead, m)
     context = kz.chunked_feature_attention(
         phi_q, phi_k, q, k, v, keep, params=params, chunk_size=chunk
