@@ -37,6 +37,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 from torch import Tensor
+from torch.autograd.function import once_differentiable
 
 from attnkit import masks
 from attnkit import taxonomy as tx
@@ -193,6 +194,7 @@ class _ChunkedFeatureAttention(torch.autograd.Function):
         return out
 
     @staticmethod
+    @once_differentiable  # the chunks' gradients are not themselves differentiated: say so
     def backward(ctx, grad_out):
         (phi_q, phi_k), c, keep = ctx.phi, ctx.c, ctx.keep
         q, k, v, kv, z, *params = ctx.saved_tensors
