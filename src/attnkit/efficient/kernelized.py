@@ -37,7 +37,6 @@ from collections.abc import Callable, Sequence
 
 import torch
 from torch import Tensor
-from torch.autograd.function import once_differentiable
 
 from attnkit import masks
 from attnkit import taxonomy as tx
@@ -194,12 +193,13 @@ class _ChunkedFeatureAttention(torch.autograd.Function):
         return out
 
     @staticmethod
-    @once_differentiable  # the chunks' gradients are not themselves differentiated: say so
     def backward(ctx, grad_out):
         (phi_q, phi_k), c, keep = ctx.phi, ctx.c, ctx.keep
         q, k, v, kv, z, *params = ctx.saved_tensors
         need_q, need_k, need_v = ctx.needs_input_grad[4:7]
         need_p = ctx.needs_input_grad[7:]
+        if torch.is_grad_enabled():  # create_graph: gradients that are differentiable again
+            return (None, None, None, None, *_whole_grads(ctx, grad_out, q, k, v, params))
         gq = torch.zeros_like(q) if need_q else None
         gk = torch.zeros_like(k) if need_k else None
         gv = torch.zeros_like(v) if need_v else None
@@ -230,6 +230,18 @@ class _ChunkedFeatureAttention(torch.autograd.Function):
                     ]
                     _accumulate(part, (gkv, gz), wrt)
         return (None, None, None, None, gq, gk, gv, *gp)
+
+
+def _whole_grads(ctx, grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, params: list) -> list:
+    """The gradients through the whole maps, with their own graph (for second derivatives,
+    e.g. a gradient penalty; memory as the unchunked computation)."""
+    (phi_q, phi_k), keep = ctx.phi, ctx.keep
+    inputs = [q, k, v, *params]
+    need = ctx.needs_input_grad[4:]
+    out = feature_attention(phi_q(q, *params), phi_k(k, *params), v, keep)
+    wanted = [x for x, n in zip(inputs, need, strict=True) if n]
+    found = iter(torch.autograd.grad(out, wanted, grad_out, create_graph=True, allow_unused=True))
+    return [next(found) if n else None for n in need]
 
 
 def _accumulate(
