@@ -114,6 +114,21 @@ class CoverageAttention(nn.Module):
     def taxonomy_tags(self) -> list:
         return [tx.Scoring.ADDITIVE]
 
+    def step(
+        self, query: Tensor, projected_keys: Tensor, coverage: Tensor, mask: Tensor | None = None
+    ) -> Tensor:
+        """One decoder step: the weights a^t (B, n) of See eq. 11 and the alignment, from the
+        decoder state s_t (B, d_q), the projected keys W_h h_i (B, n, d_w), the coverage c^t
+        (B, n) and the mask (B, n), True = a real key. For decoders that run step by step
+        (e.g. the ``dates`` task's ``attention=coverage``)."""
+        hidden = projected_keys + self.W_s(query).unsqueeze(-2)
+        hidden = hidden + coverage.unsqueeze(-1) * self.w_c  # w_c c_i^t (eq. 11)
+        scores = self.v(torch.tanh(hidden)).squeeze(-1)  # (B, n)
+        a = self.align(scores.unsqueeze(-2), None if mask is None else mask.unsqueeze(-2))
+        a = a.weights.squeeze(-2)
+        hooks.report(self, a)
+        return a
+
     def forward(
         self,
         queries: Tensor,
@@ -139,12 +154,7 @@ class CoverageAttention(nn.Module):
         coverage = keys.new_zeros(keys.shape[:-1])  # c^0 = 0
         contexts, weights, coverages = [], [], []
         for t in range(queries.shape[1]):
-            hidden = projected_keys + self.W_s(queries[:, t]).unsqueeze(-2)
-            hidden = hidden + coverage.unsqueeze(-1) * self.w_c  # w_c c_i^t (eq. 11)
-            scores = self.v(torch.tanh(hidden)).squeeze(-1)  # (B, n)
-            a = self.align(scores.unsqueeze(-2), None if mask is None else mask.unsqueeze(-2))
-            a = a.weights.squeeze(-2)
-            hooks.report(self, a)
+            a = self.step(queries[:, t], projected_keys, coverage, mask)
             contexts.append((a.unsqueeze(-1) * values).sum(-2))
             weights.append(a)
             coverages.append(coverage)

@@ -16,12 +16,65 @@ from attnkit.evaluation import (
     supervised_attention_loss,
     uniform_weights,
 )
-from attnkit.models.seq2seq import Seq2SeqAttention
+from attnkit.memory.coverage import CoverageAttention, coverage_loss
+from attnkit.models.seq2seq import Seq2SeqAttention, Seq2SeqOutput
+from attnkit.output import AttentionOutput
 from attnkit.tasks.base import REGISTRY, Metric, Task
 from attnkit.tasks.dates import END, OUTPUT_LEN, START, Vocab, make_dates
 from attnkit.tasks.parts import build_attention, task_loss
 
-__all__ = ["DatesTask"]
+__all__ = ["COVERAGE_WEIGHT", "CoverageSeq2Seq", "DatesTask", "repeated_attention"]
+
+COVERAGE_WEIGHT = 1.0  # λ of See et al. eq. 13, as in the paper
+
+
+def repeated_attention(weights: Tensor, mask: Tensor) -> Tensor:
+    """Attention a source character receives beyond one unit, summed over the characters and
+    divided by the number of steps: Σ_i max(0, Σ_t a_ti − 1) / T per item (B,), the share of
+    the attention mass spent on characters already attended once in full (0 when no
+    character receives more than 1 in total; padded characters count nothing).
+
+    Args:
+        weights: a (B, T, n); mask: (B, n), True = a real character.
+    """
+    total = (weights * mask.unsqueeze(-2).to(weights.dtype)).sum(-2)  # (B, n)
+    return (total - 1).clamp_min(0).sum(-1) / weights.shape[-2]
+
+
+class CoverageSeq2Seq(Seq2SeqAttention):
+    """The dates model with coverage (``attention=coverage``): the decoder's additive score
+    takes the coverage vector c^t = Σ_{t'<t} a^{t'} (See et al. eqs. 10-11, Tu et al.), by
+    :meth:`attnkit.memory.CoverageAttention.step`; everything else is
+    :class:`~attnkit.models.seq2seq.Seq2SeqAttention`. The coverage is reset at the start of
+    every decoding; :meth:`_attend` reads the coverage of the decoding under way (zeros
+    outside one)."""
+
+    def __init__(self, vocab_in: int, vocab_out: int, d: int, **kw) -> None:
+        super().__init__(vocab_in, vocab_out, d, build_attention("dot", "softmax", d, 1), **kw)
+        del self.attention  # the base class's part, replaced by the coverage attention
+        self.coverage_attention = CoverageAttention(d, self.d_enc, d)
+        self._coverage: Tensor | None = None
+        self._keys: tuple[Tensor, Tensor] | None = None
+
+    def _attend(self, q: Tensor, states: Tensor, mask: Tensor | None, step: int) -> AttentionOutput:
+        att = self.coverage_attention
+        if self._keys is None or self._keys[0] is not states:
+            self._keys = (states, att.W_h(states))
+        coverage = self._coverage
+        if coverage is None or coverage.shape != states.shape[:-1]:
+            coverage = states.new_zeros(states.shape[:-1])
+        m = None if mask is None else mask.reshape(states.shape[:-1])
+        a = att.step(q.squeeze(-2), self._keys[1], coverage, m)
+        self._coverage = coverage + a  # eq. 10, for the next step
+        context = (a.unsqueeze(-1) * states).sum(-2, keepdim=True)
+        return AttentionOutput(context, a.unsqueeze(-2))
+
+    def _decode(self, src, src_mask, length, tgt_in, bos: int = 1) -> Seq2SeqOutput:
+        self._coverage, self._keys = None, None
+        try:
+            return super()._decode(src, src_mask, length, tgt_in, bos=bos)
+        finally:
+            self._coverage, self._keys = None, None
 
 
 @REGISTRY.register("dates")
@@ -48,6 +101,11 @@ class DatesTask(Task):
         "aer_threshold": Metric(
             "alignment error rate of the input characters weighted above 0.2", "lower"
         ),
+        "repeated_attention": Metric(
+            "attention the input characters receive beyond 1 in total over the output, "
+            "as a share of all attention (the gold alignment repeats some too)",
+            None,
+        ),
         "entropy": Metric("mean entropy of the attention weights in nats (lower: sharper)", None),
         "uniform_ablation_exact_match": Metric(
             "exact match when every attention is replaced by uniform weights", None
@@ -61,6 +119,13 @@ class DatesTask(Task):
 
     @classmethod
     def validate(cls, config) -> None:
+        if config.attention == "coverage" and (
+            config.score not in (None, "additive") or config.align != "softmax"
+        ):
+            raise ValueError(
+                "attention=coverage is See et al.'s additive score with softmax alignment; "
+                f"score {config.score!r} and align {config.align!r} cannot be combined with it"
+            )
         days = (END - START).days + 1  # every split has its own dates
         needed = config.n_train + max(1, config.n_test // 2) + config.n_test
         if needed > days:
@@ -76,12 +141,15 @@ class DatesTask(Task):
         self.train = self.data.splits["train"]
         self.max_len = max(s["src"].shape[1] for s in self.data.splits.values())
 
+    attentions: ClassVar[tuple[str, ...]] = ("coverage",)
+
     def build_model(self) -> Seq2SeqAttention:
         d = self.config.d_model
+        sizes = (len(self.data.src_vocab), len(self.data.tgt_vocab), d)
+        if self.config.attention == "coverage":
+            return CoverageSeq2Seq(*sizes, bidirectional=True, enc_hidden=d // 2)
         return Seq2SeqAttention(
-            len(self.data.src_vocab),
-            len(self.data.tgt_vocab),
-            d,
+            *sizes,
             build_attention(self.config.score, self.config.align, d, self.max_len),
             bidirectional=True,
             enc_hidden=d // 2,
@@ -100,6 +168,10 @@ class DatesTask(Task):
         out = model(src, torch.cat([bos, tgt[:, :-1]], 1), mask)
         per_token = F.cross_entropy(out.logits.transpose(1, 2), tgt, reduction="none")
         loss = task_loss(per_token, out.log_prob)
+        if self.config.attention == "coverage":  # See et al. eq. 13: + λ Σ_i min(a^t, c^t)
+            w = out.weights
+            before = w.cumsum(1) - w  # c^t, the coverage before step t (eq. 10)
+            loss = loss + COVERAGE_WEIGHT * coverage_loss(w, before).mean() / w.shape[1]
         if self.config.supervise_attention > 0:
             gold = b["sure"][index][:, :, : src.shape[1]]
             loss = loss + self.config.supervise_attention * supervised_attention_loss(
@@ -140,6 +212,9 @@ class DatesTask(Task):
             field.gather(-1, top).squeeze(-1)[rows].float().mean()
         )
         metrics["entropy"] = entropy(weights[rows])
+        metrics["repeated_attention"] = float(
+            repeated_attention(weights, data["mask"][..., :width]).mean()
+        )
         with uniform_weights(model):
             ablated, _ = self._decode(model, data)
         uniform_em = float((ablated == data["tgt"]).all(-1).float().mean())
@@ -216,7 +291,7 @@ class DatesTask(Task):
         with capture(model) as records:
             tokens, _ = self._decode(model, split, limit=n)
         steps = next(iter(records.values()))  # one (B, 1, N) tensor per decoding step
-        weights = torch.cat(steps, dim=-2)
+        weights = torch.stack([s.reshape(s.shape[0], s.shape[-1]) for s in steps], dim=-2)
         out = []
         for i in range(min(n, len(split["examples"]))):
             ex = split["examples"][i]
