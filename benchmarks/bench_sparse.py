@@ -12,7 +12,7 @@ median of repeats after a warm-up; peak = the process's peak resident memory):
 The target ratio is block-sparse time / (density × unmasked time) ≤ 1.5, where density is the
 share of tiles the block mask visits.
 
-    python benchmarks/bench_sparse.py [--quick]
+    python benchmarks/bench_sparse.py [--quick] [--threads T]
 """
 
 from __future__ import annotations
@@ -42,6 +42,8 @@ PATTERNS = {
 
 def run_case(case: dict) -> dict:
     torch.manual_seed(0)
+    if case.get("threads"):
+        torch.set_num_threads(case["threads"])
     n = case["n"]
     q, k, v = (torch.randn(1, n, 64, requires_grad=True) for _ in range(3))
     kwargs: dict = {}
@@ -83,24 +85,24 @@ def in_process(case: dict) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def main(quick: bool) -> str:
+def main(quick: bool, threads: int | None) -> str:
     sizes = [1024, 4096] if quick else [4096, 16384]
     repeats = 1 if quick else 2
+    shown = threads or torch.get_num_threads()
     rows = [
         f"softmax, B=1, d=64, float32, forward+backward, blocks {BLOCK}×{BLOCK}, "
-        f"{torch.get_num_threads()} threads; peak = whole-process resident memory",
+        f"{shown} thread(s); peak = whole-process resident memory",
         "",
         "| pattern | N | density | block-sparse (s) | dense-tile (s) | unmasked (s) | "
         "block-sparse / (density × unmasked) | peak block-sparse / dense-tile (MiB) |",
         "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for n in sizes:
-        unmasked = in_process({"n": n, "way": "unmasked", "repeats": repeats})
+        common = {"n": n, "repeats": repeats, "threads": threads}
+        unmasked = in_process({**common, "way": "unmasked"})
         for name in PATTERNS:
-            sparse = in_process(
-                {"n": n, "way": "block-sparse", "pattern": name, "repeats": repeats}
-            )
-            tile = in_process({"n": n, "way": "dense-tile", "pattern": name, "repeats": repeats})
+            sparse = in_process({**common, "way": "block-sparse", "pattern": name})
+            tile = in_process({**common, "way": "dense-tile", "pattern": name})
             if any("error" in r for r in (unmasked, sparse, tile)):
                 rows.append(f"| {name} | {n} | failed: {unmasked, sparse, tile} |")
                 continue
@@ -117,10 +119,11 @@ def main(quick: bool) -> str:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="N = 1k and 4k, one repeat")
+    parser.add_argument("--threads", type=int, help="torch threads in each case (default: torch's)")
     parser.add_argument("--case", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.case:
         print(json.dumps(run_case(json.loads(args.case))))
     else:
         print(f"Machine: {machine()}\n")
-        print(main(args.quick))
+        print(main(args.quick, args.threads))

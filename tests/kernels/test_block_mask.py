@@ -245,3 +245,35 @@ def test_batch_without_heads_is_refused_on_scores_with_head_dims():
     got = ak.attention(q[:, 0], k[:, 0], v[:, 0], block_mask=loose, kernel="chunked").context
     expected = ak.attention(q[:, 0], k[:, 0], v[:, 0], mask=padding[:, 0]).context
     torch.testing.assert_close(got, expected)
+
+
+def test_tiles_of_grouped_query_blocks_stay_within_the_tile_budget():
+    """Consecutive query blocks evaluated together hold proportionally fewer keys per tile, so a
+    group's tile is no larger than one block's; the result stays the dense masked one."""
+    n, block, budget = 64, 8, 128  # one query block: 16 keys per tile
+    bm = pt.block_mask(pt.causal(), n, block_q=block, block_k=block)
+    score = ak.scores.ScaledDot()
+    shapes = []
+
+    def pairwise(qp, kp, key_offset=0):
+        shapes.append((qp.shape[-2], kp.shape[-2]))
+        return ak.scores.ScaledDot.pairwise(score, qp, kp, key_offset)
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (
+        torch.randn(1, n, 4, generator=g, dtype=torch.float64, requires_grad=True) for _ in range(3)
+    )
+    with (
+        mock.patch.object(chunked, "TILE_ELEMENTS", budget),
+        mock.patch.object(score, "pairwise", side_effect=pairwise),
+    ):
+        out = ak.attention(q, k, v, score=score, block_mask=bm)
+    assert any(rows > block for rows, _ in shapes)  # query blocks were grouped
+    for rows, keys in shapes:
+        assert keys <= max(block, budget // rows)
+    ref = ak.attention(q, k, v, mask=pt.dense(pt.causal(), n, n), kernel="dense")
+    torch.testing.assert_close(out.context, ref.context, atol=1e-12, rtol=1e-12)
+    r = torch.randn(ref.context.shape, generator=g, dtype=torch.float64)
+    grads = _grads(out.context, [q, k, v], r), _grads(ref.context, [q, k, v], r)
+    for g1, g2 in zip(*grads, strict=True):
+        torch.testing.assert_close(g1, g2, atol=1e-10, rtol=1e-10)

@@ -203,11 +203,17 @@ class _Plan:
         if self.block_mask is None or q0 is None:
             return [_Keys(k0, k1) for k0, k1 in _ranges(self.block_k, self.n)]
         if q0 not in self.pieces:
-            self.pieces[q0] = self._pieces(self.groups[q0][1])
+            q1, visit, _ = self.groups[q0]
+            self.pieces[q0] = self._pieces(visit, q1 - q0)
         return self.pieces[q0]
 
-    def _pieces(self, visit: list[bool]) -> list[_Keys]:
+    def _pieces(self, visit: list[bool], rows: int) -> list[_Keys]:
         gather = self.score.content_based and not self.score.mixes_keys
+        # span_k is sized for one query block; a group of several holds proportionally fewer
+        # keys per tile, so that its tiles stay within the tile budget.
+        span = max(
+            self.block_k, (self.span_k * self.block_q // rows) // self.block_k * self.block_k
+        )
         pieces: list[list[tuple[int, int]]] = []
         width = 0
         for j, needed in enumerate(visit):
@@ -215,7 +221,7 @@ class _Plan:
                 continue
             k0, k1 = j * self.block_k, min((j + 1) * self.block_k, self.n)
             last = pieces[-1] if pieces else None
-            fits = last is not None and width + (k1 - k0) <= self.span_k
+            fits = last is not None and width + (k1 - k0) <= span
             if fits and (gather or last[-1][1] == k0):
                 if last[-1][1] == k0:
                     last[-1] = (last[-1][0], k1)
