@@ -208,7 +208,8 @@ def tanh_table(n: int, progress, compile_tile: bool = True) -> str:
         "| kernel | G tanh/s | fraction of torch.tanh's rate |",
         "|---|---:|---:|",
     ]
-    lines += [f"| {name} | {r / 1e9:.2f} | {r / limit:.2f} |" for name, r in rows]
+    # three significant digits: a small quick run can be well under 0.01 G tanh/s
+    lines += [f"| {name} | {r / 1e9:.3g} | {r / limit:.3g} |" for name, r in rows]
     return "\n".join(lines)
 
 
