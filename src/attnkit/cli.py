@@ -59,10 +59,11 @@ def main(argv: list[str] | None = None) -> int:
     bench.add_argument(
         "which",
         nargs="?",
-        choices=("core", "efficient"),
+        choices=("core", "efficient", "sparse"),
         default="core",
         help="core: multi-head attention, scores and kernels (default); efficient: efficient "
-        "attention against exact attention as N grows",
+        "attention against exact attention as N grows; sparse: block-sparse patterns, does the "
+        "cost follow the density",
     )
     bench.add_argument("--full", action="store_true", help="the full sizes (slow: many minutes)")
     args = parser.parse_args(argv)
@@ -99,6 +100,11 @@ def main(argv: list[str] | None = None) -> int:
             from attnkit.benchmarking import efficient
 
             print(efficient.main(quick=not args.full, progress=progress))
+            return 0
+        if args.which == "sparse":
+            from attnkit.benchmarking import sparse
+
+            print(sparse.main(quick=not args.full, progress=progress))
             return 0
         progress("multi-head attention and score functions")
         print(core.main(quick=not args.full), flush=True)
