@@ -125,3 +125,20 @@ def test_bad_inputs():
         rg.output_disagreement(torch.zeros(2, 2, 3, 4), torch.ones(2, 3))
     with pytest.raises(TypeError, match="MultiHeadAttention"):
         rg.head_parts(torch.nn.Linear(2, 2), torch.zeros(1, 2, 2))
+
+
+def test_auxiliary_loss_sums_the_parts_own_penalties():
+    class Part(torch.nn.Module):
+        def __init__(self, value: float) -> None:
+            super().__init__()
+            self.value = torch.nn.Parameter(torch.tensor(value))
+
+        def auxiliary_loss(self):
+            return 2 * self.value
+
+    model = torch.nn.Sequential(Part(1.5), torch.nn.Linear(2, 2), torch.nn.Sequential(Part(-4.0)))
+    total = rg.auxiliary_loss(model)
+    assert total.item() == 2 * 1.5 + 2 * -4.0
+    total.backward()
+    assert model[0].value.grad.item() == 2.0 and model[2][0].value.grad.item() == 2.0
+    assert rg.auxiliary_loss(torch.nn.Linear(2, 2)) is None

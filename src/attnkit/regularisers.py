@@ -22,6 +22,10 @@ re-exported here).
 
 :func:`head_parts` runs an :class:`attnkit.MultiHeadAttention` once and returns its output
 together with the per-head values, weights and outputs these terms take.
+
+:func:`auxiliary_loss` collects the penalties that parts put on their own parameters (a module
+with an ``auxiliary_loss()`` method, e.g. adaptive attention span's L1 penalty on the spans);
+``attnkit run`` adds it to every task's loss.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from attnkit.multihead import MultiHeadAttention
 
 __all__ = [
     "HeadParts",
+    "auxiliary_loss",
     "coverage_loss",
     "doubly_stochastic_penalty",
     "head_parts",
@@ -43,6 +48,17 @@ __all__ = [
     "position_disagreement",
     "subspace_disagreement",
 ]
+
+
+def auxiliary_loss(model: nn.Module) -> Tensor | None:
+    """The sum of ``m.auxiliary_loss()`` over the submodules of ``model`` that define it (the
+    penalties of their own papers, already weighted), or None when none does."""
+    terms = [
+        m.auxiliary_loss() for m in model.modules() if callable(getattr(m, "auxiliary_loss", None))
+    ]
+    if not terms:
+        return None
+    return torch.stack([torch.as_tensor(t).reshape(()) for t in terms]).sum()
 
 
 def _heads_tensor(x: object, name: str, shape: str) -> Tensor:

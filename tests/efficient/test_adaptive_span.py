@@ -12,6 +12,7 @@ import torch
 import attnkit as ak
 from attnkit.efficient import AdaptiveSpanAttention
 from attnkit.efficient.adaptive_span import span_mask
+from attnkit.tasks.parts import build_slot_attention
 
 D = torch.float64
 
@@ -100,6 +101,19 @@ def test_in_multi_head_attention_and_errors():
         AdaptiveSpanAttention(2, 6, ramp=0.0)
     with pytest.raises(ValueError, match="init"):
         AdaptiveSpanAttention(2, 6, init=1.5)
+    with pytest.raises(ValueError, match="span_penalty must be >= 0"):
+        AdaptiveSpanAttention(2, 6, span_penalty=-1.0)
+
+
+def test_auxiliary_loss_is_the_weighted_sum_of_spans_and_joins_the_slot_from_a_run():
+    part = AdaptiveSpanAttention(3, 40, span_penalty=0.5)
+    with torch.no_grad():
+        part.span_fraction.copy_(torch.tensor([0.25, 1.5, -0.2]))  # clamped to [0, 1]
+    assert part.auxiliary_loss().item() == pytest.approx(0.5 * (10.0 + 40.0 + 0.0))
+    assert AdaptiveSpanAttention(2, 8).span_penalty == 2e-6  # the paper's lambda
+    # attnkit run fills S from the task's longest input
+    built = build_slot_attention("adaptive_span", head_dim=8, num_heads=4, max_len=33)
+    assert (built.n_heads, built.max_span) == (4, 33)
 
 
 def test_step_by_step_decoding_with_a_kv_cache_equals_the_causal_sequence():

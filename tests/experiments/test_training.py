@@ -72,3 +72,29 @@ def test_ctrl_c_saves_the_position_between_steps(tmp_path):
         trainer.fit()
     state = checkpoints.load(tmp_path, trainer.model)
     assert (state["epoch"], state["step"]) == (1, 1) and len(state["history"]) == 1
+
+
+class _Penalised(torch.nn.Module):
+    """A part whose only gradient comes from its own penalty."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.tensor(1.0))
+
+    def auxiliary_loss(self):
+        return self.w.square()
+
+
+def test_parts_own_penalties_join_the_loss(tmp_path):
+    config = RunConfig(**TINY).resolved()
+    torch.manual_seed(0)
+    task = DatesTask(config)
+    model = task.build_model()
+    model.penalised = _Penalised()
+    optimizer = torch.optim.Adam(model.parameters(), lr=config.lr)
+    trainer = Trainer(
+        config, task, model, optimizer, tmp_path, Position(), say=lambda s: None, progress=False
+    )
+    trainer.fit()
+    # No task gradient reaches w: it moved only because its penalty was in the loss.
+    assert model.penalised.w.item() < 1.0 - config.lr

@@ -12,7 +12,9 @@ A head with span z ∈ [0, S] weighs the key at distance x from the query by the
 
 i.e. softmax of e + log m over the keys with m > 0 (keys beyond z + R cost nothing). z = S·p with
 a learned p clamped to [0, 1], one per head; :meth:`AdaptiveSpanAttention.span_loss` is the
-paper's L1 penalty on the spans, added to the training loss to make spans no longer than needed.
+paper's L1 penalty on the spans, added to the training loss to make spans no longer than needed
+(:meth:`AdaptiveSpanAttention.auxiliary_loss` is λ · Σ_heads z with the module's λ, which
+``attnkit run`` adds to every task's loss).
 Query i and key j sit at positions i and j, at distance x_ij = |i − j| (a causal model adds a
 causal mask).
 """
@@ -48,6 +50,8 @@ class AdaptiveSpanAttention(nn.Module):
         max_span: S, the largest span.
         ramp: R > 0, the width of the mask's ramp.
         init: the initial span as a fraction of S, in [0, 1].
+        span_penalty: λ ≥ 0 of :meth:`auxiliary_loss`, λ · Σ_heads z (z in keys; the paper's
+            2e-6 by default).
     """
 
     mask_inputs: ClassVar[dict[str, tuple[str, ...]]] = {"mask": ("k", "v")}
@@ -60,6 +64,7 @@ class AdaptiveSpanAttention(nn.Module):
         *,
         ramp: float = 4.0,
         init: float = 0.5,
+        span_penalty: float = 2e-6,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
@@ -72,6 +77,10 @@ class AdaptiveSpanAttention(nn.Module):
         if isinstance(init, bool) or not isinstance(init, (int, float)) or not 0 <= init <= 1:
             raise ValueError(f"init must be a fraction of max_span in [0, 1], got {init!r}")
         self.ramp = float(ramp)
+        arguments.finite_float(span_penalty, "span_penalty")
+        if span_penalty < 0:
+            raise ValueError(f"span_penalty must be >= 0, got {span_penalty!r}")
+        self.span_penalty = float(span_penalty)
         self.span_fraction = nn.Parameter(
             torch.full((n_heads,), float(init), device=device, dtype=dtype)
         )
@@ -97,6 +106,11 @@ class AdaptiveSpanAttention(nn.Module):
     def span_loss(self) -> Tensor:
         """The mean span over heads, the paper's L1 penalty (scale it by a small λ)."""
         return self.spans.mean()
+
+    def auxiliary_loss(self) -> Tensor:
+        """λ · Σ_heads z: the paper's span penalty with this module's λ (``span_penalty``), in
+        the units of its eq. 4 (keys), which a training loop adds to the task loss."""
+        return self.span_penalty * self.spans.sum()
 
     def forward(
         self,

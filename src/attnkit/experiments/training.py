@@ -22,6 +22,7 @@ from torch import nn
 from attnkit.experiments import checkpoints
 from attnkit.experiments.config import RunConfig
 from attnkit.experiments.interrupts import StepGuard
+from attnkit.regularisers import auxiliary_loss
 from attnkit.tasks.base import Task
 
 __all__ = ["Interrupted", "Position", "Trainer", "TrainingError", "resume_command"]
@@ -143,6 +144,9 @@ class Trainer:
                 guard.in_step = True
                 batch = order[p.step * c.batch_size : (p.step + 1) * c.batch_size]
                 loss = self.task.loss(self.trained, batch.chunk(self.world)[self.rank])
+                extra = auxiliary_loss(self.model)  # parts' own penalties (adaptive span)
+                if extra is not None:
+                    loss = loss + extra
                 value = float(loss.detach())
                 if not math.isfinite(value):
                     raise TrainingError(self._diverged(value))

@@ -66,7 +66,7 @@ SLOT_SIZES: dict[str, str] = {
     "d": "head_dim", "dim": "head_dim", "head_dim": "head_dim", "d_head": "head_dim",
     "d_k": "head_dim", "seq_len": "max_len", "max_len": "max_len", "max_length": "max_len",
     "n": "max_len", "length": "max_len", "num_heads": "num_heads", "n_heads": "num_heads",
-    "heads": "num_heads",
+    "heads": "num_heads", "max_span": "max_len",
 }  # fmt: skip
 
 
