@@ -151,3 +151,41 @@ def test_in_multi_head_attention():
     assert out.context.shape == (2, 10, 16) and out.weights.shape == (2, 4, 10, 10)
     assert (out.weights.triu(1) == 0).all()
     torch.testing.assert_close(out.weights.sum(-1), torch.ones(2, 4, 10))
+
+
+def _causal_parts():
+    from attnkit.efficient import FMMformer, Performer, RandomFeatureAttention
+
+    return {
+        "linear": LinearAttention(causal=True, chunk_size=3),
+        "performer": Performer(4, causal=True),
+        "rfa": RandomFeatureAttention(4, causal=True),
+        "rfa gated": RandomFeatureAttention(4, causal=True, gate=True),
+        "fmm": FMMformer(bandwidth=2, causal=True),
+        "fast_weight": FastWeightProgrammer(),
+    }
+
+
+@pytest.mark.parametrize("name", sorted(_causal_parts()))
+def test_queries_after_a_kv_cache_are_the_last_rows_of_the_causal_sequence(name):
+    torch.manual_seed(0)
+    part = _causal_parts()[name].double()
+    n, m = 9, 3
+    q, k, v = (torch.randn(2, n, 4, dtype=torch.float64) for _ in range(3))
+    pad = torch.ones(2, 1, n, dtype=torch.bool)
+    pad[1, :, 1] = False  # a padded key inside the cache
+    whole = part(q, k, v, mask=pad, need_weights=True)
+    with ak.hooks.listen() as reports:
+        last = part(q[:, -m:], k, v, mask=pad, need_weights=True, q_offset=n - m)
+    torch.testing.assert_close(last.context, whole.context[:, -m:])
+    torch.testing.assert_close(last.weights, whole.weights[:, -m:])
+    assert reports and all(r.weights.shape[-2:] == (m, n) for r in reports)
+    # one query at a time, as a decoder reads: each equals its row of the whole sequence
+    for i in range(n):
+        one = part(q[:, i : i + 1], k[:, : i + 1], v[:, : i + 1], mask=pad[..., : i + 1],
+                   q_offset=i)  # fmt: skip
+        torch.testing.assert_close(one.context, whole.context[:, i : i + 1])
+    with pytest.raises(ValueError, match="need 8 keys"):
+        part(q[:, -m:], k, v, q_offset=n - m - 1)
+    with pytest.raises(ValueError, match="q_offset"):
+        part(q, k, v, q_offset=-1)

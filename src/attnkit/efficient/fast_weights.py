@@ -24,7 +24,7 @@ from torch import Tensor, nn
 from attnkit import arguments, hooks, masks
 from attnkit import taxonomy as tx
 from attnkit.efficient import kernelized as kz
-from attnkit.efficient.linear import check_causal, make_feature_map, refuse_bias
+from attnkit.efficient.linear import causal_rows, check_causal, make_feature_map, refuse_bias
 from attnkit.efficient.lsh import HeadOutput, check_head_inputs
 from attnkit.mechanisms import REGISTRY, example_tensor
 
@@ -45,6 +45,8 @@ class FastWeightProgrammer(nn.Module):
 
     # causal self-attention: a padded position is padding as a query too
     mask_inputs: ClassVar[dict[str, tuple[str, ...]]] = {"mask": ("q", "k", "v")}
+    # causal=True: queries after a KV cache are the last rows of the causal sequence
+    takes_q_offset: ClassVar[bool] = True
     causal = True
 
     def __init__(self, feature_map: str | nn.Module = "elu+1") -> None:
@@ -70,8 +72,12 @@ class FastWeightProgrammer(nn.Module):
         mask: Tensor | None = None,
         bias: Tensor | None = None,
         need_weights: bool = False,
+        q_offset: int = 0,
     ) -> HeadOutput:
         who = type(self).__name__
+        rows = causal_rows(self, q, k, v, q_offset, mask=mask, bias=bias, need_weights=need_weights)
+        if rows is not None:  # queries after a KV cache: the last rows of the causal sequence
+            return rows
         arguments.boolean(need_weights, "need_weights")
         lead = check_head_inputs(q, k, v, mask, bias, who)
         refuse_bias(bias, who)

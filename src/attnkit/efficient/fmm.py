@@ -35,7 +35,7 @@ from attnkit import taxonomy as tx
 from attnkit.alignments import Softmax
 from attnkit.efficient import kernelized as kz
 from attnkit.efficient.landmarks import padding_masks, zero_rows
-from attnkit.efficient.linear import check_causal, make_feature_map, refuse_bias
+from attnkit.efficient.linear import causal_rows, check_causal, make_feature_map, refuse_bias
 from attnkit.efficient.lsh import check_head_inputs
 from attnkit.mechanisms import REGISTRY, example_tensor
 
@@ -121,6 +121,8 @@ class FMMformer(nn.Module):
     """
 
     mask_inputs: ClassVar[dict[str, tuple[str, ...]]] = {"mask": ("k", "v")}
+    # causal=True: queries after a KV cache are the last rows of the causal sequence
+    takes_q_offset: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -199,8 +201,12 @@ class FMMformer(nn.Module):
         mask: Tensor | None = None,
         bias: Tensor | None = None,
         need_weights: bool = False,
+        q_offset: int = 0,
     ) -> FMMOutput:
         who = type(self).__name__
+        rows = causal_rows(self, q, k, v, q_offset, mask=mask, bias=bias, need_weights=need_weights)
+        if rows is not None:  # queries after a KV cache: the last rows of the causal sequence
+            return rows
         arguments.boolean(need_weights, "need_weights")
         lead = check_head_inputs(q, k, v, mask, bias, who)
         refuse_bias(bias, who)

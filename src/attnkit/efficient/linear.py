@@ -11,6 +11,7 @@ any module mapping (…, L, d) to non-negative features (…, L, m). Non-causal 
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from typing import ClassVar
 
@@ -56,6 +57,50 @@ def make_feature_map(phi: str | nn.Module) -> nn.Module:
     )
 
 
+def causal_rows(
+    part: nn.Module,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    q_offset: int,
+    *,
+    mask: Tensor | None,
+    bias: Tensor | None,
+    need_weights: bool,
+):
+    """A causal part's output for queries at positions ``q_offset`` … ``q_offset`` + M − 1 of
+    the N = ``q_offset`` + M keys (decoding with a KV cache: the cached keys, then the new ones),
+    or None when there is nothing to do (``q_offset`` 0, or a non-causal part, for which a
+    query's position does not matter).
+
+    Causal kernelized attention answers row i from keys j ≤ i and its own query only, so the
+    queries are front-padded with zero rows to N, the whole causal sequence is evaluated, and
+    its last M rows are returned (weights too; parts report only those rows to listeners). The
+    cost is that of the whole sequence, O(N); :meth:`LinearAttention.step` carries the
+    recurrent state instead."""
+    offset = arguments.nonnegative_int(q_offset, "q_offset")
+    if offset == 0 or not getattr(part, "causal", False):
+        return None
+    m = q.shape[-2]
+    if m + offset != k.shape[-2]:
+        raise ValueError(
+            f"{type(part).__name__}(causal=True): queries at positions {offset} … {offset + m - 1} "
+            f"need {offset + m} keys (the cache's and the new ones), got k {tuple(k.shape)}"
+        )
+    q = F.pad(q, (0, 0, offset, 0))
+    if mask is not None and mask.dim() >= 2 and mask.shape[-2] == m and m > 1:
+        lead = mask.shape[:-2]
+        above = torch.ones(*lead, offset, mask.shape[-1], dtype=mask.dtype, device=mask.device)
+        mask = torch.cat([above, mask], dim=-2)
+    listening = hooks.listening()
+    reports: list[hooks.Report] = []
+    with hooks.listen(reports.append) if listening else contextlib.nullcontext():
+        out = part.forward(q, k, v, mask=mask, bias=bias, need_weights=need_weights)
+    for r in reports:
+        hooks.report(r.module, r.weights[..., -m:, :], r.name)
+    return type(out)(*(x[..., -m:, :] if isinstance(x, Tensor) else x for x in out))
+
+
 def check_causal(q: Tensor, k: Tensor, who: str) -> None:
     if q.shape[-2] != k.shape[-2]:
         raise ValueError(
@@ -79,6 +124,8 @@ class LinearAttention(nn.Module):
     """
 
     mask_inputs: ClassVar[dict[str, tuple[str, ...]]] = {"mask": ("k", "v")}
+    # causal=True: queries after a KV cache are the last rows of the causal sequence
+    takes_q_offset: ClassVar[bool] = True
 
     def __init__(
         self, feature_map: str | nn.Module = "elu+1", *, causal: bool = False, chunk_size: int = 64
@@ -114,8 +161,12 @@ class LinearAttention(nn.Module):
         mask: Tensor | None = None,
         bias: Tensor | None = None,
         need_weights: bool = False,
+        q_offset: int = 0,
     ) -> HeadOutput:
         who = type(self).__name__
+        rows = causal_rows(self, q, k, v, q_offset, mask=mask, bias=bias, need_weights=need_weights)
+        if rows is not None:  # queries after a KV cache: the last rows of the causal sequence
+            return rows
         arguments.boolean(need_weights, "need_weights")
         lead = check_head_inputs(q, k, v, mask, bias, who)
         refuse_bias(bias, who)

@@ -38,7 +38,7 @@ from torch import Tensor, nn
 from attnkit import arguments, masks
 from attnkit import taxonomy as tx
 from attnkit.efficient import kernelized as kz
-from attnkit.efficient.linear import attend_inputs, check_causal, refuse_bias
+from attnkit.efficient.linear import attend_inputs, causal_rows, check_causal, refuse_bias
 from attnkit.efficient.lsh import HeadOutput, check_head_inputs
 from attnkit.mechanisms import REGISTRY, example_tensor
 
@@ -85,6 +85,8 @@ class Performer(nn.Module):
     """
 
     mask_inputs: ClassVar[dict[str, tuple[str, ...]]] = {"mask": ("k", "v")}
+    # causal=True: queries after a KV cache are the last rows of the causal sequence
+    takes_q_offset: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -190,8 +192,12 @@ class Performer(nn.Module):
         mask: Tensor | None = None,
         bias: Tensor | None = None,
         need_weights: bool = False,
+        q_offset: int = 0,
     ) -> HeadOutput:
         who = type(self).__name__
+        rows = causal_rows(self, q, k, v, q_offset, mask=mask, bias=bias, need_weights=need_weights)
+        if rows is not None:  # queries after a KV cache: the last rows of the causal sequence
+            return rows
         arguments.boolean(need_weights, "need_weights")
         lead = check_head_inputs(q, k, v, mask, bias, who)
         refuse_bias(bias, who)
