@@ -15,3 +15,18 @@ def test_in_subprocess_reports_failure():
 
 def test_machine_names_torch():
     assert "torch" in timing.machine()
+
+
+def test_measure_step_counts_the_repeats_after_a_warm_up():
+    calls = []
+    result = timing.measure_step(lambda: calls.append(1), repeats=4)
+    assert len(calls) == 5  # one warm-up, four timed
+    assert result["seconds"] >= 0 and result["peak_bytes"] >= result["base_bytes"] > 0
+
+
+def test_in_subprocess_reports_a_timeout_and_runs_another_module():
+    slow = timing.in_subprocess({"kind": "sdpa-torch", "n": 8}, timeout=0.001)
+    assert slow == {"error": "over the 0 s limit"}
+    case = {"way": "unmasked", "n": 16, "d": 4}
+    result = timing.in_subprocess(case, module="attnkit.benchmarking.sparse")
+    assert result["density"] == 1.0 and result["seconds"] > 0

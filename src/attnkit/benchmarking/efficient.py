@@ -24,14 +24,13 @@ from __future__ import annotations
 
 import json
 import math
-import resource
-import subprocess
 import sys
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
+
+from attnkit.benchmarking.timing import in_subprocess, measure_step
 
 __all__ = [
     "EXACT",
@@ -55,10 +54,6 @@ def candidates() -> list[str]:
     from attnkit.tasks.parts import slot_mechanisms
 
     return slot_mechanisms("attnkit.efficient")
-
-
-def _rss() -> int:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def run_case(case: dict) -> dict:
@@ -93,32 +88,11 @@ def run_case(case: dict) -> dict:
         for x in (q, k, v):
             x.grad = None
 
-    base = _rss()
-    step()  # warm-up (and the peak)
-    times = []
-    for _ in range(case.get("repeats", 3)):
-        start = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - start)
-    times.sort()
-    return {"seconds": times[len(times) // 2], "peak_bytes": _rss(), "base_bytes": base}
+    return measure_step(step, case.get("repeats", 3))
 
 
 def _in_subprocess(case: dict, timeout: float) -> dict:
-    try:
-        proc = subprocess.run(
-            [sys.executable, "-m", "attnkit.benchmarking.efficient", json.dumps(case)],
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            check=False,
-        )
-    except subprocess.TimeoutExpired:
-        return {"error": f"over the {timeout:.0f} s limit"}
-    if proc.returncode != 0:
-        tail = (proc.stderr.strip().splitlines() or ["killed"])[-1]
-        return {"error": f"exit {proc.returncode}: {tail[:120]}"}
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return in_subprocess(case, timeout, module="attnkit.benchmarking.efficient")
 
 
 @dataclass

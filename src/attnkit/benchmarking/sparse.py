@@ -18,13 +18,12 @@ grow as O(N) for block-sparse (it never forms N × N).
 from __future__ import annotations
 
 import json
-import resource
-import subprocess
 import sys
-import time
 from collections.abc import Callable
 
 import torch
+
+from attnkit.benchmarking.timing import in_subprocess, measure_step
 
 __all__ = ["BLOCK", "PATTERNS", "main", "run_case", "sizes_for"]
 
@@ -50,10 +49,6 @@ DESCRIPTION = {
     "BigBird": "BigBird (window 128, 1 global, 2 random blocks)",
     "strided 128, causal": "strided 128, causal (Sparse Transformer)",
 }
-
-
-def _rss() -> int:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def run_case(case: dict) -> dict:
@@ -83,20 +78,7 @@ def run_case(case: dict) -> dict:
         for x in (q, k, v):
             x.grad = None
 
-    base = _rss()
-    step()  # warm-up (and the peak)
-    times = []
-    for _ in range(case.get("repeats", 1)):
-        start = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - start)
-    times.sort()
-    return {
-        "seconds": times[len(times) // 2],
-        "peak_bytes": _rss(),
-        "base_bytes": base,
-        "density": density,
-    }
+    return {**measure_step(step, case.get("repeats", 1)), "density": density}
 
 
 def _above_base(result: dict) -> str:
@@ -104,16 +86,7 @@ def _above_base(result: dict) -> str:
 
 
 def _in_subprocess(case: dict) -> dict:
-    proc = subprocess.run(
-        [sys.executable, "-m", "attnkit.benchmarking.sparse", json.dumps(case)],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if proc.returncode != 0:
-        tail = (proc.stderr.strip().splitlines() or ["killed"])[-1]
-        return {"error": f"exit {proc.returncode}: {tail[:120]}"}
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return in_subprocess(case, module="attnkit.benchmarking.sparse")
 
 
 def sizes_for(quick: bool) -> list[int]:

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import json
 import platform
+import resource
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 
 import torch
 from torch.utils import benchmark
@@ -37,18 +40,44 @@ def machine() -> str:
     )
 
 
-def in_subprocess(case: dict, timeout: float = 3600) -> dict:
-    """Run one benchmark case (see :mod:`attnkit.benchmarking.worker`) in a fresh Python, so
-    that its peak resident memory is its own. Returns the worker's JSON result, or
-    ``{"error": ...}`` when it failed (e.g. ran out of memory)."""
-    proc = subprocess.run(
-        [sys.executable, "-m", "attnkit.benchmarking.worker", json.dumps(case)],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
+def peak_rss() -> int:
+    """This process's peak resident memory so far, in bytes."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def measure_step(step: Callable[[], object], repeats: int = 3) -> dict:
+    """Run ``step`` once (warm-up, and the peak) and then ``repeats`` times: ``seconds`` (the
+    median), ``peak_bytes`` (the process's peak resident memory) and ``base_bytes`` (that peak
+    before the first call: interpreter, torch, inputs)."""
+    base = peak_rss()
+    step()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - start)
+    times.sort()
+    return {"seconds": times[len(times) // 2], "peak_bytes": peak_rss(), "base_bytes": base}
+
+
+def in_subprocess(
+    case: dict, timeout: float = 3600, module: str = "attnkit.benchmarking.worker"
+) -> dict:
+    """Run one benchmark case (``python -m module '<json>'``, by default
+    :mod:`attnkit.benchmarking.worker`) in a fresh Python, so that its peak resident memory is
+    its own. Returns the module's JSON result, or ``{"error": ...}`` when it failed (e.g. ran
+    out of memory) or ran past ``timeout`` seconds."""
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", module, json.dumps(case)],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        return {"error": f"over the {timeout:.0f} s limit"}
     if proc.returncode != 0:
         tail = (proc.stderr.strip().splitlines() or ["killed"])[-1]
-        return {"error": f"exit {proc.returncode}: {tail}"}
+        return {"error": f"exit {proc.returncode}: {tail[:200]}"}
     return json.loads(proc.stdout.strip().splitlines()[-1])

@@ -9,19 +9,14 @@ from __future__ import annotations
 
 import json
 import math
-import resource
 import sys
-import time
 
 import torch
 import torch.nn.functional as F
 
 import attnkit as ak
+from attnkit.benchmarking.timing import measure_step
 from attnkit.kernels import chunked, dense
-
-
-def _rss() -> int:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def build(case: dict):
@@ -75,16 +70,7 @@ def build(case: dict):
 
 
 def run(case: dict) -> dict:
-    step = build(case)
-    base = _rss()
-    step()  # warm-up, and the peak
-    times = []
-    for _ in range(case.get("repeats", 3)):
-        t = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - t)
-    times.sort()
-    return {"seconds": times[len(times) // 2], "peak_bytes": _rss(), "base_bytes": base}
+    return measure_step(build(case), case.get("repeats", 3))
 
 
 if __name__ == "__main__":
