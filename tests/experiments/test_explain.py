@@ -105,6 +105,33 @@ def test_the_dates_probe_is_the_teacher_forced_step_and_its_gold_is_the_copied_c
         assert not any(ex.sure[3][j + 1 :])  # the year field's last character
 
 
+def test_the_dates_probe_with_coverage_holds_the_coverage_of_its_step():
+    """attention=coverage: the probe is the teacher-forced step with its coverage c^t, the same
+    on every call (a call must not add its weights to the coverage)."""
+    import torch
+
+    from attnkit.evaluation.counterfactual import edit_weights
+    from attnkit.tasks.dates import Vocab
+    from attnkit.tasks.dates_task import DatesTask
+
+    task = DatesTask(RunConfig(task="dates", attention="coverage", **TINY).resolved())
+    torch.manual_seed(0)
+    model = task.build_model().eval()
+    probe = task.explanation_probe(model, n=5, step=3)
+    data = task.data.splits["test"]
+    src, mask, tgt = data["src"][:5], data["mask"][:5], data["tgt"][:5]
+    tgt_in = torch.cat([torch.full((5, 1), Vocab.BOS), tgt[:, :-1]], 1)
+    with torch.no_grad():
+        full = model(src, tgt_in, mask)
+        first = probe.logits(probe.inputs, probe.keep)
+        torch.testing.assert_close(first, full.logits[:, 3])
+        torch.testing.assert_close(probe.logits(probe.inputs, probe.keep), first)
+    torch.testing.assert_close(probe.attention, full.weights[:, 3])
+    assert probe.attention_part == "coverage_attention"
+    with edit_weights(model, lambda w, m: w, only=probe.attention_part):
+        pass  # the part the suite edits exists
+
+
 def test_other_seeds_give_the_variance_across_seeds(finished, tmp_path):
     """The same run compared with itself is 0 apart; another seed's model lies some way off;
     a run of another configuration is refused."""

@@ -247,6 +247,9 @@ class DatesTask(Task):
         src, mask, tgt = data["src"][:n], data["mask"][:n], data["tgt"][:n]
         bos = torch.full((src.shape[0], 1), Vocab.BOS, dtype=torch.long)
         tgt_in = torch.cat([bos, tgt[:, :-1]], 1)
+        covered = isinstance(model, CoverageSeq2Seq)
+        if covered:  # a decoding starts with no coverage
+            model._coverage, model._keys = None, None
         states, h = model.encode(src, mask)
         context = states.new_zeros(states.shape[0], states.shape[-1])
         for t in range(step + 1):  # the decoder state at ``step`` (teacher forcing)
@@ -255,11 +258,19 @@ class DatesTask(Task):
                 context = model._attend(h.unsqueeze(-2), states, mask.unsqueeze(-2), t)
                 context = context.context.squeeze(-2)
         query = h.unsqueeze(-2)
+        # With coverage (attention=coverage), c^step from the same teacher-forced steps, held
+        # fixed like the decoder state (each call would otherwise add its weights to it).
+        coverage = None
+        if covered:
+            so_far = model._coverage
+            coverage = states.new_zeros(states.shape[:-1]) if so_far is None else so_far.clone()
 
         def logits(x: Tensor, keep: Tensor) -> Tensor:
             # a removed character reads as padding, as the model sees padding
             pad = model.embed_in.weight[Vocab.PAD].to(x.dtype)
             enc, _ = model.encoder(torch.where(keep.unsqueeze(-1), x, pad))
+            if coverage is not None:
+                model._coverage = coverage.to(enc.dtype)
             out = model._attend(query.to(enc.dtype), enc, keep.unsqueeze(-2), step)
             return model.out(
                 torch.cat([query.squeeze(-2).to(enc.dtype), out.context.squeeze(-2)], -1)
@@ -280,7 +291,7 @@ class DatesTask(Task):
             labels=tgt[:, step],
             gold=gold & mask,
             tokens=[list(ex.text) for ex in data["examples"][:n]],
-            attention_part="attention",
+            attention_part="coverage_attention" if covered else "attention",
         )
 
     @torch.no_grad()
