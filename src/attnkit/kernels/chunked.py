@@ -46,8 +46,10 @@ __all__ = [
 # (B·…·M·N·d_w), when the alignment streams: 2^24 float32 elements = 64 MiB.
 DENSE_LIMIT = 1 << 24
 
-# Query blocks of a block mask evaluated together, at most.
+# Query blocks of a block mask evaluated together, at most, and the most work the union of their
+# key tiles may add over what each visits (a larger tile only pays when it wastes little).
 _MAX_GROUP = 8
+_GROUP_WASTE = 1.1
 
 # Elements per (block_q, block_k, width) score tile: small tiles for cheap scores (memory),
 # larger for wide ones (additive: amortise the per-tile Python overhead).
@@ -173,7 +175,7 @@ class _Plan:
 
     def _group(self, visit: list[list[bool]], full: list[list[bool]]) -> None:
         """Consecutive query blocks of the block mask evaluated together, with the union of the
-        key tiles they visit, as long as the union wastes at most a quarter of the work (fewer,
+        key tiles they visit, as long as the union adds at most a tenth to the work (fewer,
         larger tiles: less per-tile overhead). q0 -> (q1, visited tiles, full tiles)."""
         i = 0
         while i < len(visit):
@@ -181,7 +183,7 @@ class _Plan:
             while i + rows < len(visit) and rows < _MAX_GROUP:
                 cand = [a or b for a, b in zip(union, visit[i + rows], strict=True)]
                 cost = sum(cand) * (rows + 1)
-                if cost > 1.25 * (own + sum(visit[i + rows])):
+                if cost > _GROUP_WASTE * (own + sum(visit[i + rows])):
                     break
                 union, own = cand, own + sum(visit[i + rows])
                 inter = [a and b for a, b in zip(inter, full[i + rows], strict=True)]
