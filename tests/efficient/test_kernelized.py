@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from attnkit import masks
-from attnkit.efficient import Performer, RandomFeatureAttention
+from attnkit.efficient import LinearAttention, Performer, RandomFeatureAttention
 from attnkit.efficient import kernelized as kz
 
 D = torch.float64
@@ -150,6 +150,21 @@ def test_rfa_by_chunks_equals_its_whole_feature_maps_and_learns_sigma(monkeypatc
         return part.features(q), part.features(k)
 
     _module_check(part, q, k, v, mask, keep, full, (part.log_sigma,))
+
+
+@pytest.mark.parametrize("feature_map", ["elu+1", "relu"])
+def test_linear_attention_by_chunks_equals_its_whole_feature_maps(monkeypatch, feature_map):
+    monkeypatch.setattr(kz, "CHUNK_ELEMENTS", 16 * 6)  # 16-row chunks of N = 33
+    monkeypatch.setattr(kz, "WHOLE_BYTES", 0)  # by chunks even at this size
+    q, k, v, _ = _inputs(10, lead_q=(2,), lead_kv=(2,), m_rows=33, n=33, d=6, dv=3)
+    part = LinearAttention(feature_map)
+    mask = masks.from_lengths(torch.tensor([33, 14]), 33)
+    keep = kz.key_mask(mask, (2, 33, 33), "test")
+
+    def full():
+        return part.phi(q), part.phi(k)
+
+    _module_check(part, q, k, v, mask, keep, full, ())
 
 
 def test_small_maps_are_formed_whole_and_large_ones_by_chunks(monkeypatch):
