@@ -1,116 +1,149 @@
-"""The ``babi`` task: bAbI-style "single supporting fact" stories (Weston et al. 2015, task 1)
-from a small world simulator, answered by an end-to-end memory network (Sukhbaatar et al. 2015).
+"""The bAbI-style tasks (Weston et al. 2015, tasks 1, 2, 6 and 7; stories from the world
+simulator of :mod:`attnkit.tasks.babi`), answered by an end-to-end memory network (Sukhbaatar et
+al. 2015) or, with ``--attention memory_network``, by a strongly supervised memory network
+(Weston, Chopra and Bordes 2015).
 
-A story is 2 … ``MAX_SENTENCES`` sentences "person moved to the place"; the question is "where is
-person ?"; the answer is the place of that person's last move, and that sentence is the supporting
-fact: the gold attention. Everything is generated locally from the seed.
+- ``babi``: single supporting fact, "where is mary ?"
+- ``babi-two-facts``: two supporting facts, "where is the football ?"
+- ``babi-yes-no``: "is mary in the kitchen ?"
+- ``babi-counting``: "how many objects is mary carrying ?"
+
+The supporting facts are the gold attention: the metrics report how much of each hop's weight
+falls on them.
+
+The memory network reads bag-of-words memories with one more feature per memory, its age (how
+many sentences were written after it), as a one-hot block: Weston et al. (Sec. 3.4) model write
+time with pairwise time features; the age block lets the same linear scores s_O prefer the most
+recent of two matching memories. It is trained by the paper's margin ranking loss on the gold
+supporting facts and the answer (eqs. 6-8) and answers with hard max addressing (eqs. 2-3), so
+it needs a fixed number of ordered supporting facts: counting is refused.
 """
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, NamedTuple
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
 
 from attnkit.evaluation import entropy
 from attnkit.memory.memn2n import EndToEndMemoryNetwork
+from attnkit.memory.memnet import MemoryNetwork, MemoryNetworkOutput
+from attnkit.tasks.babi import KINDS, PLACES, VOCAB, BabiData, make_babi
 from attnkit.tasks.base import REGISTRY, Metric, Task
 from attnkit.tasks.parts import build_alignment, build_score
 
-__all__ = ["VOCAB", "BabiData", "BabiTask", "make_babi"]
-
-PEOPLE = ("mary", "john", "sandra", "daniel")
-PLACES = ("kitchen", "garden", "office", "hallway", "bathroom", "bedroom")
-VERBS = ("moved", "went", "journeyed", "travelled")
-# Id 0 pads; the answer is a word of the same vocabulary (as in the paper, W maps to words).
-VOCAB = ("<pad>", *PEOPLE, *PLACES, *VERBS, "to", "the", "where", "is")
-WORD = {w: i for i, w in enumerate(VOCAB)}
-MAX_SENTENCES = 10
-SENTENCE = 5  # "mary moved to the kitchen"
-QUESTION = 3  # "where is mary"
+__all__ = [
+    "BabiCountingTask",
+    "BabiMemoryNetwork",
+    "BabiTask",
+    "BabiTwoFactsTask",
+    "BabiYesNoTask",
+]
 
 
-class BabiData(NamedTuple):
-    """story (N, n, L) word ids, 0 = padding; mask (N, n, L) True = a real word; question
-    (N, 3); answer (N,) word id; support (N,) index of the supporting sentence."""
+class BabiMemoryNetwork(nn.Module):
+    """A :class:`~attnkit.memory.memnet.MemoryNetwork` over word ids: each sentence becomes its
+    bag of words plus a one-hot of its age, the question its bag of words; ``hops`` = the
+    number of supporting facts. Same call as the end-to-end network: (story, question, mask)."""
 
-    story: Tensor
-    mask: Tensor
-    question: Tensor
-    answer: Tensor
-    support: Tensor
+    def __init__(self, max_sentences: int, d: int, hops: int, align: str | nn.Module | None):
+        super().__init__()
+        self.max_sentences = max_sentences
+        self.memnet = MemoryNetwork(
+            len(VOCAB) + max_sentences, d, hops=hops, n_answers=len(VOCAB), align=align
+        )
 
+    def features(self, story: Tensor, question: Tensor, mask: Tensor):
+        """(x (B, V + n), memories (B, n, V + n), keep (B, n)) from ids and the word mask."""
+        v, n = len(VOCAB), self.max_sentences
+        bags = F.one_hot(story, v).to(torch.get_default_dtype())
+        bags = (bags * mask.unsqueeze(-1)).sum(-2)  # (B, n, V), padding ids dropped
+        keep = mask.any(-1)  # (B, n)
+        age = (keep.sum(-1, keepdim=True) - 1 - torch.arange(n)).clamp_min(0)
+        memories = torch.cat([bags, F.one_hot(age, n).to(bags.dtype)], -1)
+        x = F.one_hot(question, v).to(bags.dtype)
+        x = (x * (question != 0).unsqueeze(-1)).sum(-2)
+        return torch.cat([x, x.new_zeros(x.shape[0], n)], -1), memories, keep
 
-def make_babi(n: int, *, seed: int = 0) -> BabiData:
-    """``n`` single-supporting-fact stories from the world simulator, reproducibly from
-    ``seed``. The person asked about has moved at least once."""
-    g = torch.Generator().manual_seed(seed)
+    def forward(self, story: Tensor, question: Tensor, mask: Tensor) -> MemoryNetworkOutput:
+        x, memories, keep = self.features(story, question, mask)
+        return self.memnet(x, memories, mask=keep)
 
-    def pick(k: int) -> int:
-        return int(torch.randint(0, k, (1,), generator=g))
-
-    story = torch.zeros(n, MAX_SENTENCES, SENTENCE, dtype=torch.long)
-    question = torch.zeros(n, QUESTION, dtype=torch.long)
-    answer = torch.zeros(n, dtype=torch.long)
-    support = torch.zeros(n, dtype=torch.long)
-    for e in range(n):
-        length = 2 + pick(MAX_SENTENCES - 1)
-        last: dict[str, tuple[int, str]] = {}
-        for s in range(length):
-            who, verb, where = (
-                PEOPLE[pick(len(PEOPLE))],
-                VERBS[pick(len(VERBS))],
-                PLACES[pick(len(PLACES))],
-            )
-            story[e, s] = torch.tensor([WORD[w] for w in (who, verb, "to", "the", where)])
-            last[who] = (s, where)
-        asked = sorted(last)[pick(len(last))]
-        question[e] = torch.tensor([WORD["where"], WORD["is"], WORD[asked]])
-        support[e], place = last[asked]
-        answer[e] = WORD[place]
-    return BabiData(story, story != 0, question, answer, support)
+    def margin_ranking_loss(self, data: BabiData) -> Tensor:
+        x, memories, keep = self.features(data.story, data.question, data.mask)
+        return self.memnet.margin_ranking_loss(x, memories, data.supports, data.answer, mask=keep)
 
 
 @REGISTRY.register("babi")
 class BabiTask(Task):
     description = "bAbI-style single supporting fact QA with a memory network; gold = the fact"
+    kind: ClassVar[str] = "single"
+    answers: ClassVar[str] = f"chance 1/{len(PLACES)}"
     defaults: ClassVar[dict[str, dict[str, Any]]] = {
         "full": {"epochs": 40, "n_train": 4000, "n_test": 1000, "batch_size": 32, "lr": 1e-2,
                  "d_model": 32},
         "quick": {"epochs": 15, "n_train": 1000, "n_test": 500, "batch_size": 32, "lr": 1e-2,
                   "d_model": 32},
     }  # fmt: skip
-    metrics: ClassVar[dict[str, Metric]] = {
-        "accuracy": Metric(f"share of questions answered right (chance 1/{len(PLACES)})"),
-        "support_attention": Metric(
-            "mean attention weight on the supporting fact, at the hop where it is highest"
-        ),
-        "support_argmax": Metric(
-            "share of questions whose strongest memory (at that hop) is the supporting fact"
-        ),
-        "entropy": Metric("mean entropy of the hop attention in nats (lower: sharper)", None),
-    }
+    attentions: ClassVar[tuple[str, ...]] = ("memory_network",)
+
+    def __init_subclass__(cls, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.metrics = cls._metrics()
+
+    @classmethod
+    def _metrics(cls) -> dict[str, Metric]:
+        return {
+            "accuracy": Metric(f"share of questions answered right ({cls.answers})"),
+            "support_attention": Metric(
+                "mean attention weight on the supporting facts, at the hop where it is highest"
+            ),
+            "support_argmax": Metric(
+                "share of questions whose strongest memory (at that hop) is a supporting fact"
+            ),
+            "entropy": Metric("mean entropy of the hop attention in nats (lower: sharper)", None),
+        }
+
+    @classmethod
+    def validate(cls, config) -> None:
+        if config.attention != "memory_network":
+            return
+        if not KINDS[cls.kind].supports:
+            raise ValueError(
+                f"attention 'memory_network' finds a fixed number of supporting facts one hop "
+                f"at a time (Weston et al.); task {config.task!r} has a varying number of them: "
+                f"use the end-to-end memory network (attention 'default')"
+            )
+        if config.align not in ("softmax", "hard"):
+            raise ValueError(
+                f"attention 'memory_network' addresses memories by hard max (Weston et al. eqs. "
+                f"2-3) and is trained by its margin ranking loss; align {config.align!r} is not "
+                f"used by it: leave align at its default"
+            )
 
     def __init__(self, config) -> None:
         super().__init__(config)
         n_eval = config.n_test
-        data = make_babi(config.n_train + 2 * n_eval, seed=config.seed)
+        data = make_babi(config.n_train + 2 * n_eval, kind=self.kind, seed=config.seed)
         a, b = config.n_train, config.n_train + n_eval
         cut = {"train": slice(0, a), "validation": slice(a, b), "test": slice(b, b + n_eval)}
         self.splits = {k: BabiData(*(t[s] for t in data)) for k, s in cut.items()}
 
-    def build_model(self) -> EndToEndMemoryNetwork:
+    def build_model(self) -> nn.Module:
         d = self.config.d_model
-        score = build_score(self.config.score, d_q=d, d_k=d, d_w=d, max_len=MAX_SENTENCES)
+        spec = KINDS[self.kind]
+        if self.config.attention == "memory_network":
+            return BabiMemoryNetwork(spec.max_sentences, d, spec.supports, None)
+        score = build_score(self.config.score, d_q=d, d_k=d, d_w=d, max_len=spec.max_sentences)
         return EndToEndMemoryNetwork(
             len(VOCAB),
             d,
             hops=3,
             tying="adjacent",
             position_encoding=True,
-            max_memories=MAX_SENTENCES,
+            max_memories=spec.max_sentences,
             score=score,
             align=build_alignment(self.config.align, d),
         )
@@ -128,6 +161,8 @@ class BabiTask(Task):
     def loss(self, model, index: Tensor) -> Tensor:
         train = self.splits["train"]
         batch = BabiData(*(t[index] for t in train))
+        if isinstance(model, BabiMemoryNetwork):
+            return model.margin_ranking_loss(batch)
         return F.cross_entropy(self._run(model, batch).logits, batch.answer)
 
     @torch.no_grad()
@@ -135,9 +170,11 @@ class BabiTask(Task):
         model.eval()
         data = self.splits[split]
         out = self._run(model, data)
-        on_support = out.weights[torch.arange(len(data.support)), :, data.support]  # (N, K)
+        gold = data.gold.unsqueeze(1)  # (N, 1, n)
+        on_support = (out.weights * gold).sum(-1)  # (N, K): weight on the supporting facts
         hop = int(on_support.mean(0).argmax())
-        hits = out.weights[:, hop].argmax(-1) == data.support
+        strongest = out.weights[:, hop].argmax(-1, keepdim=True)
+        hits = data.gold.gather(-1, strongest).squeeze(-1)
         return {
             "accuracy": float((out.logits.argmax(-1) == data.answer).float().mean()),
             "support_attention": float(on_support[:, hop].mean()),
@@ -151,14 +188,13 @@ class BabiTask(Task):
         data = BabiData(*(t[:n] for t in self.splits["test"]))
         out = self._run(model, data)
         maps = []
-        for i in range(min(n, len(data.support))):
+        for i in range(min(n, data.story.shape[0])):
             real = int(data.mask[i].any(-1).sum())
             sentences = [
                 " ".join(VOCAB[w] for w in data.story[i, s].tolist() if w) for s in range(real)
             ]
-            gold = torch.zeros(out.weights.shape[1], real, dtype=torch.bool)
-            gold[:, int(data.support[i])] = True
-            question = " ".join(VOCAB[w] for w in data.question[i].tolist())
+            gold = data.gold[i, :real].expand(out.weights.shape[1], real)
+            question = " ".join(VOCAB[w] for w in data.question[i].tolist() if w)
             maps.append(
                 {
                     "title": f"{question}? answer {VOCAB[int(data.answer[i])]}, "
@@ -172,3 +208,26 @@ class BabiTask(Task):
                 }
             )
         return maps
+
+
+BabiTask.metrics = BabiTask._metrics()
+
+
+@REGISTRY.register("babi-two-facts")
+class BabiTwoFactsTask(BabiTask):
+    description = "bAbI-style two supporting facts: where is an object? gold = both facts"
+    kind = "two-facts"
+
+
+@REGISTRY.register("babi-yes-no")
+class BabiYesNoTask(BabiTask):
+    description = "bAbI-style yes/no questions: is a person in a place? gold = the last move"
+    kind = "yes-no"
+    answers = "chance 1/2"
+
+
+@REGISTRY.register("babi-counting")
+class BabiCountingTask(BabiTask):
+    description = "bAbI-style counting: how many objects is a person carrying? gold = the facts"
+    kind = "counting"
+    answers = "none ... three"
