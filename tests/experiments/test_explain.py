@@ -82,13 +82,15 @@ def test_section_says_n_a_for_undefined_numbers_and_a_missing_page_is_created(tm
     assert page.startswith("<!doctype html>") and page.count(EXPLANATION_START) == 1
 
 
-def test_the_dates_probe_is_the_teacher_forced_step_and_its_gold_is_the_copied_character():
+def _dates_probe_and_full_pass(**config):
+    """An untrained dates model, its explanation probe at step 3 of 5 test examples, and the
+    teacher-forced pass over those examples."""
     import torch
 
     from attnkit.tasks.dates import Vocab
     from attnkit.tasks.dates_task import DatesTask
 
-    task = DatesTask(RunConfig(task="dates", **TINY).resolved())
+    task = DatesTask(RunConfig(task="dates", **config, **TINY).resolved())
     torch.manual_seed(0)
     model = task.build_model().eval()
     probe = task.explanation_probe(model, n=5, step=3)
@@ -97,6 +99,14 @@ def test_the_dates_probe_is_the_teacher_forced_step_and_its_gold_is_the_copied_c
     tgt_in = torch.cat([torch.full((5, 1), Vocab.BOS), tgt[:, :-1]], 1)
     with torch.no_grad():
         full = model(src, tgt_in, mask)
+    return model, probe, full, data
+
+
+def test_the_dates_probe_is_the_teacher_forced_step_and_its_gold_is_the_copied_character():
+    import torch
+
+    _, probe, full, data = _dates_probe_and_full_pass()
+    with torch.no_grad():
         torch.testing.assert_close(probe.logits(probe.inputs, probe.keep), full.logits[:, 3])
     torch.testing.assert_close(probe.attention, full.weights[:, 3])
     for i, ex in enumerate(data["examples"][:5]):
@@ -111,18 +121,9 @@ def test_the_dates_probe_with_coverage_holds_the_coverage_of_its_step():
     import torch
 
     from attnkit.evaluation.counterfactual import edit_weights
-    from attnkit.tasks.dates import Vocab
-    from attnkit.tasks.dates_task import DatesTask
 
-    task = DatesTask(RunConfig(task="dates", attention="coverage", **TINY).resolved())
-    torch.manual_seed(0)
-    model = task.build_model().eval()
-    probe = task.explanation_probe(model, n=5, step=3)
-    data = task.data.splits["test"]
-    src, mask, tgt = data["src"][:5], data["mask"][:5], data["tgt"][:5]
-    tgt_in = torch.cat([torch.full((5, 1), Vocab.BOS), tgt[:, :-1]], 1)
+    model, probe, full, _ = _dates_probe_and_full_pass(attention="coverage")
     with torch.no_grad():
-        full = model(src, tgt_in, mask)
         first = probe.logits(probe.inputs, probe.keep)
         torch.testing.assert_close(first, full.logits[:, 3])
         torch.testing.assert_close(probe.logits(probe.inputs, probe.keep), first)
