@@ -98,3 +98,24 @@ def test_parts_own_penalties_join_the_loss(tmp_path):
     trainer.fit()
     # No task gradient reaches w: it moved only because its penalty was in the loss.
     assert model.penalised.w.item() < 1.0 - config.lr
+
+
+def test_the_task_ends_each_epoch_after_validation_and_before_the_checkpoint(tmp_path):
+    """Task.end_epoch sees the epoch number after the validation; its change to the model is in
+    that epoch's checkpoint and its note on that epoch's line."""
+    calls = []
+
+    def end_epoch(self, model, epoch):
+        calls.append(epoch)
+        with torch.no_grad():
+            next(model.parameters()).fill_(float(epoch))
+        return f"schedule step {epoch}"
+
+    trainer, lines = _trainer(tmp_path)
+    trainer.task.end_epoch = end_epoch.__get__(trainer.task)
+    trainer.fit()
+    assert calls == [1, 2]
+    assert lines[0].endswith("(schedule step 1)") and "validation:" in lines[0]
+    fresh = trainer.task.build_model()
+    checkpoints.load(tmp_path, fresh)
+    assert (next(fresh.parameters()) == 2.0).all()

@@ -168,6 +168,43 @@ def test_one_hop_with_a_equal_to_c_is_dot_attention_on_the_embedded_memories():
     torch.testing.assert_close(out.state, u + ref.context[:, 0])
 
 
+def test_linear_start_uses_the_scores_as_weights_until_the_softmax_is_reinserted():
+    """Sec. 4.2: p_i = uᵀ m_i while linear start lasts (padded memories 0); the rule re-inserts
+    the softmax once the validation loss does not decrease; the state is in the state dict."""
+    torch.manual_seed(0)
+    kw = {"hops": 2, "position_encoding": False}
+    model = EndToEndMemoryNetwork(8, 6, linear_start=True, **kw).double()
+    plain = EndToEndMemoryNetwork(8, 6, **kw).double()
+    params = {k: v for k, v in model.state_dict().items() if not k.startswith("linear")}
+    plain.load_state_dict(params, strict=False)  # the same weights, softmax hops
+    story, query = torch.randint(1, 8, (2, 4, 3)), torch.randint(1, 8, (2, 2))
+    mask = torch.ones(2, 4, 3, dtype=torch.bool)
+    mask[1, 3] = False  # the second story has 3 sentences
+    out = model(story, query, mask=mask)
+    a = model.embeddings[0].detach()  # A^1 = B under adjacent tying
+    for b in range(2):
+        u = sum(a[w] for w in query[b].tolist())
+        for i in range(4):
+            m = sum(a[w] for w in story[b, i].tolist())
+            expected = float(u @ m) if mask[b, i].any() else 0.0
+            assert float(out.weights[b, 0, i].detach()) == pytest.approx(
+                expected, rel=1e-12, abs=1e-12
+            )
+    assert model.linear_start_active and not plain.linear_start_active
+    assert not torch.allclose(out.logits, plain(story, query, mask=mask).logits)
+    assert model.linear_start_step(2.0) is False  # improved on inf: goes on
+    assert model.linear_start_step(1.5) is False
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    assert model.linear_start_step(1.5) is True  # not below the best: softmax back
+    assert not model.linear_start_active and model.linear_start_step(0.1) is False
+    torch.testing.assert_close(
+        model(story, query, mask=mask).logits, plain(story, query, mask=mask).logits
+    )
+    resumed = EndToEndMemoryNetwork(8, 6, hops=2).double()
+    resumed.load_state_dict(state)  # a checkpoint taken during linear start
+    assert resumed.linear_start_active and float(resumed.linear_best) == 1.5
+
+
 def test_temporal_encoding_counts_back_from_the_last_real_sentence():
     """Without words to tell them apart, only T_A(i), T_C(i) distinguish memories: padding a
     story at its end leaves every real memory with the same index, hence the same output."""

@@ -46,12 +46,14 @@ def test_memn2n_learns_the_task_and_attends_to_the_supporting_fact():
 
 
 def _train(task, model, optim, config, g):
-    for _ in range(config.epochs):
+    """The loop of `attnkit run`, with the task's end of epoch (linear start)."""
+    for epoch in range(config.epochs):
         model.train()
         for index in torch.randperm(task.n_train(), generator=g).split(config.batch_size):
             optim.zero_grad()
             task.loss(model, index).backward()
             optim.step()
+        task.end_epoch(model, epoch + 1)
 
 
 def test_memory_network_features_are_bags_of_words_and_ages():
@@ -105,3 +107,21 @@ def test_memory_network_refuses_what_it_cannot_honour():
         RunConfig(task="babi-counting", attention="memory_network").resolved()
     with pytest.raises(ValueError, match="hard max"):
         RunConfig(task="babi", attention="memory_network", align="sparsemax").resolved()
+
+
+def test_memn2n_learns_two_facts_with_linear_start():
+    """babi-two-facts: linear start first, then the softmax is re-inserted and the hops find
+    the facts (from the answers alone)."""
+    torch.manual_seed(0)
+    config = RunConfig(
+        task="babi-two-facts", score="dot", n_train=2000, n_test=300, epochs=8,
+        batch_size=32, lr=1e-2, d_model=32,
+    ).resolved()  # fmt: skip
+    task = tasks.get("babi-two-facts")(config)
+    model = task.build_model()
+    assert model.linear_start_active
+    optim = torch.optim.Adam(model.parameters(), lr=config.lr)
+    _train(task, model, optim, config, torch.Generator().manual_seed(0))
+    assert not model.linear_start_active  # at the latest after half of the epochs
+    after = task.evaluate(model, "test")
+    assert after["accuracy"] > 0.8 and after["support_argmax"] > 0.75

@@ -168,6 +168,9 @@ class Trainer:
             val = self.task.evaluate(self.model, "validation")
             record.update({f"val_{k}": v for k, v in val.items()})
             line += f"  validation: {format_metrics(val)}"
+        note = self.task.end_epoch(self.model, p.epoch + 1)  # every rank: the same change
+        if note:
+            line += f"  ({note})"
         self.say(line)
         p.history.append(record)
         p.next_epoch()

@@ -11,6 +11,12 @@ u^{k+1} = u^k + o^k (eq. 4; H u^k + o^k under layer-wise tying); the answer is
 Words are given either as integer ids (B, n, L) — an embedding lookup — or as float word
 vectors (B, n, L, V) (one-hot or soft), multiplied by the embedding matrix: the same map, and
 the float form lets gradients reach the words.
+
+Linear start (Sec. 4.2): a network built with ``linear_start=True`` first takes the softmax out
+of every hop, p_i = uᵀ m_i (the score itself), so that the model is linear up to the answer's
+softmax; :meth:`EndToEndMemoryNetwork.linear_start_step`, called with the validation loss after
+each epoch, re-inserts the softmax once that loss stops decreasing (the paper's rule). The state
+is kept in buffers, so it survives a checkpoint.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from torch import Tensor, nn
 
 from attnkit import arguments, checks
 from attnkit import taxonomy as tx
+from attnkit.alignments.base import Alignment, AlignOutput
 from attnkit.attention import Attention
 from attnkit.mechanisms import REGISTRY, example_tensor
 from attnkit.scores import Dot, Score
@@ -69,6 +76,20 @@ class MemN2NOutput(NamedTuple):
         return {"weights": self.weights}
 
 
+class _ScoresAsWeights(Alignment):
+    """p_i = e_i (masked keys 0): the hops of linear start (Sukhbaatar et al. Sec. 4.2)."""
+
+    label = tx.AlignmentKind.GLOBAL
+    normalized = False
+
+    def forward(
+        self, scores: Tensor, mask: Tensor | None = None, *, query: Tensor | None = None
+    ) -> AlignOutput:
+        if mask is None:
+            return AlignOutput(scores)
+        return AlignOutput(torch.where(mask, scores, torch.zeros((), dtype=scores.dtype)))
+
+
 @REGISTRY.register("memn2n")
 class EndToEndMemoryNetwork(nn.Module):
     """End-to-end memory network with K hops (Sukhbaatar et al. 2015, Sec. 2).
@@ -89,6 +110,8 @@ class EndToEndMemoryNetwork(nn.Module):
         score: the score of u against m_i (default :class:`attnkit.scores.Dot`, the paper's
             uᵀ m_i); one module shared by every hop.
         align: the alignment of every hop (default softmax, eq. 1).
+        linear_start: begin without the hops' alignment, p_i = the score (Sec. 4.2), until
+            :meth:`linear_start_step` or :meth:`end_linear_start` re-inserts it.
     """
 
     mask_inputs: ClassVar[dict[str, tuple[str, ...]]] = {
@@ -108,11 +131,13 @@ class EndToEndMemoryNetwork(nn.Module):
         n_answers: int | None = None,
         score: Score | None = None,
         align: str | nn.Module = "softmax",
+        linear_start: bool = False,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
         self.vocab_size = arguments.positive_int(vocab_size, "vocab_size")
+        linear_start = arguments.boolean(linear_start, "linear_start")
         self.d = arguments.positive_int(d, "d")
         self.hops = arguments.positive_int(hops, "hops")
         self.position_encoding = arguments.boolean(position_encoding, "position_encoding")
@@ -148,6 +173,31 @@ class EndToEndMemoryNetwork(nn.Module):
         # p = softmax(uᵀ m_i): a dot score and a softmax by default, through the core.
         score = checks.optional_score(score, "score")
         self.attention = Attention(Dot() if score is None else score, align)
+        # Linear start: the same score module, the scores as weights; state in buffers.
+        self.linear_attention = Attention(self.attention.score, _ScoresAsWeights())
+        self.register_buffer("linear", torch.tensor(linear_start, device=device))
+        self.register_buffer("linear_best", torch.tensor(float("inf"), device=device))
+
+    @property
+    def linear_start_active(self) -> bool:
+        """True while the hops use the scores as weights (linear start, Sec. 4.2)."""
+        return bool(self.linear)
+
+    def end_linear_start(self) -> None:
+        """Re-insert the hops' alignment (the softmax) for good."""
+        self.linear.fill_(False)
+
+    def linear_start_step(self, validation_loss: float) -> bool:
+        """The paper's rule, after an epoch of linear start: if ``validation_loss`` is not
+        below the best seen so far, re-insert the softmax. Returns True when this call ended
+        linear start (False when it goes on or had already ended)."""
+        if not self.linear_start_active:
+            return False
+        if validation_loss < float(self.linear_best):
+            self.linear_best.fill_(validation_loss)
+            return False
+        self.end_linear_start()
+        return True
 
     # Which table each role reads, per hop (the tying scheme in one place).
     def input_table(self, hop: int) -> int:
@@ -275,9 +325,10 @@ class EndToEndMemoryNetwork(nn.Module):
         u = self._embed(query, self.query_table(), query_mask).to(dtype)
         attend_mask = None if real is None else real.unsqueeze(-2)  # (B, 1, n)
         weights = []
+        attend = self.linear_attention if self.linear_start_active else self.attention
         for hop in range(self.hops):
             m, c = memory(self.input_table(hop)), memory(self.output_table(hop))
-            out = self.attention(u.unsqueeze(-2), m, c, mask=attend_mask, need_weights=True)
+            out = attend(u.unsqueeze(-2), m, c, mask=attend_mask, need_weights=True)
             o = out.context.squeeze(-2)  # eq. 2
             weights.append(out.weights.squeeze(-2))  # eq. 1
             u = (self.H(u) if self.tying == "layer_wise" else u) + o  # eq. 4

@@ -9,7 +9,11 @@ al. 2015) or, with ``--attention memory_network``, by a strongly supervised memo
 - ``babi-counting``: "how many objects is mary carrying ?"
 
 The supporting facts are the gold attention: the metrics report how much of each hop's weight
-falls on them.
+falls on them. On ``babi-two-facts``, where training with the softmax from the start gets
+stuck, the end-to-end network trains with the paper's linear start (Sec. 4.2): its hops go
+without the softmax until the validation loss stops decreasing (at the latest after half of the
+epochs); meanwhile the hop weights are raw scores, so the support attention and entropy printed
+for those epochs are not shares.
 
 The memory network reads bag-of-words memories with one more feature per memory, its age (how
 many sentences were written after it), as a one-hot block: Weston et al. (Sec. 3.4) model write
@@ -80,6 +84,7 @@ class BabiMemoryNetwork(nn.Module):
 class BabiTask(Task):
     description = "bAbI-style single supporting fact QA with a memory network; gold = the fact"
     kind: ClassVar[str] = "single"
+    linear_start: ClassVar[bool] = False  # the end-to-end network's linear start (Sec. 4.2)
     answers: ClassVar[str] = f"chance 1/{len(PLACES)}"
     defaults: ClassVar[dict[str, dict[str, Any]]] = {
         "full": {"epochs": 40, "n_train": 4000, "n_test": 1000, "batch_size": 32, "lr": 1e-2,
@@ -146,7 +151,23 @@ class BabiTask(Task):
             max_memories=spec.max_sentences,
             score=score,
             align=build_alignment(self.config.align, d),
+            linear_start=self.linear_start,
         )
+
+    def end_epoch(self, model, epoch: int) -> str | None:
+        """Linear start (Sukhbaatar et al. Sec. 4.2): the end-to-end network's hops go without
+        the softmax until the validation loss stops decreasing, and at the latest after half of
+        the epochs, so that the run ends with the softmax model."""
+        if not isinstance(model, EndToEndMemoryNetwork) or not model.linear_start_active:
+            return None
+        with torch.no_grad():
+            model.eval()
+            data = self.splits["validation"]
+            loss = float(F.cross_entropy(self._run(model, data).logits, data.answer))
+        if model.linear_start_step(loss) or epoch >= self.config.epochs / 2:
+            model.end_linear_start()
+            return "linear start ended: softmax re-inserted"
+        return "linear start: hop weights are the raw scores"
 
     def has_split(self, name: str) -> bool:
         return name in self.splits
@@ -217,6 +238,7 @@ BabiTask.metrics = BabiTask._metrics()
 class BabiTwoFactsTask(BabiTask):
     description = "bAbI-style two supporting facts: where is an object? gold = both facts"
     kind = "two-facts"
+    linear_start = True
 
 
 @REGISTRY.register("babi-yes-no")

@@ -90,6 +90,13 @@ class Task:
         end)."""
         raise NotImplementedError
 
+    def end_epoch(self, model: nn.Module, epoch: int) -> str | None:
+        """Called on every process after epoch ``epoch`` (counted from 1) and its validation,
+        before the checkpoint: a task's training schedule (e.g. linear start) changes the model
+        here, keeping its state in the model's buffers so that a resumed run continues it.
+        Returns a few words for the epoch's line, or None."""
+        return None
+
     def final_metrics(self, model: nn.Module) -> dict[str, float]:
         """The held-out metrics reported at the end of a run."""
         return self.evaluate(model, "test")
