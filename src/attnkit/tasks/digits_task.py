@@ -1,6 +1,9 @@
 """The ``digits`` task: attention with a learned query over a small CNN's feature grid
 (show-attend-tell style), soft or hard (REINFORCE), on cluttered handwritten digits; with
-``--attention vit``, a Vision Transformer on 4×4 patches (the same 12×12 grid) instead."""
+``--attention vit``, a Vision Transformer on 4×4 patches (the same 12×12 grid) instead; with
+``--attention ram``, the recurrent attention model of Mnih et al. 2014 (a sequence of glimpses,
+the location policy trained by REINFORCE), and ``--attention ram_centre`` the same model with
+every glimpse at the canvas centre (its centre-crop baseline)."""
 
 from __future__ import annotations
 
@@ -12,16 +15,19 @@ from torch import Tensor, nn
 
 from attnkit import alignments, hooks
 from attnkit import taxonomy as tx
+from attnkit.alignments.base import Alignment, AlignOutput
 from attnkit.attention import Attention
 from attnkit.evaluation import attention_correctness, capture, entropy, uniform_weights
 from attnkit.models.vit import ViT
 from attnkit.tasks.base import REGISTRY, Metric, Task
 from attnkit.tasks.digits import box_region, make_digits
 from attnkit.tasks.parts import build_attention, task_loss
+from attnkit.vision import RecurrentAttention
 
-__all__ = ["DigitsModel", "DigitsTask", "DigitsViT"]
+__all__ = ["DigitsModel", "DigitsRAM", "DigitsTask", "DigitsViT"]
 
 GRID = 12  # 48 / 4
+RAM_GRID = 7  # glimpse centres: 7 × 7 cells about 7 pixels wide; row and column 3: the centre
 
 
 class DigitsModel(nn.Module):
@@ -88,6 +94,67 @@ class DigitsViT(nn.Module):
         return logits, weights, None
 
 
+class _CentreCell(Alignment):
+    """Every glimpse at one fixed cell (the canvas centre), whatever the scores: the glimpse
+    model that cannot move its eyes, the centre-crop baseline of ``--attention ram_centre``."""
+
+    label = tx.AlignmentKind.GLOBAL
+
+    def __init__(self, cell: int) -> None:
+        super().__init__()
+        self.cell = cell
+
+    def forward(
+        self, scores: Tensor, mask: Tensor | None = None, *, query: Tensor | None = None
+    ) -> AlignOutput:
+        weights = F.one_hot(torch.full(scores.shape[:-1], self.cell), scores.shape[-1])
+        return AlignOutput(weights.to(scores.dtype) + 0 * scores)  # keeps the graph connected
+
+
+class DigitsRAM(nn.Module):
+    """The recurrent attention model (:class:`attnkit.vision.RecurrentAttention`, Mnih et al.
+    2014) on the 48×48 canvas: ``glimpses`` glimpses of ``glimpse_size``² pixels at ``scales``
+    scales (12, 24, 48: from the centre cell the coarsest covers the whole canvas, and the middle
+    one sees the 16×16 digit at its scan's resolution), centred on a :data:`RAM_GRID`² grid of
+    cells chosen by the hard (sampled in training, most probable in evaluation) location policy.
+    Returns (logits, weights (B, T, cells), log π summed over the glimpses).
+
+    Departures from the paper: the policy is categorical over the cells (the module's), not a
+    Gaussian; the first glimpse is chosen by the policy from the zero state (one learned place
+    for all images), not fixed; the task's loss gives REINFORCE the reward −cross-entropy with
+    the batch mean as baseline (:func:`attnkit.tasks.parts.task_loss`), not 0/1 with a learned
+    baseline. ``centre_only``: every glimpse at the centre cell (no location policy), the
+    baseline that sees the same retina without moving it."""
+
+    def __init__(
+        self,
+        hidden: int,
+        *,
+        glimpses: int = 4,
+        grid: int = RAM_GRID,
+        glimpse_size: int = 12,
+        scales: int = 3,
+        centre_only: bool = False,
+    ) -> None:
+        super().__init__()
+        align = _CentreCell((grid // 2) * (grid + 1)) if centre_only else "hard"
+        self.ram = RecurrentAttention(
+            4 * GRID, 10, glimpses=glimpses, grid=grid, glimpse_size=glimpse_size,
+            scales=scales, hidden=hidden, align=align,
+        )  # fmt: skip
+
+    def forward(self, images: Tensor):
+        out = self.ram(images)
+        return out.logits, out.weights, out.log_prob
+
+    def inside(self, boxes: Tensor) -> Tensor:
+        """(n, cells) boolean: which cells' glimpse centres (pixels) lie inside each box."""
+        centres = self.ram.centres  # (cells, 2) (row, column)
+        top, left, h, w = (boxes[:, i : i + 1] for i in range(4))
+        rows, cols = centres[:, 0], centres[:, 1]
+        return (rows >= top) & (rows < top + h) & (cols >= left) & (cols < left + w)
+
+
 @REGISTRY.register("digits")
 class DigitsTask(Task):
     description = "classify a handwritten digit pasted among clutter; gold region = its box"
@@ -102,7 +169,8 @@ class DigitsTask(Task):
     metrics: ClassVar[dict[str, Metric]] = {
         "accuracy": Metric("share of test images whose digit is classified right (chance 0.1)"),
         "attention_correctness": Metric(
-            "attention weight that falls on grid cells overlapping the digit's box"
+            "attention weight that falls on grid cells overlapping the digit's box (ram: share "
+            "of the glimpses after the first centred inside the box)"
         ),
         "entropy": Metric("mean entropy of the attention weights in nats (lower: sharper)", None),
         "uniform_ablation_accuracy": Metric(
@@ -121,10 +189,16 @@ class DigitsTask(Task):
         )
         self.train = self.data.splits["train"]
 
-    attentions: ClassVar[tuple[str, ...]] = ("vit",)
+    attentions: ClassVar[tuple[str, ...]] = ("vit", "ram", "ram_centre")
 
     @classmethod
     def validate(cls, config: Any) -> None:
+        if config.attention.startswith("ram") and config.align not in ("softmax", "hard"):
+            raise ValueError(
+                f"attention {config.attention!r} places each glimpse by its own location policy "
+                f"(hard, REINFORCE, Mnih et al. 2014; ram_centre: always the centre); align "
+                f"{config.align!r} is not used by it: leave align at its default"
+            )
         if config.attention == "vit" and alignments.REGISTRY.get(config.align).stochastic:
             raise ValueError(
                 f"align {config.align!r} samples its weights; the ViT (attention=vit) trains by "
@@ -135,6 +209,8 @@ class DigitsTask(Task):
         if self.config.attention == "vit":
             c = self.config
             return DigitsViT(c.d_model, score=c.score, align=c.align)
+        if self.config.attention in ("ram", "ram_centre"):
+            return DigitsRAM(2 * self.config.d_model, centre_only=self.config.attention != "ram")
         d = self.config.d_model // 2
         return DigitsModel(d, build_attention(self.config.score, self.config.align, d, GRID * GRID))
 
@@ -155,7 +231,13 @@ class DigitsTask(Task):
         data = self.data.splits[split]
         logits, weights, _ = model(data["images"])
         acc = float((logits.argmax(-1) == data["labels"]).float().mean())
-        region = box_region(data["boxes"], self.data.canvas, GRID)
+        if isinstance(model, DigitsRAM):
+            # The share of glimpses after the first (a fixed place before anything is seen) whose
+            # centre falls inside the digit's box; weights are one-hot in evaluation.
+            region = model.inside(data["boxes"]).unsqueeze(1)
+            weights = weights[:, 1:]
+        else:
+            region = box_region(data["boxes"], self.data.canvas, GRID)
         metrics = {
             "accuracy": acc,
             "attention_correctness": attention_correctness(weights, region),
@@ -173,6 +255,8 @@ class DigitsTask(Task):
     def heatmaps(self, model, n: int = 4) -> list[dict]:
         model.eval()
         split = self.data.splits["test"]
+        if isinstance(model, DigitsRAM):
+            return self._glimpse_maps(model, split, n)
         with capture(model) as records:
             logits, _, _ = model(split["images"][:n])
         weights = next(iter(records.values()))[0].squeeze(1)
@@ -192,3 +276,21 @@ class DigitsTask(Task):
                 }
             )
         return out
+
+    def _glimpse_maps(self, model: DigitsRAM, split: dict[str, Tensor], n: int) -> list[dict]:
+        """RAM: how many of the glimpses after the first were centred in each cell."""
+        logits, weights, _ = model(split["images"][:n])
+        g = model.ram.grid
+        region = box_region(split["boxes"][:n], self.data.canvas, g)
+        cell = self.data.canvas / g
+        return [
+            {
+                "title": f"label {int(split['labels'][i])}, predicted {int(logits[i].argmax())}",
+                "x_title": f"glimpse centre column (cells of {cell:.1f} pixels)",
+                "y_title": "glimpse centre row",
+                "weights": weights[i, 1:].sum(0).reshape(g, g).numpy(),
+                "image": split["images"][i, 0].numpy(),
+                "gold": region[i].reshape(g, g).numpy(),
+            }
+            for i in range(n)
+        ]
