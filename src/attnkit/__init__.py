@@ -32,6 +32,16 @@ from attnkit.transformer import (
 
 __version__ = "0.1.0"
 
+
+def __getattr__(name: str):
+    # load_run reaches the tasks and the experiment tool, which import the parts: load it on use.
+    if name == "load_run":
+        from attnkit.experiments.reload import load_run
+
+        return load_run
+    raise AttributeError(f"module 'attnkit' has no attribute {name!r}")
+
+
 __all__ = [
     "Attention",
     "AttentionOutput",
@@ -49,6 +59,7 @@ __all__ = [
     "features",
     "hooks",
     "kernels",
+    "load_run",
     "masks",
     "mechanisms",
     "memory",

@@ -162,11 +162,16 @@ def _verified(directory: Path, name: str, hashes: dict[str, str]) -> Path:
 
 
 def load(
-    run_dir: Path, model: nn.Module, optimizer: torch.optim.Optimizer | None = None
+    run_dir: Path,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer | None = None,
+    *,
+    restore_rng: bool = True,
 ) -> dict[str, Any] | None:
-    """Restore model (and optimizer and RNG) from the run's newest checkpoint; return its saved
-    state, or None when the run has no checkpoint yet. Partial directories left by a kill are
-    removed. Raises CheckpointError naming the file that is missing, damaged or unsafe."""
+    """Restore model (and optimizer and, with ``restore_rng``, the global random state) from the
+    run's newest checkpoint; return its saved state, or None when the run has no checkpoint yet.
+    Partial directories left by a kill are removed. Raises CheckpointError naming the file that
+    is missing, damaged or unsafe."""
     root = run_dir / FOLDER
     directory = latest(run_dir)
     if root.is_dir():
@@ -204,6 +209,8 @@ def load(
         except Exception as err:
             raise _damaged(path, f"not an optimizer state ({str(err).splitlines()[0]})") from None
     path = _verified(directory, "rng.safetensors", hashes)
+    if not restore_rng:
+        return data["state"]
     try:
         torch.set_rng_state(load_file(str(path))["torch"])
     except Exception as err:

@@ -22,6 +22,7 @@ from torch import nn
 from attnkit.experiments import checkpoints
 from attnkit.experiments.config import RunConfig
 from attnkit.experiments.interrupts import StepGuard
+from attnkit.experiments.logs import RunLog
 from attnkit.regularisers import auxiliary_loss
 from attnkit.tasks.base import Task
 
@@ -101,6 +102,7 @@ class Trainer:
         self.rank, self.world, self.say, self.progress = rank, world, say, progress
         self.steps = task.n_train() // config.batch_size
         self._saved = (position.epoch, position.step)
+        self.log = RunLog(run_dir, self.steps, position.epoch, position.step, enabled=rank == 0)
 
     def save(self) -> None:
         p = self.position
@@ -129,6 +131,8 @@ class Trainer:
                 f"interrupted at {where}; saved in {self.run_dir}\n"
                 f"continue with: {resume_command(self.run_dir)}"
             ) from None
+        finally:
+            self.log.close()
         return p.history
 
     def _epoch(self, guard: StepGuard) -> None:
@@ -156,6 +160,7 @@ class Trainer:
                 self.optimizer.step()
                 p.loss_sum += value
                 p.step += 1
+                self.log.step(p.epoch + 1, p.step, value)
                 bar.set_postfix(loss=f"{p.loss_sum / p.step:.4f}")
                 bar.update()
                 guard.step_done()
@@ -172,6 +177,7 @@ class Trainer:
         if note:
             line += f"  ({note})"
         self.say(line)
+        self.log.epoch(record)
         p.history.append(record)
         p.next_epoch()
         self.save()
