@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench clean
+.PHONY: demo test lint bench docs clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -39,6 +39,11 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) benchmarks/bench_core.py && $(PY) benchmarks/bench_chunked.py
+
+# The documentation site from docs/ and the docstrings, into site/ (open site/index.html; it
+# needs no network). --strict fails on a broken internal link or API reference.
+docs: $(STAMP)
+	$(VENV)/bin/mkdocs build --strict
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info
