@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
 import attnkit as ak
 from attnkit import alignments as al
+from attnkit import checks, masks
 from attnkit import features as ft
-from attnkit import masks
 from attnkit import queries as qr
 from attnkit import scores as sc
 from attnkit.layers import HeadwiseLinear
@@ -383,3 +385,61 @@ def test_the_table_is_big_enough():
 def test_flags_of_the_wrong_type(call, error, match):
     with pytest.raises(error, match=match):
         call()
+
+
+HELPER_CALLS = [
+    ("boolean_mask: float", lambda: checks.boolean_mask(torch.full((2, 3), 0.5), "mask", (2, 3)), TypeError, r"mask must be boolean \(True = may attend\), got dtype torch.float32; convert a 0/1 tensor with mask.bool\(\); additive float biases are not masks"),
+    ("boolean_mask: other meaning", lambda: checks.boolean_mask(torch.ones(3), "keep", (3,), meaning="True = kept"), TypeError, r"keep must be boolean \(True = kept\), got dtype torch.float32; convert a 0/1 tensor with keep.bool\(\)$"),
+    ("boolean_mask: list", lambda: checks.boolean_mask([True], "mask", (1,)), TypeError, r"mask must be a boolean torch.Tensor, got list"),
+    ("boolean_mask: beyond the target", lambda: checks.boolean_mask(b_(4, 2, 3), "mask", (2, 3)), ValueError, r"mask of shape \(4, 2, 3\) does not broadcast to \(2, 3\)"),
+    ("floating: integer", lambda: checks.floating(torch.ones(3, dtype=torch.long), "w", "(…, N)"), TypeError, r"w must be a floating-point tensor \(…, N\), got dtype torch.int64"),
+    ("floating: too few dims", lambda: checks.floating(torch.tensor(1.0), "w", "(…, N)"), ValueError, r"w must be \(…, N\), got shape \(\)"),
+    ("same_shape", lambda: checks.same_shape(("a", q_(2, 3)), ("b", q_(3, 2))), ValueError, r"b has shape \(3, 2\) but a has \(2, 3\)"),
+    ("nonnegative", lambda: checks.nonnegative(torch.tensor([[0.5, 0.0], [0.2, -1e-3]]), "w"), ValueError, r"w must be non-negative \(attention weights\), got -0.001.* at index \(1, 1\)"),
+    ("nonnegative: NaN", lambda: checks.nonnegative(torch.tensor([0.5, math.nan]), "w"), ValueError, r"got nan at index \(1,\)"),
+    ("distributions: row sums 0.9", lambda: checks.distributions(torch.tensor([[0.5, 0.5], [0.4, 0.5]]), "p"), ValueError, r"p must hold probability distributions.*row \(1,\) sums to 0.9"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("call", "error", "message"), [c[1:] for c in HELPER_CALLS], ids=[c[0] for c in HELPER_CALLS]
+)
+def test_shared_checks(call, error, message):
+    with pytest.raises(error, match=message):
+        call()
+
+
+def test_distributions_accept_empty_rows_and_rounding():
+    p = torch.tensor([[0.0, 0.0], [0.5, 0.5 + 1e-4]])
+    assert checks.distributions(p, "p") is p
+    x = torch.randn(4, 1000, generator=torch.Generator().manual_seed(0))
+    for dtype in (torch.float16, torch.bfloat16, torch.float32):
+        w = x.to(dtype).softmax(-1)
+        assert checks.distributions(w, "w") is w
+
+
+def test_a_half_mask_is_not_a_mask_anywhere():
+    q = q_(2, 3, 4)
+    half = torch.full((2, 3, 3), 0.5)
+    with pytest.raises(TypeError, match=r"mask must be boolean.*bias=.*mask.bool\(\)"):
+        ak.attention(q, q, mask=half)
+    with pytest.raises(TypeError, match=r"mask must be boolean.*bias=.*mask.bool\(\)"):
+        ak.MultiHeadAttention(4, 2)(q, mask=half)
+
+
+def _buildable_by_name(name):
+    try:
+        checks.resolve_alignment(name)
+    except TypeError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize("name", [a for a in ak.alignments.available() if _buildable_by_name(a)])
+def test_a_part_resolved_by_name_is_built_on_the_device_and_dtype_given(name):
+    part = checks.resolve_alignment(name, device="meta", dtype=torch.float64)
+    tensors = [*part.parameters(), *part.buffers()]
+    assert all(t.device.type == "meta" for t in tensors)
+    assert all(t.dtype == torch.float64 for t in tensors if t.is_floating_point())
+    module = ak.scores.ScaledDot()
+    assert checks.resolve_score(module, dtype=torch.float64) is module  # modules are kept

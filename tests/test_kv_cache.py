@@ -93,7 +93,8 @@ def test_every_causal_score_and_alignment_decodes_with_the_cache(score, align):
 
 def _decode_or_refuse(part_or_align, causal_part: bool = False) -> str:
     """'same' when step-by-step decoding with the cache equals the causal pass (float64), 'refused'
-    when the cached call raises ValueError; raises AssertionError when it silently differs."""
+    when the cached call raises ValueError; raises AssertionError when it silently differs, or
+    when the part accepts the cache but has no causal pass to equal."""
     torch.manual_seed(0)
     if isinstance(part_or_align, ak.alignments.Alignment):
         mha = ak.MultiHeadAttention(8, 2, "scaled_dot", part_or_align)
@@ -101,12 +102,15 @@ def _decode_or_refuse(part_or_align, causal_part: bool = False) -> str:
         mha = ak.MultiHeadAttention(8, 2, attention=part_or_align)
     mha = mha.double().eval()
     x = torch.randn(2, 6, 8, dtype=torch.float64)
-    full = mha(x, mask=None if causal_part else masks.causal(6)).context
     cache = LayerCache()
     try:
         steps = [mha(x[:, i : i + 1], cache=cache).context for i in range(6)]
     except ValueError:
         return "refused"
+    try:
+        full = mha(x, mask=None if causal_part else masks.causal(6)).context
+    except ValueError as err:
+        raise AssertionError(f"accepts cache= but has no causal pass to equal: {err}") from None
     torch.testing.assert_close(torch.cat(steps, 1), full, atol=1e-10, rtol=1e-10)
     return "same"
 
@@ -151,15 +155,46 @@ def _slot_parts():
 
 
 def test_no_attention_slot_mechanism_decodes_silently_differently_with_the_cache():
-    outcomes = {}
-    for name, (part, causal) in _slot_parts().items():
-        try:
-            outcomes[name] = _decode_or_refuse(part, causal_part=bool(causal))
-        except ValueError:
-            outcomes[name] = "no causal pass"  # refuses a causal mask: nothing to decode
+    # every part either refuses cache= or decodes exactly as its causal pass
+    outcomes = {name: _decode_or_refuse(part, bool(c)) for name, (part, c) in _slot_parts().items()}
     decoding = sorted(n for n, o in outcomes.items() if o == "same")
     # the mechanisms that decode step by step include those that read query positions
-    expected = {"adaptive_span", "synthesizer", "kernel_rpe_fft (causal)", "lsh", "routing", "area"}
+    expected = {"adaptive_span", "synthesizer", "kernel_rpe_fft (causal)", "routing", "area"}
     # and the causal kernelized forms (the last rows of the whole causal sequence)
     expected |= {f"{n} (causal)" for n in ("linear", "performer", "rfa", "fmm")} | {"fast_weight"}
     assert expected <= set(decoding), outcomes
+    # hashing, sorting, landmarks and length projections approximate over the whole sequence,
+    # and a kernelized form built without causal=True is not a causal pass: all refuse cache=
+    refusing = {"lsh", "sinkhorn", "nystrom", "linformer", "skyformer", "soft", "linear"}
+    assert {outcomes[n] for n in refusing} == {"refused"}, outcomes
+
+
+def test_a_part_that_has_not_declared_it_decodes_is_refused_with_the_reason():
+    part = ak.mechanisms.build("lsh", d=4, chunk_size=2)
+    mha = ak.MultiHeadAttention(8, 2, attention=part)
+    with pytest.raises(ValueError, match=r"LSHAttention does not declare decodes_with_cache"):
+        mha(torch.randn(1, 1, 8), cache=LayerCache())
+
+
+def test_a_cache_belongs_to_the_layer_that_used_it_first():
+    torch.manual_seed(0)
+    first, second = ak.MultiHeadAttention(8, 2), ak.MultiHeadAttention(8, 2)
+    x = torch.randn(2, 1, 8)
+    cache = LayerCache()
+    first(x, cache=cache)
+    first(x, cache=cache)  # the owner may go on
+    with pytest.raises(ValueError, match=r"belongs to another layer \(MultiHeadAttention"):
+        second(x, cache=cache)
+    assert len(cache) == 2  # the refused call added nothing
+    memory = torch.randn(2, 3, 8)
+    fixed = ak.kv_cache.MemoryCache()
+    first(x, memory, memory, memory_cache=fixed)
+    with pytest.raises(ValueError, match=r"MemoryCache belongs to another layer"):
+        second(x, memory, memory, memory_cache=fixed)
+
+
+@pytest.mark.parametrize("name", ["cache", "memory_cache"])
+def test_a_cache_of_the_wrong_type_is_refused(name):
+    mha = ak.MultiHeadAttention(8, 2)
+    with pytest.raises(TypeError, match=rf"^{name} must be an attnkit.kv_cache.* got dict"):
+        mha(torch.randn(1, 1, 8), **{name: {}})

@@ -61,3 +61,11 @@ def test_padding_only_zeroes_padding_and_refuses_other_masks():
         masks.padding_only(x, 5, None, "Part")
     with pytest.raises(TypeError, match="boolean"):
         masks.padding_only(x, 3, torch.ones(2, 1, 4), "Part")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.int64, torch.uint8])
+def test_check_refuses_non_boolean_masks_and_says_what_to_do(dtype):
+    # A 0/1 (or 0.5) tensor is not read as a mask: it names bias= and the conversion to bool.
+    mask = torch.full((2, 3, 5), 0.5).to(dtype)
+    with pytest.raises(TypeError, match=rf"mask must be boolean.*{dtype}.*bias=.*mask\.bool\(\)"):
+        masks.check(mask, torch.Size((2, 3, 5)))

@@ -276,6 +276,8 @@ def test_cache_step_by_step_equals_one_causal_pass(kv_heads):
 class _Recorder(nn.Module):
     """An attention part that records the keywords it is called with (plain averaging)."""
 
+    decodes_with_cache = True  # declared, so that MultiHeadAttention passes it a cache
+
     def __init__(self, takes_q_offset: bool) -> None:
         super().__init__()
         self.takes_q_offset = takes_q_offset
@@ -321,3 +323,29 @@ def test_an_alignment_that_reads_query_positions_refuses_the_kv_cache(align):
     mha(x, x, x)
     with pytest.raises(ValueError, match="query at position m"):
         mha(x, x, x, cache=ak.kv_cache.LayerCache())
+
+
+def _by_name(part, name):
+    """Whether MultiHeadAttention builds the registered ``name`` from the name alone (a few
+    parts need sizes that only the caller knows and are refused with a TypeError)."""
+    try:
+        ak.MultiHeadAttention(4, 2, **{part: name})
+    except TypeError:
+        return False
+    return True
+
+
+NAMED = [("score", s) for s in ALL_SCORES if _by_name("score", s)] + [
+    ("align", a) for a in ak.alignments.available() if _by_name("align", a)
+]
+
+
+@pytest.mark.parametrize(("part", "name"), NAMED, ids=[f"{p}-{n}" for p, n in NAMED])
+def test_dtype_and_device_reach_every_part_built_by_name(part, name):
+    mha = ak.MultiHeadAttention(4, 2, dtype=torch.float64, **{part: name}).eval()
+    tensors = [*mha.parameters(), *(b for b in mha.buffers() if b.is_floating_point())]
+    assert all(t.dtype == torch.float64 for t in tensors)
+    x = torch.randn(2, 3, 4, dtype=torch.float64)
+    assert mha(x).context.dtype == torch.float64
+    on_meta = ak.MultiHeadAttention(4, 2, device="meta", **{part: name})
+    assert all(t.device.type == "meta" for t in (*on_meta.parameters(), *on_meta.buffers()))

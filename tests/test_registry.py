@@ -18,18 +18,48 @@ def test_build_constructs_with_arguments():
     assert isinstance(a, ak.alignments.Local) and a.window == 2
 
 
-def test_registering_twice_fails():
+def test_registering_a_different_class_under_a_taken_name_fails():
     reg = Registry("thing")
 
     @reg.register("x")
     class A:
         pass
 
-    with pytest.raises(ValueError, match="already registered"):
+    with pytest.raises(ValueError, match=r"thing 'x' is already registered.*override=True"):
 
         @reg.register("x")
         class B:
             pass
+
+    assert reg.get("x") is A
+
+
+def test_registering_the_same_definition_again_is_silent():
+    reg = Registry("thing")
+    source = "class Part:\n    pass\n"
+
+    def execute() -> type:  # a notebook cell run twice: a new class, same module and name
+        namespace = {"__name__": "notebook"}
+        exec(source, namespace)
+        return namespace["Part"]
+
+    first, second = execute(), execute()
+    assert first is not second
+    reg.register("part")(first)
+    reg.register("part")(first)  # the same class object
+    assert reg.get("part") is first
+    reg.register("part")(second)  # the cell executed again
+    assert reg.get("part") is second and second.registered_name == "part"
+    other = type("Part", (), {"__module__": "elsewhere"})  # same name, another module
+    with pytest.raises(ValueError, match="already registered"):
+        reg.register("part")(other)
+
+
+def test_override_replaces_a_different_class():
+    reg = Registry("thing")
+    reg.register("x")(type("A", (), {}))
+    b = reg.register("x", override=True)(type("B", (), {}))
+    assert reg.get("x") is b
 
 
 def test_unknown_name_lists_options_and_the_closest():

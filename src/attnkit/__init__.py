@@ -23,6 +23,7 @@ from attnkit.kv_cache import KVCache
 from attnkit.multihead import MultiHeadAttention
 from attnkit.output import AttentionOutput
 from attnkit.taxonomy import describe
+from attnkit.torch_compat import TorchMultiheadAttention
 from attnkit.transformer import (
     TransformerDecoder,
     TransformerDecoderLayer,
@@ -47,6 +48,7 @@ __all__ = [
     "AttentionOutput",
     "KVCache",
     "MultiHeadAttention",
+    "TorchMultiheadAttention",
     "Transformer",
     "TransformerDecoder",
     "TransformerDecoderLayer",

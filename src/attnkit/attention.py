@@ -7,6 +7,7 @@ alignment part.
 from __future__ import annotations
 
 import dataclasses
+from typing import ClassVar
 
 import torch
 from torch import Tensor, nn
@@ -26,10 +27,10 @@ def _without_dead_keys(call: Call) -> Call:
     """Zero the keys and values that no query may attend, when one of them is not finite.
 
     A masked position's content must not influence anything: not the scores of other keys, not
-    the context (0·NaN is NaN), not the gradients. Scores that mix neighbouring keys (a
-    convolution over keys) read masked keys by design and are left as they are.
+    the context (0·NaN is NaN), not the gradients. (A score that mixes neighbouring keys takes
+    the mask itself and reads a masked key as zeros, per query row.)
     """
-    if call.mask is None or call.score.mixes_keys or torch.compiler.is_compiling():
+    if call.mask is None or torch.compiler.is_compiling():
         return call  # (a data-dependent check would break a compiled graph)
     k_ok, v_ok = bool(torch.isfinite(call.k).all()), bool(torch.isfinite(call.v).all())
     if k_ok and v_ok:
@@ -149,6 +150,10 @@ class Attention(nn.Module):
     kernel=None)``
     returns an :class:`AttentionOutput`; see :func:`attention`.
     """
+
+    # Every query attends over the keys it is given; MultiHeadAttention also checks the score
+    # and the alignment (one that mixes keys or reads query positions may still refuse).
+    decodes_with_cache: ClassVar[bool] = True
 
     def __init__(
         self,

@@ -14,13 +14,18 @@ from attnkit.scores import Score
 from attnkit.scores.base import check_heads
 
 __all__ = [
+    "boolean_mask",
+    "distributions",
     "feature_mask",
     "features",
+    "floating",
+    "nonnegative",
     "optional_score",
     "part_matches",
     "resolve_alignment",
     "resolve_score",
     "same_batch",
+    "same_shape",
     "scores_shape",
     "tensor",
     "validate",
@@ -28,31 +33,39 @@ __all__ = [
 ]
 
 
-def _resolve(part, registry, base, what: str):
+def _resolve(part, registry, base, what: str, device=None, dtype=None):
     if isinstance(part, base):
         return part
     if isinstance(part, str):
+        # device=/dtype= reach a part built by name: through its constructor where it takes
+        # them, else by moving what it was built with.
+        given = {"device": device, "dtype": dtype}
+        factory = {k: v for k, v in given.items() if v is not None}
+        accepted = registry.accepts(part) if factory else set()
         try:
-            return registry.build(part)
+            built = registry.build(part, **{k: v for k, v in factory.items() if k in accepted})
         except TypeError as err:
             raise TypeError(
                 f"{what} {part!r} has parameters and cannot be built from its name alone; "
                 f"construct it, e.g. attnkit.{what}s.build({part!r}, ...) ({err})"
             ) from None
+        return built.to(**factory) if factory else built
     raise TypeError(
         f"{what} must be a registered name or an attnkit {base.__name__} module, "
         f"got {type(part).__name__}"
     )
 
 
-def resolve_score(score: str | Score) -> Score:
-    """A Score module from a registered name (parameter-free scores only) or a module."""
-    return _resolve(score, SCORES, Score, "score")
+def resolve_score(score: str | Score, *, device=None, dtype=None) -> Score:
+    """A Score module from a registered name (parameter-free scores only), built on
+    ``device``/``dtype`` when given, or a module (returned as it is)."""
+    return _resolve(score, SCORES, Score, "score", device, dtype)
 
 
-def resolve_alignment(align: str | Alignment) -> Alignment:
-    """An Alignment module from a registered name (parameter-free ones only) or a module."""
-    return _resolve(align, ALIGNMENTS, Alignment, "alignment")
+def resolve_alignment(align: str | Alignment, *, device=None, dtype=None) -> Alignment:
+    """An Alignment module from a registered name (ones that can be built from the name alone),
+    built on ``device``/``dtype`` when given, or a module (returned as it is)."""
+    return _resolve(align, ALIGNMENTS, Alignment, "alignment", device, dtype)
 
 
 def scores_shape(q: Tensor | None, k: Tensor) -> torch.Size:
@@ -217,3 +230,75 @@ def optional_score(score: object, name: str) -> Score | None:
     if score is None or isinstance(score, Score):
         return score
     raise TypeError(f"{name} must be an attnkit Score module or None, got {type(score).__name__}")
+
+
+def floating(x: object, name: str, layout: str = "(…, N)", *, min_dim: int = 1) -> Tensor:
+    """``x`` if it is a floating tensor with at least ``min_dim`` dims; ``layout`` names the
+    expected shape in the message (e.g. "(…, N)")."""
+    if not isinstance(x, Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor {layout}, got {type(x).__name__}")
+    if not x.is_floating_point():
+        raise TypeError(f"{name} must be a floating-point tensor {layout}, got dtype {x.dtype}")
+    if x.dim() < min_dim:
+        raise ValueError(f"{name} must be {layout}, got shape {tuple(x.shape)}")
+    return x
+
+
+def same_shape(*named: tuple[str, Tensor]) -> None:
+    """Raise unless the given tensors have one shape (no broadcasting)."""
+    first_name, first = named[0]
+    for name, x in named[1:]:
+        if x.shape != first.shape:
+            raise ValueError(
+                f"{name} has shape {tuple(x.shape)} but {first_name} has {tuple(first.shape)}; "
+                "they must have one shape"
+            )
+
+
+def boolean_mask(
+    mask: object, name: str, shape: tuple[int, ...], *, meaning: str = "True = may attend"
+) -> Tensor:
+    """``mask`` if it is a boolean tensor broadcastable to exactly ``shape``. A float or integer
+    tensor is refused rather than read as a mask: 0.5 is not a truth value."""
+    if not isinstance(mask, Tensor):
+        raise TypeError(f"{name} must be a boolean torch.Tensor, got {type(mask).__name__}")
+    if mask.dtype != torch.bool:
+        hint = "; additive float biases are not masks" if meaning == "True = may attend" else ""
+        raise TypeError(
+            f"{name} must be boolean ({meaning}), got dtype {mask.dtype}; convert a 0/1 "
+            f"tensor with {name}.bool(){hint}"
+        )
+    if not broadcasts_to(tuple(mask.shape), tuple(shape)):
+        raise ValueError(
+            f"{name} of shape {tuple(mask.shape)} does not broadcast to {tuple(shape)}"
+        )
+    return mask
+
+
+def nonnegative(x: Tensor, name: str, what: str = "attention weights") -> Tensor:
+    """``x`` if no entry is negative or NaN (a value check over the whole tensor: for
+    evaluation functions, not for hot paths)."""
+    bad = ~(x >= 0)
+    if bool(bad.any()):
+        idx = tuple(int(i) for i in bad.nonzero()[0])
+        raise ValueError(
+            f"{name} must be non-negative ({what}), got {float(x[idx])} at index {idx}"
+        )
+    return x
+
+
+def distributions(x: Tensor, name: str) -> Tensor:
+    """``x`` (…, N) if each row is a probability distribution over the last dim: non-negative,
+    summing to 1 (or to 0: an empty row, e.g. a query with no key allowed). The tolerance on the
+    sum follows the dtype (1e-3, or 4 ε for half precision)."""
+    nonnegative(x, name, "probabilities")
+    sums = x.sum(-1, dtype=torch.float64)
+    tol = max(1e-3, 4 * torch.finfo(x.dtype).eps)
+    bad = ((sums - 1).abs() > tol) & (sums.abs() > tol)
+    if bool(bad.any()):
+        idx = tuple(int(i) for i in bad.nonzero()[0])
+        raise ValueError(
+            f"{name} must hold probability distributions over its last dim (rows summing to "
+            f"1, or 0 for an empty row), but row {idx} sums to {float(sums[idx]):.6g}"
+        )
+    return x

@@ -14,18 +14,25 @@ class _Parser(argparse.ArgumentParser):
         unknown = message.partition("unrecognized arguments:")[2].split()
         flags = [t.split("=")[0] for t in unknown if t.startswith("--")]
         close = difflib.get_close_matches(flags[0], self._flags(), n=1) if flags else []
-        hint = f"; did you mean {close[0]}?" if close else ""
+        hint = f"; did you mean {close[0]}?" if close and close[0] != flags[0] else ""
         self.exit(2, f"{self.prog}: error: {message}{hint} (see {self.prog} --help)\n")
 
     def _flags(self) -> list[str]:
-        """Every option string of this parser and its subcommands."""
-        out = []
-        for action in self._actions:
-            out += [s for s in action.option_strings if s.startswith("--")]
-            if isinstance(action, argparse._SubParsersAction):
-                for sub in action.choices.values():
-                    out += sub._flags() if isinstance(sub, _Parser) else []
-        return out
+        """The option strings of this parser (not of its subcommands: each subcommand refuses
+        its own unknown arguments)."""
+        return [s for action in self._actions for s in action.option_strings if s.startswith("--")]
+
+
+class _SubParser(_Parser):
+    """A subcommand's parser: it refuses the arguments it does not know itself, under its own
+    name and with the closest of its own options (argparse leaves them to the top parser,
+    which would name ``attnkit`` and suggest options of other subcommands)."""
+
+    def parse_known_args(self, args=None, namespace=None):
+        parsed, extras = super().parse_known_args(args, namespace)
+        if extras:
+            self.error(f"unrecognized arguments: {' '.join(extras)}")
+        return parsed, extras
 
 
 def _version() -> str:
@@ -44,11 +51,11 @@ def main(argv: list[str] | None = None) -> int:
         prog="attnkit", description="Attention mechanisms of the survey taxonomy, runnable."
     )
     parser.add_argument("--version", action="version", version=f"attnkit {_version()}")
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_SubParser)
     sub.add_parser("demo", help="compare attention variants on one query and print their weights")
     from attnkit.experiments.command import add_parser
 
-    add_parser(sub)
+    run_parser = add_parser(sub)
     from attnkit.experiments import explain
 
     explain.add_parser(sub)
@@ -70,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "run":
         from attnkit.experiments.command import execute
 
-        return execute(args)
+        return execute(args, run_parser)
     if args.command == "explain":
         return explain.execute(args)
     if args.command == "demo":

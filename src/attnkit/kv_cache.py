@@ -16,21 +16,49 @@ A decoder layer's cross-attention reads the same encoder output at every step, s
 keys and values are computed once and kept in the layer's :class:`MemoryCache`
 (``LayerCache.memory``); a step that passes another memory tensor is refused rather than
 answered from a stale projection.
+
+A cache belongs to one layer: the first layer that uses it claims it, and another layer that is
+given it is refused (it would attend over the first layer's keys).
 """
 
 from __future__ import annotations
 
+import weakref
+
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from attnkit import arguments
 
 __all__ = ["KVCache", "LayerCache", "MemoryCache"]
 
 
-class MemoryCache:
+class _Owned:
+    """A cache that belongs to the one layer that used it first."""
+
+    _owner: weakref.ref[nn.Module] | None = None
+
+    def claim(self, layer: nn.Module) -> None:
+        """Bind this cache to ``layer`` on its first use; raise ValueError when another layer
+        (or a layer that no longer exists) owns it."""
+        if self._owner is None:
+            self._owner = weakref.ref(layer)
+            return
+        owner = self._owner()
+        if owner is layer:
+            return
+        who = "a layer that no longer exists" if owner is None else type(owner).__name__
+        raise ValueError(
+            f"this {type(self).__name__} belongs to another layer ({who}, which used it first): "
+            f"a cache holds one layer's keys and values, so {type(layer).__name__} would attend "
+            "over that layer's; give every layer its own cache (e.g. KVCache(layers)[i])"
+        )
+
+
+class MemoryCache(_Owned):
     """The projected keys k (B, …, H_kv, N, d) and values v (B, …, H_kv, N, d_v) of a fixed
-    memory (a cross-attention's encoder output), made on the first step and reused after."""
+    memory (a cross-attention's encoder output), made on the first step and reused after. It
+    belongs to the layer that uses it first (see :meth:`claim`)."""
 
     def __init__(self) -> None:
         self.k: Tensor | None = None
@@ -63,9 +91,10 @@ class MemoryCache:
         return sum(t.numel() * t.element_size() for t in (self.k, self.v) if t is not None)
 
 
-class LayerCache:
+class LayerCache(_Owned):
     """The keys and values of one attention layer: k (B, …, H_kv, N, d) and v (B, …, H_kv, N, d_v),
-    grown along N by :meth:`append`; empty (None) until the first step."""
+    grown along N by :meth:`append`; empty (None) until the first step. It belongs to the layer
+    that uses it first (see :meth:`claim`); its ``memory`` to that of the cross-attention."""
 
     def __init__(self) -> None:
         self.k: Tensor | None = None

@@ -100,7 +100,7 @@ def check(mask: Tensor | None, scores_shape: torch.Size, *, name: str = "mask") 
     if mask.dtype != torch.bool:
         raise TypeError(
             f"{name} must be boolean (True = may attend), got dtype {mask.dtype}; "
-            "pass additive float biases as bias="
+            f"pass additive float biases as bias=, or convert a 0/1 mask with {name}.bool()"
         )
     expected = tuple(scores_shape)
     ok = mask.dim() <= len(expected) and all(

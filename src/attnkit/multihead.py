@@ -37,10 +37,14 @@ class MultiHeadAttention(nn.Module):
             registered name, built by the score's ``for_heads(E/H, H)``: d_q = d_k = d_w = E/H
             and one parameter set per head where the score has parameters (the location score
             needs max_len and is passed as a module).
-        align: an alignment module or a registered name of a parameter-free one.
+        align: an alignment module or a registered name of one that can be built from its
+            name alone (a learnable temperature, a reinforced or structured alignment, …).
         kdim, vdim: key and value sizes (default E).
         bias: biases in the input and output projections.
         dropout: dropout on the weights in training mode.
+        device, dtype: where and in which dtype the parameters are made, those of every part
+            built from a name (score, alignment, position scheme) included; modules passed in
+            are used as they are.
 
     Inputs are batch first: query (B, M, E), key (B, N, kdim), value (B, N, vdim); any number of
     leading dims works, and an unbatched query (M, E) with key (N, kdim) and value (N, vdim)
@@ -110,7 +114,9 @@ class MultiHeadAttention(nn.Module):
         self._reset_parameters()
         if attention is None:
             attention = Attention(
-                self._build_score(score, device, dtype), align, dropout=self.dropout
+                self._build_score(score, device, dtype),
+                checks.resolve_alignment(align, device=device, dtype=dtype),
+                dropout=self.dropout,
             )
         elif not (isinstance(score, str) and score == "scaled_dot") or not (
             isinstance(align, str) and align == "softmax"
@@ -209,15 +215,27 @@ class MultiHeadAttention(nn.Module):
                 and values of this call are appended to it and the queries attend over all
                 cached positions, N = cached + new; the queries sit after the cached positions
                 (the position scheme gets ``q_offset`` = number cached). ``mask`` and ``bias``
-                then cover all N keys, e.g. ``masks.causal(M, N)``.
+                then cover all N keys, e.g. ``masks.causal(M, N)``. A cache belongs to the
+                first layer that uses it (another layer is refused), and only an attention part
+                that declares ``decodes_with_cache`` (a step equals its rows of the causal pass)
+                takes one.
             memory_cache: a :class:`attnkit.kv_cache.MemoryCache` for attention over a fixed
                 memory (a decoder's cross-attention): the key and value projections are made on
                 the first call and reused while ``key`` and ``value`` are the same tensors (other
-                tensors are refused). Not with ``cache``.
+                tensors are refused). Not with ``cache``; it too belongs to one layer.
         """
         key = query if key is None else key
         value = key if value is None else value
         arguments.boolean(need_weights, "need_weights")
+        for name, given, kind in (
+            ("cache", cache, LayerCache),
+            ("memory_cache", memory_cache, MemoryCache),
+        ):
+            if given is not None and not isinstance(given, kind):
+                raise TypeError(
+                    f"{name} must be an attnkit.kv_cache.{kind.__name__} or None, got "
+                    f"{type(given).__name__}"
+                )
         for name, x, d in (
             ("query", query, self.embed_dim),
             ("key", key, self.kdim),
@@ -270,6 +288,9 @@ class MultiHeadAttention(nn.Module):
             self._check_cacheable()
             if memory_cache is not None:
                 raise ValueError("pass cache= (self-attention) or memory_cache= (a fixed memory)")
+            cache.claim(self)
+        if memory_cache is not None:
+            memory_cache.claim(self)
         self._check_mask_and_bias(query, key, mask, bias, offset)
         if memory_cache is not None and memory_cache.holds(key, value):
             q = self._split_heads(self._project_query(query))
@@ -290,11 +311,14 @@ class MultiHeadAttention(nn.Module):
         if position_bias is not None:
             bias = position_bias if bias is None else bias + position_bias
         value_term = positioned.values  # a scheme acting on the values needs the weights
+        mask = self._per_head(mask, query)
+        if mask is not None and key is query and getattr(self.attention, "mixes_queries", False):
+            mask = _pad_queries(mask, query.shape[-2])
         out = self.attention(
             q,
             k,
             v,
-            mask=self._per_head(mask, query),
+            mask=mask,
             bias=bias,
             need_weights=need_weights or value_term is not None,
             **({"q_offset": offset} if getattr(self.attention, "takes_q_offset", False) else {}),
@@ -312,13 +336,25 @@ class MultiHeadAttention(nn.Module):
         return out._replace(context=self.out_proj(context))
 
     def _check_cacheable(self) -> None:
-        """Refuse a KV cache where a step could not equal the whole sequence."""
-        score = getattr(self.attention, "score", None)
+        """Refuse a KV cache where a step could not equal the whole sequence: an attention part
+        decodes with a cache only when it declares so (``decodes_with_cache``: a step whose
+        queries attend over all cached keys equals those rows of the causal pass)."""
+        part = self.attention
+        if not getattr(part, "decodes_with_cache", False):
+            raise ValueError(
+                f"attention part {type(part).__name__} does not declare decodes_with_cache = "
+                "True: attending over the cached keys step by step is not known to equal its "
+                "causal pass (a part that approximates over the whole sequence, e.g. with "
+                "landmarks, projections, hashing or sorting, gives other results per step); "
+                "call without cache="
+            )
+        score = getattr(part, "score", None)
         if getattr(score, "mixes_keys", False):
             raise ValueError(
                 f"score {type(score).__name__} mixes neighbouring keys (a key's score reads "
-                "the keys around it), so a key's score changes as later keys arrive and "
-                "decoding with a KV cache cannot equal the whole sequence; call without cache="
+                "the keys around it), so a key's score changes as later keys arrive; decoding "
+                "with a KV cache is not offered for it; call without cache= (a causal mask "
+                "passed to the whole sequence is honoured)"
             )
         align = getattr(self.attention, "align", None)
         if getattr(align, "query_position_based", False):
@@ -400,3 +436,13 @@ class MultiHeadAttention(nn.Module):
             f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, {grouped}"
             f"head_dim={self.head_dim}, kdim={self.kdim}, vdim={self.vdim}, dropout={self.dropout}"
         )
+
+
+def _pad_queries(mask: Tensor, m: int) -> Tensor:
+    """A self-attention mask (…, M, N) with the query rows of padding cleared: a token that no
+    query may attend is padding, as a query too. The M queries are the last M of the N tokens
+    (the earlier ones are cached). For attention parts whose queries share computation
+    (``mixes_queries``, e.g. landmarks built from all queries), so that padding equals
+    truncation also for the real queries' results."""
+    real = mask.any(-2, keepdim=True).transpose(-1, -2)  # (…, N, 1)
+    return mask & real[..., real.shape[-2] - m :, :]

@@ -36,12 +36,22 @@ class Registry(Generic[T]):
         """Put the name table back as a :meth:`snapshot` took it."""
         self._table = dict(table)
 
-    def register(self, name: str) -> Callable[[type[T]], type[T]]:
+    def register(self, name: str, *, override: bool = False) -> Callable[[type[T]], type[T]]:
+        """A class decorator that registers the class under ``name``.
+
+        Registering the same definition again is allowed and silent: the same class object, or
+        a class with the same ``__module__`` and ``__qualname__`` (a notebook cell or a module
+        executed again), which then replaces the older one. A different class under a name
+        that is taken raises ``ValueError``, unless ``override=True`` asks to replace it.
+        """
+
         def decorate(cls: type[T]) -> type[T]:
-            if name in self._table:
+            old = self._table.get(name)
+            if old is not None and not override and not _same_definition(old, cls):
                 raise ValueError(
-                    f"{self.kind} {name!r} is already registered "
-                    f"(by {self._table[name].__qualname__})"
+                    f"{self.kind} {name!r} is already registered (by "
+                    f"{old.__module__}.{old.__qualname__}); register a different name, or "
+                    "pass override=True to replace it"
                 )
             self._table[name] = cls
             cls.registered_name = name  # type: ignore[attr-defined]
@@ -85,3 +95,9 @@ class Registry(Generic[T]):
     def accepts(self, name: str) -> set[str]:
         """Names of the keyword arguments that ``name``'s constructor takes."""
         return set(inspect.signature(self.get(name)).parameters)
+
+
+def _same_definition(old: type, new: type) -> bool:
+    """Whether ``new`` is ``old`` or the same definition executed again (same module and
+    qualified name)."""
+    return old is new or (old.__module__ == new.__module__ and old.__qualname__ == new.__qualname__)

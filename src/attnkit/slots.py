@@ -8,7 +8,15 @@
   evaluation sees them. A part whose result depends on where the queries sit (a relative
   distance, a matrix indexed by query position) sets the class attribute
   ``takes_q_offset = True`` and takes the keyword ``q_offset``: the position of the first query,
-  which is the number of cached positions when decoding with a KV cache (0 otherwise).
+  which is the number of cached positions when decoding with a KV cache (0 otherwise). A part
+  takes a KV cache only when it declares ``decodes_with_cache = True`` (a class attribute, or a
+  property such as ``self.causal``): queries attending over all cached keys step by step then
+  equal their rows of the part's causal pass. Parts that approximate over the whole sequence
+  (hashing, sorting, landmarks, length projections) do not, and are refused. A part in which a
+  query's result depends on the other queries (landmarks computed from all queries) sets
+  ``mixes_queries = True``: in self-attention, multi-head attention then marks a token that no
+  query may attend (padding) as a padded query too, an all-False row of the mask, so that the
+  part can leave it out and padding equals truncation.
 - **position slot**: a :class:`attnkit.positions.PositionScheme`, or a registered name.
 """
 

@@ -70,3 +70,41 @@ def test_quick_mode_in_fresh_processes(tmp_path):
     text = eff.main(True, ["linear"], [64, 128], plot_path=str(png))
     check_table(text)
     assert png.stat().st_size > 0 or "matplotlib not installed" in text
+
+
+def test_every_candidate_is_built_and_runs_the_synthesizer_included():
+    """Every default contestant builds from the sizes alone (the synthesizer with Tay's dense
+    synthetic logits), so no cell of ``attnkit bench efficient`` fails for want of arguments."""
+    names = eff.candidates()
+    assert "synthesizer" in names
+    out = eff.run_case({"name": "synthesizer", "n": 16, "heads": 2, "d": 8, "repeats": 1})
+    assert "error" not in out and out["seconds"] > 0
+
+
+def test_table_of_failed_skipped_and_memoryless_cells():
+    exact = eff.Result(
+        "exact chunked",
+        {
+            64: {"seconds": 1.0, "peak_bytes": 5, "base_bytes": 5},
+            128: {"seconds": 4.0, "peak_bytes": 9, "base_bytes": 5},
+        },
+    )
+    broken = eff.Result(
+        "broken", {64: {"error": "ValueError: no"}, 128: {"error": "not run: 64 took over 1 s"}}
+    )
+    flat = eff.Result(
+        "flat",
+        {
+            64: {"seconds": 0.5, "peak_bytes": 5, "base_bytes": 5},
+            128: {"seconds": 1.0, "peak_bytes": 5, "base_bytes": 5},
+        },
+    )
+    text = eff.table([exact, broken, flat], reference=128)  # fmt: skip
+    assert "- broken at N=64: ValueError: no" in text
+    summary = text.split("| contestant | time slope")[1]
+    broken_row = next(line for line in summary.splitlines() if line.startswith("| broken"))
+    assert [c.strip() for c in broken_row.split("|")[2:-1]] == ["-", "-", "never", "-", "-", "-"]
+    flat_row = next(line for line in summary.splitlines() if line.startswith("| flat"))
+    cells = [c.strip() for c in flat_row.split("|")[2:-1]]
+    assert cells[:4] == ["1.00", "0.00", "64", f"{4.0 / 1.0:.1f}"]
+    assert math.isfinite(float(cells[4]))

@@ -61,3 +61,17 @@ def test_fresh_processes_and_the_cli_choice(monkeypatch):
         [sys.executable, "-m", "attnkit", "bench", "--help"], capture_output=True, text=True
     ).stdout
     assert "sparse" in help_text
+
+
+def test_table_when_the_expected_time_is_zero(monkeypatch):
+    """A zero density (or an unmeasurably fast unmasked call) leaves no ratio: n/a, no
+    division by zero."""
+
+    def fake(case):
+        return {"seconds": 0.0 if case["way"] == "unmasked" else 0.5, "density": 1.0,
+                "peak_bytes": 3 * (1 << 20), "base_bytes": 1 << 20}  # fmt: skip
+
+    monkeypatch.setattr(sparse, "run_case", fake)
+    table = rows(sparse.main(True, sizes=[256], in_process=True))
+    assert len(table) == len(sparse.PATTERNS)
+    assert all(r[6] == "n/a" and r[7] == "2 / 2" for r in table)

@@ -180,3 +180,25 @@ def test_small_maps_are_formed_whole_and_large_ones_by_chunks(monkeypatch):
     monkeypatch.setattr(kz, "WHOLE_BYTES", 2 * 20 * 64 * 8 - 1)
     torch.testing.assert_close(part(q, k, v).context, whole, rtol=1e-12, atol=1e-12)
     assert calls == [1]
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 4, 13])
+@pytest.mark.parametrize("bad", [torch.nan, torch.inf])
+def test_causal_rows_are_untouched_by_a_non_finite_later_key_or_value(chunk, bad):
+    """Query i of the causal form reads keys j ≤ i only (Katharopoulos eqs. 8-9), so a NaN or
+    inf at position t (in the same block or a later one) leaves rows i < t as they were; the
+    reference is the loop over prefixes."""
+    g = torch.Generator().manual_seed(3)
+    fq, fk = (torch.rand(2, 13, 4, generator=g, dtype=D) + 0.1 for _ in range(2))
+    v = torch.randn(2, 13, 3, generator=g, dtype=D)
+    rows = []
+    for i in range(13):
+        w = torch.einsum("bm,bjm->bj", fq[:, i], fk[:, : i + 1])
+        rows.append(torch.einsum("bj,bjd->bd", w, v[:, : i + 1]) / w.sum(-1, keepdim=True))
+    ref = torch.stack(rows, 1)
+    t = 6
+    fk_bad, v_bad = fk.clone(), v.clone()
+    fk_bad[:, t], v_bad[:, t + 1] = bad, bad
+    out = kz.causal_feature_attention(fq, fk_bad, v_bad, chunk_size=chunk)
+    torch.testing.assert_close(out[:, :t], ref[:, :t])
+    torch.testing.assert_close(kz.causal_feature_attention(fq, fk, v, chunk_size=chunk), ref)

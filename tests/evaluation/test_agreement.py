@@ -49,8 +49,55 @@ def test_top_k_overlap_by_hand():
 def test_errors_name_the_argument():
     with pytest.raises(ValueError, match="one shape"):
         kendall_tau(torch.zeros(3), torch.zeros(4))
-    with pytest.raises(ValueError, match="keep"):
+    with pytest.raises(TypeError, match="keep"):
         top_k_overlap(torch.zeros(3), torch.zeros(3), 1, torch.ones(3))
     with pytest.raises(ValueError, match="k must"):
         top_k_overlap(torch.zeros(3), torch.zeros(3), 0)
     assert math.isnan(mean_defined(torch.tensor([math.nan])))
+
+
+BAD_CALLS = [
+    (
+        "k above N",
+        lambda: top_k_overlap(torch.rand(2, 5), torch.rand(2, 5), 7),
+        ValueError,
+        r"k must be at most N = 5.*got k = 7",
+    ),
+    (
+        "k zero",
+        lambda: top_k_overlap(torch.rand(2, 5), torch.rand(2, 5), 0),
+        ValueError,
+        r"k must be an int ≥ 1, got 0",
+    ),
+    (
+        "float keep",
+        lambda: top_k_overlap(torch.rand(5), torch.rand(5), 2, torch.ones(5)),
+        TypeError,
+        r"keep must be a boolean tensor.*torch.float32",
+    ),
+    (
+        "keep of another shape",
+        lambda: kendall_tau(torch.rand(5), torch.rand(5), torch.ones(4, dtype=torch.bool)),
+        ValueError,
+        r"keep must have the shape of a \(5,\), got \(4,\)",
+    ),
+    (
+        "shapes differ",
+        lambda: kendall_tau(torch.rand(2, 5), torch.rand(2, 4)),
+        ValueError,
+        r"a \(2, 5\) and b \(2, 4\) must have one shape",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("call", "error", "message"), [c[1:] for c in BAD_CALLS], ids=[c[0] for c in BAD_CALLS]
+)
+def test_bad_calls_name_the_argument(call, error, message):
+    with pytest.raises(error, match=message):
+        call()
+
+
+def test_k_equal_to_n_compares_whole_rows():
+    a, b = torch.rand(3, 4), torch.rand(3, 4)
+    assert top_k_overlap(a, b, 4).tolist() == [1.0, 1.0, 1.0]

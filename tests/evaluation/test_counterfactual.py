@@ -126,3 +126,80 @@ def test_errors():
         cf.uniform_baseline(model, lambda: model(x, keep)[:, 0])
     with pytest.raises(ValueError, match="n_permutations"):
         cf.permuted_weights(model, lambda: model(x, keep), n_permutations=0)
+
+
+def _p(*shape):
+    return torch.rand(*shape).softmax(-1)
+
+
+BAD_CALLS = [
+    (
+        "jsd: shapes differ",
+        lambda: cf.jensen_shannon(_p(2, 5), _p(2, 4)),
+        ValueError,
+        r"q has shape \(2, 4\) but p has \(2, 5\)",
+    ),
+    (
+        "jsd: negative p",
+        lambda: cf.jensen_shannon(torch.tensor([-1.0, 2.0]), torch.tensor([0.5, 0.5])),
+        ValueError,
+        r"p must be non-negative \(probabilities\), got -1.0 at index \(0,\)",
+    ),
+    (
+        "jsd: unnormalised q",
+        lambda: cf.jensen_shannon(_p(2, 3), torch.ones(2, 3)),
+        ValueError,
+        r"q must hold probability distributions.*row \(0,\) sums to 3",
+    ),
+    (
+        "jsd: integer p",
+        lambda: cf.jensen_shannon(torch.ones(3, dtype=torch.long), _p(3)),
+        TypeError,
+        r"p must be a floating-point tensor \(…, N\), got dtype torch.int64",
+    ),
+    (
+        "jsd: not a tensor",
+        lambda: cf.jensen_shannon([0.5, 0.5], _p(2)),
+        TypeError,
+        r"p must be a torch.Tensor",
+    ),
+    (
+        "tvd: shapes differ",
+        lambda: cf.total_variation(_p(2, 5), _p(2, 4)),
+        ValueError,
+        r"q has shape \(2, 4\) but p has \(2, 5\)",
+    ),
+    (
+        "tvd: broadcast refused",
+        lambda: cf.total_variation(_p(1, 5), _p(3, 5)),
+        ValueError,
+        r"q has shape \(3, 5\) but p has \(1, 5\)",
+    ),
+    (
+        "tvd: negative q",
+        lambda: cf.total_variation(_p(4), torch.tensor([1.5, -0.5, 0.0, 0.0])),
+        ValueError,
+        r"q must be non-negative",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("call", "error", "message"), [c[1:] for c in BAD_CALLS], ids=[c[0] for c in BAD_CALLS]
+)
+def test_bad_calls_name_the_argument(call, error, message):
+    with pytest.raises(error, match=message):
+        call()
+
+
+def test_divergences_accept_empty_rows_and_half_precision():
+    # A query with no key allowed has weights 0 (masked softmax): an empty row, not an error.
+    p = torch.tensor([[0.0, 0.0, 0.0], [0.2, 0.3, 0.5]])
+    q = torch.tensor([[0.0, 0.0, 0.0], [0.5, 0.5, 0.0]])
+    assert cf.total_variation(p, q).tolist() == pytest.approx([0.0, 0.5])
+    assert float(cf.jensen_shannon(p, q)[0]) == 0.0
+    # bfloat16 softmax rows miss 1 by more than float32 ones; they are still distributions.
+    x = torch.randn(8, 300, generator=torch.Generator().manual_seed(0))
+    low = x.to(torch.bfloat16).softmax(-1)
+    d = cf.jensen_shannon(low, low.flip(-1))
+    assert bool((d >= 0).all()) and bool((d.double() <= math.log(2) + 1e-2).all())

@@ -135,3 +135,30 @@ def test_the_adversary_moves_attention_keeps_predictions_and_restores_the_model(
         assert torch.equal(v, before[k]), k
     with pytest.raises(ValueError, match="lam"):
         train_adversary(probe, train=train, lam=-1.0)
+
+
+BAD_CALLS = [
+    (
+        "negative weights",
+        lambda: seed_variance(
+            [torch.tensor([[1.5, -0.5]]), torch.tensor([[0.5, 0.5]])],
+            [torch.tensor([[1.0, 0.0]])] * 2,
+        ),
+        ValueError,
+        r"weights\[0\] must be non-negative \(probabilities\), got -0.5",
+    ),
+    (
+        "unnormalised probabilities",
+        lambda: seed_variance([torch.tensor([[0.5, 0.5]])] * 2, [torch.tensor([[0.9, 0.9]])] * 2),
+        ValueError,
+        r"probabilities\[0\] must hold probability distributions.*sums to 1.8",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("call", "error", "message"), [c[1:] for c in BAD_CALLS], ids=[c[0] for c in BAD_CALLS]
+)
+def test_bad_calls_name_the_argument(call, error, message):
+    with pytest.raises(error, match=message):
+        call()

@@ -75,3 +75,51 @@ def test_errors():
         perplexity(torch.zeros(2, 3), torch.zeros(2))
     with pytest.raises(ValueError, match="no target tokens"):
         perplexity(torch.zeros(1, 3), torch.tensor([0]), ignore_index=0)
+
+
+BAD_CALLS = [
+    (
+        "target id = V",
+        lambda: perplexity(torch.randn(2, 3, 5), torch.full((2, 3), 5)),
+        ValueError,
+        r"targets must be token ids in \[0, V = 5\).*got 5 at index \(0, 0\)",
+    ),
+    (
+        "negative target id",
+        lambda: perplexity(torch.randn(2, 3, 5), torch.tensor([[0, 1, -2], [0, 0, 0]])),
+        ValueError,
+        r"got -2 at index \(0, 2\)",
+    ),
+    (
+        "integer logits",
+        lambda: perplexity(torch.ones(2, 5, dtype=torch.long), torch.zeros(2, dtype=torch.long)),
+        TypeError,
+        r"logits must be a floating-point",
+    ),
+    (
+        "float targets",
+        lambda: perplexity(torch.randn(2, 5), torch.zeros(2)),
+        TypeError,
+        r"targets must be an integer",
+    ),
+    (
+        "leading dims differ",
+        lambda: perplexity(torch.randn(2, 5), torch.zeros(3, dtype=torch.long)),
+        ValueError,
+        r"must share the leading dims",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("call", "error", "message"), [c[1:] for c in BAD_CALLS], ids=[c[0] for c in BAD_CALLS]
+)
+def test_bad_calls_name_the_argument(call, error, message):
+    with pytest.raises(error, match=message):
+        call()
+
+
+def test_perplexity_ignored_ids_may_lie_outside_the_vocabulary():
+    logits = torch.zeros(1, 3, 4)  # uniform over V = 4: perplexity 4
+    targets = torch.tensor([[1, -100, 2]])
+    assert perplexity(logits, targets, ignore_index=-100) == pytest.approx(4.0)

@@ -125,3 +125,43 @@ def test_errors():
         hd.pruning_curve(encoder(), lambda: 0.0, {"first": torch.zeros(4)})
     with pytest.raises(ValueError, match=r"\(B, H, M, N\)"):
         hd.head_statistics(torch.zeros(2, 2))
+
+
+def _w(*shape):
+    return torch.rand(*shape).softmax(-1)
+
+
+BAD_CALLS = [
+    (
+        "mask of another width",
+        lambda: hd.head_statistics(_w(2, 2, 3, 5), torch.ones(2, 3, 4, dtype=torch.bool)),
+        ValueError,
+        r"mask of shape \(2, 3, 4\) does not broadcast to \(2, 2, 3, 5\)",
+    ),
+    (
+        "float mask",
+        lambda: hd.head_statistics(_w(2, 2, 3, 5), torch.full((2, 1, 3, 5), 0.5)),
+        TypeError,
+        r"mask must be boolean \(True = may attend\).*torch.float32.*not masks",
+    ),
+    (
+        "negative weights",
+        lambda: hd.head_statistics(_w(1, 1, 2, 2) - 1, None),
+        ValueError,
+        r"weights must be non-negative",
+    ),
+    (
+        "integer weights",
+        lambda: hd.head_statistics(torch.ones(1, 1, 2, 2, dtype=torch.long)),
+        TypeError,
+        r"weights must be a floating-point tensor \(B, H, M, N\)",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("call", "error", "message"), [c[1:] for c in BAD_CALLS], ids=[c[0] for c in BAD_CALLS]
+)
+def test_bad_calls_name_the_argument(call, error, message):
+    with pytest.raises(error, match=message):
+        call()

@@ -43,7 +43,19 @@ BAD = [
     (["run", "dates", "--threads", "0"], "--threads must be a positive int"),
     (["run", "dates", "--seed", "abc"], "invalid int value: 'abc'"),
     (["run", "dates", "--epochz", "3"], "--epochz 3; did you mean --epochs?"),
-]
+    # a flag the configured model would ignore is refused, naming both flags
+    (["run", "kv-recall", "--attention", "performer", "--score", "additive"],
+     "--score additive contradicts --attention performer"),
+    (["run", "kv-recall", "--attention", "linear", "--align", "sparsemax"],
+     "--align sparsemax contradicts --attention linear"),
+    (["run", "kv-recall", "--compare", "attention=full,performer", "--score", "dot"],
+     "--score dot contradicts --attention performer"),
+    (["run", "babi", "--attention", "memory_network", "--align", "hard"],
+     "--align hard contradicts --attention memory_network"),
+    (["run", "copy", "--score", "dot"], "--score dot contradicts task 'copy'"),
+    (["run", "dates", "--align", "hard", "--supervise-attention", "1"],
+     "--supervise-attention 1.0 contradicts --align hard: alignment 'hard' samples"),
+]  # fmt: skip
 
 
 def _main(argv):
@@ -82,6 +94,40 @@ def finished(tmp_path):
     return out
 
 
+def test_a_mechanism_with_its_own_weights_records_no_score_or_alignment(
+    tmp_path, capsys, monkeypatch
+):
+    """kv-recall with performer: config.json, the run line, the report and the run directory
+    name say what ran, never a score or alignment it did not use."""
+    argv = ["run", "kv-recall", "--attention", "performer", "--seq-len", "4", *TINY]
+    argv += ["--n-train", "32"]
+    monkeypatch.chdir(tmp_path)  # the default run directory is under ./runs
+    assert cli.main(argv) == 0
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    assert run_dir.name.startswith("kv-recall-performer-s0-")
+    saved = json.loads((run_dir / "config.json").read_text())
+    assert saved["attention"] == "performer" and saved["score"] is None and saved["align"] is None
+    first = capsys.readouterr().out.splitlines()[0]
+    assert "attention performer, 1 epoch of 1 step (n_train 32" in first, first
+    assert "score" not in first and "align" not in first
+    page = (run_dir / "report.html").read_text()
+    assert page.count("not used by this model") == 2 and "scaled_dot" not in page
+    assert cli.main(["run", "--resume", str(run_dir), "--no-progress"]) == 0  # still resumable
+    assert cli.main(["run", "--resume", str(run_dir), "--score", "dot"]) == 2
+    _one_error_line(capsys, "score = 'dot' contradicts its score = unset (not used")
+
+
+def test_no_task_prints_the_help_and_exits_2_without_running(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["run"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("usage: attnkit run")
+    for name in ("dates", "kv-recall", "--resume"):
+        assert name in err
+    assert err.strip().splitlines()[-1].startswith("attnkit run: error: a task is required")
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_a_finished_run_is_not_overwritten_by_a_new_one(finished, capsys):
     before = (finished / "metrics.json").read_text()
     capsys.readouterr()
@@ -111,7 +157,7 @@ def test_resume_refuses_contradicting_flags(finished, capsys, flags, message):
 def test_resume_accepts_flags_that_agree_with_the_run(finished, capsys):
     argv = ["run", "dates", "--resume", str(finished), "--epochs", "1", "--no-progress"]
     assert cli.main(argv) == 0
-    assert "all 1 epochs are trained: evaluating" in capsys.readouterr().out
+    assert "all 1 epoch is trained: evaluating" in capsys.readouterr().out
 
 
 DAMAGE = [

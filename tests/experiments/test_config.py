@@ -13,11 +13,12 @@ from attnkit.experiments.config import ConfigError, RunConfig, check_output_dir,
 
 @pytest.mark.parametrize("task", tasks.available())
 @pytest.mark.parametrize("quick", [False, True])
-def test_unset_keys_take_the_task_defaults(task, quick):
-    c = RunConfig(task=task, quick=quick).resolved()
+def test_unset_keys_take_the_task_defaults(task, quick, tmp_path):
+    example = tasks.get(task).example_settings(tmp_path)
+    c = RunConfig(task=task, quick=quick, **example).resolved()
     for key, value in tasks.get(task).defaults["quick" if quick else "full"].items():
         assert getattr(c, key) == value
-    assert RunConfig(task=task, quick=quick, epochs=1).resolved().epochs == 1
+    assert RunConfig(task=task, quick=quick, epochs=1, **example).resolved().epochs == 1
 
 
 BAD = [
@@ -58,6 +59,89 @@ def test_every_usable_score_and_alignment_resolves():
         assert RunConfig(score=score).resolved().score == score
     for align in ak.alignments.available():
         assert RunConfig(align=align).resolved().align == align
+
+
+IGNORED = [
+    ({"task": "kv-recall", "attention": "performer", "score": "additive"},
+     "--score additive contradicts --attention performer"),
+    ({"task": "kv-recall", "attention": "linear", "align": "sparsemax"},
+     "--align sparsemax contradicts --attention linear"),
+    ({"task": "listops", "attention": "nystrom", "score": "scaled_dot"},
+     "--score scaled_dot contradicts --attention nystrom"),
+    ({"task": "babi", "attention": "memory_network", "score": "dot"},
+     "--score dot contradicts --attention memory_network"),
+    ({"task": "digits", "attention": "ram", "align": "hard"},
+     "--align hard contradicts --attention ram"),
+    ({"task": "pairs", "attention": "nested", "score": "dot"},
+     "--score dot contradicts --attention nested"),
+    ({"task": "pairs", "score": "dot"}, "--score dot contradicts task 'pairs'"),
+    ({"task": "copy", "score": "dot"}, "--score dot contradicts task 'copy'"),
+    ({"task": "copy", "attention": "lstm", "align": "sparsemax"},
+     "--align sparsemax contradicts --attention lstm"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("values", "message"), IGNORED, ids=[str(v) for v, _ in IGNORED])
+def test_a_key_the_model_does_not_read_is_refused_naming_both_flags(values, message):
+    with pytest.raises(ConfigError) as err:
+        RunConfig(**values).resolved()
+    assert message in str(err.value)
+    flag = message.split()[0]
+    assert str(err.value).endswith(f"leave {flag} out")
+
+
+@pytest.mark.parametrize(
+    ("values", "unused"),
+    [
+        ({"task": "kv-recall", "attention": "performer"}, ("score", "align")),
+        ({"task": "babi", "attention": "memory_network"}, ("score", "align")),
+        ({"task": "digits", "attention": "ram_centre"}, ("score", "align")),
+        ({"task": "copy", "attention": "lstm"}, ("score", "align")),
+        ({"task": "copy"}, ("score",)),
+        ({"task": "pairs"}, ("score",)),
+        ({"task": "pairs", "attention": "parallel"}, ()),
+        ({"task": "kv-recall", "attention": "full"}, ()),
+        ({"task": "dates"}, ()),
+    ],
+)
+def test_keys_the_model_does_not_read_are_recorded_as_unset(values, unused):
+    c = RunConfig(**values).resolved()
+    for key in ("score", "align"):
+        assert (getattr(c, key) is None) == (key in unused), key
+    assert c.resolved() == c  # and resolving again keeps them unset
+    assert RunConfig.from_json(c.to_json()).resolved() == c
+
+
+def test_the_run_name_says_what_runs():
+    assert RunConfig(task="dates").resolved().run_name() == "dates-additive-softmax-s0"
+    c = RunConfig(task="kv-recall", attention="performer", seed=3).resolved()
+    assert c.run_name() == "kv-recall-performer-s3"
+    assert RunConfig(task="babi", attention="memory_network").resolved().run_name() == (
+        "babi-memory_network-s0"
+    )
+    c = RunConfig(task="pairs", attention="parallel", score="dot").resolved()
+    assert c.run_name() == "pairs-parallel-dot-softmax-s0"
+
+
+@pytest.mark.parametrize(
+    ("align", "reason"),
+    [("hard", "samples one-hot weights"), ("reinforced", "samples one-hot weights"),
+     ("uniform", "do not depend differentiably on the scores")],
+)  # fmt: skip
+def test_supervision_is_refused_for_alignments_it_cannot_train(align, reason):
+    for task in ("dates", "rationale"):
+        with pytest.raises(ConfigError) as err:
+            RunConfig(task=task, align=align, supervise_attention=1.0).resolved()
+        text = str(err.value)
+        assert text.startswith(f"--supervise-attention 1.0 contradicts --align {align}: ")
+        assert reason in text
+        assert RunConfig(task=task, align=align).resolved().align == align  # unsupervised: fine
+
+
+def test_supervision_is_accepted_for_differentiable_alignments():
+    for align in ("softmax", "sparsemax", "entmax15", "sigmoid", "local"):
+        c = RunConfig(align=align, supervise_attention=0.5).resolved()
+        assert c.supervise_attention == 0.5
 
 
 def test_json_round_trip():

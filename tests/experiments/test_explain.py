@@ -57,6 +57,21 @@ def test_refusals(tmp_path, capsys):
     assert "rationale" in explainable_tasks()
 
 
+def test_an_unfinished_run_is_refused_with_exit_2(finished, tmp_path, capsys):
+    """A run stopped before its end (a checkpoint, no metrics.json) is not explained."""
+    stopped = tmp_path / "stopped"
+    shutil.copytree(finished, stopped)
+    (stopped / "metrics.json").unlink()
+    (stopped / "explanation.json").unlink(missing_ok=True)  # an earlier test explained it
+    assert main(["explain", str(stopped)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "is not a finished run (no metrics.json" in err[0]
+    assert "attnkit run --resume" in err[0]
+    assert not (stopped / "explanation.json").exists()
+    with pytest.raises(ConfigError, match="is not a finished run"):
+        explain(finished, examples=6, other_seeds=[stopped], echo=lambda s: None)
+
+
 def test_section_says_n_a_for_undefined_numbers_and_a_missing_page_is_created(tmp_path):
     results = {
         "n_examples": 2,

@@ -68,5 +68,5 @@ def test_a_damaged_checkpoint_names_the_file(tmp_path, finished):
     shutil.copytree(finished[0], copy)
     weights = checkpoints.latest(copy) / "model.safetensors"
     weights.write_bytes(b"not weights")
-    with pytest.raises(CheckpointError, match="model.safetensors"):
+    with pytest.raises(CheckpointError, match=r"model\.safetensors"):
         ak.load_run(copy)

@@ -231,3 +231,94 @@ def test_viz_draws_the_captured_heads_of_a_swapped_model():
     assert len(shown) == weights.shape[1] == model.config.num_attention_heads
     drawn = shown[0].images[0].get_array()
     np.testing.assert_allclose(drawn, weights[1, 0].detach().numpy())
+
+
+def _gpt_oss():
+    from transformers import GptOssConfig, GptOssForCausalLM
+
+    torch.manual_seed(0)
+    config = GptOssConfig(
+        vocab_size=40,
+        hidden_size=16,
+        intermediate_size=16,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=4,
+        num_local_experts=2,
+        num_experts_per_tok=1,
+        sliding_window=4,
+        max_position_embeddings=32,
+        rope_scaling=None,
+        attn_implementation="eager",
+    )
+    config._experts_implementation = "eager"
+    model = GptOssForCausalLM(config).double().eval()
+    with torch.no_grad():  # sinks far from 0, so that dropping them shows
+        for layer in model.model.layers:
+            layer.self_attn.sinks.copy_(torch.tensor([3.0, -2.0, 0.5, 4.0]))
+    return model
+
+
+def test_attention_sinks_are_kept_logits_weights_and_generation():
+    model = _gpt_oss()
+    ids, mask = _inputs()
+    ref = model(ids, attention_mask=mask, output_attentions=True)
+    ref_tokens = model.generate(ids[:1], max_new_tokens=4, do_sample=False, pad_token_id=0)
+    swap_attention(model)
+    out = model(ids, attention_mask=mask, output_attentions=True)
+    keep = mask.bool()
+    torch.testing.assert_close(out.logits[keep], ref.logits[keep], atol=1e-6, rtol=1e-6)
+    w, w_ref = out.attentions[1], ref.attentions[1]  # (B, H, M, N) without the sink column
+    assert w.shape == w_ref.shape == (3, 4, 9, 9)
+    torch.testing.assert_close(w[0], w_ref[0], atol=1e-6, rtol=1e-6)
+    assert (w[0].sum(-1) < 1).all()  # the sink takes its share of every row
+    got = model.generate(ids[:1], max_new_tokens=4, do_sample=False, pad_token_id=0)
+    assert torch.equal(got, ref_tokens)
+
+
+def test_attention_sinks_with_sparsemax_are_an_extra_zero_value_key():
+    from entmax import sparsemax
+
+    from attnkit.integrations.transformers import _attention_function
+
+    g = torch.Generator().manual_seed(4)
+    q = torch.randn(2, 4, 5, 3, generator=g, dtype=torch.float64)
+    k = torch.randn(2, 2, 5, 3, generator=g, dtype=torch.float64)  # 2 key/value heads
+    v = torch.randn(2, 2, 5, 3, generator=g, dtype=torch.float64)
+    sinks = torch.tensor([0.5, -1.0, 2.0, 0.0], dtype=torch.float64)
+    allowed = torch.ones(5, 5, dtype=torch.bool).tril()
+    additive = torch.zeros(2, 1, 5, 5, dtype=torch.float64).masked_fill(~allowed, -1e300)
+    module = torch.nn.Module().eval()
+    fn = _attention_function(None, ak.alignments.build("sparsemax"), None)
+    context, weights = fn(module, q, k, v, additive, 0.5, s_aux=sinks, output_attentions=True)
+    # Reference: sparsemax over [scores, sink] per row, sink column dropped.
+    kk, vv = k.repeat_interleave(2, dim=1), v.repeat_interleave(2, dim=1)
+    e = (q @ kk.transpose(-1, -2) * 0.5).masked_fill(~allowed, -1e300)
+    e = torch.cat([e, sinks.view(1, 4, 1, 1).expand(2, 4, 5, 1)], dim=-1)
+    p = sparsemax(e, dim=-1)[..., :-1]
+    torch.testing.assert_close(weights, p)
+    torch.testing.assert_close(context, (p @ vv).transpose(1, 2))
+
+
+def test_a_model_known_not_to_be_reproduced_is_refused_by_name(monkeypatch):
+    import attnkit.integrations.transformers as tf
+
+    monkeypatch.setitem(tf.NOT_EXACT, "BertModel", "its pooler reads something else")
+    with pytest.raises(ValueError, match="BertModel: its pooler reads something else"):
+        swap_attention(_bert())
+
+
+def test_an_encoder_without_is_causal_stays_bidirectional_and_a_decoder_stays_causal():
+    # With no padding the mask builder hands no mask: the swapped encoder must still see
+    # every key (a future token changes an earlier output) and the decoder none ahead.
+    model = _bert()
+    for m in model.modules():
+        if hasattr(m, "is_causal"):
+            del m.is_causal  # as Splinter's, ALIGN's or CLAP's attention
+    swap_attention(model)
+    ids = torch.randint(0, 40, (1, 6), generator=torch.Generator().manual_seed(5))
+    changed = ids.clone()
+    changed[0, -1] = (ids[0, -1] + 1) % 40
+    a, b = model(ids).last_hidden_state, model(changed).last_hidden_state
+    assert (a[0, 0] - b[0, 0]).abs().max() > 1e-6

@@ -28,9 +28,12 @@ def _grads(out, wrt, r):
 
 # Blocks that leave ragged last blocks of the 33 × 37 scores (8 × 8, 5 × 7) and one query block
 # larger than M (40 × 3); one size for the multi-dimensional layout keeps the suite quick.
+# A score that mixes neighbouring keys takes the mask itself, densely: the chunked kernel
+# refuses it under a block mask.
 CASES = [
     (s, a, blocks)
     for s, a in itertools.product(SCORES, STREAMING)
+    if not SCORES[s](DIMS).mixes_keys
     for blocks in ([(8, 8)] if SCORES[s](DIMS).multi_dimensional else [(8, 8), (5, 7), (40, 3)])
 ]
 
@@ -277,3 +280,51 @@ def test_tiles_of_grouped_query_blocks_stay_within_the_tile_budget():
     grads = _grads(out.context, [q, k, v], r), _grads(ref.context, [q, k, v], r)
     for g1, g2 in zip(*grads, strict=True):
         torch.testing.assert_close(g1, g2, atol=1e-10, rtol=1e-10)
+
+
+def _q():
+    return torch.randn(1, 10, 4)
+
+
+BAD_SCORE_MODS = [
+    (
+        "integer scores",
+        lambda e, b, h, i, j: (e * 10).long(),
+        TypeError,
+        r"score_mod must return scores of the dtype it was given \(torch.float32\).*torch.int64",
+    ),
+    (
+        "boolean scores",
+        lambda e, b, h, i, j: i >= j,
+        TypeError,
+        r"got torch.bool.*block_mask= or mask=",
+    ),
+    (
+        "another float dtype",
+        lambda e, b, h, i, j: e.double(),
+        TypeError,
+        r"got torch.float64.*\.to\(e.dtype\)",
+    ),
+    (
+        "not a tensor",
+        lambda e, b, h, i, j: 0.0,
+        TypeError,
+        r"score_mod must return a tensor of scores.*got float",
+    ),
+    (
+        "another shape",
+        lambda e, b, h, i, j: e.sum(-1),
+        ValueError,
+        r"score_mod must return the scores' shape",
+    ),
+]
+
+
+@pytest.mark.parametrize("kernel", ["dense", "chunked"])
+@pytest.mark.parametrize(
+    ("mod", "error", "message"), [c[1:] for c in BAD_SCORE_MODS], ids=[c[0] for c in BAD_SCORE_MODS]
+)
+def test_bad_score_mods_name_what_they_returned(kernel, mod, error, message):
+    q = _q()
+    with pytest.raises(error, match=message):
+        ak.attention(q, q, score_mod=mod, kernel=kernel)

@@ -91,3 +91,67 @@ def test_errors_name_the_argument():
         model(torch.randn(1, 2, 2), torch.randn(1, 5, 4))
     with pytest.raises(ValueError, match="values has 4 rows"):
         model(torch.randn(1, 2, 3), torch.randn(1, 5, 4), torch.randn(1, 4, 2))
+
+
+def _w(*shape):
+    return torch.rand(*shape).softmax(-1)
+
+
+BAD_CALLS = [
+    (
+        "coverage of another width",
+        lambda: coverage_loss(_w(2, 3, 5), _w(2, 3, 4)),
+        ValueError,
+        r"coverage has shape \(2, 3, 4\) but weights has \(2, 3, 5\)",
+    ),
+    (
+        "coverage broadcasting over the batch",
+        lambda: coverage_loss(_w(2, 3, 5), _w(1, 3, 5)),
+        ValueError,
+        r"coverage has shape \(1, 3, 5\) but weights has \(2, 3, 5\)",
+    ),
+    (
+        "weights of rank 2",
+        lambda: coverage_loss(_w(3, 5), _w(3, 5)),
+        ValueError,
+        r"weights must be \(B, T, n\), got shape \(3, 5\)",
+    ),
+    (
+        "integer coverage",
+        lambda: coverage_loss(_w(2, 3, 5), torch.zeros(2, 3, 5, dtype=torch.long)),
+        TypeError,
+        r"coverage must be a floating-point tensor \(B, T, n\)",
+    ),
+    (
+        "penalty: mask of another width",
+        lambda: doubly_stochastic_penalty(_w(2, 3, 5), torch.ones(2, 4, dtype=torch.bool)),
+        ValueError,
+        r"mask must be \(2, 5\) or \(2, 1, 5\).*got shape \(2, 4\)",
+    ),
+    (
+        "penalty: float mask",
+        lambda: doubly_stochastic_penalty(_w(2, 3, 5), torch.full((2, 5), 0.5)),
+        TypeError,
+        r"mask must be a boolean tensor \(True = a real location\), got torch.float32",
+    ),
+    (
+        "penalty: weights of rank 2",
+        lambda: doubly_stochastic_penalty(_w(3, 5)),
+        ValueError,
+        r"weights must be \(B, T, n\)",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("call", "error", "message"), [c[1:] for c in BAD_CALLS], ids=[c[0] for c in BAD_CALLS]
+)
+def test_bad_calls_name_the_argument(call, error, message):
+    with pytest.raises(error, match=message):
+        call()
+
+
+def test_coverage_loss_refuses_mixed_dtypes():
+    w = torch.rand(1, 2, 3)
+    with pytest.raises(TypeError, match=r"coverage has dtype torch.float64 but weights has"):
+        coverage_loss(w, w.double())

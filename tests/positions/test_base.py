@@ -30,3 +30,28 @@ def test_cached_decoding_equals_one_causal_pass(name):
 def test_relative_distances():
     d = ak.positions.relative_distances(2, 3, 5, 1)
     assert d.tolist() == [[4, 3, 2], [5, 4, 3]]
+
+
+@pytest.mark.parametrize("name", PER_HEAD)
+@pytest.mark.parametrize(
+    ("offsets", "error", "message"),
+    [
+        ({"q_offset": -1}, ValueError, r"q_offset must be an int >= 0, got -1"),
+        ({"k_offset": -3}, ValueError, r"k_offset must be an int >= 0, got -3"),
+        ({"q_offset": 1.5}, ValueError, r"q_offset must be an int >= 0, got 1.5"),
+        ({"q_offset": True}, ValueError, r"q_offset must be an int >= 0, got True"),
+    ],
+    ids=["negative q_offset", "negative k_offset", "float q_offset", "bool q_offset"],
+)
+def test_bad_offsets_are_refused_by_every_scheme(name, offsets, error, message):
+    scheme = ak.positions.REGISTRY.get(name).for_heads(4, 2)
+    q = torch.randn(1, 2, 3, 4)
+    with pytest.raises(error, match=message):
+        scheme(q, q, **offsets)
+
+
+@pytest.mark.parametrize("name", ["sinusoidal", "learned"])
+def test_absolute_embeddings_refuse_a_negative_offset(name):
+    embed = ak.positions.build(name, d_model=4, **({"max_len": 8} if name == "learned" else {}))
+    with pytest.raises(ValueError, match=r"offset"):
+        embed(torch.randn(1, 3, 4), offset=-1)

@@ -87,3 +87,67 @@ def test_by_name_and_errors():
     assert mha.position.u.shape == (2, 1, 4)
     with pytest.raises(ValueError, match="memory has 1"):
         TransformerXL(2, 4, 1, mem_len=2)(torch.randn(1, 2, 4), [torch.randn(1, 2, 4)])
+
+
+def _stack():
+    return TransformerXL(2, 4, 1, mem_len=2)
+
+
+BAD_CALLS = [
+    (
+        "memory of another width",
+        lambda: _stack()(torch.randn(1, 2, 4), [torch.randn(1, 3, 6)] * 2),
+        ValueError,
+        r"memory\[0\] must be \(B, P, D\) = \(1, P, 4\).*got shape \(1, 3, 6\)",
+    ),
+    (
+        "memory of another batch",
+        lambda: _stack()(torch.randn(2, 2, 4), [torch.randn(2, 3, 4), torch.randn(1, 3, 4)]),
+        ValueError,
+        r"memory\[1\] must be \(B, P, D\) = \(2, P, 4\).*\(1, 3, 4\)",
+    ),
+    (
+        "memory of another dtype",
+        lambda: _stack()(torch.randn(1, 2, 4), [torch.randn(1, 3, 4, dtype=torch.float64)] * 2),
+        TypeError,
+        r"memory\[0\] has dtype torch.float64",
+    ),
+    (
+        "memory not a list",
+        lambda: _stack()(torch.randn(1, 2, 4), torch.randn(1, 3, 4)),
+        TypeError,
+        r"memory must be a list of \(B, P, D\) tensors",
+    ),
+    (
+        "memory of too few layers",
+        lambda: _stack()(torch.randn(1, 2, 4), [torch.randn(1, 2, 4)]),
+        ValueError,
+        r"memory has 1 entries but the stack has 2 layers",
+    ),
+    (
+        "x of another width",
+        lambda: _stack()(torch.randn(1, 2, 5)),
+        ValueError,
+        r"x must be \(B, M, D\) with D = d_model = 4, got shape \(1, 2, 5\)",
+    ),
+    (
+        "layer: memory of another width",
+        lambda: _stack().layers[0](torch.randn(1, 2, 4), torch.randn(1, 3, 6)),
+        ValueError,
+        r"memory must be \(B, P, D\) = \(1, P, 4\)",
+    ),
+    (
+        "layer: h of rank 2",
+        lambda: _stack().layers[0](torch.randn(2, 4)),
+        ValueError,
+        r"h must have at least 3 dims",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("call", "error", "message"), [c[1:] for c in BAD_CALLS], ids=[c[0] for c in BAD_CALLS]
+)
+def test_bad_calls_name_the_argument(call, error, message):
+    with pytest.raises(error, match=message):
+        call()

@@ -30,13 +30,13 @@ def test_metric_direction_is_checked():
 
 
 @pytest.mark.parametrize("name", tasks.available())
-def test_every_task_keeps_the_contract(name):
+def test_every_task_keeps_the_contract(name, tmp_path):
     cls = tasks.get(name)
     assert cls.description
     assert set(cls.defaults) == {"full", "quick"}
     for defaults in cls.defaults.values():
         assert set(defaults) <= set(RunConfig.names())
-    config = RunConfig(task=name, **SMALL).resolved()
+    config = RunConfig(task=name, **SMALL, **cls.example_settings(tmp_path)).resolved()
     task = cls(config)
     torch.manual_seed(0)
     model = task.build_model()
@@ -54,3 +54,30 @@ def test_every_task_keeps_the_contract(name):
         assert item["weights"].ndim == 2 and item["gold"].shape == item["weights"].shape
         assert item["title"] and item["x_title"] and item["y_title"]
         assert ("image" in item) != ("x_labels" in item)
+
+
+REFUSED = {("babi-counting", "memory_network")}  # a varying number of supporting facts
+
+
+def _configs():
+    for name in tasks.available():
+        for attention in ("default", *tasks.get(name).attentions):
+            if (name, attention) not in REFUSED:
+                yield name, attention
+
+
+@pytest.mark.parametrize(("name", "attention"), list(_configs()))
+def test_unused_keys_are_run_keys_with_reasons_and_are_recorded_unset(name, attention, tmp_path):
+    from attnkit.tasks.base import Unused
+
+    example = tasks.get(name).example_settings(tmp_path)
+    config = RunConfig(task=name, attention=attention, quick=True, **example).resolved()
+    filled = RunConfig(**{**config.__dict__, "score": config.score or "additive",
+                          "align": config.align or "softmax"})  # fmt: skip
+    unused = tasks.get(name).unused(filled)
+    assert set(unused) <= set(RunConfig.names())
+    for key, reason in unused.items():
+        assert isinstance(reason, Unused) and reason.by and reason.why
+        assert getattr(config, key) is None
+    for key in {"score", "align"} - set(unused):
+        assert getattr(config, key) is not None

@@ -61,8 +61,9 @@ def test_attention_by_registry_name_and_refusals():
     assert "performer" in tasks.get("kv-recall").attentions
     with pytest.raises(ConfigError, match="not offered"):
         RunConfig(task="kv-recall", attention="memn2n").resolved()
-    with pytest.raises(ConfigError, match="needs the argument 'components'"):
-        RunConfig(task="kv-recall", attention="synthesizer").resolved()
+    config = RunConfig(task="kv-recall", quick=True, attention="synthesizer").resolved()
+    model = tasks.get("kv-recall")(config).build_model()  # Tay's dense synthesizer per layer
+    assert sum(type(m).__name__ == "Synthesizer" for m in model.modules()) == 2
     with pytest.raises(ConfigError, match="seq_len: task 'dates' has no sequence length"):
         RunConfig(task="dates", seq_len=10).resolved()
 

@@ -74,5 +74,27 @@ def test_build_slot_attention_refuses_what_it_cannot_build():
         parts.build_slot_attention("memn2n", head_dim=8, num_heads=2, max_len=16)
     with pytest.raises(ValueError, match="unknown mechanism"):
         parts.build_slot_attention("nope", head_dim=8, num_heads=2, max_len=16)
+
+
+def test_a_mechanism_needing_an_argument_nothing_makes_is_refused(monkeypatch):
+    monkeypatch.delitem(parts.SLOT_ARGUMENTS, "synthesizer")
     with pytest.raises(ValueError, match="needs the argument 'components'"):
         parts.build_slot_attention("synthesizer", head_dim=8, num_heads=2, max_len=16)
+
+
+@pytest.mark.parametrize("name", parts.slot_mechanisms())
+def test_every_slot_mechanism_is_built_from_the_sizes_and_attends(name):
+    torch.manual_seed(0)
+    part = parts.build_slot_attention(name, head_dim=8, num_heads=2, max_len=16)
+    q, k, v = (torch.randn(1, 2, 16, 8) for _ in range(3))
+    context = part(q, k, v).context
+    assert context.shape == (1, 2, 16, 8) and torch.isfinite(context).all()
+
+
+def test_the_synthesizer_is_tays_dense_synthesizer_per_head():
+    from attnkit.efficient.synthesizer import DenseSynthetic
+
+    part = parts.build_slot_attention("synthesizer", head_dim=8, num_heads=2, max_len=16)
+    (component,) = part.components
+    assert isinstance(component, DenseSynthetic)
+    assert component.heads == 2 and component.max_len == 16

@@ -115,3 +115,67 @@ def test_hard_glimpses_learn_where_to_look_with_reinforce():
     row, col = out.locations[:, -1, 0], out.locations[:, -1, 1]
     quadrant = 2 * (row > 0).long() + (col > 0).long()
     assert (quadrant == labels).float().mean() > 0.7
+
+
+def _img():
+    return torch.randn(1, 1, 8, 8)
+
+
+BAD_CALLS = [
+    (
+        "centres of 3 coordinates",
+        lambda: glimpse_sensor(_img(), torch.tensor([[1, 2, 3]]), 2, 2),
+        ValueError,
+        r"centres must be \(L, 2\) \(row, column\), got shape \(1, 3\)",
+    ),
+    (
+        "float centres",
+        lambda: glimpse_sensor(_img(), torch.tensor([[1.0, 2.0]]), 2, 2),
+        TypeError,
+        r"centres must be integer.*torch.float32",
+    ),
+    (
+        "centre outside the image",
+        lambda: glimpse_sensor(_img(), torch.tensor([[1, 2], [3, 8]]), 2, 2),
+        ValueError,
+        r"centres must be pixels of the 8 × 8 images.*centre 1 = \[3, 8\]",
+    ),
+    (
+        "negative centre",
+        lambda: glimpse_sensor(_img(), torch.tensor([[-20, 2]]), 2, 2),
+        ValueError,
+        r"centre 0 = \[-20, 2\]",
+    ),
+    (
+        "size 0",
+        lambda: glimpse_sensor(_img(), torch.tensor([[1, 2]]), 0, 2),
+        ValueError,
+        r"size must be a positive int, got 0",
+    ),
+    (
+        "scales 0",
+        lambda: glimpse_sensor(_img(), torch.tensor([[1, 2]]), 2, 0),
+        ValueError,
+        r"scales must be a positive int, got 0",
+    ),
+    (
+        "images of rank 3",
+        lambda: glimpse_sensor(torch.randn(1, 8, 8), torch.tensor([[1, 2]]), 2, 2),
+        ValueError,
+        r"images must be a feature map \(B, C, H, W\)",
+    ),
+    (
+        "centres not a tensor",
+        lambda: glimpse_sensor(_img(), [[1, 2]], 2, 2),
+        TypeError,
+        r"centres must be a torch.Tensor \(L, 2\), got list",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("call", "error", "message"), [c[1:] for c in BAD_CALLS], ids=[c[0] for c in BAD_CALLS]
+)
+def test_bad_calls_name_the_argument(call, error, message):
+    with pytest.raises(error, match=message):
+        call()

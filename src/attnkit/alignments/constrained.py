@@ -13,32 +13,35 @@ over a whole decoding. The bounds come with each call (``upper=``) or, as one nu
 key, with the module. Bounds above 1 are loose (no weight exceeds 1); a row whose bounds sum to
 less than 1 has no solution and is refused.
 
-τ is located by bisection on the row sum (monotone in τ), then the weights are computed in
-closed form on the saturated / free sets found there, so gradients (with respect to the scores
-and the bounds) are those of the exact solution.
+The saturated set is found by fixing the keys that exceed their bound in the unbounded solution,
+round after round (see ``_solve``); the weights are then the closed form on the saturated / free
+sets, so gradients (with respect to the scores and the bounds) are those of the exact solution.
+Everything works relative to a row maximum, so a constant added to a row changes nothing at any
+magnitude. A −inf score is a key the row cannot attend; NaN or +inf among a row's allowed
+scores, or no finite one, makes the row NaN, as softmax does.
 """
 
 from __future__ import annotations
 
 import math
 
+import entmax
 import torch
 from torch import Tensor
 
 from attnkit import inputs
 from attnkit import taxonomy as tx
 from attnkit.alignments.base import REGISTRY, Alignment, AlignOutput, masked_softmax
+from attnkit.alignments.sparse import Sparsemax
 from attnkit.alignments.streaming import Streaming, Tiles
 
 __all__ = ["ConstrainedSoftmax", "ConstrainedSparsemax"]
 
-# Bisection halvings of the bracket of τ: enough to reach float64 resolution from any bracket
-# the shifted scores give.
-_STEPS = 100
 # Streaming: each sweep over the key blocks evaluates the row sum at _POINTS values of τ and
-# shrinks the bracket (_POINTS + 1)-fold; _SWEEPS sweeps reach float64 resolution.
+# shrinks the bracket (_POINTS + 1)-fold, until it reaches the dtype's resolution; _SWEEPS caps
+# the sweeps (64 take a bracket of 1e60 to float64 resolution).
 _POINTS = 15
-_SWEEPS = 24
+_SWEEPS = 64
 
 
 def _check_upper(upper: object, name: str = "upper") -> float | None:
@@ -49,6 +52,16 @@ def _check_upper(upper: object, name: str = "upper") -> float | None:
     if not upper > 0 or math.isnan(upper):
         raise ValueError(f"{name} must be > 0 (math.inf for no bound), got {upper!r}")
     return float(upper)
+
+
+def _sparsemax_alignment(scores: Tensor, mask: Tensor | None) -> Tensor:
+    return Sparsemax()(scores, mask).weights
+
+
+def _concrete(t: Tensor) -> bool:
+    """Whether ``t`` holds values (not a meta tensor, which carries shapes only): data-dependent
+    checks and loops run only then."""
+    return t.device.type != "meta"
 
 
 def _infeasible(budget: Tensor, short: Tensor) -> ValueError:
@@ -63,9 +76,10 @@ class _Constrained(Streaming, Alignment):
     """Shared validation, shifting and feasibility; subclasses solve a shifted, bounded row.
 
     Streaming (chunked kernels, with the module's bound for every key): the statistic is the
-    row maximum m, the threshold τ_s that decides which keys are saturated and the τ_f of the
-    free keys, found by a multi-point bisection whose row sums are accumulated over key blocks,
-    then one sweep for the closed form on the sets, as the dense path does.
+    row maximum m, the threshold τ_s that decides which keys are saturated (a multi-point
+    bisection whose row sums are accumulated over key blocks), then from one more sweep the
+    largest free score c and the threshold τ_f of the free keys relative to c, the closed form
+    on the sets, as the dense path does.
     """
 
     def __init__(self, upper: float | None = None) -> None:
@@ -98,12 +112,50 @@ class _Constrained(Streaming, Alignment):
                 f"upper of shape {tuple(upper.shape)} does not broadcast to the scores "
                 f"{tuple(scores.shape)}"
             )
-        if bool(torch.isnan(upper).any()) or bool((upper < 0).any()):
+        if _concrete(upper) and (bool(torch.isnan(upper).any()) or bool((upper < 0).any())):
             raise ValueError("upper must be >= 0 and not NaN (math.inf for no bound)")
         return upper.to(scores.dtype).clamp(max=1.0).expand(scores.shape)
 
-    def _solve(self, z: Tensor, u: Tensor, allowed: Tensor) -> Tensor:
+    def _relaxed(self, z: Tensor, free: Tensor, mass: Tensor) -> Tensor:
+        """The solution on the keys ``free`` with total ``mass`` (…, M, 1) and no upper bound;
+        0 elsewhere."""
         raise NotImplementedError
+
+    def _solve(self, z: Tensor, u: Tensor, allowed: Tensor) -> Tensor:
+        """Weights of the shifted scores ``z`` (rows of ``allowed`` keys, bounds ``u``).
+
+        The saturated set S is found by fixing violators: solve without bounds on the keys not
+        yet in S, with the mass left by S, and add every key above its bound. Dropping the
+        bounds of the free keys can only raise their weights at a given τ, so the unbounded
+        threshold is ≥ the true one and a key above its bound there is saturated in the exact
+        solution too; with no violator left, the unbounded solution is feasible, hence exact.
+        S grows at each round, so at most N rounds; each round works relative to the largest
+        free score, so the sets do not depend on the scores' offset or on keys far below it.
+        The weights are then the closed form on S, differentiable in the scores and bounds.
+        """
+        zero = torch.zeros((), dtype=z.dtype, device=z.device)
+        saturated = torch.zeros_like(allowed)
+        with torch.no_grad():
+            prepared = self._prepare_rounds(z.detach(), allowed)
+            for _ in range(z.shape[-1] + 1):
+                free = allowed & ~saturated
+                mass = 1 - torch.where(saturated, u, zero).sum(dim=-1, keepdim=True)
+                relaxed = self._round(prepared, z.detach(), free, mass.clamp_min(0))
+                over = free & (relaxed > u)
+                saturated = saturated | over
+                if not _concrete(over) or not bool(over.any()):
+                    break
+        free = allowed & ~saturated
+        mass = (1 - torch.where(saturated, u, zero).sum(dim=-1, keepdim=True)).clamp_min(0)
+        return torch.where(saturated, u, self._relaxed(z, free, mass))
+
+    def _prepare_rounds(self, z: Tensor, allowed: Tensor) -> object:
+        """What the rounds of ``_solve`` share (e.g. a sort of the scores)."""
+        return None
+
+    def _round(self, prepared: object, z: Tensor, free: Tensor, mass: Tensor) -> Tensor:
+        """``_relaxed`` without gradient, inside the rounds of ``_solve``."""
+        return self._relaxed(z, free, mass)
 
     def _unbounded(self, scores: Tensor, mask: Tensor | None) -> Tensor | None:
         """The weights when no key has a bound (None: solve with bounds of 1)."""
@@ -136,12 +188,19 @@ class _Constrained(Streaming, Alignment):
                 return AlignOutput(plain.to(scores.dtype))
             u = torch.ones(work.shape, dtype=work.dtype, device=work.device)
         allowed = torch.ones_like(work, dtype=torch.bool) if mask is None else mask.expand_as(work)
-        any_key = allowed.any(dim=-1, keepdim=True)
         zero = torch.zeros((), dtype=work.dtype, device=work.device)
+        # A −inf score is a key the row cannot attend (both objectives are infinite otherwise);
+        # NaN or +inf among a row's allowed scores, or no finite one, leaves the row undefined:
+        # it is NaN, as softmax makes it.
+        reachable = allowed & (work > float("-inf"))
+        broken = (allowed & (torch.isnan(work) | (work == float("inf")))).any(-1, keepdim=True)
+        broken = broken | (allowed.any(-1, keepdim=True) & ~reachable.any(-1, keepdim=True))
+        allowed = reachable & ~broken
+        any_key = allowed.any(dim=-1, keepdim=True)
         budget = torch.where(allowed, u, zero).sum(dim=-1, keepdim=True)
         slack = math.sqrt(torch.finfo(work.dtype).eps)
         short = any_key & (budget.detach() < 1 - slack)
-        if bool(short.any()):
+        if _concrete(short) and bool(short.any()):
             raise _infeasible(budget, short)
         # Both maps ignore a constant added to a row: subtract the (detached) row maximum so
         # every quantity stays O(1) at any logit magnitude.
@@ -149,15 +208,12 @@ class _Constrained(Streaming, Alignment):
         top = top.amax(dim=-1, keepdim=True).detach()
         top = torch.where(torch.isfinite(top), top, zero)
         z = torch.where(allowed, work - top, zero)
-        # A NaN among a row's allowed scores makes the row NaN, as softmax does.
-        broken = torch.isnan(z).any(dim=-1, keepdim=True)
-        z = torch.where(broken, zero, z)
-        weights = self._solve(z, u, allowed & any_key)
+        weights = self._solve(z, u, allowed)
         weights = torch.where(broken, torch.full((), float("nan"), dtype=work.dtype), weights)
-        weights = torch.where(allowed, weights, zero)
+        weights = torch.where(allowed | broken, weights, zero)
         return AlignOutput(weights.to(scores.dtype))
 
-    # ---- streaming protocol: stat = (m, τ_s, τ_f) ---------------------------------------------
+    # ---- streaming protocol: stat = (m, τ_s, c, τ_f − c) ------------------------------------
 
     def _scalar_bound(self) -> float:
         return 1.0 if self.upper is None else min(self.upper, 1.0)
@@ -204,7 +260,8 @@ class _Constrained(Streaming, Alignment):
         assert top is not None and low is not None and count is not None
         zero = torch.zeros((), dtype=top.dtype)
         any_key = count > 0
-        broken = torch.isnan(top)  # a NaN among the row's scores: the row is NaN, as in softmax
+        # NaN or +inf among the row's scores: the row is NaN, as in softmax.
+        broken = torch.isnan(top) | (top == float("inf"))
         top = torch.where(torch.isfinite(top), top, zero)
         budget = count * u
         short = any_key & (budget < 1 - math.sqrt(torch.finfo(top.dtype).eps))
@@ -213,6 +270,7 @@ class _Constrained(Streaming, Alignment):
         lo, hi = self._bracket(torch.where(any_key, low - top, zero), count, u)
         lo, hi = torch.where(any_key, lo, zero), torch.where(any_key, hi, zero)
         frac = torch.arange(1, _POINTS + 1, dtype=top.dtype) / (_POINTS + 1)
+        tol = 4 * torch.finfo(top.dtype).eps
         for _ in range(_SWEEPS):
             cand = lo + (hi - lo) * frac  # (…, M_b, P), increasing
             total = None
@@ -220,28 +278,53 @@ class _Constrained(Streaming, Alignment):
                 part = self._mass((e - top).unsqueeze(-2), cand.unsqueeze(-1), u).sum(-1)
                 total = part if total is None else total + part
             assert total is not None
-            idx = (total > 1).sum(dim=-1, keepdim=True)  # the heavy candidates come first
+            # The candidates whose sum reaches 1 come first. Where the sum stays at 1 over a
+            # stretch (no free key), the bracket closes on the stretch's upper end, whose sets
+            # hold the keys at the top of the row, not ones that rounding at −1e9 would add.
+            idx = (total >= 1).sum(dim=-1, keepdim=True)
             ext = torch.cat([lo, cand, hi], dim=-1)
             lo, hi = ext.gather(-1, idx), ext.gather(-1, idx + 1)
-        n_sat = n_free = part_sum = None
+            if bool(((hi - lo) <= tol * (1 + hi.abs())).all()):
+                break
+        # The free keys' part of the closed form is summed relative to the largest free score c
+        # (rescaled as c grows), so free keys far below the row maximum keep their digits.
+        n_sat = n_free = part_sum = c_free = None
         for e in tiles():
-            z = e - top
-            sat, free = self._sets(z, hi, u)
-            blk = (
-                sat.sum(-1, keepdim=True, dtype=z.dtype),
-                free.sum(-1, keepdim=True, dtype=z.dtype),
-                self._free_part(z, free),
-            )
+            sat, free = self._sets(e - top, hi, u)
+            c = torch.where(free, e, torch.full((), float("-inf"), dtype=e.dtype))
+            c = c.amax(dim=-1, keepdim=True)
+            n_b = free.sum(-1, keepdim=True, dtype=e.dtype)
+            part_b = self._free_part(torch.where(free, e - c, zero), free)
             if n_sat is None:
-                n_sat, n_free, part_sum = blk
-            else:
-                n_sat, n_free, part_sum = n_sat + blk[0], n_free + blk[1], part_sum + blk[2]
+                n_sat, n_free, part_sum, c_free = (
+                    sat.sum(-1, keepdim=True, dtype=e.dtype),
+                    n_b,
+                    part_b,
+                    c,
+                )
+                continue
+            c_new = torch.maximum(c_free, c)
+            part_sum = self._shift_part(part_sum, n_free, c_free, c_new) + self._shift_part(
+                part_b, n_b, c, c_new
+            )
+            n_sat, n_free, c_free = (
+                n_sat + sat.sum(-1, keepdim=True, dtype=e.dtype),
+                n_free + n_b,
+                c_new,
+            )
         assert n_sat is not None and n_free is not None and part_sum is not None
+        assert c_free is not None
         tau_f = self._tau_free(part_sum, n_free, 1 - n_sat * u)
         # No free key: every τ of the flat stretch around the bisection's end is a solution.
-        tau_f = torch.where(any_key & (n_free > 0), tau_f, hi)
+        has_free = any_key & (n_free > 0)
+        tau_f = torch.where(has_free, tau_f, hi)
+        c_free = torch.where(has_free, c_free, top)
         top = torch.where(broken, torch.full((), float("nan"), dtype=top.dtype), top)
-        return torch.cat([top, hi, tau_f], dim=-1)
+        return torch.cat([top, hi, c_free, tau_f], dim=-1)
+
+    def _shift_part(self, part: Tensor, n: Tensor, c: Tensor, c_new: Tensor) -> Tensor:
+        """A free part summed relative to ``c``, made relative to ``c_new`` ≥ c; 0 where n = 0."""
+        raise NotImplementedError
 
     def stream_weights(self, e: Tensor, stat: Tensor | None) -> Tensor:
         assert stat is not None
@@ -251,9 +334,8 @@ class _Constrained(Streaming, Alignment):
         # The free weight is continuous in the score and reaches u at the saturation edge, so
         # a key whose score rounds differently here than in the statistic's sweeps (block-sparse
         # tiles are computed apart) moves its weight by a rounding error only.
-        w = torch.where(
-            sat, torch.full((), u, dtype=z.dtype), self._free_weight(z, stat[..., 2:], u)
-        )
+        free = self._free_weight(e - stat[..., 2:3], stat[..., 3:], u)
+        w = torch.where(sat, torch.full((), u, dtype=z.dtype), free)
         return torch.where(torch.isnan(stat[..., :1]), torch.full((), float("nan")), w)
 
     def stream_slope(self, p: Tensor, stat: Tensor | None) -> tuple[Tensor, Tensor | None]:
@@ -265,16 +347,6 @@ class _Constrained(Streaming, Alignment):
 
     def _free_slope(self, p: Tensor, free: Tensor) -> Tensor:
         raise NotImplementedError
-
-
-def _bisect(total, lo: Tensor, hi: Tensor) -> Tensor:
-    """The upper end of a bracket [lo, hi] of the root of total(τ) = 1 (total decreasing),
-    keeping total(hi) ≤ 1."""
-    for _ in range(_STEPS):
-        mid = (lo + hi) / 2
-        heavy = total(mid) > 1
-        lo, hi = torch.where(heavy, mid, lo), torch.where(heavy, hi, mid)
-    return hi
 
 
 @REGISTRY.register("constrained_softmax")
@@ -293,25 +365,8 @@ class ConstrainedSoftmax(_Constrained):
     def _unbounded(self, scores: Tensor, mask: Tensor | None) -> Tensor | None:
         return masked_softmax(scores, mask)
 
-    def _solve(self, z: Tensor, u: Tensor, allowed: Tensor) -> Tensor:
-        zero = torch.zeros((), dtype=z.dtype, device=z.device)
-        with torch.no_grad():
-            # Key l is saturated (a_l = u_l) iff τ ≤ r_l = e_l − log u_l.
-            r = torch.where(allowed, z - torch.log(u), torch.full((), float("inf"), dtype=z.dtype))
-            count = allowed.sum(dim=-1, keepdim=True).clamp_min(1).to(z.dtype)
-            hi = torch.log(count)  # every z ≤ 0: Σ exp(z − τ) ≤ 1 there
-            lo = torch.minimum(r.amin(dim=-1, keepdim=True), hi)  # all saturated: Σ u ≥ 1
-            lo = torch.where(torch.isfinite(lo), lo, hi)
-
-            def total(tau: Tensor) -> Tensor:
-                part = torch.where(tau <= r, u, torch.exp(z - tau))
-                return torch.where(allowed, part, zero).sum(dim=-1, keepdim=True)
-
-            tau = _bisect(total, lo, hi)
-            saturated = allowed & (tau <= r)
-        free = allowed & ~saturated
-        mass = (1 - torch.where(saturated, u, zero).sum(dim=-1, keepdim=True)).clamp_min(0)
-        return torch.where(saturated, u, mass * masked_softmax(z, free))
+    def _relaxed(self, z: Tensor, free: Tensor, mass: Tensor) -> Tensor:
+        return mass * masked_softmax(z, free)
 
     def _bracket(self, low: Tensor, count: Tensor, u: float) -> tuple[Tensor, Tensor]:
         hi = torch.log(count.clamp_min(1))
@@ -335,6 +390,10 @@ class ConstrainedSoftmax(_Constrained):
         safe = torch.where(part > 0, part, torch.ones((), dtype=part.dtype))
         return torch.where(mass > 0, torch.log(safe) - torch.log(mass.clamp_min(1e-300)), inf)
 
+    def _shift_part(self, part: Tensor, n: Tensor, c: Tensor, c_new: Tensor) -> Tensor:
+        zero = torch.zeros((), dtype=part.dtype)
+        return torch.where(n > 0, part * torch.exp(torch.where(n > 0, c - c_new, zero)), zero)
+
     def _free_weight(self, z: Tensor, tau_f: Tensor, u: float) -> Tensor:
         return torch.clamp(torch.exp(z - tau_f), max=u)
 
@@ -356,25 +415,46 @@ class ConstrainedSparsemax(_Constrained):
 
     label = tx.AlignmentKind.SPARSE
 
-    def _solve(self, z: Tensor, u: Tensor, allowed: Tensor) -> Tensor:
+    def _unbounded(self, scores: Tensor, mask: Tensor | None) -> Tensor | None:
+        # No weight of sparsemax exceeds 1, so bounds ≥ 1 never bind.
+        return _sparsemax_alignment(scores, mask)
+
+    def _relaxed(self, z: Tensor, free: Tensor, mass: Tensor) -> Tensor:
+        # argmin ‖a − z‖² over {a ≥ 0, Σ a = m} is m · sparsemax(z / m), evaluated relative to
+        # the largest free score; below it by more than m a key gets 0, so −2 stands for it.
         zero = torch.zeros((), dtype=z.dtype, device=z.device)
-        with torch.no_grad():
-            # τ = 0 = max e: total 0; τ = min (e − u): every key saturated, total Σ u ≥ 1.
-            hi = torch.zeros_like(z[..., :1])
-            edge = torch.where(allowed, z - u, torch.full((), float("inf"), dtype=z.dtype))
-            lo = torch.minimum(edge.amin(dim=-1, keepdim=True), hi - 1)
+        top = torch.where(free, z, torch.full((), float("-inf"), dtype=z.dtype))
+        top = top.amax(dim=-1, keepdim=True).detach()
+        top = torch.where(torch.isfinite(top), top, zero)
+        tiny = torch.finfo(z.dtype).tiny
+        scaled = ((z - top) / mass.clamp_min(tiny)).clamp_min(-2.0)
+        scaled = torch.where(free, scaled, torch.full((), -2.0, dtype=z.dtype))
+        return torch.where(free, mass * entmax.sparsemax(scaled, dim=-1), zero)
 
-            def total(tau: Tensor) -> Tensor:
-                part = torch.minimum(torch.clamp(z - tau, min=0), u)
-                return torch.where(allowed, part, zero).sum(dim=-1, keepdim=True)
+    def _prepare_rounds(self, z: Tensor, allowed: Tensor) -> object:
+        # One sort per row serves every round: the free keys keep their order.
+        low = torch.full((), float("-inf"), dtype=z.dtype, device=z.device)
+        return torch.where(allowed, z, low).sort(dim=-1, descending=True)
 
-            tau = _bisect(total, lo, hi)
-            saturated = allowed & (z - u >= tau)
-            free = allowed & ~saturated & (z > tau)
-        count = free.sum(dim=-1, keepdim=True).to(z.dtype)
-        left = 1 - torch.where(saturated, u, zero).sum(dim=-1, keepdim=True)
-        tau = (torch.where(free, z, zero).sum(dim=-1, keepdim=True) - left) / count.clamp_min(1)
-        return torch.where(saturated, u, torch.where(free, z - tau, zero))
+    def _round(self, prepared: object, z: Tensor, free: Tensor, mass: Tensor) -> Tensor:
+        # Martins & Astudillo eq. 3 on the free keys with total m: the support is the k largest
+        # with m + k·z_(k) > Σ_{j ≤ k} z_(j), τ = (Σ_{j ≤ k} z_(j) − m)/k; relative to the
+        # largest free score, so the sums stay O(1) near the top.
+        values, order = prepared  # type: ignore[misc]
+        zero = torch.zeros((), dtype=z.dtype, device=z.device)
+        in_order = free.gather(-1, order)
+        top = torch.where(in_order, values, torch.full((), float("-inf"), dtype=z.dtype))
+        top = top.amax(dim=-1, keepdim=True)
+        top = torch.where(torch.isfinite(top), top, zero)
+        rel = torch.where(in_order, values - top, zero)
+        sums = rel.cumsum(dim=-1)
+        k = in_order.cumsum(dim=-1).to(z.dtype)
+        support = in_order & (mass + k * rel > sums)
+        size = support.sum(dim=-1, keepdim=True).to(z.dtype)
+        total = torch.where(support, sums, torch.full((), float("inf"), dtype=z.dtype))
+        tau = (total.amin(dim=-1, keepdim=True) - mass) / size.clamp_min(1)
+        tau = torch.where(size > 0, tau, zero)
+        return torch.where(free, torch.clamp(z - top - tau, min=0), zero)
 
     def _bracket(self, low: Tensor, count: Tensor, u: float) -> tuple[Tensor, Tensor]:
         hi = torch.zeros_like(low)
@@ -392,6 +472,10 @@ class ConstrainedSparsemax(_Constrained):
 
     def _tau_free(self, part: Tensor, n_free: Tensor, mass: Tensor) -> Tensor:
         return (part - mass) / n_free.clamp_min(1)
+
+    def _shift_part(self, part: Tensor, n: Tensor, c: Tensor, c_new: Tensor) -> Tensor:
+        zero = torch.zeros((), dtype=part.dtype)
+        return torch.where(n > 0, part + n * torch.where(n > 0, c - c_new, zero), zero)
 
     def _free_weight(self, z: Tensor, tau_f: Tensor, u: float) -> Tensor:
         return torch.clamp(z - tau_f, min=0, max=u)

@@ -12,7 +12,7 @@ from torch import Tensor, nn
 
 from attnkit import inputs
 from attnkit import taxonomy as tx
-from attnkit.alignments.base import REGISTRY, Alignment, AlignOutput, masked_softmax
+from attnkit.alignments.base import REGISTRY, Alignment, AlignOutput, centered, masked_softmax
 
 __all__ = ["GraphLocal", "tree_distance"]
 
@@ -160,5 +160,5 @@ class GraphLocal(Alignment):
         if self.gaussian:
             zero = torch.zeros((), dtype=scores.dtype, device=scores.device)
             near = torch.where(allowed, d, zero)  # inf distances must not reach the gradient
-            e = scores - near**2 / (2 * self._sigma(scores.dtype) ** 2)
+            e = centered(scores, allowed) - near**2 / (2 * self._sigma(scores.dtype) ** 2)
         return AlignOutput(masked_softmax(e, allowed.expand(scores.shape)))

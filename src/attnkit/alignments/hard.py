@@ -69,8 +69,7 @@ class Hard(Alignment):
             relaxed = masked_softmax(perturbed / self.tau, mask)
             weights = weights + relaxed - relaxed.detach()
         undefined = log_p.isnan().any(dim=-1)  # masked keys are −inf in log_p, never NaN
-        if bool(undefined.any()):
-            nan = torch.full((), float("nan"), dtype=weights.dtype)
-            weights = torch.where(undefined.unsqueeze(-1), nan, weights)
-            log_prob = torch.where(undefined, nan, log_prob)
+        nan = torch.full((), float("nan"), dtype=weights.dtype)
+        weights = torch.where(undefined.unsqueeze(-1), nan, weights)
+        log_prob = torch.where(undefined, nan, log_prob)
         return AlignOutput(weights, log_prob)

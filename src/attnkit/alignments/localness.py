@@ -11,7 +11,7 @@ from torch import Tensor
 
 from attnkit import arguments, inputs
 from attnkit import taxonomy as tx
-from attnkit.alignments.base import REGISTRY, Alignment, AlignOutput, masked_softmax
+from attnkit.alignments.base import REGISTRY, Alignment, AlignOutput, centered, masked_softmax
 from attnkit.alignments.temperature import check_query
 from attnkit.layers import HeadwiseLinear
 
@@ -74,4 +74,4 @@ class PredictedWindow(Alignment):
         j = torch.arange(scores.shape[-1], device=scores.device, dtype=scores.dtype)
         sigma = (width / 2).clamp_min(torch.finfo(scores.dtype).tiny ** 0.25)
         bias = -((j - centre) ** 2) / (2 * sigma**2)
-        return AlignOutput(masked_softmax(scores + bias, mask))
+        return AlignOutput(masked_softmax(centered(scores, mask) + bias, mask))

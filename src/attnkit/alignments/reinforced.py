@@ -62,8 +62,7 @@ class Reinforced(Alignment):
         weights = masked_softmax(scores, keep)
         step = torch.where(keep, F.logsigmoid(logits), F.logsigmoid(-logits))
         log_prob = torch.where(valid, step, torch.zeros((), dtype=step.dtype)).sum(dim=-1)
-        if bool(undefined.any()):
-            nan = torch.full((), float("nan"), dtype=weights.dtype)
-            weights = torch.where(undefined.unsqueeze(-1), nan, weights)
-            log_prob = torch.where(undefined, nan, log_prob)
+        nan = torch.full((), float("nan"), dtype=weights.dtype)
+        weights = torch.where(undefined.unsqueeze(-1), nan, weights)
+        log_prob = torch.where(undefined, nan, log_prob)
         return AlignOutput(weights, log_prob)

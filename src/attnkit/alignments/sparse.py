@@ -136,14 +136,24 @@ class _Sparse(Streaming, Alignment):
     ) -> AlignOutput:
         # Half precision has too few digits for the threshold search: work in float32.
         work = scores.float() if scores.dtype in (torch.float16, torch.bfloat16) else scores
-        filled, keep = _shifted(work, mask, 1.0 / (self.alpha_value() - 1.0) + 1.0)
-        # A NaN among a row's allowed scores makes that row NaN (as softmax does), instead of
-        # reaching the sorting algorithms, which fail on it with an index error.
-        broken = torch.isnan(filled).any(dim=-1, keepdim=True)
-        weights = self._map(torch.where(broken, torch.zeros((), dtype=filled.dtype), filled))
+        # A −inf score is a key the row cannot attend (its weight is 0 in the limit). NaN or
+        # +inf among a row's allowed scores, or no finite one, leaves the distribution
+        # undefined: the row is NaN, as softmax makes it, instead of reaching the sorting
+        # algorithms, which fail on such rows with an index error.
+        reachable = work > float("-inf")
+        allowed = reachable if mask is None else mask & reachable
+        bad = torch.isnan(work) | (work == float("inf"))
+        broken = (bad if mask is None else mask & bad).any(dim=-1, keepdim=True)
+        if mask is None:
+            broken = broken | ~reachable.any(dim=-1, keepdim=True)
+        else:
+            broken = broken | (mask.any(dim=-1, keepdim=True) & ~allowed.any(dim=-1, keepdim=True))
+        filled, keep = _shifted(work, allowed, 1.0 / (self.alpha_value() - 1.0) + 1.0)
+        zero = torch.zeros((), dtype=filled.dtype)
+        weights = self._map(torch.where(broken, zero, filled))
+        assert keep is not None
+        weights = torch.where(keep, weights, zero)
         weights = torch.where(broken, torch.full((), float("nan"), dtype=weights.dtype), weights)
-        if keep is not None:
-            weights = torch.where(keep, weights, torch.zeros((), dtype=weights.dtype))
         return AlignOutput(weights.to(scores.dtype))
 
     # ---- streaming protocol: stat = (row max, τ) ------------------------------------------

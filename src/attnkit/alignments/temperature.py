@@ -10,7 +10,7 @@ from torch import Tensor
 
 from attnkit import arguments, inputs
 from attnkit import taxonomy as tx
-from attnkit.alignments.base import REGISTRY, Alignment, AlignOutput, masked_softmax
+from attnkit.alignments.base import REGISTRY, Alignment, AlignOutput, centered, masked_softmax
 from attnkit.layers import HeadwiseLinear
 
 __all__ = ["QueryTemperature", "check_query"]
@@ -79,4 +79,4 @@ class QueryTemperature(Alignment):
         """Weights (…, M, N) from scores (…, M, N) and the query (…, M, d_q)."""
         scores = inputs.alignment_inputs(self, scores, mask)
         tau = self.temperature(query).to(scores.dtype)  # type: ignore[arg-type]
-        return AlignOutput(masked_softmax(scores / tau, mask))
+        return AlignOutput(masked_softmax(centered(scores, mask) / tau, mask))

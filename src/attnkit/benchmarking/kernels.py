@@ -26,16 +26,26 @@ def _ms(result: dict) -> str:
 
 
 def _ratio(a: dict, b: dict, key: str) -> str:
+    """a[key] / b[key]; "-" when either cell failed, "n/a" when b[key] is not positive."""
     if "error" in a or "error" in b:
         return "-"
+    if not b[key] > 0:
+        return "n/a"
     return f"{a[key] / b[key]:.3f}"
 
 
 def _above_base(a: dict, b: dict) -> str:
-    """Ratio of the peaks above each process's base (what the computation itself added)."""
+    """Ratio of the peaks above each process's base (what the computation itself added).
+
+    The peak is the process's resident high-water mark, so a computation that fits in memory the
+    process already held adds nothing: when the baseline added nothing there is no ratio.
+    """
     if "error" in a or "error" in b:
         return "-"
-    return f"{(a['peak_bytes'] - a['base_bytes']) / (b['peak_bytes'] - b['base_bytes']):.3f}"
+    ours, theirs = (max(r["peak_bytes"] - r["base_bytes"], 0) for r in (a, b))
+    if theirs == 0:
+        return "n/a (baseline added no memory)"
+    return f"{ours / theirs:.3f}"
 
 
 def additive_table(sizes: list[int], dense_max: int, progress) -> str:

@@ -133,12 +133,13 @@ def main(
             if failed:
                 rows.append(f"| {DESCRIPTION[name]} | {n} | failed: {failed[0]['error']} |")
                 continue
-            ratio = sparse["seconds"] / (sparse["density"] * unmasked["seconds"])
+            expected = sparse["density"] * unmasked["seconds"]
+            ratio = f"{sparse['seconds'] / expected:.2f}" if expected > 0 else "n/a"
             tile_time = f"{tile['seconds']:.3g}" if tile else "not run (N × N mask)"
             rows.append(
                 f"| {DESCRIPTION[name]} | {n} | {sparse['density']:.3f} | "
                 f"{sparse['seconds']:.3g} | {tile_time} | {unmasked['seconds']:.3g} | "
-                f"{ratio:.2f} | {_above_base(sparse)} / {_above_base(tile) if tile else '-'} |"
+                f"{ratio} | {_above_base(sparse)} / {_above_base(tile) if tile else '-'} |"
             )
             progress(rows[-1])
     return "\n".join(rows)

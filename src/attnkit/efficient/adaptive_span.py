@@ -54,6 +54,8 @@ class AdaptiveSpanAttention(nn.Module):
             2e-6 by default).
     """
 
+    decodes_with_cache: ClassVar[bool] = True  # a step equals its causal rows
+
     mask_inputs: ClassVar[dict[str, tuple[str, ...]]] = {"mask": ("k", "v")}
     takes_q_offset: ClassVar[bool] = True  # distances i − j need the queries' positions
 

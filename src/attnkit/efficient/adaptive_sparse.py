@@ -62,6 +62,8 @@ class AdaptivelySparseAttention(nn.Module):
         n_iter: bisection steps of entmax.
     """
 
+    decodes_with_cache: ClassVar[bool] = True  # a step equals its causal rows
+
     mask_inputs: ClassVar[dict[str, tuple[str, ...]]] = {"mask": ("k", "v")}
 
     def __init__(self, n_heads: int, alpha: float = 1.5, *, n_iter: int = 50) -> None:

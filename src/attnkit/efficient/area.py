@@ -55,6 +55,8 @@ class AreaAttention(nn.Module):
         max_area: S, the largest number of adjacent keys in one area.
     """
 
+    decodes_with_cache: ClassVar[bool] = True  # a step equals its causal rows
+
     mask_inputs: ClassVar[dict[str, tuple[str, ...]]] = {"mask": ("k", "v")}
 
     def __init__(self, max_area: int = 3) -> None:

@@ -43,6 +43,8 @@ class FastWeightProgrammer(nn.Module):
     over queries is refused (the programme is causal by construction). A bias is refused.
     """
 
+    decodes_with_cache: ClassVar[bool] = True  # a step equals its causal rows
+
     # causal self-attention: a padded position is padding as a query too
     mask_inputs: ClassVar[dict[str, tuple[str, ...]]] = {"mask": ("q", "k", "v")}
     # causal=True: queries after a KV cache are the last rows of the causal sequence

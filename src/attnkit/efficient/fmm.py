@@ -37,6 +37,7 @@ from attnkit.efficient import kernelized as kz
 from attnkit.efficient.landmarks import padding_masks, zero_rows
 from attnkit.efficient.linear import causal_rows, check_causal, make_feature_map, refuse_bias
 from attnkit.efficient.lsh import check_head_inputs
+from attnkit.kernels.base import guarded_sum
 from attnkit.mechanisms import REGISTRY, example_tensor
 
 __all__ = ["FMMOutput", "FMMformer", "band_blocks"]
@@ -158,6 +159,11 @@ class FMMformer(nn.Module):
         self.align = Softmax()
         self.far_align = kz.KernelNormalized()
 
+    @property
+    def decodes_with_cache(self) -> bool:
+        """Causal, a decoding step over the cached keys equals its rows of the causal pass."""
+        return self.causal
+
     @classmethod
     def example(cls):
         q, k, v = (example_tensor(2, 2, 7, 4, seed=s) for s in (61, 62, 63))
@@ -189,7 +195,12 @@ class FMMformer(nn.Module):
         if keep is not None:
             allowed = inside & _windows(keep.transpose(-1, -2), c, nb).transpose(-1, -2)
         weights = self.align(scores, allowed).weights  # (…, nb, c, 3c)
-        context = (weights @ _windows(v, c, nb)).flatten(-3, -2)[..., :m, :]
+        windows = _windows(v, c, nb)
+        if torch.compiler.is_compiling() or bool(torch.isfinite(v).all()):
+            context = weights @ windows
+        else:  # a value outside the band (weight 0) is NaN or infinite: it must reach nothing
+            context = guarded_sum(torch.matmul, weights, windows)
+        context = context.flatten(-3, -2)[..., :m, :]
         return context, weights, j
 
     def forward(

@@ -41,6 +41,7 @@ from torch import Tensor
 from attnkit import masks
 from attnkit import taxonomy as tx
 from attnkit.alignments import Alignment, AlignOutput
+from attnkit.kernels.base import guarded_sum
 
 __all__ = [
     "KernelNormalized",
@@ -316,17 +317,27 @@ def causal_feature_attention(
     )
     blocks = (n + pad) // c
     fq, fk, v = (x.reshape(*lead, blocks, c, x.shape[-1]) for x in (fq, fk, v))
-    # state of all earlier blocks: exclusive prefix sums over blocks
+    # state of all earlier blocks: exclusive prefix sums over blocks (by a shifted sum, not by
+    # subtracting the block itself, so that a non-finite later key cannot reach earlier rows)
     block_kv = torch.einsum("...cnm,...cnd->...cmd", fk, v)
     block_z = fk.sum(-2)
-    prev_kv = block_kv.cumsum(-3) - block_kv
-    prev_z = block_z.cumsum(-2) - block_z
+    prev_kv = _exclusive_cumsum(block_kv, -3)
+    prev_z = _exclusive_cumsum(block_z, -2)
     within = (fq @ fk.transpose(-1, -2)).tril()  # (…, blocks, C, C): j ≤ i inside the block
-    num = fq @ prev_kv + within @ v
+    if torch.compiler.is_compiling() or bool(torch.isfinite(v).all()):
+        num = fq @ prev_kv + within @ v
+    else:  # a later value in the block is NaN or infinite: weight 0 must mean no influence
+        num = fq @ prev_kv + guarded_sum(torch.matmul, within, v)
     den = (fq * prev_z.unsqueeze(-2)).sum(-1, keepdim=True) + within.sum(-1, keepdim=True)
     out = _divide(num, den).reshape(*lead, blocks * c, dv)
     del m
     return out[..., :n, :]
+
+
+def _exclusive_cumsum(x: Tensor, dim: int) -> Tensor:
+    """Σ_{b' < b} x_b' along ``dim``: the sums of the blocks before each block."""
+    zero = torch.zeros_like(x.narrow(dim, 0, 1))
+    return torch.cat((zero, x.narrow(dim, 0, x.shape[dim] - 1).cumsum(dim)), dim)
 
 
 def step(

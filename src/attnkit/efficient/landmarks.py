@@ -266,6 +266,13 @@ class LandmarkAttention(nn.Module):
     to each factor), its :meth:`pseudo_inverse` and, if not segment means of the queries and of
     the keys apart, its :meth:`landmarks`.
 
+    Masks: padding masks only (see :func:`padding_masks`). The query landmarks are computed from
+    all real queries, so a padded query must be named as one — by an all-False row of a
+    (…, M, N) mask — or it counts as real. Inside :class:`attnkit.MultiHeadAttention`
+    self-attention does this for a key-padding mask (…, 1, N): the part declares
+    ``mixes_queries = True`` (a query's result depends on the other queries), and a token that
+    no query may attend is then padding as a query too, so that padding equals truncation.
+
     Args:
         num_landmarks: m, the number of landmarks.
         iterations: steps of the pseudo-inverse iteration.
@@ -273,6 +280,7 @@ class LandmarkAttention(nn.Module):
     """
 
     mask_inputs: ClassVar[dict[str, tuple[str, ...]]] = {"mask": ("k", "v")}
+    mixes_queries: ClassVar[bool] = True
 
     def __init__(self, num_landmarks: int, iterations: int, align: Alignment) -> None:
         super().__init__()

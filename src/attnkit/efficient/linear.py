@@ -136,6 +136,11 @@ class LinearAttention(nn.Module):
         self.chunk_size = arguments.positive_int(chunk_size, "chunk_size")
         self.align = kz.KernelNormalized()
 
+    @property
+    def decodes_with_cache(self) -> bool:
+        """Causal, a decoding step over the cached keys equals its rows of the causal pass."""
+        return self.causal
+
     @classmethod
     def example(cls):
         q, k, v = (example_tensor(2, 2, 7, 4, seed=s) for s in (1, 2, 3))

@@ -93,7 +93,7 @@ class _LightweightConv(nn.Module):
                     f"window is fixed and centred), got a mask of shape {tuple(mask.shape)}"
                 )
             masks.check(mask, torch.Size((x.shape[0], 1, x.shape[1])))
-            keep = mask.reshape(x.shape[0], -1)[:, -x.shape[1] :, None]
+            keep = mask.broadcast_to(x.shape[0], 1, x.shape[1]).transpose(1, 2)  # (B, N, 1)
             h = torch.where(keep, h, 0.0)
         w = self.weights().repeat_interleave(self.channels // self.groups, 0)  # (C, k)
         mixed = F.conv1d(

@@ -108,10 +108,10 @@ def _rows(x: Tensor | None, lead: torch.Size, m: int, n: int) -> Tensor | None:
 
 def _pairs(x: Tensor, qi: Tensor, kj: Tensor) -> Tensor:
     """x (Z, M', N) at pairs (qi[..., :, None], kj[..., None, :]), qi (Z, C, c), kj (Z, C, w)."""
-    z, rows, n = x.shape
+    rows, n = x.shape[1:]
     i = qi if rows > 1 else torch.zeros_like(qi)
-    index = (i[..., :, None] * n + kj[..., None, :]).reshape(z, -1)
-    return x.reshape(z, -1).gather(1, index).reshape(*kj.shape[:2], qi.shape[-1], kj.shape[-1])
+    index = (i[..., :, None] * n + kj[..., None, :]).flatten(1)
+    return x.flatten(1).gather(1, index).reshape(*kj.shape[:2], qi.shape[-1], kj.shape[-1])
 
 
 @REGISTRY.register("lsh")
@@ -272,18 +272,18 @@ class LSHAttention(nn.Module):
         scale = q.shape[-1] ** -0.5
         probs, lse, ctx = [], [], []
         for r in range(rounds):
-            qr = q.gather(1, qi[r].reshape(z, -1, 1).expand(-1, -1, q.shape[-1]))
-            qr = qr.reshape(z, n_chunks, c, -1)
-            kr = k.gather(1, kj[r].reshape(z, -1, 1).expand(-1, -1, k.shape[-1]))
-            kr = kr.reshape(z, n_chunks, 2 * c, -1)
-            vr = v.gather(1, kj[r].reshape(z, -1, 1).expand(-1, -1, v.shape[-1]))
-            vr = vr.reshape(z, n_chunks, 2 * c, -1)
+            qr = q.gather(1, qi[r].flatten(1)[..., None].expand(-1, -1, q.shape[-1]))
+            qr = qr.unflatten(1, (n_chunks, c))
+            kr = k.gather(1, kj[r].flatten(1)[..., None].expand(-1, -1, k.shape[-1]))
+            kr = kr.unflatten(1, (n_chunks, 2 * c))
+            vr = v.gather(1, kj[r].flatten(1)[..., None].expand(-1, -1, v.shape[-1]))
+            vr = vr.unflatten(1, (n_chunks, 2 * c))
             e = torch.einsum("zcid,zcjd->zcij", qr, kr) * scale
-            qb = bq[r].gather(1, qi[r].reshape(z, -1)).reshape(z, n_chunks, c)
-            kb = bk[r].gather(1, kj[r].reshape(z, -1)).reshape(z, n_chunks, 2 * c)
+            qb = bq[r].gather(1, qi[r].flatten(1)).reshape(z, n_chunks, c)
+            kb = bk[r].gather(1, kj[r].flatten(1)).reshape(z, n_chunks, 2 * c)
             ok = (qb[..., :, None] == kb[..., None, :]) & kj_real[r][..., None, :]
             ok = ok & q_real[r].reshape(z, n_chunks, c)[..., :, None]
-            ok = ok & key_ok.gather(1, kj[r].reshape(z, -1)).reshape(z, n_chunks, 1, 2 * c)
+            ok = ok & key_ok.gather(1, kj[r].flatten(1)).reshape(z, n_chunks, 1, 2 * c)
             if mask is not None:
                 ok = ok & _pairs(mask, qi[r], kj[r])
             if bias is not None:
@@ -293,17 +293,17 @@ class LSHAttention(nn.Module):
             # n_ij: the rounds s in which j is in i's bucket and in i's chunk or the one before
             n_ij = torch.zeros_like(e)
             for s in range(rounds):
-                same = bq[s].gather(1, qi[r].reshape(z, -1)).reshape(z, n_chunks, c, 1) == bk[
-                    s
-                ].gather(1, kj[r].reshape(z, -1)).reshape(z, n_chunks, 1, 2 * c)
-                cq = q_chunk[s].gather(1, qi[r].reshape(z, -1)).reshape(z, n_chunks, c, 1)
-                ck = k_chunk[s].gather(1, kj[r].reshape(z, -1)).reshape(z, n_chunks, 1, 2 * c)
+                same = bq[s].gather(1, qi[r].flatten(1)).reshape(z, n_chunks, c, 1) == bk[s].gather(
+                    1, kj[r].flatten(1)
+                ).reshape(z, n_chunks, 1, 2 * c)
+                cq = q_chunk[s].gather(1, qi[r].flatten(1)).reshape(z, n_chunks, c, 1)
+                ck = k_chunk[s].gather(1, kj[r].flatten(1)).reshape(z, n_chunks, 1, 2 * c)
                 n_ij = n_ij + (same & ((ck == cq) | (ck == cq - 1))).to(e.dtype)
             e = e - torch.where(ok, n_ij, 1.0).log()
             p = self.align(e, ok).weights  # softmax within the round's set
             lse.append(_logsumexp(e, ok, -1))  # the round's log normaliser z_r (Z, C, c)
             # padded values are zeroed (0 × NaN would leak into the sum)
-            v_ok = key_ok.gather(1, kj[r].reshape(z, -1)).reshape(z, n_chunks, 2 * c, 1)
+            v_ok = key_ok.gather(1, kj[r].flatten(1)).reshape(z, n_chunks, 2 * c, 1)
             vr = torch.where(kj_real[r][..., None] & v_ok, vr, 0.0)
             ctx.append(torch.einsum("zcij,zcjd->zcid", p, vr))
             probs.append(p)
@@ -316,7 +316,7 @@ class LSHAttention(nn.Module):
         c_pos = torch.stack(
             [
                 ctx[r]
-                .reshape(z, width, -1)[:, :m]
+                .reshape(z, width, v.shape[-1])[:, :m]
                 .gather(1, inverse[r][..., None].expand(-1, -1, v.shape[-1]))
                 for r in range(rounds)
             ]
@@ -332,7 +332,7 @@ class LSHAttention(nn.Module):
                 mix_sorted = F.pad(mix[r].gather(1, q_order[r]), (0, width - m))
                 w = mix_sorted.reshape(z, n_chunks, c, 1) * probs[r]  # (Z, C, c, 2c)
                 index = qi[r][..., :, None] * n + kj[r][..., None, :]
-                weights = weights.scatter_add(1, index.reshape(z, -1), w.reshape(z, -1))
+                weights = weights.scatter_add(1, index.flatten(1), w.flatten(1))
             weights = weights.reshape(z, m, n)
         return out, weights
 

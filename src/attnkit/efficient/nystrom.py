@@ -14,9 +14,13 @@ which is a separate layer rather than part of the attention (add it outside the 
 
 Masks: a padding mask (key padding (…, 1, N), padded queries as all-False rows) is honoured —
 padded keys and queries are left out of the segment means and of every softmax, so padding equals
-truncation. The landmarks are shared by all queries, so causal and other per-query masks are
-refused (there is no causal Nyström attention in the paper). Sequences shorter than m leave some
-landmarks empty; they are masked out (the pseudo-inverse handles the singular middle matrix).
+truncation. The query landmarks are means of all real queries, so a padded query counts only when
+it is named as one (an all-False row); in the self-attention of
+:class:`attnkit.MultiHeadAttention` a key-padding mask names the padded queries too (the part
+sets ``mixes_queries``). The landmarks are shared by all queries, so causal and other per-query
+masks are refused (there is no causal Nyström attention in the paper). Sequences shorter than m
+leave some landmarks empty; they are masked out (the pseudo-inverse handles the singular middle
+matrix).
 
 Weights: ``need_weights=True`` returns the dense approximation Ŝ (…, M, N), whose entries may be
 negative (a pseudo-inverse); the two softmax factors are the named, non-negative weights.

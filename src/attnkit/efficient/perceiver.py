@@ -162,7 +162,7 @@ class PerceiverEncoder(nn.Module):
                 )
             masks.check(mask, torch.Size((b, 1, x.shape[1])))
             # (B, 1, 1): an item with no real input attends to nothing anywhere (weights 0).
-            any_input = mask.reshape(b, 1, -1).any(-1, keepdim=True)
+            any_input = mask.broadcast_to(b, 1, x.shape[1]).any(-1, keepdim=True)
         if queries is not None and self.decoder is None:
             raise ValueError(f"{who} was built without query_dim: it has no decoder for queries")
         if queries is not None and (

@@ -118,6 +118,11 @@ class Performer(nn.Module):
         self.register_buffer("omega", self._draw().to(device=device, dtype=dtype))
         self.align = kz.KernelNormalized()
 
+    @property
+    def decodes_with_cache(self) -> bool:
+        """Causal, a decoding step over the cached keys equals its rows of the causal pass."""
+        return self.causal
+
     @classmethod
     def example(cls):
         q, k, v = (example_tensor(2, 2, 7, 4, seed=s) for s in (11, 12, 13))

@@ -33,6 +33,7 @@ from attnkit import taxonomy as tx
 from attnkit.efficient import kernelized as kz
 from attnkit.efficient.linear import attend_inputs, causal_rows, check_causal, refuse_bias
 from attnkit.efficient.lsh import HeadOutput, check_head_inputs
+from attnkit.kernels.base import guarded_sum
 from attnkit.mechanisms import REGISTRY, example_tensor
 
 __all__ = ["RandomFeatureAttention"]
@@ -97,6 +98,11 @@ class RandomFeatureAttention(nn.Module):
             self.gate_weight = nn.Parameter(torch.zeros(d, **kw))
             self.gate_bias = nn.Parameter(torch.zeros((), **kw))
         self.align = kz.KernelNormalized()
+
+    @property
+    def decodes_with_cache(self) -> bool:
+        """Causal, a decoding step over the cached keys equals its rows of the causal pass."""
+        return self.causal
 
     @classmethod
     def example(cls):
@@ -205,9 +211,14 @@ def _gated_scan(
         c = g[..., sl, 0].log().cumsum(-1)  # decay from the block start, c_i
         tri = masks.causal(c.shape[-1], device=c.device)
         decay = torch.where(tri, c.unsqueeze(-1) - c.unsqueeze(-2), -torch.inf).exp()
-        within = (fq[..., sl, :] @ wk[..., sl, :].transpose(-1, -2)) * decay
+        # (where, not a product with the zero decay: a later key may be NaN or infinite)
+        within = torch.where(tri, (fq[..., sl, :] @ wk[..., sl, :].transpose(-1, -2)) * decay, 0)
         carried = c.exp().unsqueeze(-1)  # Π of gates since the block start
-        num = carried * (fq[..., sl, :] @ s) + within @ v[..., sl, :]
+        vs = v[..., sl, :]
+        if torch.compiler.is_compiling() or bool(torch.isfinite(vs).all()):
+            num = carried * (fq[..., sl, :] @ s) + within @ vs
+        else:
+            num = carried * (fq[..., sl, :] @ s) + guarded_sum(torch.matmul, within, vs)
         den = carried * (fq[..., sl, :] @ z.unsqueeze(-1)) + within.sum(-1, keepdim=True)
         ok = den != 0
         out.append(torch.where(ok, num / torch.where(ok, den, 1), 0))

@@ -47,6 +47,11 @@ class RoutingAttention(nn.Module):
         seed: seed of the initial (random unit) centroids.
     """
 
+    decodes_with_cache: ClassVar[bool] = True  # a step equals its causal rows
+    # in training the centroids move with every real query: a padded query must be named as
+    # one (an all-False mask row), which multi-head self-attention does for key padding
+    mixes_queries: ClassVar[bool] = True
+
     mask_inputs: ClassVar[dict[str, tuple[str, ...]]] = {"mask": ("k", "v")}
 
     def __init__(
@@ -112,12 +117,18 @@ class RoutingAttention(nn.Module):
 
     @torch.no_grad()
     def _update(self, q: Tensor, k: Tensor, cq: Tensor, ck: Tensor, mask: Tensor | None) -> None:
-        """μ_c ← λ μ_c + (1 − λ) mean of the unit vectors routed to c (real keys only)."""
+        """μ_c ← λ μ_c + (1 − λ) mean of the unit vectors routed to c (real queries and keys
+        only)."""
+        lead = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2])
+        q, k = q.broadcast_to(*lead, *q.shape[-2:]), k.broadcast_to(*lead, *k.shape[-2:])
+        cq, ck = cq.broadcast_to(q.shape[:-1]), ck.broadcast_to(k.shape[:-1])
         x = [_unit(q).reshape(-1, self.d), _unit(k).reshape(-1, self.d)]
         c = [cq.reshape(-1), ck.reshape(-1)]
-        if mask is not None:  # padding keys (no query may attend them) do not move centroids
-            key_ok = mask.broadcast_to(*k.shape[:-2], q.shape[-2], k.shape[-2]).any(-2)
-            x[1], c[1] = x[1][key_ok.reshape(-1)], c[1][key_ok.reshape(-1)]
+        if mask is not None:  # padding (a key no query may attend, a query that may attend
+            # no key) does not move the centroids, whatever it holds
+            full = mask.broadcast_to(*lead, q.shape[-2], k.shape[-2])
+            for i, ok in enumerate((full.any(-1), full.any(-2))):
+                x[i], c[i] = x[i][ok.reshape(-1)], c[i][ok.reshape(-1)]
         x, c = torch.cat(x), torch.cat(c)
         sums = torch.zeros_like(self.centroids).index_add_(0, c, x.to(self.centroids.dtype))
         counts = torch.bincount(c, minlength=self.n_clusters).to(sums.dtype)[:, None]

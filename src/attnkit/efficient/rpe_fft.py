@@ -58,6 +58,9 @@ def toeplitz_fft(c: Tensor, u: Tensor, m: int) -> Tensor:
         raise ValueError(
             f"toeplitz_fft: c must have m + N − 1 = {m + n - 1} entries, got {c.shape}"
         )
+    if c.numel() == 0 or u.numel() == 0:  # an empty batch: FFT backends reject empty input
+        lead = torch.broadcast_shapes(c.shape[:-1], u.shape[:-2])
+        return u.new_zeros(*lead, m, u.shape[-1])
     size = 1 << (m + n - 2).bit_length()  # a power of two ≥ m + N − 1
     work = u.dtype if u.dtype in (torch.float32, torch.float64) else torch.float32
     fg = torch.fft.rfft(c.to(work), size)  # (…, size/2 + 1)
@@ -114,6 +117,11 @@ class RelativeKernelAttention(nn.Module):
         if self.phi is None:
             self.phi = make_feature_map(feature_map)
         self.align = kz.KernelNormalized()
+
+    @property
+    def decodes_with_cache(self) -> bool:
+        """Causal, a decoding step over the cached keys equals its rows of the causal pass."""
+        return self.causal
 
     @classmethod
     def example(cls):

@@ -148,10 +148,10 @@ class SinkhornAttention(nn.Module):
         z, m, n = q.shape[0], q.shape[1], k.shape[1]
         b = self.block_size
         nb = max(-(-m // b), -(-n // b))  # blocks of queries and of keys, padded alike
-        qb = F.pad(q, (0, 0, 0, nb * b - m)).reshape(z, nb, b, -1)
+        qb = F.pad(q, (0, 0, 0, nb * b - m)).unflatten(1, (nb, b))
         ok = F.pad(valid, (0, nb * b - n)).reshape(z, nb, b)  # real key slots
-        kb = torch.where(ok[..., None], F.pad(k, (0, 0, 0, nb * b - n)).reshape(z, nb, b, -1), 0)
-        vb = torch.where(ok[..., None], F.pad(v, (0, 0, 0, nb * b - n)).reshape(z, nb, b, -1), 0)
+        kb = torch.where(ok[..., None], F.pad(k, (0, 0, 0, nb * b - n)).unflatten(1, (nb, b)), 0)
+        vb = torch.where(ok[..., None], F.pad(v, (0, 0, 0, nb * b - n)).unflatten(1, (nb, b)), 0)
         block_ok = ok.any(-1)  # (Z, nb)
         summary = kb.sum(2)  # ψ: sum pooling of each block's real keys
         r = self.sort_query(summary) @ self.sort_key(summary).transpose(-1, -2) / math.sqrt(self.d)
@@ -174,12 +174,12 @@ class SinkhornAttention(nn.Module):
             key_ok = torch.cat([ok, sorted_ok], 2)
         else:
             cut = min(self.sortcut, nb)
-            keys = ks[:, :cut].reshape(z, 1, cut * b, -1).expand(-1, nb, -1, -1)
-            vals = vs[:, :cut].reshape(z, 1, cut * b, -1).expand(-1, nb, -1, -1)
+            keys = ks[:, :cut].flatten(1, 2).unsqueeze(1).expand(-1, nb, -1, -1)
+            vals = vs[:, :cut].flatten(1, 2).unsqueeze(1).expand(-1, nb, -1, -1)
             key_ok = sorted_ok[:, :cut].reshape(z, 1, cut * b).expand(-1, nb, -1)
         e = torch.einsum("zisd,zitd->zist", qb, keys) * scale
         a = self.align(e, key_ok[:, :, None, :]).weights  # (Z, nb, b, keys)
-        context = torch.einsum("zist,zitd->zisd", a, vals).reshape(z, nb * b, -1)[:, :m]
+        context = torch.einsum("zist,zitd->zisd", a, vals).flatten(1, 2)[:, :m]
         weights = None
         if want_weights:  # attribute each sorted slot to the keys it mixes
             if self.sortcut is None:

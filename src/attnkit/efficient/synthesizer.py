@@ -41,6 +41,7 @@ from attnkit import arguments, hooks, masks
 from attnkit import taxonomy as tx
 from attnkit.alignments import Softmax
 from attnkit.efficient.lsh import HeadOutput, check_head_inputs
+from attnkit.kernels.base import guarded_sum
 from attnkit.mechanisms import REGISTRY, example_tensor
 
 __all__ = [
@@ -271,6 +272,8 @@ class Synthesizer(nn.Module):
         learn_mixture: learn the mixture weights (only with two or more components).
     """
 
+    decodes_with_cache: ClassVar[bool] = True  # a step equals its causal rows
+
     mask_inputs: ClassVar[dict[str, tuple[str, ...]]] = {"mask": ("k", "v")}
     takes_q_offset: ClassVar[bool] = True  # passed on to the random forms
 
@@ -351,5 +354,13 @@ class Synthesizer(nn.Module):
         logits = logits.broadcast_to(*lead, m, n)
         weights = self.align(logits, mask).weights
         hooks.report(self, weights)
-        context = weights @ v
+        context = _weighted_sum(weights, v)
         return HeadOutput(context, weights if need_weights else None)
+
+
+def _weighted_sum(weights: Tensor, v: Tensor) -> Tensor:
+    """weights @ v, in which a value of weight 0 (a masked key, e.g. a later one under a causal
+    mask) has no influence even when it is NaN or infinite."""
+    if torch.compiler.is_compiling() or bool(torch.isfinite(v).all()):
+        return weights @ v
+    return guarded_sum(torch.matmul, weights, v)

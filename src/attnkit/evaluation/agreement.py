@@ -20,10 +20,15 @@ def _pair(a: Tensor, b: Tensor, keep: Tensor | None, name: str) -> Tensor:
         )
     if keep is None:
         return torch.ones(a.shape, dtype=torch.bool, device=a.device)
-    if keep.dtype != torch.bool or keep.shape != a.shape:
+    if not isinstance(keep, Tensor) or keep.dtype != torch.bool:
+        got = keep.dtype if isinstance(keep, Tensor) else type(keep).__name__
+        raise TypeError(
+            f"{name}: keep must be a boolean tensor (True = an item that counts), got {got}; "
+            "convert a 0/1 tensor with keep.bool()"
+        )
+    if keep.shape != a.shape:
         raise ValueError(
-            f"{name}: keep must be boolean with shape {tuple(a.shape)}, got "
-            f"{keep.dtype} {tuple(keep.shape)}"
+            f"{name}: keep must have the shape of a {tuple(a.shape)}, got {tuple(keep.shape)}"
         )
     return keep
 
@@ -52,15 +57,19 @@ def kendall_tau(a: Tensor, b: Tensor, keep: Tensor | None = None) -> Tensor:
 
 def top_k_overlap(a: Tensor, b: Tensor, k: int, keep: Tensor | None = None) -> Tensor:
     """|top-k(a) ∩ top-k(b)| / k per row (…, N), over the items ``keep`` marks (rows with fewer
-    than k items use all of them and divide by their count). Ties are broken by position.
-    Returns (…,) in [0, 1]."""
+    than k kept items use all of them and divide by their count). Ties are broken by position.
+    ``k`` must lie in [1, N]. Returns (…,) in [0, 1]."""
     keep = _pair(a, b, keep, "top_k_overlap")
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         raise ValueError(f"k must be an int ≥ 1, got {k!r}")
-    k_eff = min(k, a.shape[-1])
+    if k > a.shape[-1]:
+        raise ValueError(
+            f"k must be at most N = {a.shape[-1]}, the items per row of a {tuple(a.shape)}, "
+            f"got k = {k} (the top k of N < k items would always overlap fully)"
+        )
     low = torch.tensor(-math.inf, dtype=torch.float64, device=a.device)
-    ia = torch.where(keep, a.double(), low).topk(k_eff, dim=-1).indices
-    ib = torch.where(keep, b.double(), low).topk(k_eff, dim=-1).indices
+    ia = torch.where(keep, a.double(), low).topk(k, dim=-1).indices
+    ib = torch.where(keep, b.double(), low).topk(k, dim=-1).indices
     chosen_a = torch.zeros(a.shape, dtype=torch.bool, device=a.device).scatter_(-1, ia, True)
     chosen_b = torch.zeros(a.shape, dtype=torch.bool, device=a.device).scatter_(-1, ib, True)
     both = (chosen_a & chosen_b & keep).sum(-1).double()

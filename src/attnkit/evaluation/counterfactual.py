@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from attnkit import checks
 from attnkit.alignments import Alignment, AlignOutput, masked_softmax
 from attnkit.evaluation.ablation import uniform_weights
 
@@ -93,14 +94,43 @@ def edit_weights(model: nn.Module, edit: Edit, *, only: str | None = None) -> It
             module.align = align
 
 
+def _pair(p: object, q: object) -> None:
+    """p and q: floating tensors (…, N) of one shape, each row a probability distribution."""
+    checks.floating(p, "p", "(…, N)")
+    checks.floating(q, "q", "(…, N)")
+    checks.same_shape(("p", p), ("q", q))
+    checks.distributions(p, "p")
+    checks.distributions(q, "q")
+
+
 def total_variation(p: Tensor, q: Tensor) -> Tensor:
-    """TVD(p, q) = ½ Σ |p − q| over the last dim (Jain & Wallace eq. 2)."""
+    """TVD(p, q) = ½ Σ |p − q| over the last dim (Jain & Wallace eq. 2); in [0, 1].
+
+    Args:
+        p, q: (…, N) probability distributions over the last dim, of one shape (rows summing
+            to 0, e.g. a query with no key allowed, are accepted as empty).
+    """
+    _pair(p, q)
+    return _total_variation(p, q)
+
+
+def _total_variation(p: Tensor, q: Tensor) -> Tensor:
     return 0.5 * (p - q).abs().sum(-1)
 
 
 def jensen_shannon(p: Tensor, q: Tensor) -> Tensor:
     """JSD(p, q) = ½ KL(p ‖ m) + ½ KL(q ‖ m), m = (p + q)/2, in nats over the last dim
-    (Jain & Wallace eq. 3); in [0, ln 2]."""
+    (Jain & Wallace eq. 3); in [0, ln 2].
+
+    Args:
+        p, q: (…, N) probability distributions over the last dim, of one shape (negative
+            entries or rows not summing to 1 are refused: the bound ln 2 needs distributions).
+    """
+    _pair(p, q)
+    return _jensen_shannon(p, q)
+
+
+def _jensen_shannon(p: Tensor, q: Tensor) -> Tensor:
     m = 0.5 * (p + q)
 
     def kl(a: Tensor) -> Tensor:
@@ -166,7 +196,7 @@ def permuted_weights(
     changes = []
     with edit_weights(model, lambda w, m: permute_rows(w, m, generator), only=only):
         for _ in range(n_permutations):
-            changes.append(total_variation(learned, _probabilities(run)))
+            changes.append(_total_variation(learned, _probabilities(run)))
     return PermutationResult(torch.stack(changes, -1))
 
 
@@ -177,7 +207,7 @@ def uniform_baseline(model: nn.Module, run: Callable[[], Tensor]) -> Tensor:
     needed and says little)."""
     learned = _probabilities(run)
     with uniform_weights(model):
-        return total_variation(learned, _probabilities(run))
+        return _total_variation(learned, _probabilities(run))
 
 
 @dataclass(frozen=True)
@@ -251,8 +281,8 @@ def adversarial_weights(
     def attempt() -> tuple[Tensor, Tensor, Tensor]:
         current = masked_softmax(theta, allowed)
         with edit_weights(model, lambda w, m: current, only=only):
-            tvd = total_variation(learned_p, _probabilities(run))
-        return current, _per_example(jensen_shannon(current, learned)), tvd
+            tvd = _total_variation(learned_p, _probabilities(run))
+        return current, _per_example(_jensen_shannon(current, learned)), tvd
 
     for _ in range(steps + 1):
         with torch.enable_grad():

@@ -27,8 +27,12 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor, nn
 
-from attnkit import arguments
-from attnkit.evaluation.counterfactual import edit_weights, jensen_shannon, total_variation
+from attnkit import arguments, checks
+from attnkit.evaluation.counterfactual import (
+    _jensen_shannon,
+    _total_variation,
+    edit_weights,
+)
 
 if TYPE_CHECKING:
     from attnkit.evaluation.suite import Probe
@@ -74,14 +78,18 @@ def seed_variance(weights: Sequence[Tensor], probabilities: Sequence[Tensor]) ->
             f"of each; got {len(weights)} weights and {len(probabilities)} probabilities"
         )
     base_w, base_p = weights[0], probabilities[0]
-    for w, p in zip(weights, probabilities, strict=True):
+    for i, (w, p) in enumerate(zip(weights, probabilities, strict=True)):
+        checks.floating(w, f"weights[{i}]", "(B, …, N)")
+        checks.floating(p, f"probabilities[{i}]", "(B, C)")
         if w.shape != base_w.shape or p.shape != base_p.shape:
             raise ValueError(
                 f"every seed's weights must be {tuple(base_w.shape)} and probabilities "
                 f"{tuple(base_p.shape)}; got {tuple(w.shape)} and {tuple(p.shape)}"
             )
-    divergence = torch.stack([_per_example(jensen_shannon(w, base_w)) for w in weights[1:]])
-    change = torch.stack([total_variation(p, base_p) for p in probabilities[1:]])
+        checks.distributions(w, f"weights[{i}]")
+        checks.distributions(p, f"probabilities[{i}]")
+    divergence = torch.stack([_per_example(_jensen_shannon(w, base_w)) for w in weights[1:]])
+    change = torch.stack([_total_variation(p, base_p) for p in probabilities[1:]])
     return SeedVariance(divergence, change)
 
 
@@ -254,7 +262,7 @@ def train_adversary(
         for _ in range(steps):
             optimizer.zero_grad()
             logits, w = _run(probe)
-            tvd = total_variation(logits.softmax(-1), base_p)
+            tvd = _total_variation(logits.softmax(-1), base_p)
             kl = _per_example((w * (w.clamp_min(_TINY).log() - log_base)).sum(-1))
             loss = ((tvd - lam * kl) * rows).sum() / rows.sum()
             loss.backward()
@@ -265,8 +273,8 @@ def train_adversary(
             same = logits.argmax(-1) == base_p.argmax(-1)
             agreement = float(same[held_out].double().mean()) if bool(held_out.any()) else 1.0
             return AdversaryResult(
-                _per_example(jensen_shannon(w, base_w)),
-                total_variation(logits.softmax(-1), base_p),
+                _per_example(_jensen_shannon(w, base_w)),
+                _total_variation(logits.softmax(-1), base_p),
                 agreement,
                 w.detach(),
             )

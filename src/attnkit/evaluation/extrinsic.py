@@ -126,6 +126,14 @@ def perplexity(logits: Tensor, targets: Tensor, *, ignore_index: int | None = No
         keep = targets != ignore_index
     if not bool(keep.any()):
         raise ValueError("perplexity: no target tokens to score")
+    vocab = logits.shape[-1]
+    outside = keep & ((targets < 0) | (targets >= vocab))
+    if bool(outside.any()):
+        idx = tuple(int(i) for i in outside.nonzero()[0])
+        raise ValueError(
+            f"targets must be token ids in [0, V = {vocab}) (logits {tuple(logits.shape)}) or "
+            f"ignore_index = {ignore_index}, got {int(targets[idx])} at index {idx}"
+        )
     ids = targets.masked_fill(~keep, 0).long()
     log_p = logits.double().log_softmax(-1).gather(-1, ids.unsqueeze(-1)).squeeze(-1)
     return math.exp(float(-log_p[keep].mean()))

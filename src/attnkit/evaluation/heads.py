@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from attnkit import checks
 from attnkit.multihead import MultiHeadAttention
 
 __all__ = [
@@ -173,6 +174,10 @@ def head_statistics(weights: Tensor, mask: Tensor | None = None) -> dict[str, Te
             "weights must be (B, H, M, N), got "
             f"{tuple(weights.shape) if isinstance(weights, Tensor) else type(weights).__name__}"
         )
+    checks.floating(weights, "weights", "(B, H, M, N)")
+    checks.nonnegative(weights, "weights")
+    if mask is not None:
+        checks.boolean_mask(mask, "mask", tuple(weights.shape))
     w = weights.double()
     m, n = w.shape[-2:]
     rows = w.sum(-1) > 0

@@ -6,6 +6,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from attnkit import checks
+
 __all__ = ["supervised_attention_loss"]
 
 
@@ -20,11 +22,25 @@ def supervised_attention_loss(
     - ``"kl"``: KL(gold ‖ weights) = Σ g (log g − log a).
     - ``"mse"``: mean squared error between the distributions.
     """
+    weights = checks.floating(weights, "weights", "(…, T, N)")
+    if not isinstance(gold, Tensor):
+        raise TypeError(f"gold must be a torch.Tensor (…, T, N), got {type(gold).__name__}")
+    checks.same_shape(("weights", weights), ("gold", gold))
+    if gold.dtype != torch.bool:
+        if not gold.is_floating_point():
+            raise TypeError(
+                f"gold must be boolean links or floating non-negative scores, got dtype "
+                f"{gold.dtype}"
+            )
+        checks.nonnegative(gold, "gold", "scores")
     g = gold.to(weights.dtype)
     mass = g.sum(-1, keepdim=True)
     valid = mass.squeeze(-1) > 0
     if rows is not None:
-        valid = valid & rows.bool()
+        rows = checks.boolean_mask(
+            rows, "rows", tuple(weights.shape[:-1]), meaning="True = a row that counts"
+        )
+        valid = valid & rows
     g = g / mass.clamp_min(torch.finfo(weights.dtype).tiny)
     if kind == "kl":
         eps = torch.finfo(weights.dtype).tiny

@@ -35,6 +35,8 @@ _CONFIG_FLAGS: dict[str, tuple[str, type, str, str]] = {
                    "({positional}): one of {positions} (default: the task's own)"),
     "--seq-len": ("seq_len", int, "N", "sequence length, for tasks with one (default: "
                   "{seq_len})"),
+    "--data": ("data", str, "FILE", "your data, for tasks that read a file ({readers}): JSONL "
+               "or CSV with text and label"),
     "--supervise-attention": ("supervise_attention", float, "LAMBDA", "add LAMBDA × KL(gold ‖ "
                               "weights) to the loss; tasks with gold alignments only: "
                               "{supervisable} (default: 0)"),
@@ -65,6 +67,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
         ),
         "positional": ", ".join(n for n in tasks.available() if tasks.get(n).takes_position),
         "positions": ", ".join(ak.positions.available()),
+        "readers": ", ".join(n for n in tasks.available() if tasks.get(n).reads_data),
         "attentions": "; ".join(
             f"{n}: {', '.join(tasks.get(n).attentions)}"
             for n in tasks.available()
@@ -87,7 +90,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
         "task",
         nargs="?",
         default=argparse.SUPPRESS,
-        help=f"task to run (default: dates); one of: {', '.join(tasks.available())}",
+        help=f"task to run (required unless --resume); one of: {', '.join(tasks.available())}",
     )
     for flag, (key, kind, metavar, text) in _CONFIG_FLAGS.items():
         runp.add_argument(
@@ -101,6 +104,13 @@ def add_parser(sub) -> argparse.ArgumentParser:
         help="the task's small quick settings (dates: about 15 s on 2 cores)",
     )
     runp.add_argument(
+        "--config",
+        type=Path,
+        metavar="FILE",
+        help="configuration keys from a TOML or JSON file (the keys of a run's config.json); "
+        "flags given beside it override its values",
+    )
+    runp.add_argument(
         "--compare",
         metavar="KEY=V1,V2,...",
         help="one run per value of any configuration key (score, align, lr, seed, ...); "
@@ -108,7 +118,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
     )
     runp.add_argument(
         "--out", type=Path, metavar="DIR", help="new or empty run directory "
-        "(default: runs/<task>-<score>-<align>-s<seed>-<time>)"
+        "(default: runs/<task>-<attention>-s<seed>-<time>, the attention named by its mechanism, "
+        "score and alignment where the model uses them)"
     )  # fmt: skip
     runp.add_argument(
         "--resume",
@@ -131,12 +142,24 @@ def _say(message: str) -> None:
     print(f"attnkit run: error: {message}", file=sys.stderr)
 
 
-def execute(args: argparse.Namespace) -> int:
-    """Run what ``args`` asks; the exit status (0, 1 diverged, 2 refused, 130 interrupted)."""
+def execute(args: argparse.Namespace, parser: argparse.ArgumentParser | None = None) -> int:
+    """Run what ``args`` asks; the exit status (0, 1 diverged, 2 refused, 130 interrupted).
+
+    Without a task (and without ``--resume``) nothing runs: ``parser``'s help goes to stderr,
+    then the refusal, and the status is 2 (a required argument is missing)."""
     from attnkit.experiments.checkpoints import CheckpointError
     from attnkit.experiments.config import ConfigError
     from attnkit.experiments.runner import Interrupted, TrainingError
 
+    if "task" not in vars(args) and args.resume is None and args.config is None:
+        if parser is not None:
+            parser.print_help(sys.stderr)
+            print(file=sys.stderr)
+        _say(
+            f"a task is required (one of: {', '.join(tasks.available())}), or --resume RUN_DIR; "
+            "e.g. attnkit run dates --quick"
+        )
+        return 2
     try:
         return _execute(args)
     except (ConfigError, CheckpointError) as err:
@@ -158,6 +181,14 @@ def _execute(args: argparse.Namespace) -> int:
     from attnkit.experiments.runner import run
 
     given = {k: v for k, v in vars(args).items() if k in RunConfig.names()}
+    if args.config is not None:
+        if args.resume is not None:
+            raise ConfigError("--config cannot be combined with --resume: a run continues as it "
+                              "was configured")  # fmt: skip
+        given = {**RunConfig.from_file(args.config), **given}
+        if "task" not in given:
+            raise ConfigError(f"--config {str(args.config)!r} names no task: add task = \"...\" "
+                              "to it or give the task on the command line")  # fmt: skip
     if args.threads is not None and args.threads < 1:
         raise ConfigError(f"--threads must be a positive int, got {args.threads}")
     options = {"progress": not args.no_progress, "threads": args.threads}
@@ -187,10 +218,12 @@ def _resume(args: argparse.Namespace, given: dict, options: dict) -> None:
     saved = load_config(args.resume).resolved()
     for key, value in given.items():
         if getattr(saved, key) != value:
+            its = getattr(saved, key)
+            its = "unset (not used by its model)" if its is None else repr(its)
             raise ConfigError(
                 f"--resume {str(args.resume)!r} continues the run as it was configured: "
-                f"{key} = {value!r} contradicts its {key} = {getattr(saved, key)!r} (start a "
-                "new run with --out to change it)"
+                f"{key} = {value!r} contradicts its {key} = {its} (start a new run with --out "
+                "to change it)"
             )
     run(saved, resume=args.resume, **options)
 

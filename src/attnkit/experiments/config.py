@@ -11,7 +11,9 @@ from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
-from attnkit import tasks
+import torch
+
+from attnkit import alignments, tasks
 from attnkit.tasks import parts
 
 __all__ = ["ConfigError", "RunConfig", "check_output_dir", "parse_value"]
@@ -25,11 +27,16 @@ class ConfigError(ValueError):
 
 @dataclass
 class RunConfig:
-    """Everything that decides a run's results. ``None``: the task's default (quick or full)."""
+    """Everything that decides a run's results. ``None``: the task's default (quick or full).
+
+    In a resolved configuration, ``score`` and ``align`` are ``None`` when the model does not
+    read them (e.g. a mechanism with its own weights, :meth:`attnkit.tasks.base.Task.unused`);
+    setting such a key is refused.
+    """
 
     task: str = "dates"
     score: str | None = None  # the task's default, else "additive"
-    align: str = "softmax"
+    align: str | None = None  # the task's default, else "softmax"
     epochs: int | None = None
     batch_size: int | None = None
     lr: float | None = None
@@ -42,6 +49,8 @@ class RunConfig:
     seq_len: int | None = None  # for tasks whose defaults give one (sequence-length tasks)
     attention: str = "default"  # the task's mechanism, for tasks with several (Task.attentions)
     position: str = "default"  # a position scheme, for tasks that take one (Task.takes_position)
+    data: str | None = None  # the user's data file, for tasks that read one (Task.reads_data)
+    data: str | None = None  # the user's data file, for tasks that read one (Task.reads_data)
 
     @classmethod
     def names(cls) -> list[str]:
@@ -63,8 +72,7 @@ class RunConfig:
         defaults = task.defaults["quick" if self.quick else "full"]
         unset = [k for k in self.names() if getattr(self, k) is None and k in defaults]
         out = replace(self, **{k: defaults[k] for k in unset})
-        if out.score is None:
-            out = replace(out, score="additive")
+        out = replace(out, score=out.score or "additive", align=out.align or "softmax")
         takes_length = "seq_len" in defaults
         if out.seq_len is not None and not takes_length:
             with_length = [
@@ -75,8 +83,8 @@ class RunConfig:
                 f"{', '.join(with_length)})"
             )
         for key in self.names():
-            if key == "seq_len" and not takes_length:
-                continue
+            if (key == "seq_len" and not takes_length) or key == "data":
+                continue  # data: checked by the tasks that read it
             if getattr(out, key) is None:
                 raise ConfigError(f"{key} is not set and task {self.task!r} gives no default")
         for name in ("epochs", "batch_size", "n_train", "n_test", "seq_len"):
@@ -118,17 +126,79 @@ class RunConfig:
             task.validate(out)
         except ValueError as err:
             raise ConfigError(str(err)) from None
-        try:  # build the attention once, small, so a bad name fails before anything is written
-            parts.build_attention(out.score, out.align, 4, 4)
+        unused = task.unused(out)
+        for key, reason in unused.items():
+            if getattr(self, key) != _DEFAULTS[key]:  # set, not left to the default
+                raise ConfigError(
+                    f"{_flag(key)} {getattr(self, key)} contradicts {reason.by}: {reason.why}; "
+                    f"leave {_flag(key)} out"
+                )
+        if out.data is not None and not task.reads_data:
+            readers = [n for n in tasks.available() if tasks.get(n).reads_data]
+            raise ConfigError(
+                f"data: task {out.task!r} reads no data file (tasks that do: "
+                f"{', '.join(readers) or 'none'})"
+            )
+        # build the parts once, small, so a bad name fails before anything is written (in a
+        # forked random state: resolving a configuration draws nothing from the caller's)
+        try:
+            with torch.random.fork_rng(devices=[]):
+                if "score" not in unused:
+                    parts.build_score(out.score, d_q=4, d_k=4, d_w=4, max_len=4)
+                if "align" not in unused:
+                    parts.build_alignment(out.align, 4)
         except (ValueError, TypeError) as err:
             raise ConfigError(str(err).replace("Available:", "available:")) from None
-        return out
+        if out.supervise_attention > 0 and "align" not in unused:
+            why = _unsupervisable(out.align)
+            if why:
+                raise ConfigError(
+                    f"--supervise-attention {out.supervise_attention} contradicts --align "
+                    f"{out.align}: {why}"
+                )
+        # keys the model does not read are recorded as unset, never as values that were used
+        return replace(out, **{k: None for k in ("score", "align") if k in unused})
+
+    def attention_name(self) -> str:
+        """What computes the attention, in a few words: the mechanism (when not the task's
+        default), then the score and the alignment where the model reads them."""
+        named = [] if self.attention == "default" else [self.attention]
+        return "-".join(named + [v for v in (self.score, self.align) if v is not None])
 
     def run_name(self) -> str:
-        return f"{self.task}-{self.score}-{self.align}-s{self.seed}"
+        """``<task>-<attention>-s<seed>``, the attention named after what runs (of a resolved
+        configuration: e.g. ``dates-additive-softmax-s0``, ``kv-recall-performer-s0``)."""
+        return "-".join(p for p in (self.task, self.attention_name(), f"s{self.seed}") if p)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2)
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> dict[str, Any]:
+        """The keys set in a configuration file (``attnkit run --config FILE``): TOML (``.toml``)
+        or JSON (``.json``), the keys of ``config.json``; unknown keys and values of the wrong
+        type are refused with a ConfigError naming the file and the key."""
+        path = Path(path)
+        if path.suffix.lower() not in (".toml", ".json"):
+            raise ConfigError(f"--config {str(path)!r}: must end in .toml or .json")
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as err:
+            raise ConfigError(f"--config {str(path)!r}: cannot be read ({err})") from None
+        if path.suffix.lower() == ".json":
+            try:
+                data = json.loads(text)
+            except json.JSONDecodeError as err:
+                raise ConfigError(f"{path}: not valid JSON ({err})") from None
+        else:
+            import tomllib
+
+            try:
+                data = tomllib.loads(text)
+            except tomllib.TOMLDecodeError as err:
+                raise ConfigError(f"{path}: not valid TOML ({err})") from None
+        cls._from_mapping(data, str(path))  # checks every key and type
+        return data
 
     @classmethod
     def from_json(cls, text: str, source: str = "config") -> RunConfig:
@@ -138,6 +208,10 @@ class RunConfig:
             data = json.loads(text)
         except json.JSONDecodeError as err:
             raise ConfigError(f"{source}: not valid JSON ({err})") from None
+        return cls._from_mapping(data, source)
+
+    @classmethod
+    def _from_mapping(cls, data: Any, source: str) -> RunConfig:
         if not isinstance(data, dict):
             raise ConfigError(f"{source}: expected a JSON object, got {type(data).__name__}")
         unknown = [k for k in data if k not in cls.names()]
@@ -145,6 +219,46 @@ class RunConfig:
             raise ConfigError(f"{source}: {_unknown_key(unknown[0])}")
         _check_types(data, f"{source}: ")
         return cls(**data)
+
+
+_DEFAULTS = {f.name: f.default for f in fields(RunConfig)}
+
+
+def _flag(key: str) -> str:
+    """The ``attnkit run`` flag that sets ``key``."""
+    return "--" + key.replace("_", "-")
+
+
+def _unsupervisable(align: str) -> str | None:
+    """Why attention supervision (KL(gold ‖ weights) added to the loss) cannot train through
+    the alignment ``align``, or None when it can: a stochastic alignment returns a sampled
+    one-hot (no gradient reaches the scores through the sample, and the divergence is infinite
+    wherever the sample misses the gold), and an alignment whose weights do not depend
+    differentiably on the scores gives the term no gradient to follow."""
+    import torch
+
+    if alignments.REGISTRY.get(align).stochastic:
+        return (
+            f"alignment {align!r} samples one-hot weights: no gradient reaches the scores "
+            "through the sample and KL(gold ‖ weights) is infinite wherever it misses the gold; "
+            "supervise a deterministic alignment (e.g. softmax)"
+        )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        part = parts.build_alignment(align, 4)
+        scores = torch.randn(2, 3, 5, dtype=torch.float64, requires_grad=True)
+        query = torch.randn(2, 3, 4, dtype=torch.float64)
+        part = part.double().train()
+        weights = part(scores, query=query).weights
+        (grad,) = torch.autograd.grad(
+            (weights * torch.randn_like(weights)).sum(), scores, allow_unused=True
+        )
+    if grad is None or not bool(grad.abs().sum() > 0):
+        return (
+            f"alignment {align!r} gives weights that do not depend differentiably on the "
+            "scores: the supervision term has no gradient to train the attention with"
+        )
+    return None
 
 
 def _supervisable() -> list[str]:

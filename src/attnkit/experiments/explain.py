@@ -27,7 +27,7 @@ from attnkit.evaluation.suite import explanation_suite
 from attnkit.experiments import checkpoints
 from attnkit.experiments.config import ConfigError
 from attnkit.experiments.report import add_section, explanation_section
-from attnkit.experiments.runner import load_config
+from attnkit.experiments.runner import load_config, plural, resume_command
 
 __all__ = ["add_parser", "execute", "explain", "explainable_tasks"]
 
@@ -63,13 +63,17 @@ def explain(
             f"task {config.task!r} has no explanation probe; tasks with one: "
             f"{', '.join(explainable_tasks())}"
         )
+    _check_finished(run_dir)
     task = cls(config)
     torch.manual_seed(config.seed)
     model = task.build_model()
     if checkpoints.load(run_dir, model) is None:
         raise ConfigError(f"{str(run_dir)!r} has no checkpoint yet: train it first")
     model.eval()
-    say(f"attnkit explain {run_dir}: task {config.task}, {examples} held-out examples, ε {epsilon}")
+    say(
+        f"attnkit explain {run_dir}: task {config.task}, "
+        f"{plural(examples, 'held-out example')}, ε {epsilon}"
+    )
     probe = task.explanation_probe(model, examples)
     results = explanation_suite(probe, epsilon=epsilon, seed=seed)
     results = {"run": run_dir.name, "task": config.task, **results}
@@ -107,6 +111,19 @@ def explain(
     return results
 
 
+def _check_finished(run_dir: Path) -> None:
+    """Raise ConfigError unless the run in ``run_dir`` finished training (its held-out metrics,
+    metrics.json, are written last): the suite explains a trained model, not one mid-way."""
+    if (run_dir / "metrics.json").is_file():
+        return
+    if checkpoints.latest(run_dir) is None:
+        raise ConfigError(f"{str(run_dir)!r} has no checkpoint yet: train it first")
+    raise ConfigError(
+        f"{str(run_dir)!r} is not a finished run (no metrics.json: training stopped before the "
+        f"end); finish it first with: {resume_command(run_dir)}"
+    )
+
+
 def _seed_variance(task, config, probe, others: Sequence[Path], examples: int) -> dict:
     """This run's probe against the same probe run by models trained with other seeds."""
 
@@ -127,6 +144,7 @@ def _seed_variance(task, config, probe, others: Sequence[Path], examples: int) -
                 f"{str(other)!r} is not the same configuration with another seed: "
                 f"{', '.join(f'{k} {theirs.get(k)!r} vs {mine[k]!r}' for k in differ)}"
             )
+        _check_finished(other)
         model = task.build_model()
         if checkpoints.load(other, model) is None:
             raise ConfigError(f"{str(other)!r} has no checkpoint yet: train it first")

@@ -133,6 +133,14 @@ def metric_rows(metrics: Mapping[str, float], info: Mapping[str, Metric]) -> lis
     return rows
 
 
+def _setting(key: str, value) -> str:
+    """A configuration value for the report; an unset score or alignment is one the model does
+    not read."""
+    if value is None and key in ("score", "align"):
+        return "not used by this model"
+    return "-" if value is None else str(value)
+
+
 def write_report(
     run_dir: Path,
     config: dict,
@@ -154,7 +162,7 @@ def write_report(
 <h2>Metrics (held-out)</h2>
 {html_table(["metric", "value", "reading", "meaning"], metric_rows(metrics, info))}
 <h2>Configuration</h2>
-{html_table(["key", "value"], [[k, str(v)] for k, v in config.items()])}
+{html_table(["key", "value"], [[k, _setting(k, v)] for k, v in config.items()])}
 <h2>Training</h2>{_img(curves, "training curves") if curves else "<p>no epochs run</p>"}
 <h2>Attention on held-out examples</h2>
 <p>Each heatmap shows the weights of one example (colour bar: weight); red circles mark the gold

@@ -52,6 +52,11 @@ def load_config(run_dir: Path) -> RunConfig:
     return RunConfig.from_json(text, source=str(path))
 
 
+def plural(n: int, word: str) -> str:
+    """``n`` and ``word``, with an ``s`` unless ``n`` is 1: "1 epoch", "4 epochs"."""
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
 def _default_out(config: RunConfig) -> Path:
     base = Path("runs") / f"{config.run_name()}-{time.strftime('%Y%m%d-%H%M%S')}"
     out, n = base, 1
@@ -121,12 +126,18 @@ def run(
     flops = count_flops(lambda: task.loss(model, first)) if threads is None else 0
     n_threads, why = choose_threads(threads, flops)
     torch.set_num_threads(n_threads)
-    slot = "" if config.attention == "default" else f"attention {config.attention}, "
-    say(
-        f"attnkit run {config.task}: {slot}score {config.score}, align {config.align}, "
-        f"{config.epochs} epochs of {steps} steps (n_train {n}, batch {config.batch_size}), "
-        f"seed {config.seed}"
-    )
+    said = [
+        f"{key} {value}"
+        for key, value in (("attention", config.attention), ("score", config.score),
+                           ("align", config.align))
+        if value not in (None, "default")
+    ]  # fmt: skip
+    said += [
+        f"{plural(config.epochs, 'epoch')} of {plural(steps, 'step')} (n_train {n}, batch "
+        f"{config.batch_size})",
+        f"seed {config.seed}",
+    ]
+    say(f"attnkit run {config.task}: {', '.join(said)}")
     say(f"threads: {n_threads} ({why})")
     say(f"run directory: {run_dir}")
 
@@ -138,7 +149,10 @@ def run(
         else:
             position = _position(state, checkpoints.latest(run_dir))
     if resume is not None and position.epoch >= config.epochs:
-        say(f"all {config.epochs} epochs are trained: evaluating")
+        say(
+            f"all {plural(config.epochs, 'epoch')} {'is' if config.epochs == 1 else 'are'} "
+            "trained: evaluating"
+        )
     elif resume is not None and position.epoch + position.step > 0:
         say(f"resuming at epoch {position.epoch + 1}, step {position.step + 1} of {steps}")
     trainer = Trainer(

@@ -263,7 +263,7 @@ class ParallelCoAttention(_CoAttention):
             self.W2 = HeadwiseLinear(d2, d_w, bias=False, **kw)
             self.w1 = HeadwiseLinear(d_w, 1, bias=False, **kw)
             self.w2 = HeadwiseLinear(d_w, 1, bias=False, **kw)
-        self.align = checks.resolve_alignment(align)
+        self.align = checks.resolve_alignment(align, device=device, dtype=dtype)
 
     def taxonomy_tags(self) -> list:
         tags: list = [tx.FeatureMultiplicity.PARALLEL_CO_ATTENTION, tx.QueryType.SPECIALIZED]

@@ -56,9 +56,20 @@ def apply_score_mod(
         keys = torch.arange(e.shape[-1], device=e.device)
     kv_idx = keys.to(e.device).view(*([1] * (rank - 1)), -1)
     out = score_mod(e, b, h, q_idx, kv_idx)
-    if not isinstance(out, Tensor) or out.shape != e.shape:
-        got = tuple(out.shape) if isinstance(out, Tensor) else type(out).__name__
-        raise ValueError(f"score_mod must return the scores' shape {tuple(e.shape)}, got {got}")
+    if not isinstance(out, Tensor):
+        raise TypeError(
+            f"score_mod must return a tensor of scores {tuple(e.shape)}, got {type(out).__name__}"
+        )
+    if out.dtype != e.dtype:
+        raise TypeError(
+            f"score_mod must return scores of the dtype it was given ({e.dtype}), got "
+            f"{out.dtype}; convert the result with .to(e.dtype) (a boolean pattern belongs in "
+            "block_mask= or mask=)"
+        )
+    if out.shape != e.shape:
+        raise ValueError(
+            f"score_mod must return the scores' shape {tuple(e.shape)}, got {tuple(out.shape)}"
+        )
     return out
 
 

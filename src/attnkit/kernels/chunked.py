@@ -549,6 +549,11 @@ def attend(
     )
     if score_mod is not None and score.multi_dimensional:
         raise ValueError("score_mod applies to single-dimensional scores (…, M, N) only")
+    if score.mixes_keys and (mask is not None or block_mask is not None):
+        raise ValueError(
+            f"chunked evaluation: score {type(score).__name__} mixes neighbouring keys and must "
+            "see the whole mask at once; evaluate it with the dense kernel"
+        )
     if m == 0 or n == 0 or math.prod(lead) == 0 or v.shape[-1] == 0:
         # Nothing to stream; the dense path returns the empty result with its autograd graph.
         return dense.attend(
@@ -624,6 +629,11 @@ class Chunked(Kernel):
             reasons.append(f"the chunked kernel does not apply dropout (dropout={call.dropout})")
         if call.score_mod is not None and call.score.multi_dimensional:
             reasons.append("score_mod applies to single-dimensional scores only")
+        if call.score.mixes_keys and (call.mask is not None or call.block_mask is not None):
+            reasons.append(
+                f"score {type(call.score).__name__} mixes neighbouring keys, so it must see the "
+                "whole mask at once (the dense kernel passes it)"
+            )
         return reasons
 
     def prefers(self, call: Call) -> bool:

@@ -47,7 +47,12 @@ def attend(
     and the weighted sum accumulates in float32: half precision cannot hold a score plus a large
     bias, nor a normaliser. With a mask, a masked value that is NaN or infinite does not reach the
     context (it has weight 0, and 0·NaN would otherwise be NaN)."""
-    e = score(q, k)  # (…, M, N) or (…, M, N, d_v)
+    if block_mask is not None:
+        pattern = block_mask.to_dense()
+        mask = pattern if mask is None else mask & pattern
+    # A score mixing neighbouring keys takes the mask itself (it must not read masked keys).
+    masked = mask is not None and score.mixes_keys
+    e = score(q, k, keep=mask) if masked else score(q, k)  # (…, M, N) or (…, M, N, d_v)
     dtype = v.dtype
     if e.dtype in (torch.float16, torch.bfloat16):
         e = e.float()
@@ -59,9 +64,6 @@ def attend(
         if multi:
             raise ValueError("score_mod applies to single-dimensional scores (…, M, N) only")
         e = apply_score_mod(score_mod, e)
-    if block_mask is not None:
-        pattern = block_mask.to_dense()
-        mask = pattern if mask is None else mask & pattern
     if multi:
         # Align each feature across keys (eq. 32): put features before (M, N).
         a, log_prob = align(

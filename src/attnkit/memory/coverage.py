@@ -28,9 +28,22 @@ def coverage_loss(weights: Tensor, coverage: Tensor) -> Tensor:
     """See et al. eq. 12 summed over steps: Σ_t Σ_i min(a_i^t, c_i^t), per item (B,).
 
     Args:
-        weights: a^t (B, T, n); coverage: c^t (B, T, n), the coverage before each step.
+        weights: a^t (B, T, n); coverage: c^t (B, T, n), the coverage before each step; one
+            shape (no broadcasting) and one dtype.
     """
+    _steps(weights, "weights")
+    _steps(coverage, "coverage")
+    checks.same_shape(("weights", weights), ("coverage", coverage))
+    checks.same_kind(("weights", weights), ("coverage", coverage))
     return torch.minimum(weights, coverage).sum((-1, -2))
+
+
+def _steps(x: object, name: str) -> Tensor:
+    """A floating (B, T, n) tensor of per-step weights."""
+    x = checks.floating(x, name, "(B, T, n)")
+    if x.dim() != 3:
+        raise ValueError(f"{name} must be (B, T, n), got shape {tuple(x.shape)}")
+    return x
 
 
 def doubly_stochastic_penalty(weights: Tensor, mask: Tensor | None = None) -> Tensor:
@@ -42,10 +55,21 @@ def doubly_stochastic_penalty(weights: Tensor, mask: Tensor | None = None) -> Te
         weights: α (B, T, n); mask: (B, n) or (B, 1, n), True = a real location (padded
             locations add nothing).
     """
-    if weights.dim() != 3:
-        raise ValueError(f"weights must be (B, T, n), got shape {tuple(weights.shape)}")
+    _steps(weights, "weights")
     gap = (1 - weights.sum(-2)) ** 2  # (B, n)
     if mask is not None:
+        b, n = gap.shape
+        if not isinstance(mask, Tensor) or mask.dtype != torch.bool:
+            got = mask.dtype if isinstance(mask, Tensor) else type(mask).__name__
+            raise TypeError(
+                f"mask must be a boolean tensor (True = a real location), got {got}; convert a "
+                "0/1 tensor with mask.bool()"
+            )
+        if tuple(mask.shape) not in ((b, n), (b, 1, n)):
+            raise ValueError(
+                f"mask must be ({b}, {n}) or ({b}, 1, {n}) (B, n) for weights of shape "
+                f"{tuple(weights.shape)}, got shape {tuple(mask.shape)}"
+            )
         gap = gap * mask.reshape(gap.shape).to(gap.dtype)
     return gap.sum(-1)
 
@@ -99,7 +123,7 @@ class CoverageAttention(nn.Module):
         self.W_s = nn.Linear(d_q, d_w, **kw)  # its bias is b
         self.w_c = nn.Parameter(torch.randn(d_w, **kw) * 0.5)
         self.v = nn.Linear(d_w, 1, bias=False, **kw)
-        self.align = resolve_alignment(align)
+        self.align = resolve_alignment(align, device=device, dtype=dtype)
 
     @classmethod
     def example(cls) -> tuple[nn.Module, tuple, dict]:

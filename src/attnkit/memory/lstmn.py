@@ -75,7 +75,7 @@ class LSTMN(nn.Module):
         self.W_summary = nn.Linear(d_h, d_w, **kw)  # W_h̃, with the hidden layer's bias
         self.v = nn.Linear(d_w, 1, bias=False, **kw)
         self.gates = nn.Linear(d_h + d_x, 4 * d_h, **kw)  # W, b of eq. 8
-        self.align = resolve_alignment(align)
+        self.align = resolve_alignment(align, device=device, dtype=dtype)
 
     @classmethod
     def example(cls) -> tuple[nn.Module, tuple, dict]:

@@ -90,7 +90,9 @@ class MemoryNetwork(nn.Module):
         self.u_o = nn.Parameter(torch.randn(embedding_dim, 3 * vocab_size, **kw) * 0.1)
         self.u_r = nn.Parameter(torch.randn(embedding_dim, 2 * vocab_size, **kw) * 0.1)
         self.u_r_answer = nn.Parameter(torch.randn(embedding_dim, n_answers, **kw) * 0.1)
-        self.align = Hard() if align is None else checks.resolve_alignment(align)
+        self.align = (
+            Hard() if align is None else checks.resolve_alignment(align, device=device, dtype=dtype)
+        )
 
     @classmethod
     def example(cls) -> tuple[nn.Module, tuple, dict]:

@@ -187,7 +187,7 @@ class NeuralTuringMachine(nn.Module):
         self.output = nn.Linear(controller_size + read_heads * memory_width, d_out, **kw)
         # A learned initial memory (small values, so that cosine addressing is defined).
         self.memory0 = nn.Parameter(torch.randn(memory_size, memory_width, **kw) * 0.1)
-        self.align = resolve_alignment(align)
+        self.align = resolve_alignment(align, device=device, dtype=dtype)
 
     @classmethod
     def example(cls) -> tuple[nn.Module, tuple, dict]:

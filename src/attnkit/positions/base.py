@@ -31,6 +31,7 @@ __all__ = [
     "AbsolutePosition",
     "PositionScheme",
     "Positioned",
+    "check_offsets",
     "check_qk",
     "relative_distances",
 ]
@@ -98,11 +99,29 @@ class AbsolutePosition(nn.Module):
         raise NotImplementedError
 
 
-def check_qk(q: Tensor, k: Tensor, scheme: str, *, heads: int | None = None) -> None:
+def check_offsets(q_offset: object, k_offset: object) -> None:
+    """Raise unless both offsets are ints >= 0 (positions count from 0; a bool is refused)."""
+    from attnkit import arguments
+
+    arguments.nonnegative_int(q_offset, "q_offset")
+    arguments.nonnegative_int(k_offset, "k_offset")
+
+
+def check_qk(
+    q: Tensor,
+    k: Tensor,
+    scheme: str,
+    *,
+    heads: int | None = None,
+    q_offset: int = 0,
+    k_offset: int = 0,
+) -> None:
     """Raise for queries and keys a per-head scheme cannot take: floating tensors (…, M, d) and
-    (…, N, d) with the same d and dtype, and with ``heads`` given, H = ``heads`` at dim −3."""
+    (…, N, d) with the same d and dtype, and with ``heads`` given, H = ``heads`` at dim −3; and
+    for offsets that are not ints >= 0 (:func:`check_offsets`)."""
     from attnkit import inputs
 
+    check_offsets(q_offset, k_offset)
     min_dim = 2 if heads is None else 3
     inputs.tensor(q, "q", min_dim=min_dim)
     inputs.tensor(k, "k", min_dim=min_dim)

@@ -71,7 +71,7 @@ class MusicRelative(PositionScheme):
         return cls(head_dim, num_heads, device=device, dtype=dtype)
 
     def forward(self, q: Tensor, k: Tensor, *, q_offset: int = 0, k_offset: int = 0) -> Positioned:
-        check_qk(q, k, "music", heads=self.num_heads)
+        check_qk(q, k, "music", heads=self.num_heads, q_offset=q_offset, k_offset=k_offset)
         if q.shape[-1] != self.head_dim:
             raise ValueError(f"music was built for head_dim = {self.head_dim}, got q {q.shape}")
         m, n = q.shape[-2], k.shape[-2]

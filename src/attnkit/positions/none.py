@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from attnkit.positions.base import REGISTRY, Positioned, PositionScheme
+from attnkit.positions.base import REGISTRY, Positioned, PositionScheme, check_offsets
 
 __all__ = ["NoPosition"]
 
@@ -14,4 +14,5 @@ class NoPosition(PositionScheme):
     """Leaves queries and keys as they are and adds no bias (attention stays order-blind)."""
 
     def forward(self, q: Tensor, k: Tensor, *, q_offset: int = 0, k_offset: int = 0) -> Positioned:
+        check_offsets(q_offset, k_offset)
         return Positioned(q, k)

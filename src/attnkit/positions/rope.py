@@ -39,7 +39,7 @@ class Rotary(PositionScheme):
             raise ValueError(f"base must be > 1, got {base}")
 
     def forward(self, q: Tensor, k: Tensor, *, q_offset: int = 0, k_offset: int = 0) -> Positioned:
-        check_qk(q, k, "rope")
+        check_qk(q, k, "rope", q_offset=q_offset, k_offset=k_offset)
         if q.shape[-1] % 2:
             raise ValueError(f"rope rotates feature pairs: d must be even, got q {tuple(q.shape)}")
         m, n = q.shape[-2], k.shape[-2]

@@ -69,7 +69,7 @@ class ShawRelative(PositionScheme):
         return (-relative_distances(m, n, q_offset, k_offset, device)).clamp(-k, k) + k
 
     def forward(self, q: Tensor, k: Tensor, *, q_offset: int = 0, k_offset: int = 0) -> Positioned:
-        check_qk(q, k, "shaw")
+        check_qk(q, k, "shaw", q_offset=q_offset, k_offset=k_offset)
         if q.shape[-1] != self.head_dim:
             raise ValueError(
                 f"shaw was built for head_dim = {self.head_dim} but got q {tuple(q.shape)}"

@@ -46,6 +46,7 @@ class Sinusoidal(AbsolutePosition):
 
     def forward(self, x: Tensor, *, offset: int = 0) -> Tensor:
         """x (B, …, L, D) -> x + PE(offset + l) for l < L."""
+        arguments.nonnegative_int(offset, "offset")
         inputs.tensor(x, "x")
         if x.shape[-1] != self.d_model:
             raise ValueError(

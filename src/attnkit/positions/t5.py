@@ -87,7 +87,7 @@ class T5Relative(PositionScheme):
         return cls(num_heads, device=device, dtype=dtype)
 
     def forward(self, q: Tensor, k: Tensor, *, q_offset: int = 0, k_offset: int = 0) -> Positioned:
-        check_qk(q, k, "t5", heads=self.num_heads)
+        check_qk(q, k, "t5", heads=self.num_heads, q_offset=q_offset, k_offset=k_offset)
         m, n = q.shape[-2], k.shape[-2]
         relative = -relative_distances(m, n, q_offset, k_offset, q.device)  # j − i
         bucket = t5_bucket(

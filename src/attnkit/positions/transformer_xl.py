@@ -69,7 +69,7 @@ class XLRelative(PositionScheme):
         return (r @ w.T).unflatten(-1, (self.num_heads, self.head_dim)).transpose(0, 1)
 
     def forward(self, q: Tensor, k: Tensor, *, q_offset: int = 0, k_offset: int = 0) -> Positioned:
-        check_qk(q, k, "transformer_xl", heads=self.num_heads)
+        check_qk(q, k, "transformer_xl", heads=self.num_heads, q_offset=q_offset, k_offset=k_offset)
         if q.shape[-1] != self.head_dim:
             raise ValueError(
                 f"transformer_xl was built for head_dim = {self.head_dim}, got q {tuple(q.shape)}"
@@ -82,6 +82,30 @@ class XLRelative(PositionScheme):
 
     def extra_repr(self) -> str:
         return f"head_dim={self.head_dim}, num_heads={self.num_heads}, d_r={self.d_r}"
+
+
+def _segment(x: object, name: str, d_model: int) -> Tensor:
+    """A segment (B, M, D) with D = ``d_model``."""
+    x = inputs.tensor(x, name, min_dim=3)
+    if x.dim() != 3 or x.shape[-1] != d_model:
+        raise ValueError(
+            f"{name} must be (B, M, D) with D = d_model = {d_model}, got shape {tuple(x.shape)}"
+        )
+    return x
+
+
+def _memory(memory: object, h: Tensor, name: str) -> None:
+    """A memory (B, P, D) that can precede the segment h (B, M, D): same B, D, dtype, device."""
+    if memory is None:
+        return
+    memory = inputs.tensor(memory, name, min_dim=3)
+    b, _, d = h.shape
+    if memory.dim() != 3 or memory.shape[0] != b or memory.shape[-1] != d:
+        raise ValueError(
+            f"{name} must be (B, P, D) = ({b}, P, {d}) to precede the segment of shape "
+            f"{tuple(h.shape)}, got shape {tuple(memory.shape)}"
+        )
+    inputs.same_kind(("segment", h), (name, memory))
 
 
 class TransformerXLLayer(nn.Module):
@@ -128,6 +152,8 @@ class TransformerXLLayer(nn.Module):
         """h (B, M, D) the segment, memory (B, P, D) the earlier states (already detached) or
         None; mask (M, P + M) boolean, default causal aligned at the end (query i sees the
         memory and keys up to itself). Returns (B, M, D)."""
+        _segment(h, "h", self.d_model)
+        _memory(memory, h, "memory")
         context = h if memory is None else torch.cat([memory, h], dim=-2)
         split = (self.heads, self.d_model // self.heads)
         q = self.q_proj(h).unflatten(-1, split).transpose(-2, -3)
@@ -183,9 +209,20 @@ class TransformerXL(nn.Module):
     ) -> tuple[Tensor, list[Tensor]]:
         """x (B, M, D); memory as returned by the previous segment (or None); mask (M, P + M)
         overrides the causal one (e.g. to limit how far back a single pass may look)."""
-        inputs.tensor(x, "x", min_dim=3)
-        if memory is not None and len(memory) != len(self.layers):
-            raise ValueError(f"memory has {len(memory)} entries but the stack {len(self.layers)}")
+        _segment(x, "x", self.layers[0].d_model)
+        if memory is not None:
+            if not isinstance(memory, (list, tuple)):
+                raise TypeError(
+                    f"memory must be a list of (B, P, D) tensors, one per layer, or None; got "
+                    f"{type(memory).__name__}"
+                )
+            if len(memory) != len(self.layers):
+                raise ValueError(
+                    f"memory has {len(memory)} entries but the stack has {len(self.layers)} "
+                    "layers; pass the memory the previous segment returned"
+                )
+            for n, mem in enumerate(memory):
+                _memory(mem, x, f"memory[{n}]")
         new_memory = []
         h = x
         for n, layer in enumerate(self.layers):

@@ -109,6 +109,9 @@ class AttentionSumReader(nn.Module):
 
     def _encode(self, gru: nn.GRU, x: Tensor, lengths: Tensor) -> tuple[Tensor, Tensor]:
         """States (B, n, 2h) and [→h_last; ←h_first] (B, 2h), reading only the real tokens."""
+        if x.shape[0] == 0:  # nothing to pack: the GRU runs on the empty batch as it is
+            states, h_n = gru(x)
+            return states, torch.cat([h_n[0], h_n[1]], -1)
         packed = pack_padded_sequence(
             x, lengths.clamp_min(1).cpu(), batch_first=True, enforce_sorted=False
         )

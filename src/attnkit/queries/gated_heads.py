@@ -111,10 +111,10 @@ class GatedHeadAttention(nn.Module):
             masks.check(mask, torch.Size((b, m, n)))
             allowed = mask.broadcast_to(b, m, n)
             z = torch.where(allowed.any(1)[..., None], z, 0.0)  # padding reaches nothing
-        split = (b, -1, self.heads, self.d_head)
-        q = self.query(x).reshape(split).transpose(1, 2)  # (B, K, M, d_head)
-        k = self.key(z).reshape(split).transpose(1, 2)
-        v = self.value(z).reshape(split).transpose(1, 2)
+        kh, dh = self.heads, self.d_head  # explicit sizes: B = 0 leaves no -1 to infer
+        q = self.query(x).reshape(b, m, kh, dh).transpose(1, 2)  # (B, K, M, d_head)
+        k = self.key(z).reshape(b, n, kh, dh).transpose(1, 2)
+        v = self.value(z).reshape(b, n, kh, dh).transpose(1, 2)
         heads = self.attention(q, k, v, mask=allowed[:, None], need_weights=True)
         # the gate network: max-pool of projected neighbours, mean of the neighbours
         some = allowed.any(-1, keepdim=True)  # (B, M, 1)

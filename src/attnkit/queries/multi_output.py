@@ -67,7 +67,7 @@ class ImportanceMatrixAttention(nn.Module):
         sizes(d_k=d_k, d_w=d_w, n_outputs=n_outputs)
         self.d_k = d_k
         self.score = Additive(None, d_k, d_w, d_out=n_outputs, device=device, dtype=dtype)
-        self.align = resolve_alignment(align)
+        self.align = resolve_alignment(align, device=device, dtype=dtype)
 
     # Several distributions, one weight per key each: single-dimensional attention with
     # multiple outputs, although the score has r outputs per key.

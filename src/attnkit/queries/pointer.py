@@ -141,11 +141,14 @@ class PointerNetwork(nn.Module):
             )
         h = self.embed(x)  # (B, n, d_h)
         # Packed, so that the final (h, c) is each sequence's state after its last real input.
-        packed = pack_padded_sequence(
-            h, lengths.clamp_min(1).cpu(), batch_first=True, enforce_sorted=False
-        )
-        enc_packed, (h_n, c_n) = self.encoder(packed)
-        enc, _ = pad_packed_sequence(enc_packed, batch_first=True, total_length=n)
+        if b == 0:  # nothing to pack: the encoder runs on the empty batch as it is
+            enc, (h_n, c_n) = self.encoder(h)
+        else:
+            packed = pack_padded_sequence(
+                h, lengths.clamp_min(1).cpu(), batch_first=True, enforce_sorted=False
+            )
+            enc_packed, (h_n, c_n) = self.encoder(packed)
+            enc, _ = pad_packed_sequence(enc_packed, batch_first=True, total_length=n)
         rows = torch.arange(b, device=x.device)
         state = (h_n[-1], c_n[-1])
         inp = self.start.expand(b, -1)

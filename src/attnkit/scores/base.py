@@ -58,8 +58,11 @@ class Score(nn.Module):
     Capabilities, read by kernels and tests:
 
     - ``content_based``: scores depend on key content only (permuting keys permutes scores).
-    - ``mixes_keys``: a key's score also depends on its neighbours' content (so masking a key
-      is not the same as removing it).
+    - ``mixes_keys``: a key's score also depends on its neighbours' content. Masking the scores
+      afterwards would let a query read, through an allowed key, keys it may not attend, so such
+      a score takes the mask itself: ``forward(q, k, keep=mask)`` calls ``masked``, which must
+      not read a key that a row may not attend (the dense kernel passes it; the chunked kernel
+      refuses such a score with a mask). Masking a key is still not the same as removing it.
     - ``dot_product_form``: ``dot_form(q, k)`` gives (q', k', scale) with score = scale·q'ᵀk',
       so SDPA can evaluate it.
     - ``compile_tile``: the chunked kernel may compile ``pairwise`` for its tiles.
@@ -116,9 +119,18 @@ class Score(nn.Module):
     def dot_form(self, q: Tensor | None, k: Tensor) -> tuple[Tensor, Tensor, float]:
         raise NotImplementedError(f"{type(self).__name__} is not in dot-product form")
 
-    def forward(self, q: Tensor | None, k: Tensor) -> Tensor:
+    def masked(self, q: Tensor | None, k: Tensor, keep: Tensor) -> Tensor:
+        """Scores under the mask ``keep`` (True = may attend, broadcastable to (…, M, N)) in
+        which no row reads a key it may not attend; required of ``mixes_keys`` scores."""
+        raise NotImplementedError(f"{type(self).__name__} does not take a mask")
+
+    def forward(self, q: Tensor | None, k: Tensor, *, keep: Tensor | None = None) -> Tensor:
         """Scores (…, M, N) [(…, M, N, d_out) multi-dimensional] from q (…, M, d_q), or None
-        for query-free scores, and k (…, N, d_k)."""
+        for query-free scores, and k (…, N, d_k).
+
+        ``keep`` (boolean, True = may attend, broadcastable to (…, M, N)) is for scores that
+        mix neighbouring keys (``mixes_keys``): each row is then scored without reading the
+        keys it may not attend. Other scores do not take it: their scores are masked after."""
         if q is None and not self.query_free:
             raise ValueError(
                 f"{type(self).__name__} needs a query; q=None is only for query-free "
@@ -132,7 +144,17 @@ class Score(nn.Module):
         inputs.part_matches(self, "score", "k", k)
         check_heads(self, q, k)
         self.check(q, k)
-        e = self.pairwise(self.project_query(q), self.project_key(k))
+        if keep is None:
+            e = self.pairwise(self.project_query(q), self.project_key(k))
+        elif not self.mixes_keys:
+            raise TypeError(
+                f"keep= is for scores that mix neighbouring keys; {type(self).__name__} scores "
+                "each key alone, so mask its scores instead"
+            )
+        else:
+            if not isinstance(keep, Tensor) or keep.dtype != torch.bool:
+                raise TypeError(f"keep must be a boolean tensor, got {keep!r:.80}")
+            e = self.masked(q, k, keep)
         if q is not None and self.query_free:
             # A constant query scores every query row alike (Brauwers eq. 33-34): repeat the row.
             tail = 2 if self.d_out is None else 3

@@ -78,6 +78,15 @@ class Convolutional(Score):
     subsequences. Each window of ``width`` consecutive keys gets the energy
     act(Σ_t w_tᵀ k_{j+t} + b); a key's score is the mean energy of the ``width`` windows that
     contain it (the sequence is zero-padded at both ends). Query-free (self-attentive).
+
+    A key's score reads its ``width - 1`` neighbours on either side (``mixes_keys``), so a mask
+    cannot be applied to the scores afterwards: a query would still read, through its allowed
+    keys' windows, keys it may not attend. Given the mask (``keep``), the score is evaluated per
+    query row with the keys that row may not attend replaced by zeros (with ``torch.where``, so
+    a NaN in such a key reaches nothing), exactly like the zero padding at the ends. A masked
+    key's content therefore has no influence, and under a causal mask row t equals the score of
+    the sequence cut after key t (what decoding step t sees). Masking a key in the middle is not
+    the same as removing it: the gap keeps its neighbours apart.
     """
 
     scoring = tx.Scoring.CONVOLUTIONAL
@@ -114,16 +123,34 @@ class Convolutional(Score):
     def check(self, q: Tensor | None, k: Tensor) -> None:
         expect_features(k, self.d_k, "k", "d_k")
 
+    def _taps(self, k: Tensor) -> Tensor:
+        """P[…, l, t] = w_tᵀ k_l: key l's term in a window where it sits at tap t, (…, N, width)."""
+        if self.heads is None:
+            return torch.einsum("...nc,ct->...nt", k, self.filter[0])
+        return torch.einsum("...hnc,hct->...hnt", k, self.filter)
+
+    def _per_key(self, taps: Tensor, rows: bool = False) -> Tensor:
+        """Key scores from the taps (…, N, width): the mean activated energy of the windows
+        that contain each key, the sequence zero-padded by width - 1 at both ends. ``rows``:
+        the taps carry a query-row dim before N (after the head dim)."""
+        w, n = self.width, taps.shape[-2]
+        padded = F.pad(taps, (0, 0, w - 1, w - 1))  # (…, N + 2(w-1), w)
+        # energy of the window starting at key i - (w - 1), for i in [0, N + w - 1)
+        energy = sum(padded[..., t : t + n + w - 1, t] for t in range(w))
+        bias = self.b[0] if self.heads is None else self.b.view(-1, *(1,) * (1 + rows))
+        act = self.act(energy + bias)
+        return sum(act[..., s : s + n] for s in range(w)) / w  # (…, N)
+
     def project_key(self, k: Tensor) -> Tensor:
         """Per-key scores, as (…, N, 1) so keys stay along dim -2."""
-        h = 1 if self.heads is None else self.heads
-        n = k.shape[-2]
-        lead = k.shape[:-2] if self.heads is None else k.shape[:-3]
-        x = k.reshape(-1, h, n, self.d_k).transpose(-1, -2).reshape(-1, h * self.d_k, n)
-        windows = F.conv1d(x, self.filter, self.b, padding=self.width - 1, groups=h)
-        per_key = F.avg_pool1d(self.act(windows), self.width, stride=1)  # (B', h, N)
-        shape = (*lead, n) if self.heads is None else (*lead, h, n)
-        return per_key.reshape(shape).unsqueeze(-1)
+        return self._per_key(self._taps(k)).unsqueeze(-1)
 
     def pairwise(self, qp: Tensor | None, kp: Tensor, key_offset: int = 0) -> Tensor:
         return kp.squeeze(-1).unsqueeze(-2)
+
+    def masked(self, q: Tensor | None, k: Tensor, keep: Tensor) -> Tensor:
+        """Scores (…, M, N) where row m reads only the keys ``keep[…, m, :]`` allows; the other
+        keys count as zeros (their content, even NaN, has no influence)."""
+        taps = self._taps(k).unsqueeze(-3)  # (…, 1, N, w)
+        zero = torch.zeros((), dtype=taps.dtype, device=taps.device)
+        return self._per_key(torch.where(keep.unsqueeze(-1), taps, zero), rows=True)

@@ -18,6 +18,7 @@ from attnkit.tasks import (
     rationale_task,
     recall_task,
     sort_task,
+    text_task,
 )
 from attnkit.tasks.base import REGISTRY, Metric, Task
 
@@ -42,4 +43,5 @@ __all__ = [
     "rationale_task",
     "recall_task",
     "sort_task",
+    "text_task",
 ]

@@ -25,6 +25,7 @@ it needs a fixed number of ordered supporting facts: counting is refused.
 
 from __future__ import annotations
 
+import math
 from typing import Any, ClassVar
 
 import torch
@@ -35,7 +36,7 @@ from attnkit.evaluation import entropy
 from attnkit.memory.memn2n import EndToEndMemoryNetwork
 from attnkit.memory.memnet import MemoryNetwork, MemoryNetworkOutput
 from attnkit.tasks.babi import KINDS, PLACES, VOCAB, BabiData, make_babi
-from attnkit.tasks.base import REGISTRY, Metric, Task
+from attnkit.tasks.base import REGISTRY, Metric, Task, Unused
 from attnkit.tasks.parts import build_alignment, build_score
 
 __all__ = [
@@ -110,6 +111,16 @@ class BabiTask(Task):
             ),
             "entropy": Metric("mean entropy of the hop attention in nats (lower: sharper)", None),
         }
+
+    @classmethod
+    def unused(cls, config) -> dict[str, Unused]:
+        if config.attention != "memory_network":
+            return {}
+        why = (
+            "Weston et al.'s memory network scores memories by its own bilinear match and "
+            "addresses them by hard max (eqs. 2-3)"
+        )
+        return {key: Unused("--attention memory_network", why) for key in ("score", "align")}
 
     @classmethod
     def validate(cls, config) -> None:
@@ -200,7 +211,9 @@ class BabiTask(Task):
             "accuracy": float((out.logits.argmax(-1) == data.answer).float().mean()),
             "support_attention": float(on_support[:, hop].mean()),
             "support_argmax": float(hits.float().mean()),
-            "entropy": entropy(out.weights),
+            # during a memory network's linear start the hops weight by raw scores, which are
+            # no distribution: their entropy is undefined
+            "entropy": entropy(out.weights) if bool((out.weights >= 0).all()) else math.nan,
         }
 
     @torch.no_grad()

@@ -14,7 +14,7 @@ from torch import Tensor, nn
 
 from attnkit.registry import Registry
 
-__all__ = ["REGISTRY", "Metric", "Task"]
+__all__ = ["REGISTRY", "Metric", "Task", "Unused"]
 
 
 @dataclass(frozen=True)
@@ -34,6 +34,16 @@ class Metric:
         return f"{self.better} is better" if self.better else "descriptive"
 
 
+@dataclass(frozen=True)
+class Unused:
+    """Why a run-configuration key does not reach the model: ``by`` is what makes it unused (a
+    flag and its value, e.g. ``"--attention performer"``, or ``"task 'copy'"``), ``why`` says
+    what the model does instead."""
+
+    by: str
+    why: str
+
+
 class Task:
     """Base class of a task for ``attnkit run``.
 
@@ -51,6 +61,12 @@ class Task:
     - ``takes_position``: True when the run configuration's ``position`` key (a position
       scheme's registered name; ``"default"``: the task's own choice) is honoured; the task's
       ``validate`` checks the name.
+    - ``reads_data``: True when the task reads the user's file named by the run configuration's
+      ``data`` key (``--data``); :meth:`example_settings` then writes a small one for tests.
+
+    ``unused(config)`` names the keys the configured model does not read (e.g. ``score`` for a
+    mechanism with its own weights): setting one of them is refused, and the resolved
+    configuration records it as ``None``.
 
     An instance is made from a resolved run configuration and makes its data.
     """
@@ -61,14 +77,28 @@ class Task:
     gold_alignment: ClassVar[bool] = False
     attentions: ClassVar[tuple[str, ...]] = ()
     takes_position: ClassVar[bool] = False
+    reads_data: ClassVar[bool] = False
 
     def __init__(self, config: Any) -> None:
         self.config = config
 
     @classmethod
+    def example_settings(cls, directory: Any) -> dict[str, Any]:
+        """Configuration keys a small example run of this task needs beyond its defaults (e.g.
+        a generated data file written into ``directory`` for a task that ``reads_data``)."""
+        return {}
+
+    @classmethod
     def validate(cls, config: Any) -> None:
         """Raise ValueError, naming the key, for a resolved configuration this task cannot
         honour (e.g. more examples than the task can make). Called before anything is made."""
+
+    @classmethod
+    def unused(cls, config: Any) -> dict[str, Unused]:
+        """The run-configuration keys (``score``, ``align``, ...) that the model built for
+        ``config`` does not read, each with the reason; none by default. Called with the task's
+        defaults filled in."""
+        return {}
 
     def build_model(self) -> nn.Module:
         """A freshly initialised model for this task and configuration."""

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnkit.memory.ntm import NeuralTuringMachine
-from attnkit.tasks.base import REGISTRY, Metric, Task
+from attnkit.tasks.base import REGISTRY, Metric, Task, Unused
 from attnkit.tasks.parts import build_alignment
 
 __all__ = ["CopyTask", "LSTMBaseline", "make_copy"]
@@ -87,6 +87,17 @@ class CopyTask(Task):
         "sequence_accuracy": Metric(f"share of test sequences (1-{MAX_TRAIN}) copied exactly"),
     }
     attentions: ClassVar[tuple[str, ...]] = ("lstm",)  # the baseline without memory
+
+    @classmethod
+    def unused(cls, config) -> dict[str, Unused]:
+        if config.attention == "lstm":
+            why = "the LSTM baseline has no memory and no attention"
+            return {key: Unused("--attention lstm", why) for key in ("score", "align")}
+        why = (
+            "the Neural Turing Machine addresses its memory by cosine similarity (Graves et al. "
+            "eq. 6); it has no score function to choose"
+        )
+        return {"score": Unused(f"task {config.task!r}", why)}
 
     def __init__(self, config) -> None:
         super().__init__(config)

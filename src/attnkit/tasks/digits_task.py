@@ -19,7 +19,7 @@ from attnkit.alignments.base import Alignment, AlignOutput
 from attnkit.attention import Attention
 from attnkit.evaluation import attention_correctness, capture, entropy, uniform_weights
 from attnkit.models.vit import ViT
-from attnkit.tasks.base import REGISTRY, Metric, Task
+from attnkit.tasks.base import REGISTRY, Metric, Task, Unused
 from attnkit.tasks.digits import box_region, make_digits
 from attnkit.tasks.parts import build_attention, task_loss
 from attnkit.vision import RecurrentAttention
@@ -190,6 +190,17 @@ class DigitsTask(Task):
         self.train = self.data.splits["train"]
 
     attentions: ClassVar[tuple[str, ...]] = ("vit", "ram", "ram_centre")
+
+    @classmethod
+    def unused(cls, config) -> dict[str, Unused]:
+        if not config.attention.startswith("ram"):
+            return {}
+        why = (
+            "the recurrent attention model places each glimpse by its own location policy (hard, "
+            "REINFORCE, Mnih et al. 2014; ram_centre: always the centre), without a score "
+            "function or a choice of alignment"
+        )
+        return {key: Unused(f"--attention {config.attention}", why) for key in ("score", "align")}
 
     @classmethod
     def validate(cls, config: Any) -> None:

@@ -22,7 +22,7 @@ from torch import Tensor, nn
 
 from attnkit.evaluation.capture import capture
 from attnkit.tasks import parts
-from attnkit.tasks.base import Task
+from attnkit.tasks.base import Task, Unused
 from attnkit.transformer import TransformerEncoderLayer
 
 __all__ = ["EncoderClassifier", "LongRangeTask", "SlotAttentions"]
@@ -128,6 +128,17 @@ class LongRangeTask(Task):
     @classmethod
     def attention_name(cls, config) -> str:
         return "full" if config.attention == "default" else config.attention
+
+    @classmethod
+    def unused(cls, config) -> dict[str, Unused]:
+        name = cls.attention_name(config)
+        if name == "full":
+            return {}
+        why = (
+            f"mechanism {name!r} computes its own attention (no score function or alignment "
+            "is built for it)"
+        )
+        return {key: Unused(f"--attention {name}", why) for key in ("score", "align")}
 
     @classmethod
     def validate(cls, config) -> None:

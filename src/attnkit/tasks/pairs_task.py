@@ -22,7 +22,7 @@ from attnkit import alignments as al
 from attnkit import masks
 from attnkit.features import DecomposableAttention, NestedCoAttention, ParallelCoAttention
 from attnkit.scores import Score
-from attnkit.tasks.base import REGISTRY, Metric, Task
+from attnkit.tasks.base import REGISTRY, Metric, Task, Unused
 from attnkit.tasks.parts import build_alignment, build_score
 
 __all__ = ["PAIR_MECHANISMS", "PairsModel", "PairsTask", "make_pairs"]
@@ -129,6 +129,22 @@ class PairsTask(Task):
             "share of entailed hypothesis tokens whose strongest premise weight is their copy",
         ),
     }
+
+    @classmethod
+    def unused(cls, config: Any) -> dict[str, Unused]:
+        mechanism = "decomposable" if config.attention == "default" else config.attention
+        if mechanism == "parallel":
+            return {}
+        why = (
+            f"the {mechanism} mechanism fixes its own affinity (only parallel co-attention takes "
+            "the run's score)"
+        )
+        by = (
+            f"--attention {mechanism}"
+            if config.attention != "default"
+            else f"task {config.task!r} (its default mechanism, {mechanism} attention)"
+        )
+        return {"score": Unused(by, why)}
 
     @classmethod
     def validate(cls, config: Any) -> None:

@@ -21,6 +21,7 @@ from attnkit.scores import Score
 __all__ = [
     "ALIGNMENT_ARGUMENTS",
     "SCORE_SIZES",
+    "SLOT_ARGUMENTS",
     "build_alignment",
     "build_attention",
     "build_score",
@@ -70,6 +71,20 @@ SLOT_SIZES: dict[str, str] = {
 }  # fmt: skip
 
 
+def _synthesizer_arguments(head_dim: int, num_heads: int, max_len: int) -> dict[str, Any]:
+    """Tay et al.'s dense synthesizer (eq. 2), one per head, over at most ``max_len`` keys."""
+    from attnkit.efficient.synthesizer import DenseSynthetic
+
+    return {"components": [DenseSynthetic(head_dim, max_len, heads=num_heads)]}
+
+
+# Attention-slot mechanisms whose required arguments are parts (not sizes): a function of
+# (head_dim, num_heads, max_len) giving those arguments.
+SLOT_ARGUMENTS: dict[str, Callable[[int, int, int], dict[str, Any]]] = {
+    "synthesizer": _synthesizer_arguments,
+}
+
+
 def _is_slot_part(cls: type) -> bool:
     from attnkit.slots import ATTENTION_KEYWORDS
 
@@ -94,7 +109,8 @@ def slot_mechanisms(package: str | None = None) -> list[str]:
 
 def build_slot_attention(name: str, *, head_dim: int, num_heads: int, max_len: int) -> nn.Module:
     """The registered mechanism ``name`` as a per-head attention part, its required constructor
-    arguments filled by name from the sizes (:data:`SLOT_SIZES`).
+    arguments filled by name from the sizes (:data:`SLOT_SIZES`), or made from them by
+    :data:`SLOT_ARGUMENTS` (e.g. the synthesizer's components).
 
     Raises ValueError for an unknown name, a mechanism that is not an attention-slot part, or one
     that needs an argument attnkit cannot give.
@@ -107,9 +123,10 @@ def build_slot_attention(name: str, *, head_dim: int, num_heads: int, max_len: i
             f"bias, need_weights)); usable: full, {', '.join(slot_mechanisms())}"
         )
     sizes = {"head_dim": head_dim, "num_heads": num_heads, "max_len": max_len}
-    kwargs = {}
+    made = SLOT_ARGUMENTS.get(name)
+    kwargs = {} if made is None else made(head_dim, num_heads, max_len)
     for key, param in inspect.signature(cls).parameters.items():
-        if param.kind in (param.VAR_KEYWORD, param.VAR_POSITIONAL):
+        if param.kind in (param.VAR_KEYWORD, param.VAR_POSITIONAL) or key in kwargs:
             continue
         if key in SLOT_SIZES:
             if param.default is inspect.Parameter.empty or SLOT_SIZES[key] == "max_len":

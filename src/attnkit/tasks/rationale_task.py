@@ -143,19 +143,19 @@ def make_rationale(n_train: int, n_test: int, *, seed: int = 0) -> RationaleData
 class RationaleModel(nn.Module):
     """Embedding -> x + ReLU(Conv1d_3(x)) -> attention with a learned query -> linear.
 
-    ``forward(tokens, keep)`` returns (logits (B, 2), weights (B, N), log_prob or None).
+    ``forward(tokens, keep)`` returns (logits (B, n_classes), weights (B, N), log_prob or None).
     :meth:`embed` and :meth:`from_embeddings` split it at the embeddings, for importance
     measures; an item with ``keep`` False is removed: its embedding is zeroed (as padding) and
     it is not attended.
     """
 
-    def __init__(self, vocab_size: int, d: int, attention: Attention) -> None:
+    def __init__(self, vocab_size: int, d: int, attention: Attention, n_classes: int = 2) -> None:
         super().__init__()
         self.embedding = nn.Embedding(vocab_size, d, padding_idx=Vocabulary.PAD)
         self.conv = nn.Conv1d(d, d, 3, padding=1)
         self.query = nn.Parameter(torch.randn(1, 1, d) / d**0.5)
         self.attention = attention
-        self.out = nn.Linear(d, 2)
+        self.out = nn.Linear(d, n_classes)
 
     def taxonomy_tags(self) -> list:
         return [tx.QueryType.SELF_ATTENTIVE]

@@ -85,7 +85,11 @@ class ChannelAttention(nn.Module):
         self.channels, self.pools = channels, pools
         self.fc1 = nn.Linear(channels, hidden, **kw)  # W_1
         self.fc2 = nn.Linear(hidden, channels, **kw)  # W_2
-        self.align = Sigmoid() if align is None else checks.resolve_alignment(align)
+        self.align = (
+            Sigmoid()
+            if align is None
+            else checks.resolve_alignment(align, device=device, dtype=dtype)
+        )
 
     @classmethod
     def example(cls) -> tuple[nn.Module, tuple, dict]:

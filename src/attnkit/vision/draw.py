@@ -99,7 +99,11 @@ class DRAWRead(nn.Module):
         self.hidden_size, self.glimpse = hidden_size, glimpse
         self.height, self.width = height, width
         self.params = nn.Linear(hidden_size, 5, device=device, dtype=dtype)  # eq. 21
-        self.align = Softmax() if align is None else checks.resolve_alignment(align)
+        self.align = (
+            Softmax()
+            if align is None
+            else checks.resolve_alignment(align, device=device, dtype=dtype)
+        )
 
     @classmethod
     def example(cls) -> tuple[nn.Module, tuple, dict]:

@@ -77,7 +77,11 @@ class AttentionGate(nn.Module):
         self.W_x = nn.Conv2d(d_x, d_int, 1, bias=False, **kw)
         self.W_g = nn.Conv2d(d_g, d_int, 1, **kw)  # its bias is b_g
         self.psi = nn.Conv2d(d_int, coefficients, 1, **kw)  # its bias is b_ψ
-        self.align = Sigmoid() if align is None else checks.resolve_alignment(align)
+        self.align = (
+            Sigmoid()
+            if align is None
+            else checks.resolve_alignment(align, device=device, dtype=dtype)
+        )
 
     @classmethod
     def example(cls) -> tuple[nn.Module, tuple, dict]:

@@ -37,13 +37,42 @@ def glimpse_sensor(images: Tensor, centres: Tensor, size: int, scales: int) -> T
 
     Args:
         images: (B, C, H, W).
-        centres: (L, 2) integer (row, column) pixel centres; a patch of even side p covers rows
+        centres: (L, 2) integer (row, column) pixel centres, inside the image (a patch may
+            reach past its edge); a patch of even side p covers rows
             r − p/2 … r + p/2 − 1.
         size: g; scales: k.
 
     Returns:
         (B, L, k, C, g, g).
     """
+    images = feature_map(images, "images")
+    arguments.sizes(size=size, scales=scales)
+    if not isinstance(centres, Tensor):
+        raise TypeError(f"centres must be a torch.Tensor (L, 2), got {type(centres).__name__}")
+    if centres.dtype.is_floating_point or centres.is_complex() or centres.dtype == torch.bool:
+        raise TypeError(
+            f"centres must be integer (row, column) pixel indices, got dtype {centres.dtype}; "
+            "round them and convert with .long()"
+        )
+    if centres.dim() != 2 or centres.shape[-1] != 2:
+        raise ValueError(f"centres must be (L, 2) (row, column), got shape {tuple(centres.shape)}")
+    if centres.device != images.device:
+        raise ValueError(f"centres are on {centres.device} but images on {images.device}")
+    h, w = images.shape[-2:]
+    limit = torch.tensor([h, w], device=centres.device)
+    outside = ((centres < 0) | (centres >= limit)).any(-1)
+    if bool(outside.any()):
+        i = int(outside.nonzero()[0, 0])
+        raise ValueError(
+            f"centres must be pixels of the {h} × {w} images (row in [0, {h}), column in "
+            f"[0, {w})), got centre {i} = {centres[i].tolist()}"
+        )
+    return _sense(images, centres, size, scales)
+
+
+def _sense(images: Tensor, centres: Tensor, size: int, scales: int) -> Tensor:
+    """:func:`glimpse_sensor` without the checks (the module's centres are valid by
+    construction)."""
     b, c = images.shape[:2]
     largest = size * 2 ** (scales - 1)
     pad = largest  # enough for any patch around any pixel
@@ -139,7 +168,7 @@ class RecurrentAttention(nn.Module):
         self.core = nn.LSTMCell(hidden, hidden, **kw)
         self.locate = nn.Linear(hidden, grid * grid, **kw)  # the location network's scores
         self.act = nn.Linear(hidden, n_classes, **kw)  # the action network
-        self.align = checks.resolve_alignment(align)
+        self.align = checks.resolve_alignment(align, device=device, dtype=dtype)
 
     @classmethod
     def example(cls) -> tuple[nn.Module, tuple, dict]:
@@ -161,7 +190,7 @@ class RecurrentAttention(nn.Module):
             )
         b = images.shape[0]
         # Every candidate glimpse, once: (B, G², k·C·g·g).
-        sensed = glimpse_sensor(images, self.centres, self.glimpse_size, self.scales).flatten(2)
+        sensed = _sense(images, self.centres, self.glimpse_size, self.scales).flatten(2)
         coords = self.coords.to(images.dtype)
         h = images.new_zeros(b, self.core.hidden_size)
         state = (h, h)

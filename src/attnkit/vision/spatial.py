@@ -63,7 +63,11 @@ class SpatialAttention(nn.Module):
         self.conv = nn.Conv2d(
             2, 1, kernel_size, padding=kernel_size // 2, device=device, dtype=dtype
         )
-        self.align = Sigmoid() if align is None else checks.resolve_alignment(align)
+        self.align = (
+            Sigmoid()
+            if align is None
+            else checks.resolve_alignment(align, device=device, dtype=dtype)
+        )
 
     @classmethod
     def example(cls) -> tuple[nn.Module, tuple, dict]:

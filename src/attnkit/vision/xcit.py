@@ -83,7 +83,11 @@ class CrossCovarianceAttention(nn.Module):
         self.qkv = nn.Linear(d_model, 3 * d_model, bias=arguments.boolean(bias, "bias"), **kw)
         self.out = nn.Linear(d_model, d_model, **kw)  # W_o
         self.temperature = nn.Parameter(torch.ones(num_heads, 1, 1, **kw))  # τ_h
-        self.align = Softmax() if align is None else checks.resolve_alignment(align)
+        self.align = (
+            Softmax()
+            if align is None
+            else checks.resolve_alignment(align, device=device, dtype=dtype)
+        )
 
     @classmethod
     def example(cls) -> tuple[nn.Module, tuple, dict]:
