@@ -266,3 +266,55 @@ def test_help_lists_names_and_defaults(capsys):
     for flag in ("--epochs", "--batch-size", "--lr", "--seed", "--n-train", "--n-test"):
         help_of_flag = text.split(flag, 2)[-1][:200]
         assert "default" in help_of_flag, flag
+
+
+def test_config_file_sets_keys_and_flags_override_it(tmp_path, capsys):
+    toml = tmp_path / "run.toml"
+    toml.write_text('task = "dates"\nn_train = 64\nn_test = 16\nbatch_size = 32\nd_model = 8\n'
+                    'epochs = 1\nlr = 0.002\nseed = 3\n', encoding="utf-8")  # fmt: skip
+    out = tmp_path / "run"
+    argv = ["run", "--config", str(toml), "--seed", "5", "--out", str(out)]
+    assert cli.main([*argv, "--no-progress", "--threads", "1"]) == 0
+    saved = json.loads((out / "config.json").read_text())
+    assert saved["lr"] == 0.002 and saved["seed"] == 5 and saved["n_train"] == 64
+    as_json = tmp_path / "run.json"
+    as_json.write_text(json.dumps({"task": "dates", **{k: saved[k] for k in ("lr", "seed")}}))
+    from attnkit.experiments.config import RunConfig
+
+    assert RunConfig.from_file(as_json) == {"task": "dates", "lr": 0.002, "seed": 5}
+
+
+@pytest.mark.parametrize(
+    ("content", "suffix", "message"),
+    [
+        ('task = "dates"\ndepth = 3\n', ".toml", "unknown key 'depth'"),
+        ('task = "dates"\nepochs = "3"\n', ".toml", "epochs must be int or null, got str '3'"),
+        ("task = [", ".toml", "not valid TOML"),
+        ('{"task": "dates", "lr": }', ".json", "not valid JSON"),
+        ("n_train = 64\n", ".toml", "names no task"),
+        ("task: dates", ".yaml", "must end in .toml or .json"),
+    ],
+)
+def test_a_bad_config_file_is_one_line_naming_the_file(tmp_path, capsys, content, suffix, message):
+    path = tmp_path / f"run{suffix}"
+    path.write_text(content, encoding="utf-8")
+    assert cli.main(["run", "--config", str(path), "--out", str(tmp_path / "out")]) == 2
+    _one_error_line(capsys, message)
+    assert not (tmp_path / "out").exists()
+
+
+def test_text_task_runs_on_the_users_file_and_data_is_refused_elsewhere(tmp_path, capsys):
+    from attnkit.tasks.text_task import TextTask
+
+    data = TextTask.example_settings(tmp_path)["data"]
+    out = tmp_path / "text"
+    argv = ["run", "text", "--data", data, "--out", str(out), "--n-train", "64", "--n-test", "16"]
+    assert cli.main([*argv, "--epochs", "1", "--no-progress", "--threads", "1"]) == 0
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert set(metrics) == set(TextTask.metrics)
+    assert json.loads((out / "config.json").read_text())["data"] == data
+    capsys.readouterr()
+    assert cli.main(["run", "dates", "--data", data, "--out", str(tmp_path / "d")]) == 2
+    _one_error_line(capsys, "task 'dates' reads no data file", "text")
+    assert cli.main(["run", "text", "--out", str(tmp_path / "t")]) == 2
+    _one_error_line(capsys, "needs --data FILE")

@@ -9,7 +9,7 @@ import torch
 from torch import Tensor, nn
 
 from attnkit import taxonomy as tx
-from attnkit.alignments.base import REGISTRY, Alignment, AlignOutput, centered, masked_softmax
+from attnkit.alignments.base import REGISTRY, Alignment, AlignOutput, masked_softmax
 from attnkit.alignments.streaming import Streaming, Tiles
 
 __all__ = ["Softmax"]
@@ -75,9 +75,7 @@ class Softmax(Streaming, Alignment):
     def forward(
         self, scores: Tensor, mask: Tensor | None = None, *, query: Tensor | None = None
     ) -> AlignOutput:
-        if self.fixed_temperature == 1.0:
-            return AlignOutput(masked_softmax(scores, mask))
-        return AlignOutput(masked_softmax(self._scaled(centered(scores, mask)), mask))
+        return AlignOutput(masked_softmax(self._scaled(scores), mask))
 
     # ---- streaming protocol -----------------------------------------------------------------
 
