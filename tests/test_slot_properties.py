@@ -68,11 +68,7 @@ SLOT_SCHEMES = [s for s in SCHEMES if s not in ABSOLUTE]
 
 # Known failures of parts in other modules, kept visible (strict xfail) until fixed there.
 OTHERS = {
-    "causal": {
-        "lsh": "LSHAttention: a NaN or infinite later token reaches earlier rows (hashing)",
-        "kernel_rpe_fft (causal)": "RelativeKernelAttention: the FFT carries a NaN or "
-        "infinite later token to every row",
-    },
+    "causal": {},
 }
 
 

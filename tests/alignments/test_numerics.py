@@ -393,6 +393,24 @@ def _q(name: str, m: int) -> dict:
     return {"query": _query(m, torch.float64)} if _takes_query(name) else {}
 
 
+@pytest.mark.parametrize("name", sorted(STREAMING))
+def test_nonfinite_scores_on_every_kernel(name):
+    inf, nan = float("inf"), float("nan")
+    bias = torch.tensor([[[0.5, inf, 0.0, 1.0], [0.5, nan, 0.0, 1.0], [0.5, -inf, 0.0, 1.0]]])
+    bias = bias.double()
+    want = _reference(
+        name, None, bias[0, 2:].nan_to_num(neginf=0.0), torch.tensor([[True, False, True, True]])
+    )
+    q, k, v = torch.zeros(1, 3, 2).double(), torch.zeros(1, 4, 2).double(), torch.eye(4)[None]
+    for kw in ({"kernel": "dense"}, {"kernel": "chunked", "chunk_size": 2}):
+        out = ak.attention(
+            q, k, v.double(), align=STREAMING[name](), bias=bias, need_weights=True, **kw
+        )
+        for got in (out.weights[0], out.context[0]):
+            assert torch.isnan(got[:2]).all(), kw
+            torch.testing.assert_close(got[2:], want, atol=1e-9, rtol=0)
+
+
 @pytest.mark.parametrize("align", ["sparsemax", "entmax15", "constrained_sparsemax", "softmax"])
 def test_infinite_query_gives_nan_rows_not_an_index_error(align):
     q = torch.tensor([[[float("inf"), 0.0], [1.0, 0.0]]])

@@ -97,8 +97,11 @@ class Softmax(Streaming, Alignment):
     def stream_finish(self, state):
         top, total = state
         empty = total == 0
+        # NaN or +inf among the row's scores: the row is NaN, as torch.softmax makes it.
+        undefined = torch.isnan(top) | (top == float("inf"))
         top = torch.where(empty, torch.zeros((), dtype=top.dtype), top)
         norm = torch.where(empty, torch.ones((), dtype=total.dtype), total)
+        norm = torch.where(undefined, torch.full((), float("nan"), dtype=norm.dtype), norm)
         return norm, torch.cat([top, torch.log(norm)], dim=-1)
 
     def stream_statistic(self, tiles: Tiles) -> Tensor:

@@ -72,11 +72,16 @@ def _threshold(tiles: Tiles, alpha: float) -> Tensor:
     """
     a1 = alpha - 1.0
     power = 1.0 / a1
-    best = None
+    best = peak = None
     for e in tiles():
         joined = e if best is None else torch.cat([best, e], dim=-1)
         best = joined.topk(min(_TOP, joined.shape[-1]), dim=-1).values
-    assert best is not None
+        blk = e.amax(dim=-1, keepdim=True)  # NaN if the tile holds one
+        peak = blk if peak is None else torch.maximum(peak, blk)
+    assert best is not None and peak is not None
+    # NaN or +inf among the row's scores: the row is NaN, as in softmax and the dense path.
+    undefined = torch.isnan(peak) | (peak == float("inf"))
+    best = torch.where(undefined, torch.zeros((), dtype=best.dtype), best)
     top = best[..., :1]
     top = torch.where(torch.isfinite(top), top, torch.zeros((), dtype=top.dtype))
     start = _lower_bound(a1 * (best - top), power)
@@ -118,7 +123,8 @@ def _threshold(tiles: Tiles, alpha: float) -> Tensor:
         disc = (s1 * s1 - count * (s2 - 1.0)).clamp_min(0)
         exact = (s1 - torch.sqrt(disc)) / count.clamp_min(1)
         tau = torch.where(count > 0, exact, tau)
-    return torch.cat([top, tau], dim=-1)
+    nan = torch.full((), float("nan"), dtype=tau.dtype)
+    return torch.where(undefined, nan, torch.cat([top, tau], dim=-1))
 
 
 class _Sparse(Streaming, Alignment):

@@ -25,6 +25,7 @@ from torch import Tensor, nn
 from attnkit import arguments, hooks, masks
 from attnkit import taxonomy as tx
 from attnkit.alignments import Softmax
+from attnkit.kernels.base import guarded_sum
 from attnkit.mechanisms import REGISTRY, example_tensor
 
 __all__ = ["HeadOutput", "LSHAttention", "check_head_inputs"]
@@ -305,7 +306,9 @@ class LSHAttention(nn.Module):
             # padded values are zeroed (0 × NaN would leak into the sum)
             v_ok = key_ok.gather(1, kj[r].flatten(1)).reshape(z, n_chunks, 2 * c, 1)
             vr = torch.where(kj_real[r][..., None] & v_ok, vr, 0.0)
-            ctx.append(torch.einsum("zcij,zcjd->zcid", p, vr))
+            # a key masked for some queries only (a later token under a causal mask) may hold
+            # NaN or inf: it must not reach the rows that give it weight 0
+            ctx.append(guarded_sum(_weighted, p, vr))
             probs.append(p)
         # queries are in a different order in every round: un-sort each round's normaliser and
         # context back to positions (the first m sorted entries are the real queries), then mix
@@ -335,6 +338,10 @@ class LSHAttention(nn.Module):
                 weights = weights.scatter_add(1, index.flatten(1), w.flatten(1))
             weights = weights.reshape(z, m, n)
         return out, weights
+
+
+def _weighted(p: Tensor, v: Tensor) -> Tensor:
+    return torch.einsum("zcij,zcjd->zcid", p, v)
 
 
 def _logsumexp(x: Tensor, ok: Tensor, dim: int) -> Tensor:

@@ -35,6 +35,7 @@ from attnkit.efficient import kernelized as kz
 from attnkit.efficient.linear import make_feature_map, refuse_bias
 from attnkit.efficient.lsh import HeadOutput, check_head_inputs
 from attnkit.efficient.performer import Performer
+from attnkit.kernels.base import guarded_sum
 from attnkit.mechanisms import REGISTRY, example_tensor
 
 __all__ = ["RelativeKernelAttention", "toeplitz_dense", "toeplitz_fft"]
@@ -49,7 +50,9 @@ def toeplitz_fft(c: Tensor, u: Tensor, m: int) -> Tensor:
         m: the number of output rows.
 
     Returns:
-        (…, m, F). With g_s = c_{s−(m−1)} and ũ the reversed sequence, [C U]_i is entry
+        (…, m, F). A NaN or infinite entry of ``u`` reaches only the rows that give it a
+        non-zero coefficient (computed then by the direct product). With g_s = c_{s−(m−1)}
+        and ũ the reversed sequence, [C U]_i is entry
         m + N − 2 − i of the linear convolution g * ũ; a circular convolution of length
         ≥ m + N − 1 has no wrap-around at those entries.
     """
@@ -61,6 +64,10 @@ def toeplitz_fft(c: Tensor, u: Tensor, m: int) -> Tensor:
     if c.numel() == 0 or u.numel() == 0:  # an empty batch: FFT backends reject empty input
         lead = torch.broadcast_shapes(c.shape[:-1], u.shape[:-2])
         return u.new_zeros(*lead, m, u.shape[-1])
+    if not bool(torch.isfinite(u).all()):
+        # the FFT spreads a NaN or inf to every row, also to rows whose coefficient for it is 0
+        # (a later token under the causal form): the direct product keeps it where it belongs
+        return guarded_sum(torch.matmul, toeplitz_dense(c, m, n).to(u.dtype), u)
     size = 1 << (m + n - 2).bit_length()  # a power of two ≥ m + N − 1
     work = u.dtype if u.dtype in (torch.float32, torch.float64) else torch.float32
     fg = torch.fft.rfft(c.to(work), size)  # (…, size/2 + 1)
