@@ -12,10 +12,14 @@ $(PY):
 # torch first, pinned to the release the project is tested with, but only when none is importable:
 # an unpinned install would pull a multi-GB CUDA build.
 $(STAMP): $(PY) pyproject.toml
+	@echo "Setting up .venv (first time only: a few minutes; pip's own messages follow)"
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e ".[dev,hf]"
+	@$(PY) -c "import torch" 2>/dev/null || echo "Installing torch 2.13.0 (the CPU build) ..."
+	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q --progress-bar on torch==2.13.0
+	@echo "Installing attnkit with its test, Hugging Face and documentation extras ..."
+	$(PY) -m pip install -q --progress-bar on -e ".[dev,hf]"
 	touch $(STAMP)
+	@echo "Set-up done."
 
 # Under a minute on 2 cores: attention variants side by side, then a quick training run on the
 # dates task (run directory, validation metrics per epoch, held-out metrics, HTML report).
