@@ -305,7 +305,10 @@ class MultiHeadAttention(nn.Module):
         if self.num_kv_heads != self.num_heads:  # head h reads key/value head h // group
             group = self.num_heads // self.num_kv_heads
             k, v = k.repeat_interleave(group, dim=-3), v.repeat_interleave(group, dim=-3)
-        positioned = self.position(q, k, q_offset=offset)
+        # the keys are the last k.shape[-2] of the offset + M positions (all of them, unless the
+        # cache keeps a state instead of keys: attnkit.linear_family.RecurrentCache)
+        k_offset = offset + key.shape[-2] - k.shape[-2] if cache is not None else 0
+        positioned = self.position(q, k, q_offset=offset, k_offset=k_offset)
         q, k, position_bias = positioned.q, positioned.k, positioned.bias
         bias = self._per_head(bias, query)
         if position_bias is not None:
@@ -322,6 +325,7 @@ class MultiHeadAttention(nn.Module):
             bias=bias,
             need_weights=need_weights or value_term is not None,
             **({"q_offset": offset} if getattr(self.attention, "takes_q_offset", False) else {}),
+            **({"cache": cache} if getattr(self.attention, "takes_cache", False) else {}),
         )
         if value_term is not None:
             if out.weights is None:

@@ -60,6 +60,14 @@ def test_a_run_writes_everything_says_where_and_is_reproducible(tmp_path, whole,
     for name in ("config.json", "metrics.json", "report.html", "heatmap_0.png", "curves.png"):
         assert (d / name).exists(), name
     assert "data:image/png;base64," in (d / "report.html").read_text()
+    env = json.loads((d / "environment.json").read_text())
+    assert (
+        env["threads"] == 1
+        and env["processes"] == 1
+        and "<h2>Environment</h2>" in (d / "report.html").read_text()
+    )
+    cost = json.loads((d / "cost.json").read_text())
+    assert env["train_seconds"] == cost["train_seconds"] <= env["wall_seconds"]
     assert {"exact_match", "aer_argmax", "uniform_ablation_drop"} <= set(m)
     assert f"run directory: {d}" in lines
     assert any(line.startswith("threads: 1 (auto") for line in lines)

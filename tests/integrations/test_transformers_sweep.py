@@ -69,6 +69,12 @@ def test_refused_and_unbuildable_models_are_rows_not_errors(monkeypatch):
     assert row.status == "not built"
 
 
+def test_an_isolated_check_gives_the_same_row_and_survives_its_process():
+    assert sweep.check_isolated("bert") == sweep.check("bert")
+    row = sweep.check_isolated("bert", timeout=1e-3)
+    assert row.status == "not built" and "not done in" in row.detail
+
+
 def test_to_markdown_counts_the_statuses():
     rows = [
         sweep.Row("a", "A", "encoder", "exact", "x"),
@@ -83,5 +89,5 @@ def test_to_markdown_counts_the_statuses():
 @pytest.mark.slow
 @pytest.mark.parametrize("model_type", sweep.model_types())
 def test_every_architecture_is_exact_refused_or_not_built(model_type):
-    row = sweep.check(model_type)
+    row = sweep.check_isolated(model_type)
     assert row.status in {"exact", "refused", "not built"}, row

@@ -24,6 +24,7 @@ from attnkit.efficient.synthesizer import (
     RandomSynthetic,
 )
 from attnkit.features.aggregation import LinearAggregation, NestedPerceptronAggregation
+from attnkit.modern.sinks import SinkSoftmax
 from attnkit.queries.query_types import QueryTagged
 
 # Public nn.Module classes in the mechanism packages that are not mechanisms, and why.
@@ -35,6 +36,8 @@ NOT_MECHANISMS = {
     "Skyformer, which are registered",
     LandmarkAttention: "the base of the landmark mechanisms (Nyströmformer, SOFT, Skyformer), "
     "which are registered",
+    SinkSoftmax: "an alignment (softmax with a sink logit per head), a part of the registered "
+    "sink attention",
     EluPlusOne: "a feature map for linear attention, chosen by name through FEATURE_MAPS",
     ReLUFeatures: "a feature map for linear attention, chosen by name through FEATURE_MAPS",
     LinearAggregation: "an aggregation of the affinity matrix, a part of parallel co-attention",

@@ -4,6 +4,8 @@ becomes one run or a comparison. Every refusal is one line on stderr and exit st
 from __future__ import annotations
 
 import argparse
+import itertools
+import re
 import sys
 import time
 from pathlib import Path
@@ -40,13 +42,30 @@ _CONFIG_FLAGS: dict[str, tuple[str, type, str, str]] = {
     "--supervise-attention": ("supervise_attention", float, "LAMBDA", "add LAMBDA × KL(gold ‖ "
                               "weights) to the loss; tasks with gold alignments only: "
                               "{supervisable} (default: 0)"),
+    "--task-module": ("task_module", str, "MODULE:CLASS", "your own task: a Task subclass in "
+                      "pkg.mod:Class or path/to/file.py:Class, optionally =NAME (else its "
+                      "class attribute name, else the class name lowercased); checked against "
+                      "the task contract, then run like a built-in task (the task argument may "
+                      "be left out); recorded in config.json for --resume"),
 }  # fmt: skip
+
+
+def _task_classes() -> dict:
+    """Name -> class of every task that loads (a broken installed entry point is left out of
+    the help; naming it gives its error)."""
+    found = {}
+    for name in tasks.available():
+        try:
+            found[name] = tasks.get(name)
+        except ValueError:
+            continue
+    return found
 
 
 def _task_defaults(key: str) -> str:
     parts_ = []
-    for name in tasks.available():
-        d = tasks.get(name).defaults
+    for name, cls in _task_classes().items():
+        d = cls.defaults
         full, quick = d["full"].get(key), d["quick"].get(key)
         parts_.append(f"{name} {full}" + (f", quick {quick}" if quick != full else ""))
     return "; ".join(parts_)
@@ -55,28 +74,26 @@ def _task_defaults(key: str) -> str:
 def add_parser(sub) -> argparse.ArgumentParser:
     import attnkit as ak
 
+    known = _task_classes()
     names = {
         "scores": ", ".join(parts.usable_scores()),
         "aligns": ", ".join(ak.alignments.available()),
-        "supervisable": ", ".join(n for n in tasks.available() if tasks.get(n).gold_alignment),
+        "supervisable": ", ".join(n for n, c in known.items() if c.gold_alignment),
         "seq_len": "; ".join(
-            f"{n} {tasks.get(n).defaults['full']['seq_len']}, quick "
-            f"{tasks.get(n).defaults['quick']['seq_len']}"
-            for n in tasks.available()
-            if "seq_len" in tasks.get(n).defaults["full"]
+            f"{n} {c.defaults['full']['seq_len']}, quick {c.defaults['quick']['seq_len']}"
+            for n, c in known.items()
+            if "seq_len" in c.defaults["full"]
         ),
-        "positional": ", ".join(n for n in tasks.available() if tasks.get(n).takes_position),
+        "positional": ", ".join(n for n, c in known.items() if c.takes_position),
         "positions": ", ".join(ak.positions.available()),
-        "readers": ", ".join(n for n in tasks.available() if tasks.get(n).reads_data),
+        "readers": ", ".join(n for n, c in known.items() if c.reads_data),
         "attentions": "; ".join(
-            f"{n}: {', '.join(tasks.get(n).attentions)}"
-            for n in tasks.available()
-            if tasks.get(n).attentions
+            f"{n}: {', '.join(c.attentions)}" for n, c in known.items() if c.attentions
         ),
         **{key: _task_defaults(key) for key in ("epochs", "batch_size", "lr", "d_model",
                                                   "n_train", "n_test")},
     }  # fmt: skip
-    task_lines = "; ".join(f"{n}: {tasks.get(n).description}" for n in tasks.available())
+    task_lines = "; ".join(f"{n}: {c.description}" for n, c in known.items())
     runp = sub.add_parser(
         "run",
         help="train an attention model on an embedded task and report",
@@ -84,13 +101,15 @@ def add_parser(sub) -> argparse.ArgumentParser:
         "evaluate its attention against the gold alignment and write an HTML report. "
         f"Tasks: {task_lines}.",
         epilog="examples: attnkit run dates --quick; attnkit run digits --align hard; "
-        "attnkit run dates --compare score=additive,dot; attnkit run --resume runs/<dir>",
+        "attnkit run dates --compare score=additive,dot; attnkit run dates --quick --compare "
+        "score=additive,dot --compare seed=0,1,2; attnkit run --task-module my_task.py:MyTask "
+        "--quick; attnkit run --resume runs/<dir>",
     )
     runp.add_argument(
         "task",
         nargs="?",
         default=argparse.SUPPRESS,
-        help=f"task to run (required unless --resume); one of: {', '.join(tasks.available())}",
+        help=f"task to run (required unless --resume or --task-module); one of: {', '.join(known)}",
     )
     for flag, (key, kind, metavar, text) in _CONFIG_FLAGS.items():
         runp.add_argument(
@@ -112,9 +131,13 @@ def add_parser(sub) -> argparse.ArgumentParser:
     )
     runp.add_argument(
         "--compare",
+        action="append",
         metavar="KEY=V1,V2,...",
-        help="one run per value of any configuration key (score, align, lr, seed, ...); "
-        "prints and writes a combined table (compare.md, compare.html)",
+        help="one run per value of any configuration key (score, align, lr, seed, ...); give "
+        "it again for another key: one run per combination, in <out>/<key1>-<v1>_<key2>-<v2>; "
+        "with seed among the keys, the table gives each metric's mean ± std over the seeds; "
+        "prints and writes a combined table, learning curves and heatmaps (compare.md, "
+        "compare.html)",
     )
     runp.add_argument(
         "--out", type=Path, metavar="DIR", help="new or empty run directory "
@@ -151,7 +174,12 @@ def execute(args: argparse.Namespace, parser: argparse.ArgumentParser | None = N
     from attnkit.experiments.config import ConfigError
     from attnkit.experiments.runner import Interrupted, TrainingError
 
-    if "task" not in vars(args) and args.resume is None and args.config is None:
+    if (
+        "task" not in vars(args)
+        and "task_module" not in vars(args)
+        and args.resume is None
+        and args.config is None
+    ):
         if parser is not None:
             parser.print_help(sys.stderr)
             print(file=sys.stderr)
@@ -180,25 +208,67 @@ def _execute(args: argparse.Namespace) -> int:
     from attnkit.experiments.config import ConfigError, RunConfig
     from attnkit.experiments.runner import run
 
-    given = {k: v for k, v in vars(args).items() if k in RunConfig.names()}
+    flags = {k: v for k, v in vars(args).items() if k in RunConfig.names()}
+    given, in_file = dict(flags), {}
     if args.config is not None:
         if args.resume is not None:
             raise ConfigError("--config cannot be combined with --resume: a run continues as it "
                               "was configured")  # fmt: skip
-        given = {**RunConfig.from_file(args.config), **given}
-        if "task" not in given:
-            raise ConfigError(f"--config {str(args.config)!r} names no task: add task = \"...\" "
-                              "to it or give the task on the command line")  # fmt: skip
+        in_file = RunConfig.from_file(args.config)
+        given = {**in_file, **flags}
+    if given.get("task_module") is not None:
+        name, given["task_module"] = _load_task_module(given["task_module"])
+        given.setdefault("task", name)
+    if args.config is not None and "task" not in given:
+        raise ConfigError(f"--config {str(args.config)!r} names no task: add task = \"...\" "
+                          "to it or give the task on the command line")  # fmt: skip
     if args.threads is not None and args.threads < 1:
         raise ConfigError(f"--threads must be a positive int, got {args.threads}")
     options = {"progress": not args.no_progress, "threads": args.threads}
     if args.resume is not None:
         _resume(args, given, options)
     elif args.compare:
-        _compare(args, given, options)
+        _compare(args, given, set(flags), options)
     else:
-        run(RunConfig(**given), args.out, **options)
+        config = RunConfig(**given)
+        _check_contract([config.resolved()])
+        run(config, args.out, **options)
     return 0
+
+
+def _load_task_module(spec: str) -> tuple[str, str]:
+    """Import and register the user's task (its class-level contract checked); (its name, the
+    spec as config.json records it)."""
+    from attnkit.experiments.config import ConfigError
+    from attnkit.tasks.user import load_task_module
+
+    try:
+        return load_task_module(spec)
+    except (ValueError, TypeError) as err:
+        raise ConfigError(str(err)) from None
+
+
+def _check_contract(configs: list) -> None:
+    """Hold a task that is not attnkit's own (--task-module, an installed entry point) to the
+    task contract before anything trains: a tiny run of every configuration (its class was
+    checked when it was registered). Says what was checked."""
+    from attnkit.experiments.config import ConfigError
+    from attnkit.tasks.user import CHECKED, check_task_run, is_builtin
+
+    outside = [c for c in configs if not is_builtin(tasks.get(c.task))]
+    for config in outside:
+        try:
+            check_task_run(tasks.get(config.task), config)
+        except ValueError as err:
+            raise ConfigError(str(err)) from None
+    if outside:
+        cls = tasks.get(outside[0].task)
+        runs = "" if len(outside) == 1 else f", for each of the {len(outside)} runs"
+        print(
+            f"task {outside[0].task!r} ({cls.__module__}.{cls.__qualname__}) passed the task "
+            f"contract checks{runs}: {CHECKED}",
+            flush=True,
+        )
 
 
 def _resume(args: argparse.Namespace, given: dict, options: dict) -> None:
@@ -241,34 +311,91 @@ def _cost(run_dir: Path) -> dict:
     return {k: float(spent[k]) for k in METRICS if isinstance(spent.get(k), int | float)}
 
 
-def _compare(args: argparse.Namespace, given: dict, options: dict) -> None:
-    """One run per value of the compared key, each in ``<out>/<key>-<value>``, then the
-    combined table (printed, compare.md, compare.html) in ``<out>``."""
+def _axes(specs: list[str], given: dict, flags: set[str], config_file) -> list[tuple]:
+    """The compared keys, in order: (key, values as given, parsed values). Refuses a malformed
+    spec, a key compared twice or also set otherwise (a flag, the --config file), and a value
+    listed twice."""
+    from attnkit.experiments.config import ConfigError, parse_value
+
+    seen: dict[str, str] = {}
+    axes: list[tuple[str, list[str], list]] = []
+    for spec in specs:
+        key, sep, values = spec.partition("=")
+        if not sep or not key or not values:
+            raise ConfigError(f"--compare must be KEY=V1,V2,..., got {spec!r}")
+        if key in seen:
+            raise ConfigError(
+                f"--compare {key}=... is given twice ({seen[key]!r} and {spec!r}); list all "
+                f"its values in one: --compare {key}=V1,V2,..."
+            )
+        seen[key] = spec
+        if key in flags:
+            raise ConfigError(
+                f"--compare {key}=... and the flag for {key} both set {key}; give one"
+            )
+        if key in given:
+            by = f"--config {str(config_file)!r}" if config_file is not None else "--task-module"
+            raise ConfigError(f"--compare {key}=... and {by} both set {key}; give one")
+        listed = values.split(",")
+        if "" in listed:
+            raise ConfigError(f"--compare {spec!r} has an empty value")
+        twice = sorted({v for v in listed if listed.count(v) > 1})
+        if twice:
+            raise ConfigError(f"--compare {key}=... lists {twice[0]!r} twice")
+        parsed = [parse_value(key, v) for v in listed]
+        for i, value in enumerate(parsed):
+            if value in parsed[:i]:
+                first = listed[parsed.index(value)]
+                raise ConfigError(
+                    f"--compare {key}=... lists {first!r} and {listed[i]!r}, the same value"
+                )
+        axes.append((key, listed, parsed))
+    return axes
+
+
+def _dir_name(keys: tuple[str, ...], values: tuple[str, ...]) -> str:
+    """``<key1>-<v1>_<key2>-<v2>...``, characters other than letters, digits, ``.+-`` in a
+    value (a path's ``/``) replaced by ``_``."""
+    safe = [re.sub(r"[^\w.+-]", "_", v) for v in values]
+    return "_".join(f"{k}-{v}" for k, v in zip(keys, safe, strict=True))
+
+
+def _compare(args: argparse.Namespace, given: dict, flags: set[str], options: dict) -> None:
+    """One run per combination of the compared keys' values (their Cartesian product, the
+    first key outermost), each in ``<out>/<key1>-<v1>_<key2>-<v2>...``, then the combined
+    table (printed, compare.md, compare.html with learning curves and heatmaps) in ``<out>``.
+    Every combination is validated before any runs."""
     from attnkit.experiments import cost
-    from attnkit.experiments.compare import markdown_table, write_comparison
-    from attnkit.experiments.config import ConfigError, RunConfig, check_output_dir, parse_value
+    from attnkit.experiments.compare import markdown, write_comparison
+    from attnkit.experiments.config import ConfigError, RunConfig, check_output_dir
     from attnkit.experiments.runner import run
 
-    key, sep, values = args.compare.partition("=")
-    if not sep or not values:
-        raise ConfigError(f"--compare must be KEY=V1,V2,..., got {args.compare!r}")
-    if key in given:
-        raise ConfigError(f"--compare {key}=... and the flag for {key} both set {key}; give one")
-    listed = values.split(",")
-    twice = sorted({v for v in listed if listed.count(v) > 1})
-    if twice:
-        raise ConfigError(f"--compare {key}=... lists {twice[0]!r} twice")
-    variants = [(v, RunConfig(**{**given, key: parse_value(key, v)})) for v in listed]
-    for _, config in variants:  # every variant is checked before any runs
-        config.resolved()
+    axes = _axes(args.compare, given, flags, args.config)
+    keys = tuple(key for key, _, _ in axes)
+    variants = []
+    for combination in itertools.product(*(zip(listed, parsed, strict=True)
+                                           for _, listed, parsed in axes)):  # fmt: skip
+        values = tuple(text for text, _ in combination)
+        setting = {key: value for key, (_, value) in zip(keys, combination, strict=True)}
+        variants.append((values, RunConfig(**{**given, **setting})))
+    resolved = [config.resolved() for _, config in variants]  # every variant, before any runs
+    names = [_dir_name(keys, values) for values, _ in variants]
+    clash = [n for n in names if names.count(n) > 1]
+    if clash:
+        raise ConfigError(f"--compare: two runs would share the directory name {clash[0]!r}")
+    _check_contract(resolved)
     task = variants[0][1].task
-    out = args.out or Path("runs") / f"compare-{task}-{key}-{time.strftime('%Y%m%d-%H%M%S')}"
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    out = args.out or Path("runs") / f"compare-{task}-{'-'.join(keys)}-{stamp}"
     check_output_dir(out)
     rows = []
-    for value, config in variants:
-        run_dir, metrics = run(config, out / f"{key}-{value}", **options)
-        rows.append((value, run_dir, {**metrics, **_cost(run_dir)}))
-    info = {**tasks.get(task).metrics, **cost.METRICS}
-    page = write_comparison(out, key, rows, info)
-    print("\n" + markdown_table(key, rows, info))
+    for (values, config), name in zip(variants, names, strict=True):
+        run_dir, metrics = run(config, out / name, **options)
+        rows.append((values, run_dir, {**metrics, **_cost(run_dir)}))
+    info = {}
+    for config in resolved:
+        info.update({k: v for k, v in tasks.get(config.task).metrics.items() if k not in info})
+    info.update(cost.METRICS)
+    page = write_comparison(out, keys, rows, info)
+    print("\n" + markdown(keys, rows, info))
     print(f"\ncomparison: {page}")

@@ -50,7 +50,10 @@ class RunConfig:
     attention: str = "default"  # the task's mechanism, for tasks with several (Task.attentions)
     position: str = "default"  # a position scheme, for tasks that take one (Task.takes_position)
     data: str | None = None  # the user's data file, for tasks that read one (Task.reads_data)
-    data: str | None = None  # the user's data file, for tasks that read one (Task.reads_data)
+    # the user's module that defines the task, "pkg.mod:Class=name" or "/abs/file.py:Class=name"
+    # (attnkit run --task-module): imported before the task is looked up, so a resumed, explained
+    # or reloaded run finds it again (attnkit.tasks.user)
+    task_module: str | None = None
 
     @classmethod
     def names(cls) -> list[str]:
@@ -66,8 +69,17 @@ class RunConfig:
         """Fill the task's defaults and validate; raises ConfigError naming the key."""
         _check_types(asdict(self), "")
         try:
+            if self.task_module is not None:
+                from attnkit.tasks.user import load_task_module
+
+                name, _ = load_task_module(self.task_module)
+                if name != self.task:
+                    raise ConfigError(
+                        f"task_module {self.task_module!r} registers task {name!r}, but the "
+                        f"task is {self.task!r}; leave the task out or name {name!r}"
+                    )
             task = tasks.get(self.task)
-        except ValueError as err:
+        except (ValueError, TypeError) as err:
             raise ConfigError(str(err)) from None
         defaults = task.defaults["quick" if self.quick else "full"]
         unset = [k for k in self.names() if getattr(self, k) is None and k in defaults]
@@ -83,7 +95,7 @@ class RunConfig:
                 f"{', '.join(with_length)})"
             )
         for key in self.names():
-            if (key == "seq_len" and not takes_length) or key == "data":
+            if (key == "seq_len" and not takes_length) or key in ("data", "task_module"):
                 continue  # data: checked by the tasks that read it
             if getattr(out, key) is None:
                 raise ConfigError(f"{key} is not set and task {self.task!r} gives no default")

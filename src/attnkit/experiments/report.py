@@ -1,14 +1,17 @@
 """The run report: one self-contained HTML page (metrics with what they mean, configuration,
-training curves, and attention heatmaps of held-out examples with the gold alignment overlaid),
-plus the PNGs."""
+the environment (versions, command line, machine, wall time), training curves, and attention
+heatmaps of held-out examples with the gold alignment overlaid), plus the PNGs."""
 
 from __future__ import annotations
 
 import base64
 import html
+import json
+import textwrap
 from collections.abc import Mapping
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import matplotlib
 
@@ -18,6 +21,7 @@ import numpy as np
 from matplotlib.ticker import MaxNLocator
 
 from attnkit import viz
+from attnkit.experiments.environment import rows as env_rows
 from attnkit.tasks.base import Metric
 
 __all__ = [
@@ -69,33 +73,37 @@ def curves_figure(history: list[dict], info: Mapping[str, Metric] | None = None)
 
 
 def heatmap_figure(item: dict):
-    """One example's weights with the gold links circled, a colour bar and axis titles (drawn by
-    :func:`attnkit.viz.heatmap`)."""
+    """One example's weights with the gold links outlined, a colour bar and axis titles (drawn
+    by :func:`attnkit.viz.heatmap`), the example's title above; the figure is sized by the
+    number and length of the labels and laid out so that no text overlaps."""
     w = np.asarray(item["weights"])
+    gold = np.asarray(item["gold"], dtype=bool)
     if "image" in item:  # square grid over an image: keep cells square, image beside it
-        fig, axes = plt.subplots(1, 2, figsize=(7.4, 3.4))
+        fig, axes = plt.subplots(1, 2, figsize=(7.8, 3.8), layout="constrained")
         axes[0].imshow(item["image"], cmap="gray")
         axes[0].set(title="input image", xlabel="pixel column", ylabel="pixel row")
         ax = axes[1]
         aspect = "equal"
     else:
-        fig, ax = plt.subplots(figsize=(max(4, 0.28 * w.shape[1] + 2), 0.3 * w.shape[0] + 1.6))
+        size = viz.heatmap_size(w.shape, item.get("x_labels"), item.get("y_labels"))
+        fig, ax = plt.subplots(figsize=size, layout="constrained")
         aspect = "auto"
     viz.heatmap(
         w,
         ax=ax,
         x_labels=item.get("x_labels"),
         y_labels=item.get("y_labels"),
-        gold=np.asarray(item["gold"], dtype=bool),
+        gold=gold,
         x_title=item.get("x_title", "key"),
         y_title=item.get("y_title", "query"),
-        title="attention weights (red circles: gold)",
+        title="attention weights" + (" (red boxes: gold)" if gold.any() else ""),
         aspect=aspect,
     )
     if "image" in item:
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.yaxis.set_major_locator(MaxNLocator(integer=True))
-    fig.suptitle(item["title"], fontsize=8)
+    width = fig.get_size_inches()[0] * 72
+    fig.suptitle("\n".join(textwrap.wrap(item["title"], max(20, int(width / 5.2)))), fontsize=9)
     return fig
 
 
@@ -148,8 +156,15 @@ def write_report(
     history: list[dict],
     heatmaps: list[dict],
     info: Mapping[str, Metric],
+    environment: Mapping[str, Any] | None = None,
 ) -> Path:
-    """Write heatmap_*.png, curves.png and report.html into ``run_dir``; return the report."""
+    """Write heatmap_*.png, curves.png and report.html into ``run_dir``; return the report.
+    With ``environment`` (from :func:`attnkit.experiments.environment.collect`: versions,
+    command line, machine, wall time) the page shows it and ``environment.json`` holds it."""
+    if environment is not None:
+        (run_dir / "environment.json").write_text(
+            json.dumps(dict(environment), indent=2, default=str), encoding="utf-8"
+        )
     images = []
     for i, item in enumerate(heatmaps):
         data = _png(heatmap_figure(item))
@@ -158,14 +173,23 @@ def write_report(
     curves = _png(curves_figure(history, info)) if history else None
     if curves:
         (run_dir / "curves.png").write_bytes(curves)
+    environment_section = (
+        "<h2>Environment</h2>\n"
+        + html_table(["what", "value"], env_rows(environment))
+        + "\n<p>Also in <code>environment.json</code>; memory use is in "
+        "<code>cost.json</code>.</p>\n"
+        if environment is not None
+        else ""
+    )
     body = f"""<h1>attnkit run <code>{html.escape(run_dir.name)}</code></h1>
 <h2>Metrics (held-out)</h2>
 {html_table(["metric", "value", "reading", "meaning"], metric_rows(metrics, info))}
 <h2>Configuration</h2>
 {html_table(["key", "value"], [[k, _setting(k, v)] for k, v in config.items()])}
+{environment_section}
 <h2>Training</h2>{_img(curves, "training curves") if curves else "<p>no epochs run</p>"}
 <h2>Attention on held-out examples</h2>
-<p>Each heatmap shows the weights of one example (colour bar: weight); red circles mark the gold
+<p>Each heatmap shows the weights of one example (colour bar: weight); red boxes mark the gold
 alignment.</p>
 <div class="grid">{"".join(images)}</div>"""
     path = run_dir / "report.html"

@@ -23,7 +23,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from attnkit import tasks
-from attnkit.experiments import checkpoints, cost
+from attnkit.experiments import checkpoints, cost, environment
 from attnkit.experiments.config import ConfigError, RunConfig, check_output_dir
 from attnkit.experiments.report import metric_rows, write_report
 from attnkit.experiments.threads import choose_threads, count_flops
@@ -168,6 +168,7 @@ def run(
         say=say,
         progress=progress,
     )
+    started = time.perf_counter()
     with cost.measure() as spent:
         history = trainer.fit()
     metrics: dict = {}
@@ -179,8 +180,16 @@ def run(
         checkpoints.atomic_write(
             run_dir / "metrics.json", lambda p: p.write_text(json.dumps(metrics, indent=2))
         )
+        maps = task.heatmaps(model)
+        env = environment.collect(
+            threads=n_threads,
+            processes=world,
+            wall_seconds=time.perf_counter() - started,
+            train_seconds=spent["train_seconds"],
+            device=str(next(model.parameters(), torch.empty(0)).device),
+        )
         report = write_report(
-            run_dir, asdict(config), metrics, history, task.heatmaps(model), task.metrics
+            run_dir, asdict(config), metrics, history, maps, task.metrics, environment=env
         )
         say("held-out metrics:")
         width = max(len(name) for name in metrics)

@@ -45,6 +45,9 @@ PACKAGES = (
     "attnkit.memory",
     "attnkit.efficient",
     "attnkit.vision",
+    "attnkit.modern",
+    "attnkit.sparse_trainable",
+    "attnkit.linear_family",
 )
 
 

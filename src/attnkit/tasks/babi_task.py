@@ -227,18 +227,20 @@ class BabiTask(Task):
             sentences = [
                 " ".join(VOCAB[w] for w in data.story[i, s].tolist() if w) for s in range(real)
             ]
-            gold = data.gold[i, :real].expand(out.weights.shape[1], real)
+            hops = out.weights.shape[1]
+            gold = data.gold[i, :real].unsqueeze(1).expand(real, hops)
             question = " ".join(VOCAB[w] for w in data.question[i].tolist() if w)
+            # sentences down the side (long labels read across), hops along the bottom
             maps.append(
                 {
                     "title": f"{question}? answer {VOCAB[int(data.answer[i])]}, "
                     f"predicted {VOCAB[int(out.logits[i].argmax())]}",
-                    "weights": out.weights[i, :, :real].numpy(),
+                    "weights": out.weights[i, :, :real].T.numpy(),
                     "gold": gold.numpy(),
-                    "x_labels": sentences,
-                    "y_labels": [f"hop {k + 1}" for k in range(out.weights.shape[1])],
-                    "x_title": "memory (sentence)",
-                    "y_title": "hop",
+                    "x_labels": [f"hop {k + 1}" for k in range(hops)],
+                    "y_labels": [f"{s + 1}. {text}" for s, text in enumerate(sentences)],
+                    "x_title": "hop",
+                    "y_title": "memory (sentence of the story)",
                 }
             )
         return maps

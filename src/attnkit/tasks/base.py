@@ -14,7 +14,7 @@ from torch import Tensor, nn
 
 from attnkit.registry import Registry
 
-__all__ = ["REGISTRY", "Metric", "Task", "Unused"]
+__all__ = ["REGISTRY", "Metric", "Task", "TaskRegistry", "Unused"]
 
 
 @dataclass(frozen=True)
@@ -138,4 +138,23 @@ class Task:
         raise NotImplementedError
 
 
-REGISTRY: Registry[Task] = Registry("task")
+class TaskRegistry(Registry[Task]):
+    """The task registry; it also offers the tasks that installed packages publish under the
+    entry-point group ``attnkit.tasks`` (:mod:`attnkit.tasks.user`): their names are listed by
+    :meth:`available`, and one is imported, checked and registered on the first :meth:`get` of
+    its name. A broken one raises ValueError naming the entry point."""
+
+    def available(self) -> list[str]:
+        from attnkit.tasks.user import entry_point_names
+
+        return sorted(set(super().available()) | set(entry_point_names()))
+
+    def get(self, name: str) -> type[Task]:
+        if isinstance(name, str) and name not in self._table:
+            from attnkit.tasks.user import load_entry_point
+
+            load_entry_point(name)
+        return super().get(name)
+
+
+REGISTRY: TaskRegistry = TaskRegistry("task")

@@ -286,19 +286,20 @@ class RationaleTask(Task):
         with capture(model) as records:
             logits, _, _ = model(split["tokens"][:n], split["keep"][:n])
         weights = next(iter(records.values()))[0].squeeze(1)
+        side = ("0 (negative cues)", "1 (positive cues)")  # CUES[0] decide label 0
         out = []
         for i in range(min(n, split["labels"].shape[0])):
             keep = split["keep"][i]
             length = int(keep.sum())
             out.append(
                 {
-                    "title": f"label {int(split['labels'][i])}, predicted "
-                    f"{int(logits[i].argmax())}",
+                    "title": f"label {side[int(split['labels'][i])]}, predicted "
+                    f"{side[int(logits[i].argmax())]}",
                     "weights": weights[i, :length].unsqueeze(0).numpy(),
                     "gold": split["gold"][i, :length].unsqueeze(0).numpy(),
                     "x_labels": self.words(split["tokens"][i], keep),
                     "y_labels": ["query"],
-                    "x_title": "word",
+                    "x_title": "word (gold: the planted cue words)",
                     "y_title": "learned query",
                 }
             )

@@ -1,0 +1,12 @@
+"""Attention over a sequence split across processes: ring attention (context parallelism).
+
+:func:`ring_attention` evaluates exact attention, every score × every streaming alignment, on a
+sequence whose parts live on the ranks of a ``torch.distributed`` process group;
+:func:`shard` / :func:`unshard` cut a sequence into the ranks' parts and join them back.
+"""
+
+from attnkit.distributed.layout import LAYOUTS, shard, unshard
+from attnkit.distributed.ring import reasons_not_supported, ring_attention
+from attnkit.distributed.transport import RingError
+
+__all__ = ["LAYOUTS", "RingError", "reasons_not_supported", "ring_attention", "shard", "unshard"]

@@ -1,0 +1,661 @@
+"""Ring attention: exact attention over a sequence split across the ranks of a process group.
+
+Each rank holds its part of the queries, keys and values (:mod:`attnkit.distributed.layout`).
+It keeps its queries and passes its key/value block to the next rank of the ring, P − 1 times,
+so every query meets every key while no rank ever holds more than two key/value blocks (Liu et
+al., "Ring Attention with Blockwise Transformers"; the chunked kernel's blockwise evaluation,
+:mod:`attnkit.kernels.chunked`, with the key blocks arriving over the network). The next block's
+transfer is posted before the work on the block in hand, so communication overlaps computation.
+
+The blocks are merged with the alignment's streaming statistics
+(:mod:`attnkit.alignments.streaming`), for every score and every streaming alignment:
+
+- online alignments (softmax: running maximum and sum) need one turn of the ring;
+- alignments whose statistic needs whole rows (sparsemax, 1.5-entmax, α-entmax: the threshold
+  τ over *all* keys) get it from the alignment's own :meth:`stream_statistic`, each of its
+  sweeps over the key tiles being one turn of the ring (only the projected keys travel). The
+  ranks agree before each sweep whether any of them still needs one, and a rank that is done
+  forwards the blocks for the others, so the result is the single-process one: exact;
+- alignments with independent weights (sigmoid) need no statistic.
+
+The backward pass is a second :class:`torch.autograd.Function` turn: the key/value blocks travel
+with their gradient accumulators, to which every rank adds its queries' part; after P steps
+each block's gradient is back home. Alignments whose keys are coupled (sparsemax, entmax) need
+one turn more for the per-row correction Σ r ∂L/∂p / Σ r.
+
+Causal masks use global positions; with the ``"zigzag"`` layout every rank does the same work
+(tiles that a mask or block mask leaves empty are skipped, forward and backward).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+
+from attnkit import checks
+from attnkit.alignments import Alignment
+from attnkit.alignments.streaming import Streaming
+from attnkit.distributed.layout import Segment, check_layout, segments
+from attnkit.distributed.transport import GRAD_TAG, KV_TAG, Ring
+from attnkit.kernels import compiled
+from attnkit.kernels.base import guarded_sum
+from attnkit.kernels.block_mask import BlockMask, ScoreMod, apply_score_mod
+from attnkit.kernels.chunked import (
+    TILE_ELEMENTS,
+    WIDE_TILE_ELEMENTS,
+    default_chunk_size,
+    reasons_not_streamable,
+    tile_width,
+)
+from attnkit.output import AttentionOutput
+from attnkit.scores import Score
+
+__all__ = ["reasons_not_supported", "ring_attention"]
+
+_DTYPES = (torch.float64, torch.float32, torch.float16, torch.bfloat16)
+
+
+def reasons_not_supported(score: Score, align: Alignment) -> list[str]:
+    """Why ring attention cannot evaluate ``score`` × ``align`` exactly (empty when it can)."""
+    reasons = list(reasons_not_streamable(align))
+    if score.multi_dimensional:
+        reasons.append("ring attention takes single-dimensional scores (…, M, N) only")
+    if score.query_free:
+        reasons.append(
+            f"the {type(score).__name__} score is query-free (one query for the whole "
+            "sequence), which has no part to split over the ranks"
+        )
+    if score.mixes_keys:
+        reasons.append(
+            f"the {type(score).__name__} score mixes neighbouring keys, which lie on other ranks"
+        )
+    return reasons
+
+
+@dataclass(frozen=True)
+class _Piece:
+    """Positions [start, start + length) of the sequence at local positions [local, …)."""
+
+    start: int
+    local: int
+    length: int
+
+    @property
+    def stop(self) -> int:
+        return self.start + self.length
+
+    def rows(self, x: Tensor, dim: int = -2) -> Tensor:
+        return x.narrow(dim, self.local, self.length)
+
+
+def _pieces(segs: tuple[Segment, ...], size: int) -> list[_Piece]:
+    return [
+        _Piece(s.start + a, s.local + a, min(size, s.length - a))
+        for s in segs
+        for a in range(0, s.length, size)
+    ]
+
+
+@dataclass
+class _Plan:
+    """What the tiles need that is not a tensor to differentiate (one rank's view)."""
+
+    score: Score
+    align: Streaming
+    ring: Ring
+    layout: str
+    causal: bool
+    m_local: int
+    n_local: int
+    lead: torch.Size
+    work: torch.dtype
+    block_q: int
+    block_k: int
+    stat_k: int  # key tile width of the threshold sweeps (tiles hold every local query row)
+    padded: bool  # a key padding mask travels with the keys
+    guard: bool  # a masked value may be non-finite
+    block_mask: BlockMask | None
+    score_mod: ScoreMod | None
+    device: torch.device
+    q_segs: tuple[Segment, ...] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.q_segs = segments(self.ring.rank, self.ring.size, self.m_local, self.layout)
+        self.row_pieces = _pieces(self.q_segs, self.block_q)
+        self._keys: dict[tuple[int, int], list[_Piece]] = {}
+
+    def key_pieces(self, owner: int, size: int) -> list[_Piece]:
+        if (owner, size) not in self._keys:
+            segs = segments(owner, self.ring.size, self.n_local, self.layout)
+            self._keys[owner, size] = _pieces(segs, size)
+        return self._keys[owner, size]
+
+    # ---- which tiles hold an allowed pair ---------------------------------------------------
+
+    def visible(self, rows: _Piece, keys: _Piece, mb: Tensor | None) -> bool:
+        """Whether any pair of the tile may be allowed (an empty tile is skipped)."""
+        if self.causal and rows.stop - 1 < keys.start:
+            return False
+        bm = self.block_mask
+        if bm is not None:
+            qa, qb = rows.start // bm.block_q, -(-rows.stop // bm.block_q)
+            ka, kb = keys.start // bm.block_k, -(-keys.stop // bm.block_k)
+            if not bool(bm.any_allowed[qa:qb, ka:kb].any()):
+                return False
+        return mb is None or bool(keys.rows(mb, -1).any())
+
+    def mask(self, rows: _Piece, keys: _Piece, mb: Tensor | None) -> Tensor | None:
+        """(…, rows, keys) boolean mask of a tile (None when every pair is allowed)."""
+        mask = None
+        k_pos = torch.arange(keys.start, keys.stop, device=self.device)
+        if self.causal and rows.start < keys.stop - 1:
+            q_pos = torch.arange(rows.start, rows.stop, device=self.device)
+            mask = q_pos[:, None] >= k_pos[None, :]
+        if mb is not None:
+            pad = keys.rows(mb, -1).bool()
+            pad = pad.view(pad.shape[0], *([1] * (len(self.lead) - 1)), 1, keys.length)
+            mask = pad if mask is None else mask & pad
+        if self.block_mask is not None:
+            pattern = self.block_mask.tile_at(rows.start, rows.stop, k_pos)
+            mask = pattern if mask is None else mask & pattern
+        return mask
+
+    # ---- scores of a tile -------------------------------------------------------------------
+
+    def tile(
+        self, qp: Tensor, kb: Tensor, rows: _Piece, keys: _Piece, mb: Tensor | None
+    ) -> tuple[Tensor, Tensor | None]:
+        """Prepared scores (…, rows, keys) in the work dtype, −inf where masked, and the mask.
+        ``qp`` and ``kb`` hold just these rows and keys."""
+        e = compiled.pairwise(self.score)(qp, kb, keys.start).to(self.work)
+        e = e.expand(*self.lead, rows.length, keys.length)
+        if self.score_mod is not None:
+            pos = torch.arange(keys.start, keys.stop, device=e.device)
+            e = apply_score_mod(self.score_mod, e, rows.start, pos)
+        e = self.align.stream_prepare(e)
+        mask = self.mask(rows, keys, mb)
+        if mask is not None:
+            e = e.masked_fill(~mask, float("-inf"))
+        return e, mask
+
+    def all_rows_tile(self, qp: Tensor, kb: Tensor, keys: _Piece, mb: Tensor | None):
+        """Prepared scores of every local query row × ``keys`` (−inf for query segments that
+        the masks leave without an allowed key there), or None when no row has one."""
+        parts, seen = [], False
+        for seg in self.q_segs:
+            rows = _Piece(seg.start, seg.local, seg.length)
+            if self.visible(rows, keys, mb):
+                parts.append(self.tile(rows.rows(qp), keys.rows(kb), rows, keys, mb)[0])
+                seen = True
+            else:
+                parts.append(self.empty(seg.length, keys.length))
+        if not seen:
+            return None
+        return parts[0] if len(parts) == 1 else torch.cat(parts, dim=-2)
+
+    def empty(self, rows: int, keys: int) -> Tensor:
+        return torch.full(
+            (*self.lead, rows, keys), float("-inf"), dtype=self.work, device=self.device
+        )
+
+    # ---- weights and sums -------------------------------------------------------------------
+
+    def weights(self, e: Tensor, stat: Tensor | None, has_key: Tensor) -> Tensor:
+        p = self.align.stream_weights(e, stat)
+        return torch.where(has_key, p, torch.zeros((), dtype=p.dtype))
+
+    def combine(self, p: Tensor, vb: Tensor) -> Tensor:
+        vb = vb.to(self.work)
+        return guarded_sum(torch.matmul, p, vb) if self.guard else torch.matmul(p, vb)
+
+    def d_weights(self, d_out: Tensor, vb: Tensor) -> Tensor:
+        vb = vb.to(self.work)
+        if self.guard:
+            vb = torch.where(torch.isfinite(vb), vb, torch.zeros((), dtype=vb.dtype))
+        return torch.matmul(d_out, vb.transpose(-1, -2))
+
+    def block(self, *tensors: Tensor | None) -> list[Tensor]:
+        return [t for t in tensors if t is not None]
+
+    def unpack(self, blk: list[Tensor]) -> tuple[Tensor, ...]:
+        """(kp, [v], mask or None) of a travelling block."""
+        return (*blk, None) if not self.padded else tuple(blk)
+
+
+def _rows_of(x: Tensor | None, rows: _Piece) -> Tensor | None:
+    return None if x is None else rows.rows(x)
+
+
+def _statistic(plan: _Plan, qp: Tensor, block: list[Tensor]) -> Tensor | None:
+    """The alignment's per-row statistic of every local query row over all keys; each sweep of
+    the alignment is a turn of the ring, and the ranks sweep together until all are done."""
+    ring = plan.ring
+
+    def sweep() -> Iterator[Tensor]:
+        ring.any(True, plan.device)
+        seen = False
+        for owner, blk in ring.passes(block, "a threshold sweep"):
+            kb, mb = plan.unpack(blk)
+            for keys in plan.key_pieces(owner, plan.stat_k):
+                e = plan.all_rows_tile(qp, kb, keys, mb)
+                if e is not None:
+                    seen = True
+                    yield e
+        if not seen:  # no row has any allowed key: the alignment still gets a (−inf) tile
+            yield plan.empty(plan.m_local, 1)
+
+    stat = plan.align.stream_statistic(sweep)
+    while ring.any(False, plan.device):  # others still sweep: forward the blocks for them
+        for _ in ring.passes(block, "a threshold sweep"):
+            pass
+    return stat
+
+
+def _forward(plan: _Plan, qp: Tensor, kp: Tensor, v: Tensor, mb: Tensor | None):
+    """(context (…, M_l, d_v) in the work dtype, statistic (…, M_l, C) or None, has_key)."""
+    align = plan.align
+    lead = plan.lead
+    has_key = torch.zeros(*lead, plan.m_local, 1, dtype=torch.bool, device=plan.device)
+    stat = None
+    if not align.stream_online:
+        stat = _statistic(plan, qp, plan.block(kp, mb))
+    accs: list[Tensor | None] = [None] * len(plan.row_pieces)
+    states: list[tuple[Tensor, ...] | None] = [None] * len(plan.row_pieces)
+    for owner, blk in plan.ring.passes(plan.block(kp, v, mb), "the forward turn"):
+        kb, vb, mb_ = plan.unpack(blk)
+        for i, rows in enumerate(plan.row_pieces):
+            qr = rows.rows(qp)
+            st = _rows_of(stat, rows)
+            for keys in plan.key_pieces(owner, plan.block_k):
+                if not plan.visible(rows, keys, mb_):
+                    continue
+                e, mask = plan.tile(qr, keys.rows(kb), rows, keys, mb_)
+                hk = rows.rows(has_key)
+                hk |= True if mask is None else mask.any(dim=-1, keepdim=True)
+                if align.stream_online:
+                    p, rescale, states[i] = align.stream_accumulate(e, states[i])
+                else:
+                    p, rescale = align.stream_weights(e, st), None
+                part = plan.combine(p, keys.rows(vb))
+                acc = accs[i]
+                if acc is None:
+                    accs[i] = part
+                elif rescale is None:
+                    accs[i] = acc + part
+                else:
+                    accs[i] = acc * rescale + part
+    contexts, stats = [], []
+    d_v = v.shape[-1]
+    for i, rows in enumerate(plan.row_pieces):
+        acc = accs[i]
+        if acc is None:  # every tile of these rows was empty
+            acc = torch.zeros(*lead, rows.length, d_v, dtype=plan.work, device=plan.device)
+        if align.stream_online:
+            state = states[i]
+            if state is None:
+                _, _, state = align.stream_accumulate(plan.empty(rows.length, 1), None)
+            norm, st = align.stream_finish(state)
+            acc = acc / norm
+            stats.append(st)
+        contexts.append(acc.expand(*lead, rows.length, d_v))
+    context = torch.cat(contexts, dim=-2)
+    if align.stream_online:
+        stat = torch.cat(stats, dim=-2)
+    context = torch.where(has_key, context, torch.zeros((), dtype=context.dtype))
+    return context, stat, has_key
+
+
+def _correction(plan, qp, kp, v, mb, d_out, context, stat, has_key) -> Tensor | None:
+    """c = Σ r ∂L/∂p / Σ r per local row over all keys (None when keys are not coupled)."""
+    if plan.align.stream_weights_are_correction:
+        return (d_out * context).sum(-1, keepdim=True)
+    # Whether r exists is the alignment's property: ask it on one local tile.
+    rows, keys = plan.row_pieces[0], plan.key_pieces(plan.ring.rank, plan.block_k)[0]
+    e, _ = plan.tile(rows.rows(qp), keys.rows(kp), rows, keys, mb)
+    st = _rows_of(stat, rows)
+    _, r = plan.align.stream_slope(plan.align.stream_weights(e, st), st)
+    if r is None:
+        return None
+    num = torch.zeros(*plan.lead, plan.m_local, 1, dtype=plan.work, device=plan.device)
+    den = torch.zeros_like(num)
+    for owner, blk in plan.ring.passes(plan.block(kp, v, mb), "the backward correction turn"):
+        kb, vb, mb_ = plan.unpack(blk)
+        for rows in plan.row_pieces:
+            st, hk = _rows_of(stat, rows), rows.rows(has_key)
+            for keys in plan.key_pieces(owner, plan.block_k):
+                if not plan.visible(rows, keys, mb_):
+                    continue
+                e, _ = plan.tile(rows.rows(qp), keys.rows(kb), rows, keys, mb_)
+                p = plan.weights(e, st, hk)
+                _, r = plan.align.stream_slope(p, st)
+                dp = plan.d_weights(rows.rows(d_out), keys.rows(vb))
+                rows.rows(num).add_((r * dp).sum(-1, keepdim=True))
+                rows.rows(den).add_(r.sum(-1, keepdim=True))
+    return num / torch.where(den > 0, den, torch.ones((), dtype=den.dtype))
+
+
+class _RingFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, plan: _Plan, qp, kp, v, mb, *params):
+        with torch.no_grad():
+            context, stat, has_key = _forward(plan, qp, kp, v, mb)
+        ctx.plan = plan
+        ctx.save_for_backward(qp, kp, v, mb, context, stat, has_key, *params)
+        return context.to(v.dtype)
+
+    @staticmethod
+    def backward(ctx, d_context):
+        plan: _Plan = ctx.plan
+        qp, kp, v, mb, context, stat, has_key, *params = ctx.saved_tensors
+        work, ring = plan.work, plan.ring
+        d_out = d_context.to(work).expand(context.shape)
+        with torch.no_grad():
+            corr = _correction(plan, qp, kp, v, mb, d_out, context, stat, has_key)
+        g_qp = torch.zeros(qp.shape, dtype=work, device=plan.device)
+        g_params = [torch.zeros(p.shape, dtype=work, device=p.device) for p in params]
+        blk = plan.block(kp, v, mb)
+        pending_kv = pending_g = None
+        for step in range(ring.size):
+            owner = (ring.rank - step) % ring.size
+            if step < ring.size - 1:
+                pending_kv = ring.exchange(blk, KV_TAG)
+            kb, vb, mb_ = plan.unpack(blk)
+            g_k = torch.zeros(kb.shape, dtype=work, device=plan.device)
+            g_v = torch.zeros(vb.shape, dtype=work, device=plan.device)
+            for rows in plan.row_pieces:
+                st, hk = _rows_of(stat, rows), rows.rows(has_key)
+                d_rows = rows.rows(d_out)
+                c_rows = None if corr is None else rows.rows(corr)
+                for keys in plan.key_pieces(owner, plan.block_k):
+                    if not plan.visible(rows, keys, mb_):
+                        continue
+                    _tile_grads(
+                        plan,
+                        qp,
+                        kb,
+                        vb,
+                        mb_,
+                        rows,
+                        keys,
+                        st,
+                        hk,
+                        d_rows,
+                        c_rows,
+                        g_qp,
+                        g_k,
+                        g_v,
+                        params,
+                        g_params,
+                    )
+            if pending_g is not None:  # the gradients of this block from the ranks before
+                got_k, got_v = ring.wait(pending_g, f"backward step {step}: gradient blocks")
+                g_k += got_k
+                g_v += got_v
+            pending_g = ring.exchange([g_k, g_v], GRAD_TAG)
+            if pending_kv is not None:
+                blk = ring.wait(pending_kv, f"backward step {step + 1}: key/value blocks")
+                pending_kv = None
+        g_kp, g_v = ring.wait(pending_g, "backward: own gradient blocks")
+
+        def back(g: Tensor | None, like: Tensor | None) -> Tensor | None:
+            return None if g is None or like is None else g.to(like.dtype)
+
+        return (
+            None,
+            back(g_qp, qp),
+            back(g_kp, kp),
+            back(g_v, v),
+            None,
+            *(back(g, p) for g, p in zip(g_params, params, strict=True)),
+        )
+
+
+def _tile_grads(
+    plan, qp, kb, vb, mb, rows, keys, st, hk, d_rows, c_rows, g_qp, g_k, g_v, params, g_params
+) -> None:
+    """Add one tile's part to the gradients of the queries, the visiting keys and values, and
+    the parameters (recomputing the tile's scores, as the chunked kernel does)."""
+    with torch.enable_grad():
+        qb = rows.rows(qp).detach().requires_grad_()
+        kt = keys.rows(kb).detach().requires_grad_()
+        e, _ = plan.tile(qb, kt, rows, keys, mb)
+    with torch.no_grad():
+        p = plan.weights(e.detach(), st, hk)
+        vt = keys.rows(vb)
+        keys.rows(g_v).add_(torch.matmul(p.transpose(-1, -2), d_rows).sum_to_size(vt.shape))
+        dp = plan.d_weights(d_rows, vt)
+        s, _ = plan.align.stream_slope(p, st)
+        de = s * dp if c_rows is None else s * (dp - c_rows)
+        de = torch.where(torch.isinf(e.detach()), torch.zeros((), dtype=de.dtype), de)
+    if not e.requires_grad:
+        return
+    grads = torch.autograd.grad(e, [qb, kt, *params], de, allow_unused=True)
+    if grads[0] is not None:
+        rows.rows(g_qp).add_(grads[0].sum_to_size(qb.shape))
+    if grads[1] is not None:
+        keys.rows(g_k).add_(grads[1].sum_to_size(kt.shape))
+    for target, g in zip(g_params, grads[2:], strict=True):
+        if g is not None:
+            target += g.sum_to_size(target.shape)
+
+
+def _group_ring(group) -> Ring:
+    if not dist.is_available() or not dist.is_initialized():
+        raise ValueError(
+            "ring attention needs torch.distributed: call torch.distributed.init_process_group "
+            "(backend 'gloo' on CPU, 'nccl' on CUDA) on every rank first"
+        )
+    if group is not None and not isinstance(group, dist.ProcessGroup):
+        raise TypeError(
+            f"group must be a torch.distributed ProcessGroup or None, got {type(group).__name__}"
+        )
+    if group is not None and dist.get_rank(group) < 0:
+        raise ValueError(
+            f"this process (global rank {dist.get_rank()}) is not a member of the group it "
+            "passed; call ring attention only on the group's ranks"
+        )
+    return Ring(group)
+
+
+def _check_backend(ring: Ring, x: Tensor) -> None:
+    backend = ring.backend.lower()
+    if backend == "nccl" and x.device.type != "cuda":
+        raise ValueError(
+            f"the group's backend is nccl, which sends CUDA tensors, but q is on {x.device}; "
+            "move the inputs to the GPU or use a gloo group"
+        )
+    if backend == "gloo" and x.device.type != "cpu":
+        raise ValueError(
+            f"the group's backend is gloo, which sends CPU tensors here, but q is on {x.device}; "
+            "use an nccl group for CUDA tensors"
+        )
+
+
+def _signature(q: Tensor, k: Tensor, v: Tensor, pad: Tensor | None, **flags: int) -> Tensor:
+    """What every rank must agree on, as int64: shapes, dtype, padding shape, flags."""
+    row: list[int] = []
+    for x in (q, k, v, pad):
+        shape = () if x is None else tuple(x.shape)
+        row += [len(shape) if x is not None else -1, *shape, *([-2] * (6 - len(shape)))]
+    code = _DTYPES.index(q.dtype) if q.dtype in _DTYPES else len(_DTYPES)
+    row += [code, *flags.values()]
+    return torch.tensor(row, dtype=torch.int64, device=q.device)
+
+
+def _describe(row: list[int], flag_names: list[str]) -> str:
+    parts, i = [], 0
+    for name in ("q", "k", "v", "key_padding_mask"):
+        n = row[i]
+        shape = tuple(row[i + 1 : i + 1 + max(n, 0)])
+        parts.append(f"{name} {shape if n >= 0 else None}")
+        i += 7
+    dtype = _DTYPES[row[i]] if row[i] < len(_DTYPES) else "other"
+    parts.append(f"dtype {dtype}")
+    parts += [f"{k}={v}" for k, v in zip(flag_names, row[i + 1 :], strict=True)]
+    return ", ".join(parts)
+
+
+def ring_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor | None = None,
+    *,
+    score: str | Score = "scaled_dot",
+    align: str | Alignment = "softmax",
+    group: dist.ProcessGroup | None = None,
+    causal: bool = False,
+    key_padding_mask: Tensor | None = None,
+    layout: str = "contiguous",
+    block_mask: BlockMask | None = None,
+    score_mod: ScoreMod | None = None,
+    chunk_size: int | None = None,
+) -> AttentionOutput:
+    """Exact attention over a sequence split across the ranks of ``group`` (ring attention).
+
+    Every rank of the group calls it with its own part of the sequence, laid out as ``layout``
+    says (:func:`attnkit.distributed.shard` cuts a whole sequence so). The result on each rank
+    is its part of what :func:`attnkit.attention` gives on the whole sequence (Brauwers eq. 2–4;
+    blockwise as FlashAttention, the key blocks passed around the ring as in Liu et al.'s Ring
+    Attention), forward and backward.
+
+    Args:
+        q: this rank's queries (B, …, M_l, d_q); the whole sequence has M = P·M_l.
+        k: this rank's keys (B, …, N_l, d_k); N = P·N_l.
+        v: this rank's values (B, …, N_l, d_v); None means v = k.
+        score: a registered name or a :class:`attnkit.scores.Score` (single-dimensional, not
+            query-free, not mixing keys).
+        align: a registered name or an alignment implementing the streaming protocol
+            (softmax, sparsemax, entmax15, entmax with a fixed 1 < α ≤ 2, sigmoid, …).
+        group: the process group of the ring (None: the default group). Its backend sends
+            the tensors: gloo for CPU tensors, nccl for CUDA tensors.
+        causal: query i attends to keys j ≤ i (global positions).
+        key_padding_mask: this rank's (B, N_l) boolean mask, True = a real key.
+        layout: ``"contiguous"`` or ``"zigzag"`` (balanced under ``causal``), the same on
+            every rank (:mod:`attnkit.distributed.layout`).
+        block_mask: a :class:`attnkit.kernels.BlockMask` over the whole (M, N) scores (global
+            positions); its empty tiles are skipped.
+        score_mod: ``score_mod(e, b, h, q_idx, kv_idx)`` with global positions, as in
+            :func:`attnkit.attention`.
+        chunk_size: key tile size (default as the chunked kernel's).
+
+    Returns:
+        :class:`attnkit.AttentionOutput` with this rank's context (B, …, M_l, d_v).
+
+    Parameters of the score, the alignment and the score_mod are replicated on every rank;
+    each rank's ``.grad`` holds its queries' part, so sum them over the group
+    (``torch.distributed.all_reduce``) to get the whole sequence's gradient. Every rank must
+    run the backward pass (it is a turn of the ring). A rank that stops makes the others raise
+    :class:`attnkit.distributed.RingError` within the group's timeout.
+    """
+    score_part = checks.resolve_score(score)
+    align_mod = checks.resolve_alignment(align)
+    if v is None:
+        v = k
+    if q is None:
+        raise ValueError("q is None; ring attention splits the queries over the ranks")
+    checks.validate(q, k, v, score_part, mask=None, bias=None, align=align_mod)
+    reasons = reasons_not_supported(score_part, align_mod)
+    if reasons:
+        raise ValueError("ring attention cannot evaluate this call: " + "; ".join(reasons))
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal must be a bool, got {causal!r}")
+    check_layout(layout)
+    if chunk_size is not None and (
+        isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1
+    ):
+        raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}")
+    if score_mod is not None and not callable(score_mod):
+        raise TypeError(f"score_mod must be callable, got {type(score_mod).__name__}")
+    lead = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
+    m_local, n_local = q.shape[-2], k.shape[-2]
+    if m_local == 0:
+        raise ValueError(f"q has no queries on this rank (shape {tuple(q.shape)})")
+    if key_padding_mask is not None:
+        if not isinstance(key_padding_mask, Tensor) or key_padding_mask.dtype != torch.bool:
+            raise TypeError(
+                "key_padding_mask must be a boolean tensor (B, N_l), True = a real key, got "
+                f"{getattr(key_padding_mask, 'dtype', type(key_padding_mask).__name__)}"
+            )
+        if (
+            len(lead) < 1
+            or key_padding_mask.dim() != 2
+            or key_padding_mask.shape[1] != n_local
+            or key_padding_mask.shape[0] not in (1, lead[0])
+        ):
+            batch = lead[0] if lead else None
+            raise ValueError(
+                f"key_padding_mask must be (B, N_l) = ({batch}, {n_local}) for keys "
+                f"{tuple(k.shape)} (batch first), got {tuple(key_padding_mask.shape)}"
+            )
+    ring = _group_ring(group)
+    _check_backend(ring, q)
+    for seg_len, name in ((m_local, "q"), (n_local, "k")):
+        if layout == "zigzag" and seg_len % 2:
+            raise ValueError(
+                f"the zigzag layout holds a front and a back chunk of equal length per rank, so "
+                f"each rank's {name} length must be even, got {seg_len}"
+            )
+    # Every rank must hold its part of the same call: compare what each one was given.
+    v_finite = bool(torch.isfinite(v).all())
+    flags = {
+        "world_size": ring.size,
+        "layout": ("contiguous", "zigzag").index(layout),
+        "causal": int(causal),
+        "block_mask": -1 if block_mask is None else block_mask.m * 100003 + block_mask.n,
+        "score_mod": int(score_mod is not None),
+    }
+    mine = _signature(q, k, v, key_padding_mask, **flags, v_finite=int(v_finite))
+    table = ring.all_gather(mine, "checking that every rank holds its part of the same call")
+    if not bool((table[:, :-1] == mine[:-1]).all()):
+        names = [*flags, "v_finite"]
+        lines = "; ".join(
+            f"rank {r}: {_describe(row.tolist()[:-1], names[:-1])}" for r, row in enumerate(table)
+        )
+        raise ValueError(
+            "the ranks of the group were given different calls (each must pass its part of the "
+            f"same sequence, the same group, layout and options): {lines}"
+        )
+    if block_mask is not None:
+        if not isinstance(block_mask, BlockMask):
+            raise TypeError(
+                f"block_mask must be an attnkit.kernels.BlockMask, got {type(block_mask).__name__}"
+            )
+        whole = torch.Size((*lead, ring.size * m_local, ring.size * n_local))
+        block_mask.check(whole)
+    width = tile_width(score_part) * max(1, math.prod(lead))
+    budget = TILE_ELEMENTS if tile_width(score_part) == 1 else WIDE_TILE_ELEMENTS
+    half = n_local if layout == "contiguous" else n_local // 2
+    block_k = min(half, chunk_size or default_chunk_size(half, score_part))
+    mb = None if key_padding_mask is None else key_padding_mask.to(torch.uint8).contiguous()
+    plan = _Plan(
+        score=score_part,
+        align=align_mod,
+        ring=ring,
+        layout=layout,
+        causal=causal,
+        m_local=m_local,
+        n_local=n_local,
+        lead=lead,
+        work=torch.float64 if v.dtype == torch.float64 else torch.float32,
+        block_q=max(1, min(m_local, budget // (block_k * width))),
+        block_k=block_k,
+        stat_k=min(half, chunk_size or max(1, budget // (m_local * width))),
+        padded=mb is not None,
+        guard=mb is not None and not bool(table[:, -1].all()),
+        block_mask=block_mask,
+        score_mod=score_mod,
+        device=q.device,
+    )
+    qp = score_part.project_query(q)
+    kp = score_part.project_key(k)
+    mods = score_mod.parameters() if isinstance(score_mod, nn.Module) else ()
+    params = [
+        p for p in (*score_part.parameters(), *align_mod.parameters(), *mods) if p.requires_grad
+    ]
+    context = _RingFunction.apply(plan, qp, kp.contiguous(), v.contiguous(), mb, *params)
+    return AttentionOutput(context)

@@ -1,0 +1,145 @@
+"""Linear attention with a diagonal decay of the state, in its three equal forms (shared by
+retention, gated linear attention and the Mamba-2 state-space duality).
+
+Per head, with the query already scaled, a log-decay g_t ≤ 0 that is one number per position
+(shape (…, N, 1): RetNet, Mamba-2) or one per key dimension ((…, N, d_k): GLA), and the state
+S (…, d_k, d_v):
+
+- **recurrent** (decoding): S_t = diag(exp g_t) S_{t−1} + k_t v_tᵀ, o_t = S_tᵀ q_t;
+- **parallel** (training, O(N²)): o_i = Σ_{j≤i} Σ_d q_id k_jd exp(G_id − G_jd) v_j with
+  G_t = Σ_{s≤t} g_s — for a scalar decay the masked attention (QKᵀ ⊙ L) V with the
+  1-semiseparable mask L_ij = exp(G_i − G_j) (Dao and Gu 2024, "structured masked attention";
+  Sun et al. 2023, retention's D);
+- **chunkwise** (training, O(N·C)): the parallel form inside chunks of C positions and the
+  recurrence across chunk boundaries (Sun et al. 2023 eq. 7; Yang et al. 2023 §4; Dao and Gu
+  2024 §6), so that the state is formed once per chunk.
+
+Every exponent is a sum of log-decays over a segment j < t ≤ i (:func:`segment_sum`, the stable
+form: no difference of two long cumulative sums), so it is ≤ 0 and nothing overflows; inside a
+chunk the per-dimension decays of GLA are applied in log space (the "secondary level" of Yang
+et al. is replaced by this simpler stable form). A later position — even NaN or infinite —
+never reaches an earlier row: masked entries are selected away, never multiplied by zero.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from attnkit.kernels.base import guarded_sum
+
+__all__ = [
+    "causal_matmul",
+    "chunkwise",
+    "parallel",
+    "recurrent",
+    "segment_sum",
+    "split_chunks",
+    "tril",
+    "weights",
+]
+
+
+def tril(n: int, device=None, *, strict: bool = False) -> Tensor:
+    """(n, n) boolean, True where j ≤ i (j < i when ``strict``)."""
+    return torch.ones(n, n, dtype=torch.bool, device=device).tril(-1 if strict else 0)
+
+
+def segment_sum(g: Tensor) -> Tensor:
+    """Σ_{j<t≤i} g_t for g (…, L, e): (…, L, L, e), zero where j ≥ i.
+
+    Formed by a cumulative sum over a masked copy (the stable segsum of the Mamba-2 reference)
+    rather than G_i − G_j, so that long sequences lose no precision and a non-finite g_t at a
+    later position reaches no earlier (i, j)."""
+    n = g.shape[-2]
+    x = g.unsqueeze(-2).expand(*g.shape[:-2], n, n, g.shape[-1])  # x[t, j] = g_t
+    below = tril(n, g.device, strict=True)[..., None]  # t > j
+    x = torch.where(below, x, torch.zeros((), dtype=g.dtype, device=g.device))
+    return x.cumsum(-3)  # [i, j] = Σ_{j<t≤i} g_t
+
+
+def causal_matmul(a: Tensor, v: Tensor) -> Tensor:
+    """a @ v for a weight matrix that is zero above the diagonal, such that a NaN or infinite
+    value at a later position (weight 0) does not reach earlier rows."""
+    if torch.compiler.is_compiling() or bool(torch.isfinite(v).all()):
+        return a @ v
+    return guarded_sum(torch.matmul, a, v)
+
+
+def _decay_scores(q: Tensor, k: Tensor, g: Tensor) -> Tensor:
+    """A_ij = Σ_d q_id k_jd exp(G_id − G_jd) for j ≤ i, 0 above the diagonal: (…, L, L)."""
+    n = q.shape[-2]
+    below = tril(n, q.device)
+    zero = torch.zeros((), dtype=q.dtype, device=q.device)
+    seg = segment_sum(g)
+    if g.shape[-1] == 1:  # one decay per position: (QKᵀ) ⊙ L
+        decay = torch.where(below, seg.squeeze(-1), zero).exp()
+        return torch.where(below, (q @ k.transpose(-1, -2)) * decay, zero)
+    decay = torch.where(below[..., None], seg, zero).exp()  # (…, L, L, d_k), ≤ 1 below
+    scores = torch.einsum("...id,...jd,...ijd->...ij", q, k, decay)
+    return torch.where(below, scores, zero)
+
+
+def weights(q: Tensor, k: Tensor, g: Tensor) -> Tensor:
+    """The parallel form's weights (…, N, N): o = weights @ v."""
+    return _decay_scores(q, k, g)
+
+
+def parallel(q: Tensor, k: Tensor, v: Tensor, g: Tensor) -> Tensor:
+    """The parallel (quadratic) form from a zero state: o (…, N, d_v)."""
+    return causal_matmul(_decay_scores(q, k, g), v)
+
+
+def recurrent(
+    q: Tensor, k: Tensor, v: Tensor, g: Tensor, state: Tensor | None = None
+) -> tuple[Tensor, Tensor]:
+    """The recurrent form, one position at a time: (o (…, N, d_v), the last state
+    (…, d_k, d_v)); ``state`` is the state before the first position (zero if None)."""
+    lead = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2], g.shape[:-2])
+    s = q.new_zeros(*lead, k.shape[-1], v.shape[-1]) if state is None else state
+    outs = []
+    for t in range(q.shape[-2]):
+        s = g[..., t, :].exp().unsqueeze(-1) * s + k[..., t, :, None] * v[..., t, None, :]
+        outs.append((q[..., t, :, None] * s).sum(-2))
+    return torch.stack(outs, -2), s
+
+
+def split_chunks(x: Tensor, lead: torch.Size, n: int, c: int) -> Tensor:
+    """(…, N, e) zero-padded to a multiple of c and split: (…, N/c, c, e)."""
+    x = F.pad(x.broadcast_to(*lead, n, x.shape[-1]), (0, 0, 0, -n % c))
+    return x.reshape(*lead, -1, c, x.shape[-1])
+
+
+def chunkwise(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    g: Tensor,
+    chunk_size: int,
+    state: Tensor | None = None,
+) -> tuple[Tensor, Tensor]:
+    """The chunkwise form: (o (…, N, d_v), the last state (…, d_k, d_v)).
+
+    Inside each chunk the parallel form; across chunks S ← diag(exp Γ) S + ΔS with Γ the
+    chunk's summed log-decay and ΔS = Σ_j (k_j ⊙ exp(G_last − G_j)) v_jᵀ, read by the next
+    chunk's queries as (q_i ⊙ exp G_i)ᵀ S. Chunks need not divide N (the last is padded with
+    positions that neither decay nor write)."""
+    lead = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2], g.shape[:-2])
+    n = q.shape[-2]
+    c = max(1, min(chunk_size, n))
+    q, k, v, g = (split_chunks(x, lead, n, c) for x in (q, k, v, g))
+    intra = causal_matmul(_decay_scores(q, k, g), v)
+    cum = g.cumsum(-2)  # within the chunk: G_i − G_start ≤ 0
+    after = cum[..., -1:, :] - cum  # Σ_{j<t≤last} g_t within the chunk, ≤ 0
+    k_end = k * after.exp()
+    writes = k_end.transpose(-1, -2) @ v  # (…, chunks, d_k, d_v)
+    through = cum[..., -1, :].exp().unsqueeze(-1)  # (…, chunks, e, 1): a whole chunk's decay
+    s = q.new_zeros(*lead, k.shape[-1], v.shape[-1]) if state is None else state
+    before = []
+    for i in range(q.shape[-3]):
+        before.append(s)
+        s = through[..., i, :, :] * s + writes[..., i, :, :]
+    inter = (q * cum.exp()) @ torch.stack(before, -3)
+    out = (intra + inter).reshape(*lead, -1, v.shape[-1])[..., :n, :]
+    return out, s

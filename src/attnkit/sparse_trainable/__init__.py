@@ -1,0 +1,22 @@
+"""Trainable sparse attention: parts that learn which keys each query reads and whose cost
+follows that selection — Native Sparse Attention (compressed, selected and sliding-window
+branches under learned gates) and DeepSeek Sparse Attention (a lightning indexer choosing the
+top-k keys). Each is a registered mechanism and a causal per-head part for
+``MultiHeadAttention(attention=...)``."""
+
+from attnkit.sparse_trainable.dsa import DeepSeekSparseAttention, LightningIndexer
+from attnkit.sparse_trainable.nsa import (
+    BlockCompression,
+    MeanCompression,
+    NativeSparseAttention,
+    NSABranches,
+)
+
+__all__ = [
+    "BlockCompression",
+    "DeepSeekSparseAttention",
+    "LightningIndexer",
+    "MeanCompression",
+    "NSABranches",
+    "NativeSparseAttention",
+]

@@ -1,0 +1,88 @@
+"""Shared helpers of the trainable sparse parts: causal positions, per-row masks, token gathers
+and top-n selection with a fixed tie order.
+
+Conventions: per-head tensors (*lead, M, d) / (*lead, N, d); query i sits at position
+``q_offset + i`` and key j at position j, so query i may attend keys j ≤ q_offset + i (causal).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+__all__ = [
+    "gather_keys",
+    "gather_mask",
+    "group_sum",
+    "query_positions",
+    "row_mask",
+    "sanitize",
+    "top_indices",
+]
+
+
+def query_positions(m: int, q_offset: int, device) -> Tensor:
+    """(M,) int64 positions of the queries."""
+    return torch.arange(q_offset, q_offset + m, device=device)
+
+
+def row_mask(mask: Tensor | None, lead: torch.Size, m: int, n: int) -> Tensor | None:
+    """The mask as (*lead, M', N) with M' = M when it varies over queries and 1 otherwise."""
+    if mask is None:
+        return None
+    rows = m if mask.dim() >= 2 and mask.shape[-2] == m else 1
+    return mask.broadcast_to(*lead, rows, n)
+
+
+def sanitize(
+    k: Tensor, v: Tensor, rows: Tensor | None, last_position: int
+) -> tuple[Tensor, Tensor]:
+    """Zero the keys and values no query may attend (masked for every row, or after the last
+    query), so that NaN or inf there reaches no result and no gradient."""
+    n = k.shape[-2]
+    seen = torch.arange(n, device=k.device) <= last_position  # (N,)
+    if rows is not None:
+        seen = seen & rows.any(-2)  # (*lead, N)
+    keep = seen[..., None]
+    return k.where(keep, 0.0), v.where(keep, 0.0)
+
+
+def gather_keys(x: Tensor, index: Tensor) -> Tensor:
+    """Rows of x (*lead, N, d) at ``index`` (*lead, M, T) (values in [0, N)) -> (*lead, M, T, d);
+    per query row, without materialising (M, N, d)."""
+    lead = index.shape[:-2]
+    m, t = index.shape[-2:]
+    src = x.broadcast_to(*lead, *x.shape[-2:])
+    flat = index.reshape(*lead, m * t)
+    out = torch.gather(src, -2, flat[..., None].expand(*lead, m * t, x.shape[-1]))
+    return out.reshape(*lead, m, t, x.shape[-1])
+
+
+def gather_mask(rows: Tensor | None, index: Tensor) -> Tensor | None:
+    """The mask (*lead, M', N) at ``index`` (*lead, M, T) -> (*lead, M, T)."""
+    if rows is None:
+        return None
+    m = index.shape[-2]
+    return torch.gather(rows.expand(*index.shape[:-2], m, rows.shape[-1]), -1, index)
+
+
+def group_sum(x: Tensor, group_size: int) -> Tensor:
+    """Sum (*lead, H, M, K) over consecutive groups of ``group_size`` heads (dim −3), each head
+    receiving its group's sum (the GQA sharing of NSA eq. 10)."""
+    if group_size == 1:
+        return x
+    h = x.shape[-3]
+    grouped = x.unflatten(-3, (h // group_size, group_size))
+    return grouped.sum(-3, keepdim=True).expand_as(grouped).flatten(-4, -3)
+
+
+def top_indices(score: Tensor, count: int) -> tuple[Tensor, Tensor]:
+    """The ``count`` highest entries of ``score`` (…, K) per row, ties in index order (a stable
+    descending sort), and whether each is finite-or-+inf (entries at −inf are not available).
+
+    Returns:
+        (index (…, count), available (…, count) bool).
+    """
+    count = min(count, score.shape[-1])
+    order = torch.sort(score, dim=-1, descending=True, stable=True).indices[..., :count]
+    return order, torch.gather(score, -1, order) > float("-inf")

@@ -1,0 +1,233 @@
+"""DeepSeek Sparse Attention, DSA (DeepSeek-AI 2025, "DeepSeek-V3.2-Exp: Boosting Long-Context
+Efficiency with DeepSeek Sparse Attention", sec. 2.1): a lightning indexer scores every
+preceding key cheaply, and the main attention reads only the top-k keys of each query.
+
+    I_{t,s} = Σ_{j=1}^{H^I} w^I_{t,j} · ReLU(q^I_{t,j} · k^I_s)                  (eq. 1)
+    u_t = Attn(h_t, {c_s | I_{t,s} ∈ Top-k(I_{t,:})})                            (eq. 2)
+
+with H^I indexer heads of size d^I, q^I_{t,j} and w^I_{t,j} from the query token and k^I_s from
+the key token (one indexer key shared by the indexer heads). The main attention is scaled-dot
+softmax over the k selected keys, gathered per query, so its cost is O(M k d) whatever N is; the
+indexer is dense but small (O(M N H^I d^I), ReLU instead of softmax).
+
+Training (sec. 2.1, "sparse training stage"): the indexer is trained by the KL divergence from
+the main attention to its own distribution over the selected keys,
+L^I = Σ_t D_KL(p_{t,S_t} ‖ Softmax(I_{t,S_t})), and its inputs are detached from the model's
+graph ("we detach the indexer input from the computational graph for separate optimization").
+Here the indexer's gradient is λ·∂L^I/∂I (L^I a mean over query rows), delivered when the
+backward pass runs through the part's output (``indexer_loss_weight`` = λ; 0 trains nothing),
+and nothing of L^I reaches q, k or v: the gradients of the output with respect to the inputs are
+exactly those of the sparse attention. :func:`indexer_loss` computes L^I itself.
+
+In the per-head slot the indexer reads the head's q_t and k_s (the paper reads the hidden state
+h_t, which a per-head part never sees). Selection is shared by consecutive groups of
+``group_size`` heads (their index scores summed; V3.2 shares it over all heads of its MQA form).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import ClassVar
+
+import torch
+from torch import Tensor, nn
+
+from attnkit import arguments, hooks
+from attnkit import taxonomy as tx
+from attnkit.alignments import Softmax
+from attnkit.efficient.lsh import HeadOutput, check_head_inputs
+from attnkit.mechanisms import REGISTRY, example_tensor
+from attnkit.sparse_trainable._select import (
+    gather_keys,
+    gather_mask,
+    group_sum,
+    query_positions,
+    row_mask,
+    sanitize,
+    top_indices,
+)
+
+__all__ = ["DeepSeekSparseAttention", "LightningIndexer", "indexer_loss"]
+
+
+class LightningIndexer(nn.Module):
+    """DSA eq. 1: I_{t,s} = Σ_j w_{t,j} ReLU(q^I_{t,j} · k^I_s) for q (…, M, d), k (…, N, d)
+    -> (…, M, N).
+
+    Args:
+        dim: d, the size of the inputs.
+        heads: H^I, the indexer heads.
+        head_dim: d^I.
+    """
+
+    def __init__(self, dim: int, heads: int = 4, head_dim: int = 16, *, device=None, dtype=None):
+        super().__init__()
+        self.dim = arguments.positive_int(dim, "dim")
+        self.heads = arguments.positive_int(heads, "heads")
+        self.head_dim = arguments.positive_int(head_dim, "head_dim")
+        factory = {"device": device, "dtype": dtype}
+        self.query = nn.Linear(dim, heads * head_dim, bias=False, **factory)
+        self.key = nn.Linear(dim, head_dim, bias=False, **factory)
+        self.weight = nn.Linear(dim, heads, bias=False, **factory)
+
+    def forward(self, q: Tensor, k: Tensor) -> Tensor:
+        qi = self.query(q).unflatten(-1, (self.heads, self.head_dim))  # (…, M, H_I, d_I)
+        ki = self.key(k)  # (…, N, d_I)
+        dots = torch.relu(torch.einsum("...mjd,...nd->...mjn", qi, ki))
+        return torch.einsum("...mj,...mjn->...mn", self.weight(q), dots)
+
+
+def indexer_loss(index_scores: Tensor, main_weights: Tensor, available: Tensor) -> Tensor:
+    """L^I as a mean over query rows: D_KL(p ‖ Softmax(I)) over the selected keys of each row.
+
+    Args:
+        index_scores: (…, M, T) I_{t,s} at the selected keys.
+        main_weights: (…, M, T) the main attention's weights p there (rows sum to 1 or 0).
+        available: (…, M, T) bool, the selected keys the row may attend.
+
+    Returns:
+        A scalar; rows with no key count as 0 and are not in the mean.
+    """
+    log_q = torch.log_softmax(index_scores.masked_fill(~available, float("-inf")), -1)
+    p = main_weights
+    terms = torch.where(available & (p > 0), p * (p.clamp_min(1e-300).log() - log_q), 0.0)
+    rows = available.any(-1)
+    return terms.sum(-1).sum() / rows.sum().clamp_min(1)
+
+
+class _TrainIndexer(torch.autograd.Function):
+    """Returns the context unchanged; its backward also hands ``grad`` to the index scores."""
+
+    @staticmethod
+    def forward(ctx, context: Tensor, index_scores: Tensor, grad: Tensor) -> Tensor:
+        ctx.save_for_backward(grad)
+        return context.view_as(context)
+
+    @staticmethod
+    def backward(ctx, upstream: Tensor):
+        (grad,) = ctx.saved_tensors
+        return upstream, grad, None
+
+
+@REGISTRY.register("deepseek_sparse")
+class DeepSeekSparseAttention(nn.Module):
+    """DeepSeek Sparse Attention (module docstring), a causal per-head part
+    ``part(q, k, v, *, mask, bias, need_weights, q_offset)`` with q (B, …, H, M, d),
+    k (B, …, H, N, d), v (B, …, H, N, d_v): query i sits at position ``q_offset + i`` and reads
+    its top-k keys among j ≤ q_offset + i. With k ≥ N it is full causal attention.
+
+    Args:
+        head_dim: d.
+        top_k: keys per query (2048 in the paper).
+        indexer_heads, indexer_dim: H^I and d^I of the lightning indexer.
+        group_size: heads (consecutive at dim −3) that share their selection.
+        indexer_loss_weight: λ of the indexer's KL loss (see the module docstring).
+    """
+
+    decodes_with_cache: ClassVar[bool] = True
+    takes_q_offset: ClassVar[bool] = True
+    mask_inputs: ClassVar[dict[str, tuple[str, ...]]] = {"mask": ("k", "v")}
+
+    def __init__(
+        self,
+        head_dim: int,
+        *,
+        top_k: int = 2048,
+        indexer_heads: int = 4,
+        indexer_dim: int = 16,
+        group_size: int = 1,
+        indexer_loss_weight: float = 1.0,
+        device=None,
+        dtype=None,
+    ) -> None:
+        super().__init__()
+        self.head_dim = arguments.positive_int(head_dim, "head_dim")
+        self.top_k = arguments.positive_int(top_k, "top_k")
+        self.group_size = arguments.positive_int(group_size, "group_size")
+        self.indexer_loss_weight = arguments.finite_float(
+            indexer_loss_weight, "indexer_loss_weight", nonnegative=True
+        )
+        self.indexer = LightningIndexer(
+            head_dim, indexer_heads, indexer_dim, device=device, dtype=dtype
+        )
+        self.align = Softmax()
+
+    @classmethod
+    def example(cls):
+        q, k, v = (example_tensor(2, 2, 7, 4, seed=s) for s in (50, 51, 52))
+        mask = torch.arange(7)[None, :] < torch.tensor([7, 5])[:, None]
+        module = cls(4, top_k=3, indexer_heads=2, indexer_dim=3)
+        return module, (q, k, v), {"mask": mask[:, None, None, :].expand(2, 2, 1, 7)}
+
+    def taxonomy_tags(self) -> list:
+        return [tx.Scoring.SCALED_MULTIPLICATIVE, tx.AlignmentKind.SPARSE]
+
+    def index_scores(self, q: Tensor, k: Tensor) -> Tensor:
+        """I (…, M, N) from the detached inputs, summed over each head group."""
+        scores = self.indexer(q.detach(), k.detach())
+        return group_sum(scores, self.group_size) if self.group_size > 1 else scores
+
+    def forward(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        *,
+        mask: Tensor | None = None,
+        bias: Tensor | None = None,
+        need_weights: bool = False,
+        q_offset: int = 0,
+    ) -> HeadOutput:
+        arguments.boolean(need_weights, "need_weights")
+        lead = check_head_inputs(q, k, v, mask, bias, "DeepSeekSparseAttention")
+        arguments.nonnegative_int(q_offset, "q_offset")
+        if q.shape[-1] != self.head_dim:
+            raise ValueError(
+                f"DeepSeekSparseAttention(head_dim={self.head_dim}) got q {tuple(q.shape)}"
+            )
+        if self.group_size > 1 and (len(lead) < 1 or lead[-1] % self.group_size):
+            raise ValueError(
+                f"group_size={self.group_size} shares the selection among heads at dim -3, "
+                f"which needs H divisible by it; got q {tuple(q.shape)}"
+            )
+        m, n = q.shape[-2], k.shape[-2]
+        q, k, v = (x.broadcast_to(*lead, *x.shape[-2:]) for x in (q, k, v))
+        rows = row_mask(mask, lead, m, n)
+        pos = query_positions(m, q_offset, q.device)
+        k, v = sanitize(k, v, rows, q_offset + m - 1)
+
+        index = self.index_scores(q, k)  # (*lead, M, N)
+        allowed = torch.arange(n, device=q.device)[None, :] <= pos[:, None]
+        if rows is not None:
+            allowed = allowed & rows
+        ranked = index.detach().masked_fill(~allowed, float("-inf"))
+        keys, ok = top_indices(ranked, self.top_k)  # (*lead, M, T)
+        ok = ok & gather_mask(allowed.broadcast_to(*lead, m, n), keys)
+        kg, vg = gather_keys(k, keys), gather_keys(v, keys)
+        kg, vg = kg.where(ok[..., None], 0.0), vg.where(ok[..., None], 0.0)
+        e = (q.unsqueeze(-2) * kg).sum(-1) / math.sqrt(self.head_dim)
+        if bias is not None:
+            e = e + torch.gather(bias.broadcast_to(*lead, m, n), -1, keys).where(ok, 0.0)
+        w = self.align(e, ok).weights
+        context = (w.unsqueeze(-1) * vg).sum(-2)
+
+        selected = torch.gather(index, -1, keys)
+        if self.indexer_loss_weight and torch.is_grad_enabled() and selected.requires_grad:
+            with torch.no_grad():
+                log_q = torch.log_softmax(selected.masked_fill(~ok, float("-inf")), -1)
+                rows_with_key = ok.any(-1, keepdim=True)
+                grad = torch.where(ok, log_q.exp() - w.detach(), 0.0)
+                grad = grad * self.indexer_loss_weight / rows_with_key.sum().clamp_min(1)
+            context = _TrainIndexer.apply(context, selected, grad)
+
+        dense = None
+        if need_weights or hooks.listening():
+            dense = w.new_zeros(*lead, m, n).scatter_add(-1, keys, w)
+        hooks.report(self, dense)
+        return HeadOutput(context, dense if need_weights else None)
+
+    def extra_repr(self) -> str:
+        return (
+            f"head_dim={self.head_dim}, top_k={self.top_k}, group_size={self.group_size}, "
+            f"indexer_loss_weight={self.indexer_loss_weight:g}"
+        )

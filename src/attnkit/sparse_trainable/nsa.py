@@ -1,0 +1,362 @@
+"""Native Sparse Attention, NSA (Yuan et al. 2025, "Native Sparse Attention: Hardware-Aligned
+and Natively Trainable Sparse Attention", DeepSeek): three causal branches per query, combined
+by learned gates (eqs. 5, 7-12 of the paper).
+
+For query t at position p_t, with keys k_{1:p_t} and values v_{1:p_t}:
+
+- **compressed** (eq. 7): the keys of each block of length l, taken with stride s, are compressed
+  to one key by a learned map φ,
+  K̃ᶜᵐᵖ_t = {φ(k_{is+1 : is+l}) | 0 ≤ i ≤ ⌊(p_t − l)/s⌋} (likewise the values), and
+  oᶜᵐᵖ_t = Σ_i pᶜᵐᵖ_{t,i} ṽ_i with pᶜᵐᵖ_t = softmax(q_tᵀ K̃ᶜᵐᵖ_t / √d) (eq. 8).
+- **selected** (eqs. 8-12): the keys are cut into selection blocks of length l'; block j's
+  importance is the compressed attention that falls on it, pˢˡᶜ_t[j] = Σ_{i overlaps j}
+  pᶜᵐᵖ_{t,i} (eq. 9; with l' a multiple of s and l this is the paper's double sum), summed over
+  the heads of a GQA group (eq. 10) so that the group reads the same blocks; the top n blocks
+  (eq. 11) give the keys and values attended at token level, oˢˡᶜ_t = softmax(q_tᵀKˢˡᶜ_t/√d)Vˢˡᶜ_t.
+  As in the paper's set-up, the first ``num_initial`` blocks and the ``num_local`` blocks ending
+  at the query's own are always selected (they count towards n).
+- **window** (eq. 5): the last w keys, oʷⁱⁿ_t = softmax(q_tᵀ k_{p_t−w+1 : p_t}/√d) v_{…}.
+
+    o_t = Σ_{c ∈ {cmp, slc, win}} g_t^c · o_t^c,   g_t^c = σ(MLP(x_t)) ∈ (0, 1)   (eq. 5)
+
+Evaluation follows the selection: the selected and window keys are gathered per query,
+(…, M, n·l' + w, d), so the token-level cost is O(M (n l' + w) d) whatever N is; the compressed
+branch costs O(M N/s d).
+
+Differences from the paper, by necessity of the per-head slot: the gates read the head's query
+q_t (the paper's MLP reads the token's hidden state x_t, which a per-head part never sees), and φ
+is a linear map of the flattened block plus a learned intra-block position embedding (the
+paper's "MLP with intra-block position encoding", one layer). Selection is shared by heads h in
+consecutive groups of ``group_size`` (head h reads key/value head h // group_size in
+:class:`attnkit.MultiHeadAttention` with ``num_kv_heads``); ``group_size=1`` selects per head.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import ClassVar, NamedTuple
+
+import torch
+from torch import Tensor, nn
+
+from attnkit import arguments, hooks
+from attnkit import taxonomy as tx
+from attnkit.alignments import Softmax
+from attnkit.efficient.lsh import HeadOutput, check_head_inputs
+from attnkit.mechanisms import REGISTRY, example_tensor
+from attnkit.sparse_trainable._select import (
+    gather_keys,
+    gather_mask,
+    group_sum,
+    query_positions,
+    row_mask,
+    sanitize,
+    top_indices,
+)
+
+__all__ = ["BlockCompression", "MeanCompression", "NSABranches", "NativeSparseAttention"]
+
+
+class BlockCompression(nn.Module):
+    """φ of NSA eq. 7: a block (…, l, d) ↦ W · flatten(block + P) + b (…, d_out), P a learned
+    (l, d) intra-block position embedding."""
+
+    def __init__(
+        self, block: int, dim: int, out_dim: int | None = None, *, device=None, dtype=None
+    ) -> None:
+        super().__init__()
+        self.block = arguments.positive_int(block, "block")
+        self.dim = arguments.positive_int(dim, "dim")
+        out_dim = self.dim if out_dim is None else arguments.positive_int(out_dim, "out_dim")
+        self.position = nn.Parameter(torch.zeros(block, dim, device=device, dtype=dtype))
+        nn.init.normal_(self.position, std=0.02)
+        self.proj = nn.Linear(block * dim, out_dim, device=device, dtype=dtype)
+        with torch.no_grad():  # start as the block mean (plus a little noise to break symmetry)
+            self.proj.weight.normal_(std=0.02 / math.sqrt(block * dim))
+            self.proj.weight += torch.eye(out_dim, dim).repeat(1, block) / block
+            self.proj.bias.zero_()
+
+    def forward(self, blocks: Tensor) -> Tensor:
+        return self.proj((blocks + self.position).flatten(-2))
+
+
+class MeanCompression(nn.Module):
+    """φ(block) = mean of the block's rows (a parameter-free compression)."""
+
+    def forward(self, blocks: Tensor) -> Tensor:
+        return blocks.mean(-2)
+
+
+class NSABranches(NamedTuple):
+    """Each branch of NSA for per-head q (*lead, M, d).
+
+    Attributes:
+        context: (*lead, M, d_v) the gated sum.
+        compressed, selected, window: (*lead, M, d_v) the branch outputs o^c.
+        gates: (*lead, M, 3) g^cmp, g^slc, g^win.
+        compressed_weights: (*lead, M, n_cmp) pᶜᵐᵖ over the compressed blocks.
+        selected_blocks: (*lead, M, n') indices of the selected blocks (n' = min(n, blocks)),
+            with ``selected_available`` (*lead, M, n') False where fewer blocks were available.
+        selected_weights, window_weights: (*lead, M, N) token weights of the two token branches.
+    """
+
+    context: Tensor
+    compressed: Tensor
+    selected: Tensor
+    window: Tensor
+    gates: Tensor
+    compressed_weights: Tensor
+    selected_blocks: Tensor
+    selected_available: Tensor
+    selected_weights: Tensor | None
+    window_weights: Tensor | None
+
+
+def _scatter(weights: Tensor, index: Tensor, n: int) -> Tensor:
+    """Token weights (*lead, M, T) at key indices (*lead, M, T) as dense (*lead, M, N)."""
+    dense = weights.new_zeros(*weights.shape[:-1], n)
+    return dense.scatter_add(-1, index, weights)
+
+
+@REGISTRY.register("native_sparse")
+class NativeSparseAttention(nn.Module):
+    """Native Sparse Attention (module docstring), a causal per-head part
+    ``part(q, k, v, *, mask, bias, need_weights, q_offset)`` with q (B, …, H, M, d),
+    k (B, …, H, N, d), v (B, …, H, N, d_v): query i sits at position ``q_offset + i`` and attends
+    keys j ≤ q_offset + i.
+
+    Args:
+        head_dim: d.
+        compress_block: l, the compression block length (32 in the paper).
+        compress_stride: s, the stride between compression blocks (16).
+        select_block: l', the selection block length (64).
+        num_selected: n, blocks selected per query, forced ones included (16).
+        window: w, the sliding window (512).
+        num_initial, num_local: blocks always selected at the start and ending at the query
+            (1 and 2 in the paper).
+        group_size: heads (consecutive at dim −3) that share their selection (eq. 10).
+        value_dim: d_v (default d).
+        compress_key, compress_value: φ for keys and values; default :class:`BlockCompression`.
+
+    The output's ``weights`` (with ``need_weights``) are the selection branch's token weights
+    (…, M, N); every branch's weights are reported to :mod:`attnkit.hooks` by name
+    (``compressed``, ``selected``, ``window``), and :meth:`branches` returns all of them.
+    """
+
+    decodes_with_cache: ClassVar[bool] = True  # causal by construction: a step is its row
+    takes_q_offset: ClassVar[bool] = True
+    mask_inputs: ClassVar[dict[str, tuple[str, ...]]] = {"mask": ("k", "v")}
+
+    def __init__(
+        self,
+        head_dim: int,
+        *,
+        compress_block: int = 32,
+        compress_stride: int = 16,
+        select_block: int = 64,
+        num_selected: int = 16,
+        window: int = 512,
+        num_initial: int = 1,
+        num_local: int = 2,
+        group_size: int = 1,
+        value_dim: int | None = None,
+        compress_key: nn.Module | None = None,
+        compress_value: nn.Module | None = None,
+        device=None,
+        dtype=None,
+    ) -> None:
+        super().__init__()
+        self.head_dim = arguments.positive_int(head_dim, "head_dim")
+        self.compress_block = arguments.positive_int(compress_block, "compress_block")
+        self.compress_stride = arguments.positive_int(compress_stride, "compress_stride")
+        self.select_block = arguments.positive_int(select_block, "select_block")
+        self.num_selected = arguments.positive_int(num_selected, "num_selected")
+        self.window = arguments.positive_int(window, "window")
+        self.num_initial = arguments.nonnegative_int(num_initial, "num_initial")
+        self.num_local = arguments.nonnegative_int(num_local, "num_local")
+        self.group_size = arguments.positive_int(group_size, "group_size")
+        self.value_dim = (
+            self.head_dim if value_dim is None else arguments.positive_int(value_dim, "value_dim")
+        )
+        if self.compress_stride > self.compress_block:
+            raise ValueError(
+                f"compress_stride must be at most compress_block (blocks overlap or touch), got "
+                f"stride {compress_stride} > block {compress_block}"
+            )
+        for name, given in (("compress_key", compress_key), ("compress_value", compress_value)):
+            if given is not None and not isinstance(given, nn.Module):
+                raise TypeError(f"{name} must be an nn.Module or None, got {type(given).__name__}")
+        factory = {"device": device, "dtype": dtype}
+        if compress_key is None:
+            compress_key = BlockCompression(compress_block, head_dim, **factory)
+        if compress_value is None:
+            compress_value = BlockCompression(compress_block, self.value_dim, **factory)
+        self.compress_key, self.compress_value = compress_key, compress_value
+        self.gate = nn.Linear(head_dim, 3, **factory)
+        self.align = Softmax()
+
+    @classmethod
+    def example(cls):
+        q, k, v = (example_tensor(2, 2, 12, 4, seed=s) for s in (40, 41, 42))
+        mask = torch.arange(12)[None, :] < torch.tensor([12, 9])[:, None]
+        module = cls(
+            4, compress_block=4, compress_stride=2, select_block=4, num_selected=2, window=3
+        )
+        return module, (q, k, v), {"mask": mask[:, None, None, :].expand(2, 2, 1, 12)}
+
+    def taxonomy_tags(self) -> list:
+        return [tx.Scoring.SCALED_MULTIPLICATIVE, tx.AlignmentKind.SPARSE]
+
+    def forward(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        *,
+        mask: Tensor | None = None,
+        bias: Tensor | None = None,
+        need_weights: bool = False,
+        q_offset: int = 0,
+    ) -> HeadOutput:
+        out = self.branches(
+            q, k, v, mask=mask, bias=bias, q_offset=q_offset, token_weights=need_weights
+        )
+        return HeadOutput(out.context, out.selected_weights if need_weights else None)
+
+    def branches(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        *,
+        mask: Tensor | None = None,
+        bias: Tensor | None = None,
+        q_offset: int = 0,
+        token_weights: bool = True,
+    ) -> NSABranches:
+        """Every branch, its gate and its weights (:class:`NSABranches`); ``token_weights``
+        False leaves the dense (…, M, N) token weights out unless someone listens."""
+        if bias is not None:
+            raise ValueError(
+                "NativeSparseAttention takes no bias: its compressed branch scores blocks, not "
+                "keys, so an additive (…, M, N) bias has no place there; use a position scheme "
+                "that rotates q and k (rope) or none"
+            )
+        lead = check_head_inputs(q, k, v, mask, None, "NativeSparseAttention")
+        arguments.nonnegative_int(q_offset, "q_offset")
+        if q.shape[-1] != self.head_dim or v.shape[-1] != self.value_dim:
+            raise ValueError(
+                f"NativeSparseAttention(head_dim={self.head_dim}, value_dim={self.value_dim}) "
+                f"got q {tuple(q.shape)} and v {tuple(v.shape)}"
+            )
+        if self.group_size > 1 and (len(lead) < 1 or lead[-1] % self.group_size):
+            raise ValueError(
+                f"group_size={self.group_size} shares the selection among heads at dim -3, "
+                f"which needs H divisible by it; got q {tuple(q.shape)}"
+            )
+        m, n = q.shape[-2], k.shape[-2]
+        q, k, v = (x.broadcast_to(*lead, *x.shape[-2:]) for x in (q, k, v))
+        rows = row_mask(mask, lead, m, n)
+        pos = query_positions(m, q_offset, q.device)  # (M,)
+        k, v = sanitize(k, v, rows, q_offset + m - 1)
+        scale = 1.0 / math.sqrt(self.head_dim)
+        listening = hooks.listening()
+
+        o_cmp, p_cmp = self._compressed(q, k, v, rows, pos, scale)
+        blocks, available, o_slc, w_slc, idx_slc = self._selected(q, k, v, rows, pos, p_cmp, scale)
+        o_win, w_win, idx_win = self._window(q, k, v, rows, pos, scale)
+        gates = torch.sigmoid(self.gate(q))  # (*lead, M, 3)
+        context = gates[..., 0:1] * o_cmp + gates[..., 1:2] * o_slc + gates[..., 2:3] * o_win
+
+        dense_slc = dense_win = None
+        if token_weights or listening:
+            dense_slc = _scatter(w_slc, idx_slc, n)
+            dense_win = _scatter(w_win, idx_win, n)
+        hooks.report(self, p_cmp, "compressed")
+        hooks.report(self, dense_slc, "selected")
+        hooks.report(self, dense_win, "window")
+        return NSABranches(
+            context, o_cmp, o_slc, o_win, gates, p_cmp, blocks, available, dense_slc, dense_win
+        )
+
+    # ---- branches ----------------------------------------------------------------------------
+
+    def _compressed(self, q, k, v, rows, pos, scale) -> tuple[Tensor, Tensor]:
+        """NSA eqs. 7-8: attention over the compressed blocks each query has wholly seen."""
+        n, l, s = k.shape[-2], self.compress_block, self.compress_stride
+        lead, m = q.shape[:-2], q.shape[-2]
+        count = (n - l) // s + 1 if n >= l else 0
+        if count == 0:
+            return q.new_zeros(*lead, m, self.value_dim), q.new_zeros(*lead, m, 0)
+        starts = torch.arange(count, device=q.device) * s
+        seen = (starts + l - 1)[None, :] <= pos[:, None]  # (M, count) causal
+        if rows is not None:  # every key of the block may be attended by the row
+            seen = seen & rows.unfold(-1, l, s).all(-1)
+        kc = self.compress_key(k.unfold(-2, l, s).transpose(-1, -2))  # (*lead, count, d)
+        vc = self.compress_value(v.unfold(-2, l, s).transpose(-1, -2))
+        used = seen.broadcast_to(*lead, m, count).any(-2)[..., None]
+        kc, vc = kc.where(used, 0.0), vc.where(used, 0.0)
+        e = torch.matmul(q, kc.transpose(-1, -2)) * scale
+        p = self.align(e, seen).weights
+        return torch.matmul(p, vc), p
+
+    def _selected(self, q, k, v, rows, pos, p_cmp, scale):
+        """NSA eqs. 9-12: the top blocks by compressed attention, attended at token level."""
+        n, lb = k.shape[-2], self.select_block
+        count = -(-n // lb)
+        j = torch.arange(count, device=q.device)
+        # eq. 9: a selection block gathers the compressed weight of the blocks it overlaps
+        starts = torch.arange(p_cmp.shape[-1], device=q.device) * self.compress_stride
+        overlap = (starts[:, None] <= (j + 1)[None, :] * lb - 1) & (
+            starts[:, None] + self.compress_block - 1 >= (j * lb)[None, :]
+        )
+        importance = torch.matmul(p_cmp, overlap.to(p_cmp.dtype))  # (*lead, M, count)
+        if self.group_size > 1:
+            importance = group_sum(importance, self.group_size)  # eq. 10
+        current = pos // lb  # (M,)
+        forced = (j[None, :] < self.num_initial) | (
+            (j[None, :] <= current[:, None]) & (j[None, :] > current[:, None] - self.num_local)
+        )
+        has_key = (j * lb)[None, :] <= pos[:, None]  # (M, count) causal: the block's first key
+        if rows is not None:
+            padded = torch.nn.functional.pad(rows, (0, count * lb - n), value=False)
+            has_key = has_key & padded.unflatten(-1, (count, lb)).any(-1)
+        inf = torch.tensor(float("inf"), dtype=importance.dtype, device=q.device)
+        rank = torch.where(forced, inf, importance).where(has_key, -inf)  # eq. 11
+        blocks, available = top_indices(rank, self.num_selected)
+        index = (blocks[..., None] * lb + torch.arange(lb, device=q.device)).flatten(-2)
+        ok = (index < n) & available.repeat_interleave(lb, -1) & (index <= pos[:, None])
+        index = index.clamp_max(n - 1)
+        o, w = self._attend(q, k, v, rows, index, ok, scale)
+        return blocks, available, o, w, index
+
+    def _window(self, q, k, v, rows, pos, scale):
+        """NSA's sliding-window branch: keys p_t − w + 1 … p_t."""
+        n = k.shape[-2]
+        index = pos[:, None] - self.window + 1 + torch.arange(self.window, device=q.device)
+        ok = (index >= 0) & (index < n)
+        index = index.clamp(0, n - 1).broadcast_to(*q.shape[:-2], *index.shape)
+        o, w = self._attend(q, k, v, rows, index, ok, scale)
+        return o, w, index
+
+    def _attend(self, q, k, v, rows, index, ok, scale) -> tuple[Tensor, Tensor]:
+        """Softmax attention of each query over its own gathered keys ``index`` (*lead, M, T)
+        where ``ok``."""
+        lead = q.shape[:-2]
+        index = index.broadcast_to(*lead, *index.shape[-2:])
+        ok = ok.broadcast_to(index.shape)
+        if rows is not None:
+            ok = ok & gather_mask(rows, index)
+        kg, vg = gather_keys(k, index), gather_keys(v, index)  # (*lead, M, T, d)
+        kg, vg = kg.where(ok[..., None], 0.0), vg.where(ok[..., None], 0.0)
+        e = (q.unsqueeze(-2) * kg).sum(-1) * scale
+        w = self.align(e, ok).weights
+        return (w.unsqueeze(-1) * vg).sum(-2), w
+
+    def extra_repr(self) -> str:
+        return (
+            f"head_dim={self.head_dim}, compress_block={self.compress_block}, "
+            f"compress_stride={self.compress_stride}, select_block={self.select_block}, "
+            f"num_selected={self.num_selected}, window={self.window}, "
+            f"group_size={self.group_size}"
+        )

@@ -1,0 +1,166 @@
+"""DeepSeek Sparse Attention against a float64 loop from the V3.2 equations (eq. 1: the lightning
+indexer; eq. 2: attention over the top-k keys), full causal attention when k ≥ N, and the
+indexer's KL training signal."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import attnkit as ak
+from attnkit.kv_cache import LayerCache
+from attnkit.sparse_trainable import DeepSeekSparseAttention
+
+
+def _inputs(b=2, h=2, m=9, n=9, d=4, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(b, h, length, d, generator=g, dtype=torch.float64) for length in (m, n, n)]
+
+
+def _index_loop(module, q, k):
+    """I_{t,s} = Σ_j w_{t,j} ReLU(q^I_{t,j} · k^I_s) (eq. 1), one term at a time."""
+    ix = module.indexer
+    wq, wk, ww = ix.query.weight, ix.key.weight, ix.weight.weight
+    dh = ix.head_dim
+    out = torch.zeros(q.shape[-2], k.shape[-2], dtype=q.dtype)
+    for t in range(q.shape[-2]):
+        for s in range(k.shape[-2]):
+            ks = wk @ k[s]
+            total = 0.0
+            for j in range(ix.heads):
+                qj = wq[j * dh : (j + 1) * dh] @ q[t]
+                total = total + (ww[j] @ q[t]) * torch.relu(qj @ ks)
+            out[t, s] = total
+    return out
+
+
+def _reference(module, q, k, v, keep, q_offset=0):
+    b_, h_, m, d = q.shape
+    out = torch.zeros(b_, h_, m, v.shape[-1], dtype=q.dtype)
+    g = module.group_size
+    for b in range(b_):
+        index = [_index_loop(module, q[b, h], k[b, h]).detach() for h in range(h_)]
+        for h in range(h_):
+            shared = sum(index[hh] for hh in range(h - h % g, h - h % g + g))
+            for t in range(m):
+                allowed = [s for s in range(k.shape[-2]) if s <= q_offset + t and keep[b, h, t, s]]
+                ranked = sorted(allowed, key=lambda s: -float(shared[t, s]))  # ties: by index
+                keys = sorted(ranked[: module.top_k])
+                if keys:
+                    a = torch.softmax(k[b, h, keys] @ q[b, h, t] / math.sqrt(d), 0)
+                    out[b, h, t] = a @ v[b, h, keys]
+    return out
+
+
+@pytest.mark.parametrize("group_size, q_offset, m", [(1, 0, 9), (2, 0, 9), (1, 4, 5)])
+def test_matches_the_loop_from_the_equations(group_size, q_offset, m):
+    torch.manual_seed(3)
+    module = DeepSeekSparseAttention(
+        4, top_k=3, indexer_heads=2, indexer_dim=3, group_size=group_size
+    ).double()
+    n = q_offset + m
+    q, k, v = (x.requires_grad_() for x in _inputs(m=m, n=n))
+    pad = (torch.arange(n)[None, :] < torch.tensor([n, n - 3])[:, None])[:, None, None, :]
+    out = module(q, k, v, mask=pad, q_offset=q_offset).context
+    ref = _reference(module, q, k, v, pad.expand(2, 2, m, n), q_offset)
+    print(f"DSA vs loop: max abs diff {float((out - ref).detach().abs().max()):.2e}")
+    torch.testing.assert_close(out, ref, atol=1e-12, rtol=1e-10)
+    r = torch.randn(out.shape, dtype=out.dtype, generator=torch.Generator().manual_seed(4))
+    got = torch.autograd.grad((out * r).sum(), (q, k, v))
+    want = torch.autograd.grad((ref * r).sum(), (q, k, v))
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-12, rtol=1e-10)
+
+
+def test_index_scores_are_eq_1():
+    torch.manual_seed(0)
+    module = DeepSeekSparseAttention(4, indexer_heads=3, indexer_dim=2).double()
+    q, k, _ = _inputs(b=1, h=1, m=5, n=6)
+    torch.testing.assert_close(
+        module.index_scores(q, k)[0, 0], _index_loop(module, q[0, 0], k[0, 0]).detach()
+    )
+
+
+@pytest.mark.parametrize("top_k", [9, 50])
+def test_top_k_at_least_n_is_full_causal_attention(top_k):
+    torch.manual_seed(0)
+    module = DeepSeekSparseAttention(4, top_k=top_k).double()
+    q, k, v = _inputs()
+    pad = ak.masks.from_lengths(torch.tensor([9, 6]), 9)[:, None]  # (B, 1, 1, N)
+    full = ak.attention(q, k, v, mask=pad & ak.masks.causal(9), kernel="dense").context
+    out = module(q, k, v, mask=pad).context
+    print(f"DSA (k >= N) vs full causal attention: {float((out - full).abs().max()):.2e}")
+    torch.testing.assert_close(out, full, atol=1e-12, rtol=1e-10)
+
+
+def test_the_indexer_learns_the_kl_to_the_main_attention_and_nothing_else_changes():
+    """The indexer's gradient is λ·∂L^I/∂θ with L^I = mean_t KL(p_t ‖ softmax(I_t)) over the
+    selected keys, written out here; q, k, v receive exactly the sparse attention's gradient."""
+    torch.manual_seed(0)
+    module = DeepSeekSparseAttention(4, top_k=4, indexer_heads=2, indexer_dim=3,
+                                     indexer_loss_weight=0.5).double()  # fmt: skip
+    q, k, v = (x.requires_grad_() for x in _inputs(b=1, h=2, m=8, n=8))
+    out = module(q, k, v, need_weights=True)
+    (out.context * 0).sum().backward()  # no gradient from the output: only the indexer's loss
+    got = [p.grad.clone() for p in module.indexer.parameters()]
+    assert all(g.abs().sum() > 0 for g in got)
+    assert not q.grad.any() and not k.grad.any() and not v.grad.any()
+
+    w = out.weights.detach()  # (1, 2, 8, 8) dense main weights, 0 off the selection
+    index = module.index_scores(q, k)
+    loss, rows = 0.0, 0
+    for h in range(2):
+        for t in range(8):
+            sel = w[0, h, t] > 0
+            log_q = torch.log_softmax(index[0, h, t][sel], 0)
+            p = w[0, h, t][sel]
+            loss = loss + (p * (p.log() - log_q)).sum()
+            rows += 1
+    want = torch.autograd.grad(0.5 * loss / rows, list(module.indexer.parameters()))
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-12, rtol=1e-10)
+
+    quiet = DeepSeekSparseAttention(4, top_k=4, indexer_heads=2, indexer_dim=3,
+                                    indexer_loss_weight=0.0).double()  # fmt: skip
+    quiet.load_state_dict(module.state_dict())
+    r = torch.randn(1, 2, 8, 4, dtype=torch.float64)
+    for part in (module, quiet):
+        for x in (q, k, v):
+            x.grad = None
+        (part(q, k, v).context * r).sum().backward()
+        grads = [x.grad.clone() for x in (q, k, v)]
+        if part is module:
+            first = grads
+    for a, b in zip(first, grads, strict=True):
+        torch.testing.assert_close(a, b, atol=0, rtol=0)
+
+
+def test_indexer_loss_function_matches_the_formula():
+    scores = torch.tensor([[1.0, 2.0, 0.5]], dtype=torch.float64)
+    p = torch.tensor([[0.2, 0.8, 0.0]], dtype=torch.float64)
+    ok = torch.tensor([[True, True, False]])
+    q = torch.softmax(scores[0, :2], 0)
+    want = (p[0, :2] * (p[0, :2] / q).log()).sum()
+    torch.testing.assert_close(ak.sparse_trainable.dsa.indexer_loss(scores, p, ok), want)
+
+
+def test_decoding_with_a_cache_equals_the_causal_pass():
+    torch.manual_seed(0)
+    mha = ak.MultiHeadAttention(8, 2, attention=DeepSeekSparseAttention(4, top_k=3))
+    mha = mha.double().eval()
+    x = torch.randn(2, 8, 8, dtype=torch.float64)
+    cache = LayerCache()
+    steps = torch.cat([mha(x[:, i : i + 1], cache=cache).context for i in range(8)], 1)
+    torch.testing.assert_close(steps, mha(x).context, atol=1e-12, rtol=1e-10)
+
+
+def test_refusals_name_the_argument():
+    with pytest.raises(ValueError, match="indexer_loss_weight must be >= 0"):
+        DeepSeekSparseAttention(4, indexer_loss_weight=-1.0)
+    with pytest.raises(ValueError, match="top_k"):
+        DeepSeekSparseAttention(4, top_k=0)
+    q = torch.randn(1, 3, 5, 4)
+    with pytest.raises(ValueError, match="group_size=2"):
+        DeepSeekSparseAttention(4, group_size=2)(q, q, q)
