@@ -82,7 +82,11 @@ def _params(test):
 
 
 def _is_causal(name):
-    return name in CAUSAL
+    # in CAUSAL, or a registered part that is causal by construction (a class attribute)
+    if name in CAUSAL:
+        return True
+    cls = ak.mechanisms.REGISTRY.get(name) if name in ak.mechanisms.available() else None
+    return getattr(cls, "causal", False) is True
 
 
 def _mha(name, position=None, dtype=torch.float64, seed=0):

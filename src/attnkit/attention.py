@@ -15,7 +15,7 @@ from torch import Tensor, nn
 from attnkit import checks, hooks, kernels
 from attnkit.alignments import Alignment
 from attnkit.kernels.base import Call
-from attnkit.kernels.block_mask import BlockMask, ScoreMod
+from attnkit.kernels.block_mask import BlockMask, ScoreMod, from_dense_auto
 from attnkit.kernels.chunked import DENSE_LIMIT
 from attnkit.output import AttentionOutput
 from attnkit.scores import Score
@@ -89,6 +89,11 @@ def attention(
         score_mod: ``score_mod(e, b, h, q_idx, kv_idx) -> e'`` applied to the scores (after the
             bias), differentiable; e.g. a relative-position bias or soft-capping.
 
+    A dense boolean ``mask`` (…, M, N) on the CPU whose 128 × 128 tiles are mostly empty (at
+    most 40 % hold an allowed pair, at least 8 tiles a side) is evaluated as a block mask when no
+    kernel is forced and no weights are requested: the chunked kernel then skips its empty tiles
+    (same result; see :func:`attnkit.kernels.block_mask.from_dense_auto`).
+
     Returns:
         :class:`AttentionOutput` (context, weights, scores, log_prob). Weights from the chunked
         kernel are recomputed block by block and carry no gradient.
@@ -131,7 +136,32 @@ def attention(
         block_mask=block_mask,
         score_mod=score_mod,
     )
-    return kernels.select(call, kernel).attend(_without_dead_keys(call))
+    call = _without_dead_keys(call)
+    if kernel is None:
+        call = _block_sparse(call)
+    return kernels.select(call, kernel).attend(call)
+
+
+def _block_sparse(call: Call) -> Call:
+    """The call with its dense mask as a block mask, when most of the mask's tiles are empty
+    (:func:`attnkit.kernels.block_mask.from_dense_auto`) and the chunked kernel evaluates the call
+    as it is (no weights asked for: the chunked kernel's weights carry no gradient). The result
+    equals the dense masked result; the cost follows the share of tiles holding an allowed pair."""
+    if (
+        call.mask is None
+        or call.block_mask is not None
+        or call.chunk_size is not None
+        or call.need_weights
+        or torch.compiler.is_compiling()
+    ):
+        return call
+    chunked = kernels.get("chunked")
+    if chunked.reasons_not_supported(call):
+        return call
+    block_mask = from_dense_auto(call.mask, call.shape)
+    if block_mask is None:
+        return call
+    return dataclasses.replace(call, mask=None, block_mask=block_mask)
 
 
 class Attention(nn.Module):
@@ -147,13 +177,17 @@ class Attention(nn.Module):
         dropout: dropout on the weights in training mode.
 
     ``forward(q, k, v=None, *, mask=None, bias=None, need_weights=False, chunk_size=None,
-    kernel=None)``
+    kernel=None, block_mask=None, score_mod=None)``
     returns an :class:`AttentionOutput`; see :func:`attention`.
     """
 
     # Every query attends over the keys it is given; MultiHeadAttention also checks the score
     # and the alignment (one that mixes keys or reads query positions may still refuse).
     decodes_with_cache: ClassVar[bool] = True
+    # Scores exist as a (…, M, N) matrix: a block mask restricts them tile by tile and a
+    # score_mod rewrites them (the layers read these and refuse parts that lack them).
+    accepts_block_mask: ClassVar[bool] = True
+    accepts_score_mod: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -190,6 +224,8 @@ class Attention(nn.Module):
         need_weights: bool = False,
         chunk_size: int | None = None,
         kernel: str | None = None,
+        block_mask: BlockMask | None = None,
+        score_mod: ScoreMod | None = None,
     ) -> AttentionOutput:
         out = attention(
             q,
@@ -203,6 +239,8 @@ class Attention(nn.Module):
             chunk_size=chunk_size,
             dropout=self.dropout if self.training else 0.0,
             kernel=kernel,
+            block_mask=block_mask,
+            score_mod=score_mod,
         )
         hooks.report(self, out.weights)
         return out

@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from attnkit.kernels.block_mask import BlockMask, ScoreMod
 from attnkit.kv_cache import KVCache
 from attnkit.multihead import MultiHeadAttention
 from attnkit.transformer import TransformerDecoder, TransformerEncoder
@@ -27,7 +28,9 @@ class Transformer(nn.Module):
             which always has one).
         layer: keyword arguments of every layer (``score``, ``align``, ``dropout``,
             ``norm_first``, ``activation``, ``num_kv_heads``, ``head_dim``, ``position``,
-            ``device``, ``dtype``; see :class:`attnkit.transformer.TransformerEncoderLayer`).
+            ``pattern``, ``score_mod``, ``device``, ``dtype``; see
+            :class:`attnkit.transformer.TransformerEncoderLayer`). A ``pattern`` or
+            ``score_mod`` given here applies to the self-attention of both stacks.
     """
 
     def __init__(
@@ -57,19 +60,40 @@ class Transformer(nn.Module):
         src_mask: Tensor | None = None,
         tgt_mask: Tensor | None = None,
         memory_mask: Tensor | None = None,
+        src_block_mask: BlockMask | None = None,
+        tgt_block_mask: BlockMask | None = None,
+        src_score_mod: ScoreMod | None = None,
+        tgt_score_mod: ScoreMod | None = None,
     ) -> Tensor:
         """src (B, N, d_model), tgt (B, M, d_model) -> (B, M, d_model). Masks are boolean,
         True = may attend (attnkit's convention; the opposite of torch's padding masks):
         ``src_mask`` (B, 1, N) from :func:`attnkit.masks.from_lengths` or (B, N, N);
         ``tgt_mask`` (B, 1, M) for target padding or (B, M, M), combined with the causal mask;
         ``memory_mask`` (B, 1, N) or (B, M, N) for the cross-attention — pass the source's
-        padding mask here too (as torch's ``memory_key_padding_mask``)."""
-        memory = self.encode(src, src_mask)
-        return self.decode(tgt, memory, tgt_mask=tgt_mask, memory_mask=memory_mask)
+        padding mask here too (as torch's ``memory_key_padding_mask``). ``src_block_mask`` /
+        ``src_score_mod`` reach the encoder's self-attention, ``tgt_block_mask`` /
+        ``tgt_score_mod`` the decoder's (see :meth:`attnkit.MultiHeadAttention.forward`)."""
+        memory = self.encode(src, src_mask, block_mask=src_block_mask, score_mod=src_score_mod)
+        return self.decode(
+            tgt,
+            memory,
+            tgt_mask=tgt_mask,
+            memory_mask=memory_mask,
+            block_mask=tgt_block_mask,
+            score_mod=tgt_score_mod,
+        )
 
-    def encode(self, src: Tensor, src_mask: Tensor | None = None) -> Tensor:
-        """The encoder output (memory), (B, N, d_model)."""
-        return self.encoder(src, src_mask)
+    def encode(
+        self,
+        src: Tensor,
+        src_mask: Tensor | None = None,
+        *,
+        block_mask: BlockMask | None = None,
+        score_mod: ScoreMod | None = None,
+    ) -> Tensor:
+        """The encoder output (memory), (B, N, d_model); ``block_mask`` and ``score_mod`` reach
+        every encoder layer's self-attention."""
+        return self.encoder(src, src_mask, block_mask=block_mask, score_mod=score_mod)
 
     def decode(
         self,
@@ -79,10 +103,21 @@ class Transformer(nn.Module):
         tgt_mask: Tensor | None = None,
         memory_mask: Tensor | None = None,
         cache: KVCache | None = None,
+        block_mask: BlockMask | None = None,
+        score_mod: ScoreMod | None = None,
     ) -> Tensor:
         """The decoder over ``tgt`` given the encoder output; with ``cache`` (from
-        ``model.decoder.new_cache()``) ``tgt`` holds only the new target positions."""
-        return self.decoder(tgt, memory, mask=tgt_mask, memory_mask=memory_mask, cache=cache)
+        ``model.decoder.new_cache()``) ``tgt`` holds only the new target positions.
+        ``block_mask`` and ``score_mod`` reach every decoder layer's self-attention."""
+        return self.decoder(
+            tgt,
+            memory,
+            mask=tgt_mask,
+            memory_mask=memory_mask,
+            cache=cache,
+            block_mask=block_mask,
+            score_mod=score_mod,
+        )
 
     @classmethod
     def from_torch(cls, module: nn.Transformer) -> Transformer:

@@ -6,10 +6,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnkit import arguments, checks, inputs, masks, slots
+from attnkit import arguments, checks, inputs, layer_patterns, masks, slots
 from attnkit import taxonomy as tx
 from attnkit.alignments import Alignment
 from attnkit.attention import Attention
+from attnkit.kernels.block_mask import BlockMask, MaskMod, ScoreMod
 from attnkit.kv_cache import LayerCache, MemoryCache
 from attnkit.output import AttentionOutput
 from attnkit.positions import PositionScheme
@@ -42,6 +43,14 @@ class MultiHeadAttention(nn.Module):
         kdim, vdim: key and value sizes (default E).
         bias: biases in the input and output projections.
         dropout: dropout on the weights in training mode.
+        pattern: a sparse attention pattern, a mask function from :mod:`attnkit.patterns`
+            (``sliding_window``, ``longformer``, ``bigbird``, ``strided``, ...), the same for
+            every batch entry and head. Each call attends through its block mask over (M, N),
+            built once per length (:mod:`attnkit.layer_patterns`), so the cost follows the
+            pattern's density; with a KV cache the step's rows of the pattern are used.
+        score_mod: ``score_mod(e, b, h, q_idx, kv_idx) -> e'`` applied to every call's per-head
+            scores (B, H, M, N): h is the head, q_idx counts cached positions when decoding
+            (e.g. ALiBi-style biases or soft-capping); an ``nn.Module`` is a submodule.
         device, dtype: where and in which dtype the parameters are made, those of every part
             built from a name (score, alignment, position scheme) included; modules passed in
             are used as they are.
@@ -72,6 +81,8 @@ class MultiHeadAttention(nn.Module):
         head_dim: int | None = None,
         attention: nn.Module | None = None,
         position: str | PositionScheme | None = None,
+        pattern: MaskMod | None = None,
+        score_mod: ScoreMod | None = None,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
@@ -129,6 +140,17 @@ class MultiHeadAttention(nn.Module):
         self.position = slots.position_scheme(
             position, head_dim=self.head_dim, num_heads=self.num_heads, **kw
         )
+        for name, given in (("pattern", pattern), ("score_mod", score_mod)):
+            if given is not None and not callable(given):
+                raise TypeError(f"{name} must be callable or None, got {type(given).__name__}")
+        layer_patterns.check_part(
+            self.attention,
+            block_mask=pattern is not None,
+            score_mod=score_mod is not None,
+            what="MultiHeadAttention",
+        )
+        self.pattern = pattern
+        self.score_mod = score_mod
 
     @property
     def score(self) -> Score | None:
@@ -201,6 +223,8 @@ class MultiHeadAttention(nn.Module):
         need_weights: bool = False,
         cache: LayerCache | None = None,
         memory_cache: MemoryCache | None = None,
+        block_mask: BlockMask | None = None,
+        score_mod: ScoreMod | None = None,
     ) -> AttentionOutput:
         """Multi-head attention; key defaults to query and value to key (self-attention).
 
@@ -223,6 +247,13 @@ class MultiHeadAttention(nn.Module):
                 memory (a decoder's cross-attention): the key and value projections are made on
                 the first call and reused while ``key`` and ``value`` are the same tensors (other
                 tensors are refused). Not with ``cache``; it too belongs to one layer.
+            block_mask: a :class:`attnkit.kernels.BlockMask` over (M, N) (e.g.
+                :func:`attnkit.patterns.block_mask`), combined with ``mask``: the chunked kernel
+                skips the tiles it leaves empty. Built without ``batch``/``heads`` it is the same
+                for every head; with ``batch=B, heads=H`` its b and h are the batch and head.
+                Not with ``cache`` (use the constructor's ``pattern``).
+            score_mod: ``score_mod(e, b, h, q_idx, kv_idx) -> e'`` on the per-head scores
+                (B, H, M, N), after the layer's own ``score_mod``; q_idx counts cached positions.
         """
         key = query if key is None else key
         value = key if value is None else value
@@ -265,6 +296,16 @@ class MultiHeadAttention(nn.Module):
                 "broadcast"
             ) from None
         checks.part_matches(self, "MultiHeadAttention", "query", query)
+        cached = 0 if cache is None else len(cache)
+        layer_patterns.check_call(
+            block_mask, score_mod, query, cached=cached, has_pattern=self.pattern is not None
+        )
+        layer_patterns.check_part(
+            self.attention,
+            block_mask=block_mask is not None,
+            score_mod=score_mod is not None,
+            what="MultiHeadAttention.forward",
+        )
         if query.dim() == 2:  # unbatched: the per-head parts take (B, …, H, L, d)
             unbatched = [None if t is None else t.unsqueeze(0) for t in (mask, bias)]
             out = self(
@@ -276,6 +317,8 @@ class MultiHeadAttention(nn.Module):
                 need_weights=need_weights,
                 cache=cache,
                 memory_cache=memory_cache,
+                block_mask=block_mask,
+                score_mod=score_mod,
             )
             return AttentionOutput(*(None if t is None else t.squeeze(0) for t in out))
         if mask is not None and mask.dim() > query.dim() + 1:
@@ -283,7 +326,7 @@ class MultiHeadAttention(nn.Module):
                 f"mask of shape {tuple(mask.shape)} has too many dims for query "
                 f"{tuple(query.shape)}: use (…, M, N) or (…, H, M, N)"
             )
-        offset = 0 if cache is None else len(cache)
+        offset = cached
         if cache is not None:
             self._check_cacheable()
             if memory_cache is not None:
@@ -315,6 +358,18 @@ class MultiHeadAttention(nn.Module):
             bias = position_bias if bias is None else bias + position_bias
         value_term = positioned.values  # a scheme acting on the values needs the weights
         mask = self._per_head(mask, query)
+        mask, sparse = layer_patterns.arguments(
+            self.pattern,
+            self.score_mod,
+            block_mask,
+            score_mod,
+            mask,
+            q.shape[-2],
+            k.shape[-2],
+            offset=offset,
+            decoding=cache is not None,
+            device=q.device,
+        )
         if mask is not None and key is query and getattr(self.attention, "mixes_queries", False):
             mask = _pad_queries(mask, query.shape[-2])
         out = self.attention(
@@ -326,6 +381,7 @@ class MultiHeadAttention(nn.Module):
             need_weights=need_weights or value_term is not None,
             **({"q_offset": offset} if getattr(self.attention, "takes_q_offset", False) else {}),
             **({"cache": cache} if getattr(self.attention, "takes_cache", False) else {}),
+            **sparse,
         )
         if value_term is not None:
             if out.weights is None:

@@ -12,6 +12,7 @@ from torch import Tensor, nn
 
 from attnkit import arguments, masks
 from attnkit import taxonomy as tx
+from attnkit.kernels.block_mask import BlockMask, MaskMod, ScoreMod
 from attnkit.kv_cache import KVCache, LayerCache
 from attnkit.multihead import MultiHeadAttention
 from attnkit.positions import PositionScheme
@@ -71,6 +72,8 @@ class _Block(nn.Module):
         head_dim: int | None = None,
         attention: nn.Module | None = None,
         position: str | PositionScheme | None = None,
+        pattern: MaskMod | None = None,
+        score_mod: ScoreMod | None = None,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
@@ -80,7 +83,12 @@ class _Block(nn.Module):
         arguments.probability(dropout, "dropout")
         self.norm_first = arguments.boolean(norm_first, "norm_first")
         kw = {"device": device, "dtype": dtype}
-        slots = {"attention": attention, "position": position}
+        slots = {
+            "attention": attention,
+            "position": position,
+            "pattern": pattern,
+            "score_mod": score_mod,
+        }
         sizes = {"num_kv_heads": num_kv_heads, "head_dim": head_dim}
         self.self_attention = _heads(
             d_model, heads, score, align, dropout, "self-attentive", **sizes, **slots, **kw
@@ -112,16 +120,32 @@ class TransformerEncoderLayer(_Block):
     ``device`` and ``dtype`` are the parameters'. The self-attention's slots (DESIGN 7):
     ``attention``, a per-head attention part used instead of score/align, and ``position``, a
     position scheme (a registered name or a :class:`attnkit.positions.PositionScheme`).
+    ``pattern``: a sparse pattern of the self-attention (a mask function from
+    :mod:`attnkit.patterns`: ``longformer``, ``bigbird``, ``strided``, ``sliding_window``, ...),
+    evaluated block-sparsely so that the cost follows its density; ``score_mod``: applied to the
+    self-attention's per-head scores (see :class:`attnkit.MultiHeadAttention`).
     """
 
     def _build(self, d_model: int, heads: int, score: Any, align: Any, dropout: float, kw) -> None:
         kw = {"device": kw["device"], "dtype": kw["dtype"]}
         self.norm1, self.norm2 = nn.LayerNorm(d_model, **kw), nn.LayerNorm(d_model, **kw)
 
-    def forward(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
+    def forward(
+        self,
+        x: Tensor,
+        mask: Tensor | None = None,
+        *,
+        block_mask: BlockMask | None = None,
+        score_mod: ScoreMod | None = None,
+    ) -> Tensor:
         """x (B, N, d_model); mask as :meth:`attnkit.MultiHeadAttention.forward`: (B, 1, N) from
-        :func:`attnkit.masks.from_lengths`, (B, N, N) or (N, N); True = may attend."""
-        x = self._sublayer(x, self.norm1, lambda y: self.self_attention(y, mask=mask).context)
+        :func:`attnkit.masks.from_lengths`, (B, N, N) or (N, N); True = may attend.
+        ``block_mask`` (over N × N) and ``score_mod`` reach the self-attention (see
+        :meth:`attnkit.MultiHeadAttention.forward`)."""
+        sparse = {"block_mask": block_mask, "score_mod": score_mod}
+        x = self._sublayer(
+            x, self.norm1, lambda y: self.self_attention(y, mask=mask, **sparse).context
+        )
         return self._sublayer(x, self.norm2, self.ff)
 
 
@@ -165,6 +189,8 @@ class TransformerDecoderLayer(_Block):
         memory_mask: Tensor | None = None,
         causal: bool = True,
         cache: LayerCache | None = None,
+        block_mask: BlockMask | None = None,
+        score_mod: ScoreMod | None = None,
     ) -> Tensor:
         """Args:
         x: (B, M, d_model) decoder states.
@@ -178,6 +204,10 @@ class TransformerDecoderLayer(_Block):
             holds the new positions only, placed after the cached ones. The cross-attention's
             projections of ``memory`` are kept in ``cache.memory`` on the first step; pass the
             same memory tensor at every step.
+        block_mask, score_mod: the self-attention's (see
+            :meth:`attnkit.MultiHeadAttention.forward`); the causal mask still applies, so a
+            causal block mask (e.g. of ``patterns.sliding_window(w, causal=True)``) lets the
+            tiles above the diagonal be skipped.
         """
         arguments.boolean(causal, "causal")
         n = x.shape[-2] + (0 if cache is None else len(cache))
@@ -186,7 +216,11 @@ class TransformerDecoderLayer(_Block):
         x = self._sublayer(
             x,
             self.norms[0],
-            lambda y: self.self_attention(y, mask=self_mask, cache=cache).context,
+            lambda y: (
+                self.self_attention(
+                    y, mask=self_mask, cache=cache, block_mask=block_mask, score_mod=score_mod
+                ).context
+            ),
         )
         if self.cross_attention is None:
             if memory is not None or memory_mask is not None:
@@ -218,10 +252,12 @@ def _final_norm(final_norm: bool | None, d_model: int, layer: dict) -> nn.LayerN
 class TransformerEncoder(nn.Module):
     """A stack of ``layers`` ≥ 1 encoder layers; each layer is one hop over the refined
     features. ``layer`` holds :class:`TransformerEncoderLayer`'s keyword arguments (``score``,
-    ``align``, ``dropout``, ``norm_first``, ``position``, ``device``, ``dtype``, ...; an unknown
-    one raises TypeError); a score or alignment given as a module is shared by every layer
-    (give a name for one part per layer). ``final_norm`` adds a LayerNorm after the last layer
-    (default: with ``norm_first=True`` only)."""
+    ``align``, ``dropout``, ``norm_first``, ``position``, ``pattern``, ``score_mod``, ``device``,
+    ``dtype``, ...; an unknown one raises TypeError): e.g.
+    ``TransformerEncoder(2, 64, 4, pattern=attnkit.patterns.bigbird(64, n))`` is a BigBird
+    encoder, ``pattern=patterns.longformer(w)`` a Longformer one; a score or alignment given as
+    a module is shared by every layer (give a name for one part per layer). ``final_norm`` adds
+    a LayerNorm after the last layer (default: with ``norm_first=True`` only)."""
 
     def __init__(
         self,
@@ -243,10 +279,18 @@ class TransformerEncoder(nn.Module):
     def taxonomy_tags(self) -> list:
         return [tx.QueryMultiplicity.MULTI_HOP] if len(self.layers) > 1 else []
 
-    def forward(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
-        """x (B, N, d_model); mask as :meth:`TransformerEncoderLayer.forward`."""
+    def forward(
+        self,
+        x: Tensor,
+        mask: Tensor | None = None,
+        *,
+        block_mask: BlockMask | None = None,
+        score_mod: ScoreMod | None = None,
+    ) -> Tensor:
+        """x (B, N, d_model); mask, block_mask and score_mod as
+        :meth:`TransformerEncoderLayer.forward` (the same for every layer)."""
         for layer in self.layers:
-            x = layer(x, mask)
+            x = layer(x, mask, block_mask=block_mask, score_mod=score_mod)
         return x if self.norm is None else self.norm(x)
 
 
@@ -288,6 +332,8 @@ class TransformerDecoder(nn.Module):
         memory_mask: Tensor | None = None,
         causal: bool = True,
         cache: KVCache | None = None,
+        block_mask: BlockMask | None = None,
+        score_mod: ScoreMod | None = None,
     ) -> Tensor:
         """x (B, M, d_model); the rest as :meth:`TransformerDecoderLayer.forward`, with
         ``cache`` a :class:`attnkit.kv_cache.KVCache` from :meth:`new_cache` (one slot per
@@ -299,5 +345,14 @@ class TransformerDecoder(nn.Module):
             )
         for i, layer in enumerate(self.layers):
             slot = None if cache is None else cache[i]
-            x = layer(x, memory, mask=mask, memory_mask=memory_mask, causal=causal, cache=slot)
+            x = layer(
+                x,
+                memory,
+                mask=mask,
+                memory_mask=memory_mask,
+                causal=causal,
+                cache=slot,
+                block_mask=block_mask,
+                score_mod=score_mod,
+            )
         return x if self.norm is None else self.norm(x)

@@ -16,6 +16,9 @@ DOT_FORM = {
     "cosine": lambda: sc.Cosine(),
     "learned_query": lambda: sc.LearnedQuery(4, scaled=True),
     "hermitian": lambda: sc.Hermitian(4, 3),
+    "directed_hermitian": lambda: sc.DirectedHermitian(4, 3),
+    "decomposable": lambda: sc.Decomposable(4, 4, 3, activation="tanh"),
+    "decomposable_shared": lambda: sc.SharedDecomposable(4, 3, activation="tanh"),
 }
 
 

@@ -24,6 +24,7 @@ from attnkit.efficient.synthesizer import (
     RandomSynthetic,
 )
 from attnkit.features.aggregation import LinearAggregation, NestedPerceptronAggregation
+from attnkit.linear_family import LinearFamilyPart, UnnormalizedWeights
 from attnkit.modern.sinks import SinkSoftmax
 from attnkit.queries.query_types import QueryTagged
 
@@ -38,6 +39,9 @@ NOT_MECHANISMS = {
     "which are registered",
     SinkSoftmax: "an alignment (softmax with a sink logit per head), a part of the registered "
     "sink attention",
+    LinearFamilyPart: "the base of the gated linear-attention parts, which are registered",
+    UnnormalizedWeights: "an alignment (the unnormalised decayed scores), a part of the gated "
+    "linear-attention parts, which are registered",
     EluPlusOne: "a feature map for linear attention, chosen by name through FEATURE_MAPS",
     ReLUFeatures: "a feature map for linear attention, chosen by name through FEATURE_MAPS",
     LinearAggregation: "an aggregation of the affinity matrix, a part of parallel co-attention",

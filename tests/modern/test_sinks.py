@@ -104,6 +104,13 @@ def test_matches_transformers_gpt_oss_attention(layer_type):
     torch.testing.assert_close(
         out.weights.transpose(1, 2)[real], hf_weights.transpose(1, 2)[real], atol=1e-6, rtol=1e-6
     )
+    # with the angles in float64 the two agree to rounding
+    angles = pos[..., None].to(D) * 10000.0 ** -(torch.arange(0, HD, 2, dtype=D) / HD)
+    exact, exact_weights = ref(x, (angles.cos(), angles.sin()), hf_mask)
+    torch.testing.assert_close(out.context[real], exact[real], atol=1e-13, rtol=1e-12)
+    torch.testing.assert_close(
+        out.weights.transpose(1, 2)[real], exact_weights.transpose(1, 2)[real], atol=1e-14, rtol=0
+    )
 
 
 def test_decodes_with_a_kv_cache():

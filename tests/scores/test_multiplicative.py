@@ -6,6 +6,7 @@ import pytest
 import torch
 from helpers import assert_same_forward_backward, rand
 
+import attnkit as ak
 from attnkit import scores as sc
 
 
@@ -97,3 +98,34 @@ def test_dot_form_reproduces_scores(cls):
 def test_dot_needs_equal_sizes():
     with pytest.raises(ValueError, match=r"d_q == d_k.*\(2, 3, 5\).*\(2, 6, 4\)"):
         sc.Dot()(torch.randn(2, 3, 5), torch.randn(2, 6, 4))
+
+
+@pytest.mark.parametrize("cls", [sc.Dot, sc.ScaledDot])
+def test_softcap_is_c_tanh_of_the_scores_and_equals_the_score_mod_form(cls):
+    """Gemma 2's logit soft-capping: e ↦ c·tanh(e / c), written out, and as a score_mod."""
+    q, k = rand(2, 3, 4, 8, seed=1, grad=False) * 4, rand(2, 3, 6, 8, seed=2, grad=False) * 4
+    v = rand(2, 3, 6, 5, seed=3, grad=False)
+    capped = cls(softcap=2.5)
+    plain = q @ k.transpose(-1, -2) / (8**0.5 if cls is sc.ScaledDot else 1.0)
+    torch.testing.assert_close(capped(q, k), 2.5 * torch.tanh(plain / 2.5))
+    assert capped(q, k).abs().max() <= 2.5 < plain.abs().max()
+    pad = ak.masks.from_lengths(torch.tensor([6, 4]), 6)[:, None]
+    out = ak.attention(q, k, v, score=capped, mask=pad).context
+    mod = ak.attention(
+        q, k, v, score=cls(), mask=pad,
+        score_mod=lambda e, b, h, qi, ki: 2.5 * torch.tanh(e / 2.5),
+    ).context  # fmt: skip
+    torch.testing.assert_close(out, mod, atol=1e-12, rtol=1e-12)
+    chunked = ak.attention(q, k, v, score=capped, mask=pad, chunk_size=4).context
+    torch.testing.assert_close(chunked, out)
+
+
+def test_softcap_is_not_a_dot_product_for_sdpa_and_is_checked():
+    assert sc.ScaledDot().dot_product_form and not sc.ScaledDot(softcap=30.0).dot_product_form
+    q = torch.randn(1, 3, 4)
+    with pytest.raises(ValueError, match="sdpa"):
+        ak.attention(q, q, score=sc.ScaledDot(softcap=30.0), kernel="sdpa")
+    with pytest.raises(ValueError, match="softcap must be > 0"):
+        sc.ScaledDot(softcap=0.0)
+    with pytest.raises(TypeError, match="softcap must be a real number"):
+        sc.ScaledDot(softcap="30")

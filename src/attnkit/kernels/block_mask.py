@@ -10,6 +10,8 @@ function only on the partial tiles it visits (forward and backward).
 
 from __future__ import annotations
 
+import dataclasses
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -18,7 +20,15 @@ from torch import Tensor
 
 from attnkit import arguments
 
-__all__ = ["BlockMask", "MaskMod", "ScoreMod", "apply_score_mod"]
+__all__ = [
+    "AUTO_MAX_DENSITY",
+    "AUTO_MIN_BLOCKS",
+    "BlockMask",
+    "MaskMod",
+    "ScoreMod",
+    "apply_score_mod",
+    "from_dense_auto",
+]
 
 MaskMod = Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]
 ScoreMod = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], Tensor]
@@ -26,6 +36,15 @@ ScoreMod = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], Tensor]
 DEFAULT_BLOCK = 128
 # Elements of partial tiles a block mask keeps (bool: bytes), 256 MiB.
 _CACHE_ELEMENTS = 1 << 28
+
+# A dense boolean mask is evaluated block-sparsely (:func:`from_dense_auto`) when at most this
+# share of its DEFAULT_BLOCK × DEFAULT_BLOCK tiles holds an allowed pair (at least 60 % of the
+# tiles empty) and it spans at least AUTO_MIN_BLOCKS blocks each way. Measured on CPU, 1 thread,
+# softmax, d = 64 (benchmarks/RESULTS.md): against SDPA with the same dense mask the chunked
+# kernel breaks even near density 0.45-0.5 at N = 2048 (0.6x the time at density 0.29), and
+# loses below 8 blocks a side, where its per-tile work dominates.
+AUTO_MAX_DENSITY = 0.4
+AUTO_MIN_BLOCKS = 8
 
 
 def _indices(lead: tuple[int, ...], device) -> tuple[Tensor, Tensor]:
@@ -188,26 +207,34 @@ class BlockMask:
         m, n = mask.shape[-2:]
         if m == 0 or n == 0:
             raise ValueError(f"mask has no queries or keys (shape {tuple(mask.shape)})")
+        return cls._from_flags(mask, block_q, block_k)
+
+    @classmethod
+    def _from_flags(cls, mask: Tensor, block_q: int, block_k: int) -> BlockMask:
+        """From a boolean mask (*lead, M, N) in one pass: per row and key tile, the max and the
+        min of the mask (as uint8), then per tile and per row (no padded copy of the mask)."""
+        lead, (m, n) = tuple(mask.shape[:-2]), mask.shape[-2:]
         nq, nk = -(-m // block_q), -(-n // block_k)
-        flat = mask.reshape(-1, m, n)
-        pad_q, pad_k = nq * block_q - m, nk * block_k - n
-        tiles_any = torch.nn.functional.pad(flat, (0, pad_k, 0, pad_q), value=False)
-        tiles_all = torch.nn.functional.pad(flat, (0, pad_k, 0, pad_q), value=True)
-        shape = (flat.shape[0], nq, block_q, nk, block_k)
-        any_allowed = tiles_any.reshape(shape).any(dim=(2, 4)).any(dim=0)
-        all_allowed = tiles_all.reshape(shape).all(dim=(2, 4)).all(dim=0)
-        has_key = mask.any(dim=-1, keepdim=True)
-        return cls(
-            tuple(mask.shape[:-2]),
-            m,
-            n,
-            block_q,
-            block_k,
-            any_allowed,
-            all_allowed,
-            has_key,
-            dense=mask,
-        )
+        u = mask.reshape(-1, m, n).view(torch.uint8)
+        whole = (n // block_k) * block_k
+        hi, lo = [], []
+        if whole:
+            body = u[..., :whole].reshape(u.shape[0], m, whole // block_k, block_k)
+            hi.append(body.amax(-1))
+            lo.append(body.amin(-1))
+        if whole < n:  # a last, narrower key tile
+            tail = u[..., whole:]
+            hi.append(tail.amax(-1, keepdim=True))
+            lo.append(tail.amin(-1, keepdim=True))
+        row_any = torch.cat(hi, -1) if len(hi) > 1 else hi[0]  # (L, M, nk)
+        row_all = torch.cat(lo, -1) if len(lo) > 1 else lo[0]
+        pad = nq * block_q - m  # rows of the last query tile beyond M: no effect
+        any_allowed = torch.nn.functional.pad(row_any, (0, 0, 0, pad), value=0)
+        all_allowed = torch.nn.functional.pad(row_all, (0, 0, 0, pad), value=1)
+        any_allowed = any_allowed.view(-1, nq, block_q, nk).amax(dim=(0, 2)).bool().cpu()
+        all_allowed = all_allowed.view(-1, nq, block_q, nk).amin(dim=(0, 2)).bool().cpu()
+        has_key = row_any.amax(-1).bool().reshape(*lead, m, 1)
+        return cls(lead, m, n, block_q, block_k, any_allowed, all_allowed, has_key, dense=mask)
 
     @staticmethod
     def _call(mask_mod, b, h, q_idx, kv_idx, shape) -> Tensor:
@@ -316,3 +343,60 @@ class BlockMask:
             f"BlockMask(lead={self.lead}, M={self.m}, N={self.n}, blocks="
             f"{self.block_q}x{self.block_k}, density={self.density:.3f})"
         )
+
+
+# (id, data pointer, version, shape, strides, device) -> (weak reference to the mask, its block
+# mask without the dense tensor, or None when the mask is not sparse enough). An entry leaves
+# when its mask is freed; the weak reference guards against an id reused by another tensor.
+_AUTO_CACHE: dict[tuple, tuple[weakref.ref, BlockMask | None]] = {}
+_AUTO_CACHE_SIZE = 64
+
+
+def _auto_key(mask: Tensor) -> tuple | None:
+    try:
+        version = mask._version
+    except RuntimeError:  # an inference tensor has no version counter: not cached
+        return None
+    return (
+        id(mask),
+        mask.data_ptr(),
+        version,
+        tuple(mask.shape),
+        mask.stride(),
+        str(mask.device),
+    )
+
+
+def from_dense_auto(mask: Tensor | None, shape: torch.Size) -> BlockMask | None:
+    """The block mask of a dense boolean ``mask`` for scores of ``shape`` (B, …, M, N), when
+    evaluating it block-sparsely pays: the mask is (…, M, N) (not broadcast along M or N), on
+    the CPU, spans at least :data:`AUTO_MIN_BLOCKS` blocks of :data:`DEFAULT_BLOCK` each way,
+    and at most :data:`AUTO_MAX_DENSITY` of its tiles hold an allowed pair. None otherwise.
+
+    The tile flags come from one pass over the mask and are cached by the tensor's identity,
+    storage and version, so a mask shared by every layer of a model is read once (an in-place
+    change to the mask bumps its version and is read again). The block mask holds ``mask``
+    itself for its partial tiles, so attention with it equals attention with ``mask``.
+    """
+    if mask is None or mask.dtype != torch.bool or mask.dim() < 2 or mask.device.type != "cpu":
+        return None
+    m, n = shape[-2:]
+    if tuple(mask.shape[-2:]) != (m, n):
+        return None
+    if min(-(-m // DEFAULT_BLOCK), -(-n // DEFAULT_BLOCK)) < AUTO_MIN_BLOCKS:
+        return None
+    key = _auto_key(mask)
+    hit = None if key is None else _AUTO_CACHE.get(key)
+    if hit is not None and hit[0]() is mask:
+        kept = hit[1]
+    else:
+        found = BlockMask._from_flags(mask, DEFAULT_BLOCK, DEFAULT_BLOCK)
+        kept = None
+        if found.density <= AUTO_MAX_DENSITY:
+            kept = dataclasses.replace(found, dense=None)
+        if key is not None:
+            if len(_AUTO_CACHE) >= _AUTO_CACHE_SIZE:  # e.g. a mask changed in place each step
+                _AUTO_CACHE.pop(next(iter(_AUTO_CACHE)))
+            _AUTO_CACHE[key] = (weakref.ref(mask), kept)
+            weakref.finalize(mask, _AUTO_CACHE.pop, key, None)
+    return None if kept is None else dataclasses.replace(kept, dense=mask)

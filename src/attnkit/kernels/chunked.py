@@ -601,7 +601,7 @@ def attend(
         block_q=block_q,
         block_k=block_k,
         work=_work_dtype(v.dtype),
-        guard=mask is not None and not bool(torch.isfinite(v).all()),
+        guard=(mask is not None or block_mask is not None) and not bool(torch.isfinite(v).all()),
         block_mask=block_mask,
         score_mod=score_mod,
         span_k=span_k,

@@ -77,7 +77,7 @@ def _decay_scores(q: Tensor, k: Tensor, g: Tensor) -> Tensor:
         decay = torch.where(below, seg.squeeze(-1), zero).exp()
         return torch.where(below, (q @ k.transpose(-1, -2)) * decay, zero)
     decay = torch.where(below[..., None], seg, zero).exp()  # (…, L, L, d_k), ≤ 1 below
-    scores = torch.einsum("...id,...jd,...ijd->...ij", q, k, decay)
+    scores = (q.unsqueeze(-2) * k.unsqueeze(-3) * decay).sum(-1)
     return torch.where(below, scores, zero)
 
 
@@ -108,7 +108,7 @@ def recurrent(
 def split_chunks(x: Tensor, lead: torch.Size, n: int, c: int) -> Tensor:
     """(…, N, e) zero-padded to a multiple of c and split: (…, N/c, c, e)."""
     x = F.pad(x.broadcast_to(*lead, n, x.shape[-1]), (0, 0, 0, -n % c))
-    return x.reshape(*lead, -1, c, x.shape[-1])
+    return x.reshape(*lead, x.shape[-2] // c, c, x.shape[-1])
 
 
 def chunkwise(
@@ -141,5 +141,5 @@ def chunkwise(
         before.append(s)
         s = through[..., i, :, :] * s + writes[..., i, :, :]
     inter = (q * cum.exp()) @ torch.stack(before, -3)
-    out = (intra + inter).reshape(*lead, -1, v.shape[-1])[..., :n, :]
+    out = (intra + inter).flatten(-3, -2)[..., :n, :]
     return out, s

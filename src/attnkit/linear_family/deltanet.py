@@ -143,7 +143,7 @@ def delta_chunkwise(
         delta = u[..., i, :, :] - w[..., i, :, :] @ s
         outs.append(q_start[..., i, :, :] @ s + causal_matmul(scores[..., i, :, :], delta))
         s = through[..., i, :, :] * s + k_end[..., i, :, :].transpose(-1, -2) @ delta
-    out = torch.stack(outs, -3).reshape(*lead, -1, v.shape[-1])[..., :n, :]
+    out = torch.stack(outs, -3).flatten(-3, -2)[..., :n, :]
     return out, s
 
 

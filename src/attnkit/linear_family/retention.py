@@ -87,7 +87,6 @@ class Retention(_DecayFamily):
     def finish(self, out: Tensor, x: Inputs) -> Tensor:
         if not self.group_norm:
             return out
-        mean = out.mean(-1, keepdim=True)
-        var = out.var(-1, unbiased=False, keepdim=True)
-        normed = (out - mean) / torch.sqrt(var + self.eps)
+        centred = out - out.mean(-1, keepdim=True)
+        normed = centred / torch.sqrt(centred.square().mean(-1, keepdim=True) + self.eps)
         return normed * self.norm_weight.to(out.dtype) + self.norm_bias.to(out.dtype)

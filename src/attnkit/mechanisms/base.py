@@ -48,6 +48,7 @@ PACKAGES = (
     "attnkit.modern",
     "attnkit.sparse_trainable",
     "attnkit.linear_family",
+    "attnkit.logits",
 )
 
 

@@ -10,6 +10,7 @@ import torch
 from torch import Tensor, nn
 
 from attnkit import arguments
+from attnkit.kernels.block_mask import BlockMask, ScoreMod
 from attnkit.kv_cache import KVCache
 from attnkit.positions import REGISTRY as POSITIONS
 from attnkit.transformer import TransformerDecoder
@@ -35,7 +36,10 @@ class DecoderLM(nn.Module):
         tie_embeddings: the output head reuses the token embedding matrix (GPT-2).
         layer: further keyword arguments of the layers (``norm_first`` — pre-norm by default,
             as GPT-2 —, ``score``, ``align``, ``dropout``, ``num_kv_heads``, ``head_dim``,
-            ``device``, ``dtype``, ...).
+            ``device``, ``dtype``, ...): ``pattern`` (a causal sparse pattern, e.g.
+            ``attnkit.patterns.sliding_window(w, causal=True)`` for local attention: the whole
+            sequence attends block-sparsely, a decoding step through the pattern's rows) and
+            ``score_mod`` apply to every layer's self-attention, in :meth:`generate` too.
     """
 
     def __init__(
@@ -83,12 +87,21 @@ class DecoderLM(nn.Module):
         """An empty cache for :meth:`forward` / :meth:`generate`."""
         return self.decoder.new_cache()
 
-    def forward(self, tokens: Tensor, *, cache: KVCache | None = None) -> Tensor:
+    def forward(
+        self,
+        tokens: Tensor,
+        *,
+        cache: KVCache | None = None,
+        block_mask: BlockMask | None = None,
+        score_mod: ScoreMod | None = None,
+    ) -> Tensor:
         """tokens (B, M) long -> logits (B, M, V) of the next token at every position.
 
         Sequences of different lengths can be right-padded: causal attention never lets a
         real position see the padding after it (ignore the logits at padded positions). With
-        ``cache`` the tokens are the new ones only, placed after the cached positions."""
+        ``cache`` the tokens are the new ones only, placed after the cached positions.
+        ``block_mask`` (over M × M, no cache) and ``score_mod`` reach every layer's
+        self-attention (see :meth:`attnkit.MultiHeadAttention.forward`)."""
         _token_ids(tokens, "tokens")
         offset = 0 if cache is None else cache.length
         m = tokens.shape[-1]
@@ -100,7 +113,7 @@ class DecoderLM(nn.Module):
         x = self.tokens(tokens)
         if self.positions is not None:
             x = self.positions(x, offset=offset)
-        return self.head(self.decoder(x, cache=cache))
+        return self.head(self.decoder(x, cache=cache, block_mask=block_mask, score_mod=score_mod))
 
     @torch.no_grad()
     def generate(

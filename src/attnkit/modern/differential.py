@@ -136,7 +136,6 @@ class DifferentialAttention(nn.Module):
         q, k = (example_tensor(2, 2, 6, 4, seed=s) for s in (31, 32))
         v = example_tensor(2, 2, 6, 3, seed=33)
         mask = masks.from_lengths(torch.tensor([6, 3]), 6)[:, None].expand(2, 2, 1, 6)
-        torch.manual_seed(0)
         return cls(4, depth=2, lambda_std=0.5), (q, k, v), {"mask": mask}
 
     def taxonomy_tags(self) -> list:

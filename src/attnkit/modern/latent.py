@@ -250,7 +250,6 @@ class MultiHeadLatentAttention(nn.Module):
     def example(cls):
         x = example_tensor(2, 7, 16, seed=41)
         mask = masks.from_lengths(torch.tensor([7, 5]), 7)
-        torch.manual_seed(0)
         module = cls(16, 2, kv_rank=6, head_dim=4, rope_dim=2, v_head_dim=3, q_rank=5, bias=True)
         return module, (x,), {"mask": mask}
 

@@ -6,7 +6,8 @@ on unknown names or arguments.
 
 from attnkit.scores.additive import Additive, Concat, Deep
 from attnkit.scores.base import REGISTRY, Score
-from attnkit.scores.hermitian import Hermitian
+from attnkit.scores.decomposable import Decomposable, SharedDecomposable
+from attnkit.scores.hermitian import DirectedHermitian, Hermitian
 from attnkit.scores.multiplicative import ActivatedGeneral, BiasedGeneral, Dot, General, ScaledDot
 from attnkit.scores.positional import Convolutional, Location
 from attnkit.scores.self_attentive import LearnedQuery
@@ -23,7 +24,9 @@ __all__ = [
     "Concat",
     "Convolutional",
     "Cosine",
+    "Decomposable",
     "Deep",
+    "DirectedHermitian",
     "Dot",
     "Euclidean",
     "General",
@@ -32,6 +35,7 @@ __all__ = [
     "Location",
     "ScaledDot",
     "Score",
+    "SharedDecomposable",
     "available",
     "build",
 ]

@@ -25,13 +25,32 @@ def _qk(qp: Tensor, kp: Tensor) -> Tensor:
 
 @REGISTRY.register("dot")
 class Dot(Score):
-    """Multiplicative (Luong) score: e_l = qᵀ k_l (Brauwers Table II). Needs d_q = d_k."""
+    """Multiplicative (Luong) score: e_l = qᵀ k_l (Brauwers Table II). Needs d_q = d_k.
+
+    Args:
+        softcap: c > 0 caps the scores smoothly to (−c, c): e ↦ c·tanh(e / c) (logit
+            soft-capping, Gemma Team 2024, "Gemma 2", sec. 2; the same as the ``score_mod``
+            ``lambda e, b, h, q_idx, kv_idx: c * torch.tanh(e / c)``). None (default): no cap.
+            A capped score is no longer a scaled dot product, so SDPA does not evaluate it.
+    """
 
     scoring = tx.Scoring.MULTIPLICATIVE
-    dot_product_form: ClassVar[bool] = True
+
+    def __init__(self, softcap: float | None = None) -> None:
+        super().__init__()
+        self.softcap = (
+            None if softcap is None else arguments.finite_float(softcap, "softcap", positive=True)
+        )
+
+    @property
+    def dot_product_form(self) -> bool:  # type: ignore[override]
+        return self.softcap is None
 
     def scale(self, d_k: int) -> float:
         return 1.0
+
+    def _cap(self, e: Tensor) -> Tensor:
+        return e if self.softcap is None else self.softcap * torch.tanh(e / self.softcap)
 
     def check(self, q: Tensor | None, k: Tensor) -> None:
         assert q is not None  # guaranteed by Score.forward
@@ -43,17 +62,23 @@ class Dot(Score):
 
     def pairwise(self, qp: Tensor | None, kp: Tensor, key_offset: int = 0) -> Tensor:
         assert qp is not None
-        return _qk(qp, kp) * self.scale(kp.shape[-1])
+        return self._cap(_qk(qp, kp) * self.scale(kp.shape[-1]))
+
+    def extra_repr(self) -> str:
+        return "" if self.softcap is None else f"softcap={self.softcap:g}"
 
     def dot_form(self, q: Tensor | None, k: Tensor) -> tuple[Tensor, Tensor, float]:
         assert q is not None
+        if self.softcap is not None:
+            raise NotImplementedError(f"{type(self).__name__} with softcap is not a dot product")
         self.check(q, k)
         return q, k, self.scale(k.shape[-1])
 
 
 @REGISTRY.register("scaled_dot")
 class ScaledDot(Dot):
-    """Scaled multiplicative (Vaswani) score: e_l = qᵀ k_l / √d_k (Brauwers Table II)."""
+    """Scaled multiplicative (Vaswani) score: e_l = qᵀ k_l / √d_k (Brauwers Table II); with
+    ``softcap`` c, e_l = c·tanh(qᵀ k_l / (c √d_k)) (Gemma 2's attention logit soft-capping)."""
 
     scoring = tx.Scoring.SCALED_MULTIPLICATIVE
 

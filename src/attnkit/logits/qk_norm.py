@@ -1,0 +1,124 @@
+"""Query-key normalisation: each head's queries and keys are normalised over their features
+before the score, so that the logits stay bounded (Henry et al. 2020, "Query-Key Normalization
+for Transformers"; Dehghani et al. 2023, "Scaling Vision Transformers to 22 Billion Parameters",
+sec. 2.1, with LayerNorm; RMSNorm in OLMo 2 and Qwen3):
+
+    q̂ = γ_q ⊙ q / RMS(q),  RMS(q) = sqrt(mean_i q_i² + ε)                     (RMSNorm)
+    q̂ = γ_q ⊙ (q − mean(q)) / sqrt(var(q) + ε) + β_q                          (LayerNorm)
+
+(likewise k̂ with its own γ_k, β_k), then the inner attention part scores q̂ against k̂.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import torch
+from torch import Tensor, nn
+
+from attnkit import arguments
+from attnkit import taxonomy as tx
+from attnkit.attention import Attention
+from attnkit.efficient.lsh import HeadOutput
+from attnkit.mechanisms import REGISTRY, example_tensor
+from attnkit.slots import attention_part
+
+__all__ = ["QKNormAttention"]
+
+_NORMS = {"rms": nn.RMSNorm, "layer": nn.LayerNorm}
+
+
+@REGISTRY.register("qk_norm")
+class QKNormAttention(nn.Module):
+    """Normalise q and k per head over their d features, then attend with ``attention``: a
+    per-head part ``part(q, k, v, *, mask, bias, need_weights)`` with q (B, …, H, M, d).
+
+    Args:
+        head_dim: d.
+        norm: ``"rms"`` (RMSNorm) or ``"layer"`` (LayerNorm), with learned gains (and biases).
+        eps: ε of the norm.
+        attention: the inner per-head part; default ``Attention("scaled_dot", "softmax")``.
+    """
+
+    mask_inputs: ClassVar[dict[str, tuple[str, ...]]] = {"mask": ("k", "v")}
+
+    def __init__(
+        self,
+        head_dim: int,
+        *,
+        norm: str = "rms",
+        eps: float = 1e-6,
+        attention: nn.Module | None = None,
+        device=None,
+        dtype=None,
+    ) -> None:
+        super().__init__()
+        self.head_dim = arguments.positive_int(head_dim, "head_dim")
+        if norm not in _NORMS:
+            raise ValueError(f"norm must be one of {sorted(_NORMS)}, got {norm!r}")
+        eps = arguments.finite_float(eps, "eps", positive=True)
+        self.norm = norm
+        self.q_norm = _NORMS[norm](head_dim, eps=eps, device=device, dtype=dtype)
+        self.k_norm = _NORMS[norm](head_dim, eps=eps, device=device, dtype=dtype)
+        self.attention = attention_part(
+            Attention("scaled_dot", "softmax") if attention is None else attention
+        )
+
+    @property
+    def decodes_with_cache(self) -> bool:
+        return bool(getattr(self.attention, "decodes_with_cache", False))
+
+    @property
+    def takes_q_offset(self) -> bool:
+        return bool(getattr(self.attention, "takes_q_offset", False))
+
+    @property
+    def mixes_queries(self) -> bool:
+        return bool(getattr(self.attention, "mixes_queries", False))
+
+    @classmethod
+    def example(cls):
+        q, k, v = (example_tensor(2, 2, 5, 4, seed=s) for s in (60, 61, 62))
+        mask = (torch.arange(5)[None, :] < torch.tensor([5, 3])[:, None])[:, None, None, :]
+        module = cls(4)
+        with torch.no_grad():  # gains other than 1, so that the test sees them act
+            module.q_norm.weight.uniform_(0.5, 1.5)
+            module.k_norm.weight.uniform_(0.5, 1.5)
+        return module, (q, k, v), {"mask": mask.expand(2, 2, 1, 5)}
+
+    def taxonomy_tags(self) -> list:
+        return [tx.Scoring.SCALED_MULTIPLICATIVE]
+
+    def forward(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        *,
+        mask: Tensor | None = None,
+        bias: Tensor | None = None,
+        need_weights: bool = False,
+        q_offset: int = 0,
+    ) -> HeadOutput:
+        arguments.boolean(need_weights, "need_weights")
+        for name, x in (("q", q), ("k", k)):
+            if not isinstance(x, Tensor) or x.dim() < 2 or x.shape[-1] != self.head_dim:
+                got = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
+                raise ValueError(
+                    f"QKNormAttention(head_dim={self.head_dim}) needs {name} (…, L, "
+                    f"{self.head_dim}), got {got}"
+                )
+        extra = {"q_offset": q_offset} if self.takes_q_offset else {}
+        out = self.attention(
+            self.q_norm(q),
+            self.k_norm(k),
+            v,
+            mask=mask,
+            bias=bias,
+            need_weights=need_weights,
+            **extra,
+        )
+        return HeadOutput(*out)
+
+    def extra_repr(self) -> str:
+        return f"head_dim={self.head_dim}, norm={self.norm!r}"

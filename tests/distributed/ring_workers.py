@@ -1,0 +1,366 @@
+"""Workers for tests/distributed/test_ring.py: each spawned rank runs every case of its world
+size against the single-process kernels on the whole sequence and writes what failed to a file.
+
+The whole sequence is built from one seed on every rank, so each rank can compute the
+single-process reference itself and compare its own part (outputs and input gradients); the
+parameters' gradients are summed over the group first.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import traceback
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+import attnkit as ak
+from attnkit import alignments as al
+from attnkit import scores as sc
+from attnkit.distributed import RingError, ring_attention, shard
+from attnkit.kernels import BlockMask
+
+TOL = 1e-10
+B, H, D, D_V = 2, 2, 4, 3
+
+
+def _init(rank: int, world: int, store: str, timeout: float = 60.0) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group(
+        "gloo",
+        init_method=f"file://{store}",
+        rank=rank,
+        world_size=world,
+        timeout=datetime.timedelta(seconds=timeout),
+    )
+
+
+def _score(name: str) -> sc.Score:
+    torch.manual_seed(11)  # the same parameters on every rank and in the reference
+    if name == "additive":
+        return sc.Additive(D, D, 5, dtype=torch.float64)
+    return sc.build(name)
+
+
+def _align(name: str) -> al.Alignment:
+    if name == "entmax13":
+        return al.Entmax(1.3)
+    return al.build(name)
+
+
+def _inputs(seq: int, padded: bool):
+    g = torch.Generator().manual_seed(seq * 7 + 1)
+    q = torch.randn(B, H, seq, D, generator=g, dtype=torch.float64)
+    k = torch.randn(B, H, seq, D, generator=g, dtype=torch.float64)
+    v = torch.randn(B, H, seq, D_V, generator=g, dtype=torch.float64)
+    w = torch.randn(B, H, seq, D_V, generator=g, dtype=torch.float64)
+    pad = None
+    if padded:
+        pad = torch.ones(B, seq, dtype=torch.bool)
+        pad[0, -3:] = False  # trailing padding
+        pad[1, :2] = False  # leading padding: under a causal mask rows 0 and 1 have no key
+    return q, k, v, w, pad
+
+
+def _reference(q, k, v, w, score, align, *, causal, pad, kernel, block_mask=None, score_mod=None):
+    """Output and gradients of the single-process kernel on the whole sequence."""
+    q, k, v = (x.detach().clone().requires_grad_() for x in (q, k, v))
+    seq = q.shape[-2]
+    mask = None
+    if causal:
+        mask = torch.ones(seq, seq, dtype=torch.bool).tril()
+    if pad is not None:
+        keys = pad[:, None, None, :]
+        mask = keys if mask is None else mask & keys
+    for p in score.parameters():
+        p.grad = None
+    out = ak.attention(
+        q,
+        k,
+        v,
+        score=score,
+        align=align,
+        mask=mask,
+        kernel=kernel,
+        chunk_size=3 if kernel == "chunked" else None,
+        block_mask=block_mask,
+        score_mod=score_mod,
+    ).context
+    (out * w).sum().backward()
+    params = [p.grad.clone() for p in score.parameters()]
+    return out.detach(), q.grad, k.grad, v.grad, params
+
+
+def _ring(q, k, v, w, score, align, *, causal, pad, layout, rank, world, **extra):
+    part = {
+        name: shard(x, rank, world, layout=layout).detach().clone().requires_grad_()
+        for name, x in (("q", q), ("k", k), ("v", v))
+    }
+    pad_part = None if pad is None else shard(pad, rank, world, layout=layout, dim=-1)
+    for p in score.parameters():
+        p.grad = None
+    out = ring_attention(
+        part["q"],
+        part["k"],
+        part["v"],
+        score=score,
+        align=align,
+        causal=causal,
+        key_padding_mask=pad_part,
+        layout=layout,
+        chunk_size=2,
+        **extra,
+    ).context
+    (out * shard(w, rank, world, layout=layout)).sum().backward()
+    params = []
+    for p in score.parameters():
+        g = p.grad.clone()
+        dist.all_reduce(g)  # each rank holds its queries' part of a parameter's gradient
+        params.append(g)
+    return out.detach(), part["q"].grad, part["k"].grad, part["v"].grad, params
+
+
+def _compare(label, got, want, rank, world, layout, failures) -> None:
+    names = ["context", "dq", "dk", "dv"]
+    for name, g, ref in zip(names, got[:4], want[:4], strict=True):
+        ref_part = shard(ref, rank, world, layout=layout)
+        err = (g - ref_part).abs().max().item()
+        if not err <= TOL:  # also catches NaN
+            failures.append(f"{label}: {name} differs by {err:.3g}")
+    for i, (g, ref) in enumerate(zip(got[4], want[4], strict=True)):
+        err = (g - ref).abs().max().item()
+        if not err <= TOL:
+            failures.append(f"{label}: parameter {i} gradient differs by {err:.3g}")
+
+
+CASES = [
+    # (score, align, causal, padded, layout)
+    *(
+        (s, a, False, False, "contiguous")
+        for s in ("scaled_dot", "additive")
+        for a in ("softmax", "sparsemax", "entmax15", "sigmoid")
+    ),
+    *(
+        (s, a, True, True, "zigzag")
+        for s in ("scaled_dot", "additive")
+        for a in ("softmax", "sparsemax", "entmax15", "sigmoid")
+    ),
+    *(
+        ("scaled_dot", a, True, True, "contiguous")
+        for a in ("softmax", "sparsemax", "entmax15", "sigmoid")
+    ),
+    ("scaled_dot", "entmax13", True, False, "zigzag"),
+    ("additive", "sparsemax", False, True, "zigzag"),
+]
+
+
+def _errors(rank: int, world: int, failures: list[str]) -> int:
+    """Bad calls: every rank must raise the same ValueError, and nobody may hang."""
+    checks = 0
+    x = torch.randn(1, 2 * world, D, dtype=torch.float64)
+    # Ranks that hold parts of different lengths.
+    local = torch.randn(1, 4 if rank == 0 else 6, D, dtype=torch.float64)
+    try:
+        ring_attention(local, local, local)
+        failures.append("different lengths per rank were accepted")
+    except ValueError as err:
+        checks += 1
+        if "different calls" not in str(err) or "rank 1" not in str(err):
+            failures.append(f"unclear message for different lengths: {err}")
+    # Ranks that disagree on the layout.
+    try:
+        ring_attention(x, x, x, layout="zigzag" if rank == 0 else "contiguous")
+        failures.append("different layouts per rank were accepted")
+    except ValueError as err:
+        checks += 1
+        if "different calls" not in str(err):
+            failures.append(f"unclear message for different layouts: {err}")
+    # zigzag needs an even part per rank.
+    odd = torch.randn(1, 3, D, dtype=torch.float64)
+    try:
+        ring_attention(odd, odd, odd, layout="zigzag", causal=True)
+        failures.append("an odd part under the zigzag layout was accepted")
+    except ValueError as err:
+        checks += 1
+        if "even" not in str(err):
+            failures.append(f"unclear message for an odd zigzag part: {err}")
+    # A block mask built for a sequence that is not the group's.
+    bm = BlockMask.from_mask_mod(lambda b, h, qi, ki: qi >= ki, 5, 5, block_q=2, block_k=2)
+    try:
+        ring_attention(x[:, :2], x[:, :2], x[:, :2], block_mask=bm)
+        failures.append("a block mask of the wrong size was accepted")
+    except ValueError as err:
+        checks += 1
+        if "block_mask" not in str(err):
+            failures.append(f"unclear message for a block mask of the wrong size: {err}")
+    # The group still works after the refused calls.
+    out = ring_attention(x[:, :2], x[:, :2], x[:, :2]).context
+    checks += int(out.shape == (1, 2, D))
+    return checks
+
+
+def _extras(rank: int, world: int, failures: list[str]) -> int:
+    """Block masks and score_mod (global positions), compared with the single-process kernel."""
+    seq = 8 * world
+    q, k, v, w, pad = _inputs(seq, padded=True)
+    score, align = _score("scaled_dot"), _align("sparsemax")
+
+    def sliding(b, h, qi, ki):
+        return (qi - ki).abs() <= 3
+
+    bm = BlockMask.from_mask_mod(sliding, seq, seq, block_q=2, block_k=2)
+
+    def mod(e, b, h, qi, ki):
+        return e - 0.1 * (qi - ki).abs().to(e.dtype) + 0.05 * h.to(e.dtype)
+
+    checks = 0
+    layouts = ("contiguous", "zigzag") if world == 2 else ("zigzag",)
+    for layout in layouts:
+        for extra in ({"block_mask": bm}, {"score_mod": mod}, {"block_mask": bm, "score_mod": mod}):
+            label = f"P={world} {layout} {sorted(extra)}"
+            want = _reference(
+                q, k, v, w, score, align, causal=True, pad=pad, kernel="dense", **extra
+            )
+            got = _ring(
+                q,
+                k,
+                v,
+                w,
+                score,
+                align,
+                causal=True,
+                pad=pad,
+                layout=layout,
+                rank=rank,
+                world=world,
+                **extra,
+            )
+            _compare(label, got, want, rank, world, layout, failures)
+            checks += 1
+    return checks
+
+
+def _dies(rank: int, world: int, failures: list[str]) -> int:
+    """Rank 1 stops in the middle of a ring step; rank 0 must raise a RingError."""
+    group = dist.new_group(list(range(world)), timeout=datetime.timedelta(seconds=5))
+    x = torch.randn(1, 4, D, dtype=torch.float64, requires_grad=True)
+
+    def mod(e, b, h, qi, ki):
+        if rank == 1:
+            os._exit(0)  # the process stops without leaving the group
+        return e
+
+    try:
+        # Rank 1 has posted its first block when it stops: rank 0 may finish the forward turn,
+        # but not the backward one.
+        ring_attention(x, x, x, group=group, score_mod=mod).context.sum().backward()
+        failures.append("rank 0 finished although rank 1 stopped")
+    except RingError as err:
+        if "rank 0 of" not in str(err) or "timeout" not in str(err):
+            failures.append(f"unclear message when a rank stops: {err}")
+        return 1
+    return 0
+
+
+def _plan(world: int) -> tuple[list, tuple[str, ...], bool]:
+    """(cases, reference kernels, block mask / score_mod cases) of a world size: the whole grid
+    on 2 ranks, the causal zigzag cases (the steps that differ with P) on 3 and 4."""
+    if world == 2:
+        return CASES, ("dense", "chunked"), True
+    causal = [c for c in CASES if c[2] and c[4] == "zigzag"]
+    if world == 3:
+        return causal, ("dense",), False
+    return [c for c in causal if c[0] == "scaled_dot"], ("dense",), True
+
+
+def run(rank: int, world: int, out_dir: str) -> None:
+    _init(rank, world, os.path.join(out_dir, "store"))
+    failures: list[str] = []
+    checks = 0
+    cases, kernels, extras = _plan(world)
+    try:
+        seq = 8 * world
+        for score_name, align_name, causal, padded, layout in cases:
+            q, k, v, w, pad = _inputs(seq, padded)
+            score, align = _score(score_name), _align(align_name)
+            label = f"P={world} {score_name} x {align_name} causal={causal} pad={padded} {layout}"
+            got = _ring(
+                q,
+                k,
+                v,
+                w,
+                score,
+                align,
+                causal=causal,
+                pad=pad,
+                layout=layout,
+                rank=rank,
+                world=world,
+            )
+            for kernel in kernels:
+                want = _reference(q, k, v, w, score, align, causal=causal, pad=pad, kernel=kernel)
+                _compare(f"{label} vs {kernel}", got, want, rank, world, layout, failures)
+            checks += 1
+        if extras:
+            checks += _extras(rank, world, failures)
+        checks += _errors(rank, world, failures)
+    except Exception:
+        failures.append(traceback.format_exc())
+    result = {"checks": checks, "failures": failures}
+    if world == 2:
+        # Written before the last check, in which rank 1 stops on purpose.
+        Path(out_dir, f"rank{rank}.json").write_text(json.dumps(result))
+        try:
+            result["dies"] = _dies(rank, world, failures)
+        except Exception:
+            failures.append(traceback.format_exc())
+    Path(out_dir, f"rank{rank}.json").write_text(json.dumps(result))
+    if world != 2:
+        dist.destroy_process_group()
+
+
+def run_nccl(rank: int, world: int, out_dir: str) -> None:
+    """The causal zigzag cases on CUDA tensors over NCCL (one GPU per rank)."""
+    torch.cuda.set_device(rank)
+    dist.init_process_group(
+        "nccl",
+        init_method=f"file://{os.path.join(out_dir, 'store')}",
+        rank=rank,
+        world_size=world,
+        timeout=datetime.timedelta(seconds=60),
+    )
+    failures: list[str] = []
+    checks = 0
+    device = torch.device("cuda", rank)
+    try:
+        for score_name, align_name, causal, padded, layout in _plan(3)[0]:
+            q, k, v, w, pad = (
+                None if x is None else x.to(device) for x in _inputs(8 * world, padded)
+            )
+            score, align = _score(score_name).to(device), _align(align_name)
+            label = f"nccl P={world} {score_name} x {align_name}"
+            got = _ring(
+                q,
+                k,
+                v,
+                w,
+                score,
+                align,
+                causal=causal,
+                pad=pad,
+                layout=layout,
+                rank=rank,
+                world=world,
+            )
+            want = _reference(q, k, v, w, score, align, causal=causal, pad=pad, kernel="dense")
+            _compare(label, got, want, rank, world, layout, failures)
+            checks += 1
+    except Exception:
+        failures.append(traceback.format_exc())
+    Path(out_dir, f"rank{rank}.json").write_text(
+        json.dumps({"checks": checks, "failures": failures})
+    )
+    dist.destroy_process_group()
