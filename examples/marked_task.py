@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnkit.tasks import Metric, Task
+from attnkit.tasks.base import Unused
 
 VOCAB, LENGTH = 8, 6
 
@@ -62,6 +63,12 @@ class MarkedTask(Task):
         "accuracy": Metric(f"share of held-out sequences answered right (chance 1/{VOCAB})"),
         "gold_weight": Metric("mean attention weight on the marked position"),
     }
+
+    @classmethod
+    def unused(cls, config: Any) -> dict[str, Unused]:
+        # the model has its own dot-product score and softmax: --score and --align are refused
+        why = "the model scores with one learned query (dot product) and a softmax"
+        return {"score": Unused("task 'marked'", why), "align": Unused("task 'marked'", why)}
 
     def __init__(self, config: Any) -> None:
         super().__init__(config)
@@ -108,7 +115,7 @@ class MarkedTask(Task):
                 "title": f"test example {i + 1}",
                 "weights": weights[i : i + 1].numpy(),
                 "gold": gold.numpy(),
-                "x_labels": [f"{int(t)}{'*' if m else ''}" for t, m in zip(tokens[i], marks[i])],
+                "x_labels": [f"{int(t)}{'*' if m else ''}" for t, m in zip(tokens[i], marks[i], strict=True)],
                 "y_labels": ["answer"],
                 "x_title": "input token (* marked)",
                 "y_title": "query",

@@ -4,6 +4,7 @@ properties of SPEC 8 for the general attention module."""
 from __future__ import annotations
 
 import itertools
+from unittest import mock
 
 import pytest
 import torch
@@ -233,3 +234,35 @@ def test_dropout_only_in_training():
     torch.testing.assert_close(att(q, k, v).context, ak.attention(q, k, v, score="dot").context)
     att.train()
     assert not torch.allclose(att(q, k, v).context, ak.attention(q, k, v, score="dot").context)
+
+
+def test_a_mostly_empty_dense_mask_runs_block_sparse_and_equals_the_dense_result():
+    from attnkit.kernels import chunked
+
+    n = 1100  # 9 tiles of 128 a side, the last one ragged
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (
+        torch.randn(1, 2, n, 8, generator=g, dtype=torch.float64, requires_grad=True)
+        for _ in range(3)
+    )
+    mask = ak.masks.window(n, n, 50)
+    mask[7] = False  # a row with no key
+    mask[:, 3] = False
+    with torch.no_grad():
+        v[:, :, 3] = float("nan")  # a key no query may attend: no influence
+    r = torch.randn(1, 2, n, 8, generator=g, dtype=torch.float64)
+    with mock.patch.object(chunked, "attend", wraps=chunked.attend) as spy:
+        out = ak.attention(q, k, v, mask=mask).context
+        assert spy.call_count == 1 and spy.call_args.kwargs["block_mask"] is not None
+        assert spy.call_args.kwargs["mask"] is None  # the mask's tiles are read from it
+        ak.attention(q, k, v, mask=mask, need_weights=True)  # weights: the dense kernel
+        assert spy.call_count == 1
+    ref = ak.attention(q, k, v, mask=mask, kernel="dense").context
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(out, ref)
+    assert torch.equal(out[:, :, 7], torch.zeros_like(out[:, :, 7]))
+    grads = torch.autograd.grad((out * r).sum(), (q, k, v))
+    ref_grads = torch.autograd.grad((ref * r).sum(), (q, k, v))
+    assert all(torch.isfinite(g).all() for g in grads)
+    for a, b in zip(grads, ref_grads, strict=True):
+        torch.testing.assert_close(a, b)

@@ -85,3 +85,34 @@ def test_transformer_is_causal_in_the_target_and_exported():
     for i in range(5):
         (g,) = torch.autograd.grad(y[:, i].sum(), tgt, retain_graph=True)
         assert (g[:, i + 1 :] == 0).all() and (g[:, i] != 0).any()
+
+
+def test_block_masks_and_score_mods_reach_both_stacks():
+    from attnkit import patterns as pt
+
+    torch.manual_seed(0)
+    n, m = 40, 24
+    model = Transformer(16, 4, encoder_layers=1, decoder_layers=1, d_ff=32).double()
+    src = torch.randn(2, n, 16, dtype=torch.float64)
+    tgt = torch.randn(2, m, 16, dtype=torch.float64)
+    src_pattern, tgt_pattern = pt.longformer(3, [0]), pt.sliding_window(5, causal=True)
+
+    def halve(e, b, h, q_idx, kv_idx):
+        return e / 2
+
+    out = model(
+        src,
+        tgt,
+        src_block_mask=pt.block_mask(src_pattern, n, block_q=16, block_k=16),
+        tgt_block_mask=pt.block_mask(tgt_pattern, m, block_q=8, block_k=8),
+        src_score_mod=halve,
+        tgt_score_mod=halve,
+    )
+    halved = Transformer(16, 4, encoder_layers=1, decoder_layers=1, d_ff=32).double()
+    halved.load_state_dict(model.state_dict())
+    for layer in (*halved.encoder.layers, *halved.decoder.layers):  # e/2 == (q/2)·k
+        layer.self_attention.module.score_mod = halve
+    ref = halved(
+        src, tgt, src_mask=pt.dense(src_pattern, n, n), tgt_mask=pt.dense(tgt_pattern, m, m)
+    )
+    torch.testing.assert_close(out, ref)

@@ -349,3 +349,134 @@ def test_dtype_and_device_reach_every_part_built_by_name(part, name):
     assert mha(x).context.dtype == torch.float64
     on_meta = ak.MultiHeadAttention(4, 2, device="meta", **{part: name})
     assert all(t.device.type == "meta" for t in (*on_meta.parameters(), *on_meta.buffers()))
+
+
+# ---- block masks, patterns and score_mods -----------------------------------------------------
+
+
+def _alibi_like(e, b, h, q_idx, kv_idx):
+    """A per-head distance penalty: head h gets slope (h + 1) / 4."""
+    return e - (h + 1).to(e.dtype) / 4 * (q_idx - kv_idx).abs().to(e.dtype)
+
+
+def _alibi_bias(heads, m, n, q0=0):
+    """The same penalty as an explicit (1, H, M, N) bias, written per head."""
+    i = torch.arange(q0, q0 + m)[:, None]
+    j = torch.arange(n)[None, :]
+    return torch.stack([-(h + 1) / 4 * (i - j).abs().to(torch.float64) for h in range(heads)])[
+        None
+    ]
+
+
+def test_block_mask_and_pattern_equal_the_dense_masked_module():
+    from attnkit import patterns as pt
+
+    torch.manual_seed(0)
+    n = 150
+    pattern = pt.longformer(6, [0, 77])
+    dense = pt.dense(pattern, n, n)
+    mha = ak.MultiHeadAttention(E, H, pattern=pattern).double()
+    plain = ak.MultiHeadAttention(E, H).double()
+    plain.load_state_dict(mha.state_dict())
+    x = torch.randn(2, n, E, dtype=torch.float64, requires_grad=True)
+    r = torch.randn(2, n, E, dtype=torch.float64)
+    ref = plain(x, mask=dense).context
+    g_ref = torch.autograd.grad((ref * r).sum(), x)[0]
+    for out in (
+        mha(x).context,
+        plain(x, block_mask=pt.block_mask(pattern, n, block_q=32, block_k=32)).context,
+    ):
+        torch.testing.assert_close(out, ref)
+        torch.testing.assert_close(torch.autograd.grad((out * r).sum(), x)[0], g_ref)
+
+
+def test_a_per_head_block_mask_lines_up_with_batch_and_heads():
+    from attnkit import patterns as pt
+
+    torch.manual_seed(1)
+    b, n = 2, 40
+
+    def pattern(bi, h, q_idx, kv_idx):  # each (batch, head) its own window
+        return (q_idx - kv_idx).abs() <= bi + 2 * h
+
+    bm = pt.block_mask(pattern, n, batch=b, heads=H, block_q=16, block_k=16)
+    dense = torch.stack(
+        [
+            torch.stack([ak.masks.window(n, n, bi + 2 * h) for h in range(H)])
+            for bi in range(b)
+        ]
+    )  # (B, H, N, N)
+    mha = ak.MultiHeadAttention(E, H).double()
+    x = torch.randn(b, n, E, dtype=torch.float64)
+    torch.testing.assert_close(mha(x, block_mask=bm).context, mha(x, mask=dense).context)
+
+
+def test_score_mod_sees_the_head_index_and_the_cached_positions():
+    torch.manual_seed(2)
+    n = 9
+    mha = ak.MultiHeadAttention(E, H).double()
+    x = torch.randn(2, n, E, dtype=torch.float64)
+    causal = ak.masks.causal(n)
+    ref = mha(x, mask=causal, bias=_alibi_bias(H, n, n)).context
+    out = mha(x, mask=causal, score_mod=_alibi_like).context
+    torch.testing.assert_close(out, ref)
+    own = ak.MultiHeadAttention(E, H, score_mod=_alibi_like).double()
+    own.load_state_dict(mha.state_dict())
+    torch.testing.assert_close(own(x, mask=causal).context, ref)
+    # decoding: q_idx of a step counts the cached positions
+    cache = ak.kv_cache.LayerCache()
+    steps = [own(x[:, t : t + 1], cache=cache).context for t in range(n)]
+    torch.testing.assert_close(torch.cat(steps, 1), ref)
+    # the layer's score_mod, then the call's
+    twice = own(x, mask=causal, score_mod=_alibi_like).context
+    torch.testing.assert_close(twice, mha(x, mask=causal, bias=2 * _alibi_bias(H, n, n)).context)
+
+
+def test_a_pattern_decodes_through_its_rows():
+    from attnkit import patterns as pt
+
+    torch.manual_seed(3)
+    n = 12
+    pattern = pt.sliding_window(3, causal=True)
+    mha = ak.MultiHeadAttention(E, H, pattern=pattern).double()
+    x = torch.randn(2, n, E, dtype=torch.float64)
+    whole = mha(x).context
+    cache = ak.kv_cache.LayerCache()
+    steps = [mha(x[:, t : t + 1], cache=cache).context for t in range(n)]
+    torch.testing.assert_close(torch.cat(steps, 1), whole)
+    plain = ak.MultiHeadAttention(E, H).double()
+    plain.load_state_dict(mha.state_dict())
+    torch.testing.assert_close(whole, plain(x, mask=pt.dense(pattern, n, n)).context)
+
+
+class _NoMatrix(nn.Module):
+    """A per-head part without a score matrix (it declares nothing)."""
+
+    def forward(self, q, k, v, *, mask=None, bias=None, need_weights=False):
+        return ak.AttentionOutput(v.mean(-2, keepdim=True).expand(*q.shape[:-1], v.shape[-1]))
+
+
+def test_block_masks_and_score_mods_that_cannot_be_honoured_are_refused():
+    from attnkit import patterns as pt
+
+    x = torch.randn(2, 6, E)
+    mha = ak.MultiHeadAttention(E, H)
+    bm = pt.block_mask(pt.sliding_window(1), 6)
+    with pytest.raises(TypeError, match="block_mask must be an attnkit.kernels.BlockMask"):
+        mha(x, block_mask=masks.window(6, 6, 1))
+    with pytest.raises(TypeError, match="score_mod must be callable"):
+        mha(x, score_mod=3.0)
+    with pytest.raises(ValueError, match="block_mask with cache="):
+        cache = ak.kv_cache.LayerCache()
+        mha(x, cache=cache)
+        mha(x[:, :1], block_mask=bm, cache=cache)
+    with pytest.raises(ValueError, match="built with pattern="):
+        ak.MultiHeadAttention(E, H, pattern=pt.sliding_window(1))(x, block_mask=bm)
+    with pytest.raises(ValueError, match="score_mod reads b as the batch index"):
+        mha(x.unsqueeze(0), score_mod=_alibi_like)
+    with pytest.raises(ValueError, match="_NoMatrix does not declare accepts_block_mask"):
+        ak.MultiHeadAttention(E, H, attention=_NoMatrix())(x, block_mask=bm)
+    with pytest.raises(ValueError, match="_NoMatrix does not declare accepts_score_mod.*mask="):
+        ak.MultiHeadAttention(E, H, attention=_NoMatrix(), score_mod=_alibi_like)
+    with pytest.raises(TypeError, match="pattern must be callable"):
+        ak.MultiHeadAttention(E, H, pattern="window")

@@ -100,3 +100,65 @@ def test_layers_fill_the_attention_and_position_slots_of_their_self_attention():
     assert dec.cross_attention.module.score.registered_name == "scaled_dot"
     with pytest.raises(ValueError, match="pass either attention="):
         TransformerEncoderLayer(8, 2, score="additive", attention=ak.Attention("dot"))
+
+
+# ---- sparse encoders: a pattern is one argument ----------------------------------------------
+
+
+def _sparse_patterns(n):
+    from attnkit import patterns as pt
+
+    return {
+        "bigbird": pt.bigbird(8, n, global_positions=[0], random_blocks=1, block=64),
+        "longformer": pt.longformer(8, [0, n // 2]),
+        "sparse transformer": pt.strided(16, causal=False),
+    }
+
+
+@pytest.mark.parametrize("name", ["bigbird", "longformer", "sparse transformer"])
+def test_a_pattern_encoder_equals_the_dense_masked_encoder_and_skips_empty_tiles(name):
+    from unittest import mock
+
+    from attnkit import patterns as pt
+    from attnkit.kernels import chunked
+
+    torch.manual_seed(0)
+    n = 520  # 5 tiles of 128 a side, the last one ragged
+    pattern = _sparse_patterns(n)[name]
+    sparse = ak.TransformerEncoder(2, 16, 4, 32, pattern=pattern).double()
+    plain = ak.TransformerEncoder(2, 16, 4, 32).double()
+    plain.load_state_dict(sparse.state_dict())
+    x = torch.randn(2, n, 16, dtype=torch.float64)
+    with mock.patch.object(chunked, "attend", wraps=chunked.attend) as spy:
+        out = sparse(x)
+    densities = [c.kwargs["block_mask"].density for c in spy.call_args_list]
+    assert len(densities) == 2
+    if name != "sparse transformer":  # (the strided pattern's columns reach every tile)
+        assert max(densities) < 1
+    torch.testing.assert_close(out, plain(x, mask=pt.dense(pattern, n, n)))
+
+
+def test_block_mask_and_score_mod_reach_every_layer():
+    from attnkit import patterns as pt
+
+    torch.manual_seed(1)
+    n = 40
+    pattern = pt.sliding_window(4)
+    bm = pt.block_mask(pattern, n, block_q=16, block_k=16)
+
+    def soft_cap(e, b, h, q_idx, kv_idx):
+        return 2.0 * torch.tanh(e / 2.0)
+
+    enc = ak.TransformerEncoder(2, 16, 4, 32).double()
+    capped = ak.TransformerEncoder(2, 16, 4, 32, score_mod=soft_cap).double()
+    capped.load_state_dict(enc.state_dict())
+    x = torch.randn(2, n, 16, dtype=torch.float64)
+    torch.testing.assert_close(
+        enc(x, block_mask=bm, score_mod=soft_cap), capped(x, mask=pt.dense(pattern, n, n))
+    )
+    dec = ak.TransformerDecoder(2, 16, 4, 32, cross_attention=False).double()
+    torch.testing.assert_close(
+        dec(x, block_mask=bm, score_mod=soft_cap),
+        dec(x, mask=pt.dense(pattern, n, n), score_mod=soft_cap),
+    )
+    assert not torch.allclose(dec(x, score_mod=soft_cap), dec(x))

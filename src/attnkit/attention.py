@@ -12,7 +12,7 @@ from typing import ClassVar
 import torch
 from torch import Tensor, nn
 
-from attnkit import checks, hooks, kernels
+from attnkit import checks, hooks, kernels, trust
 from attnkit.alignments import Alignment
 from attnkit.kernels.base import Call
 from attnkit.kernels.block_mask import BlockMask, ScoreMod, from_dense_auto
@@ -102,7 +102,10 @@ def attention(
     align_mod = checks.resolve_alignment(align)
     if v is None:
         v = k
-    shape = checks.validate(q, k, v, score_part, mask=mask, bias=bias, align=align_mod)
+    if trust.is_trusted():  # the per-head call of a validated layer (attnkit.trust)
+        shape = checks.scores_shape(q, k)
+    else:
+        shape = checks.validate(q, k, v, score_part, mask=mask, bias=bias, align=align_mod)
     if not isinstance(need_weights, bool):
         raise TypeError(f"need_weights must be a bool, got {need_weights!r}")
     if isinstance(dropout, bool) or not isinstance(dropout, (int, float)):
@@ -155,11 +158,8 @@ def _block_sparse(call: Call) -> Call:
         or torch.compiler.is_compiling()
     ):
         return call
-    chunked = kernels.get("chunked")
-    if chunked.reasons_not_supported(call):
-        return call
     block_mask = from_dense_auto(call.mask, call.shape)
-    if block_mask is None:
+    if block_mask is None or kernels.get("chunked").reasons_not_supported(call):
         return call
     return dataclasses.replace(call, mask=None, block_mask=block_mask)
 

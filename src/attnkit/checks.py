@@ -8,7 +8,7 @@ from torch import Tensor
 from attnkit import masks
 from attnkit.alignments import REGISTRY as ALIGNMENTS
 from attnkit.alignments import Alignment
-from attnkit.inputs import broadcasts_to, part_matches, same_kind, tensor
+from attnkit.inputs import broadcast_shapes, broadcasts_to, part_matches, same_kind, tensor
 from attnkit.scores import REGISTRY as SCORES
 from attnkit.scores import Score
 from attnkit.scores.base import check_heads
@@ -71,7 +71,7 @@ def resolve_alignment(align: str | Alignment, *, device=None, dtype=None) -> Ali
 def scores_shape(q: Tensor | None, k: Tensor) -> torch.Size:
     """(B, …, M, N) from q (…, M, d_q) and k (…, N, d_k); M = 1 without a query."""
     m = 1 if q is None else q.shape[-2]
-    lead = k.shape[:-2] if q is None else torch.broadcast_shapes(q.shape[:-2], k.shape[:-2])
+    lead = k.shape[:-2] if q is None else broadcast_shapes(q.shape[:-2], k.shape[:-2])
     return torch.Size((*lead, m, k.shape[-2]))
 
 
@@ -119,7 +119,7 @@ def validate(
         )
     try:
         shape = scores_shape(q, k)
-        torch.broadcast_shapes(k.shape[:-2], v.shape[:-2])
+        broadcast_shapes(k.shape[:-2], v.shape[:-2])
     except RuntimeError:
         qs = "None" if q is None else tuple(q.shape)
         raise ValueError(

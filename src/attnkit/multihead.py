@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnkit import arguments, checks, inputs, layer_patterns, masks, slots
+from attnkit import arguments, checks, inputs, layer_patterns, masks, slots, trust
 from attnkit import taxonomy as tx
 from attnkit.alignments import Alignment
 from attnkit.attention import Attention
@@ -289,13 +289,14 @@ class MultiHeadAttention(nn.Module):
                 "have the same batch dims and length N"
             )
         try:
-            torch.broadcast_shapes(query.shape[:-2], key.shape[:-2])
+            inputs.broadcast_shapes(query.shape[:-2], key.shape[:-2])
         except RuntimeError:
             raise ValueError(
                 f"batch dims of query {tuple(query.shape)} and key {tuple(key.shape)} do not "
                 "broadcast"
             ) from None
-        checks.part_matches(self, "MultiHeadAttention", "query", query)
+        if not trust.is_trusted():  # (a model's entry point checked its parameters)
+            checks.part_matches(self, "MultiHeadAttention", "query", query)
         cached = 0 if cache is None else len(cache)
         layer_patterns.check_call(
             block_mask, score_mod, query, cached=cached, has_pattern=self.pattern is not None
@@ -372,17 +373,21 @@ class MultiHeadAttention(nn.Module):
         )
         if mask is not None and key is query and getattr(self.attention, "mixes_queries", False):
             mask = _pad_queries(mask, query.shape[-2])
-        out = self.attention(
-            q,
-            k,
-            v,
-            mask=mask,
-            bias=bias,
-            need_weights=need_weights or value_term is not None,
+        kwargs = {
+            "mask": mask,
+            "bias": bias,
+            "need_weights": need_weights or value_term is not None,
             **({"q_offset": offset} if getattr(self.attention, "takes_q_offset", False) else {}),
             **({"cache": cache} if getattr(self.attention, "takes_cache", False) else {}),
             **sparse,
-        )
+        }
+        if type(self.attention) is Attention:
+            # q, k, v, mask and bias were validated above and shaped here: the score ×
+            # alignment call below need not check them again.
+            with trust.trusted():
+                out = self.attention(q, k, v, **kwargs)
+        else:
+            out = self.attention(q, k, v, **kwargs)
         if value_term is not None:
             if out.weights is None:
                 raise TypeError(
@@ -438,7 +443,7 @@ class MultiHeadAttention(nn.Module):
     ) -> None:
         """Check mask and bias against the caller's shapes: (…, M, N), or (…, H, M, N) per
         head, so that an error names the shapes the caller passed; N counts ``cached`` keys."""
-        lead = torch.broadcast_shapes(query.shape[:-2], key.shape[:-2])
+        lead = inputs.broadcast_shapes(query.shape[:-2], key.shape[:-2])
         m, n = query.shape[-2], key.shape[-2] + cached
         for name, x in (("mask", mask), ("bias", bias)):
             if x is None:

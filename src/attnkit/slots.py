@@ -12,7 +12,10 @@
   takes a KV cache only when it declares ``decodes_with_cache = True`` (a class attribute, or a
   property such as ``self.causal``): queries attending over all cached keys step by step then
   equal their rows of the part's causal pass. Parts that approximate over the whole sequence
-  (hashing, sorting, landmarks, length projections) do not, and are refused. A part in which a
+  (hashing, sorting, landmarks, length projections) do not, and are refused. A part that keeps
+  its own decoding state sets ``takes_cache = True`` and is given the layer's cache as the
+  keyword ``cache`` (a :class:`attnkit.linear_family.RecurrentCache` holds a state instead of
+  keys and values; the part then gets only the new keys). A part in which a
   query's result depends on the other queries (landmarks computed from all queries) sets
   ``mixes_queries = True``: in self-attention, multi-head attention then marks a token that no
   query may attend (padding) as a padded query too, an all-False row of the mask, so that the

@@ -43,6 +43,16 @@ class _FeedForward(nn.Sequential):
             nn.Linear(d_ff, d_model, **kw),
         )
 
+    def forward(self, x: Tensor) -> Tensor:
+        x = self[1](self[0](x))
+        if self.training and self[2].p > 0:  # (no module call for a no-op, per token)
+            x = self[2](x)
+        return self[3](x)
+
+
+def _identity(x: Tensor) -> Tensor:
+    return x
+
 
 def _heads(
     d_model: int, heads: int, score: Any, align: Any, dropout: float, query: str, **kw: Any
@@ -101,9 +111,10 @@ class _Block(nn.Module):
     def _sublayer(self, x: Tensor, norm: nn.Module, f: Callable[[Tensor], Tensor]) -> Tensor:
         """Post-norm Norm(x + f(x)) (Vaswani et al.), or pre-norm x + f(Norm(x)) (Xiong et al.
         2020: better-behaved gradients at the start of training, no warm-up needed)."""
+        drop = self.drop if self.training and self.drop.p > 0 else _identity
         if self.norm_first:
-            return x + self.drop(f(norm(x)))
-        return norm(x + self.drop(f(x)))
+            return x + drop(f(norm(x)))
+        return norm(x + drop(f(x)))
 
     def _build(self, d_model: int, heads: int, score: Any, align: Any, dropout: float, kw) -> None:
         raise NotImplementedError
@@ -210,8 +221,11 @@ class TransformerDecoderLayer(_Block):
             tiles above the diagonal be skipped.
         """
         arguments.boolean(causal, "causal")
-        n = x.shape[-2] + (0 if cache is None else len(cache))
-        future = masks.causal(x.shape[-2], n, device=x.device) if causal else None
+        m = x.shape[-2]
+        n = m + (0 if cache is None else len(cache))
+        # One new position after the cached ones may attend every key: no mask to build, check
+        # or apply on the per-token path of decoding.
+        future = masks.causal(m, n, device=x.device) if causal and m > 1 else None
         self_mask = masks.combine(future, mask)
         x = self._sublayer(
             x,

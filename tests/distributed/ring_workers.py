@@ -20,10 +20,11 @@ import torch.distributed as dist
 import attnkit as ak
 from attnkit import alignments as al
 from attnkit import scores as sc
-from attnkit.distributed import RingError, ring_attention, shard
+from attnkit.distributed import RingError, ring_attention, shard, transport
 from attnkit.kernels import BlockMask
 
 TOL = 1e-10
+GROUP: dist.ProcessGroup | None = None  # the ring of the world size under test
 B, H, D, D_V = 2, 2, 4, 3
 
 
@@ -111,6 +112,7 @@ def _ring(q, k, v, w, score, align, *, causal, pad, layout, rank, world, **extra
         causal=causal,
         key_padding_mask=pad_part,
         layout=layout,
+        group=GROUP,
         chunk_size=2,
         **extra,
     ).context
@@ -118,7 +120,9 @@ def _ring(q, k, v, w, score, align, *, causal, pad, layout, rank, world, **extra
     params = []
     for p in score.parameters():
         g = p.grad.clone()
-        dist.all_reduce(g)  # each rank holds its queries' part of a parameter's gradient
+        dist.all_reduce(
+            g, group=GROUP
+        )  # each rank holds its queries' part of a parameter's gradient
         params.append(g)
     return out.detach(), part["q"].grad, part["k"].grad, part["v"].grad, params
 
@@ -164,7 +168,7 @@ def _errors(rank: int, world: int, failures: list[str]) -> int:
     # Ranks that hold parts of different lengths.
     local = torch.randn(1, 4 if rank == 0 else 6, D, dtype=torch.float64)
     try:
-        ring_attention(local, local, local)
+        ring_attention(local, local, local, group=GROUP)
         failures.append("different lengths per rank were accepted")
     except ValueError as err:
         checks += 1
@@ -172,7 +176,7 @@ def _errors(rank: int, world: int, failures: list[str]) -> int:
             failures.append(f"unclear message for different lengths: {err}")
     # Ranks that disagree on the layout.
     try:
-        ring_attention(x, x, x, layout="zigzag" if rank == 0 else "contiguous")
+        ring_attention(x, x, x, group=GROUP, layout="zigzag" if rank == 0 else "contiguous")
         failures.append("different layouts per rank were accepted")
     except ValueError as err:
         checks += 1
@@ -181,7 +185,7 @@ def _errors(rank: int, world: int, failures: list[str]) -> int:
     # zigzag needs an even part per rank.
     odd = torch.randn(1, 3, D, dtype=torch.float64)
     try:
-        ring_attention(odd, odd, odd, layout="zigzag", causal=True)
+        ring_attention(odd, odd, odd, group=GROUP, layout="zigzag", causal=True)
         failures.append("an odd part under the zigzag layout was accepted")
     except ValueError as err:
         checks += 1
@@ -190,14 +194,22 @@ def _errors(rank: int, world: int, failures: list[str]) -> int:
     # A block mask built for a sequence that is not the group's.
     bm = BlockMask.from_mask_mod(lambda b, h, qi, ki: qi >= ki, 5, 5, block_q=2, block_k=2)
     try:
-        ring_attention(x[:, :2], x[:, :2], x[:, :2], block_mask=bm)
+        ring_attention(x[:, :2], x[:, :2], x[:, :2], group=GROUP, block_mask=bm)
         failures.append("a block mask of the wrong size was accepted")
     except ValueError as err:
         checks += 1
         if "block_mask" not in str(err):
             failures.append(f"unclear message for a block mask of the wrong size: {err}")
+    # What travels in a forward turn: the other P - 1 ranks' keys and values, once each.
+    transport.reset_traffic()
+    with torch.no_grad():
+        ring_attention(x, x, x[..., :3], group=GROUP)
+    want = (world - 1) * (x[..., :3].numel() + x.numel()) * x.element_size()
+    checks += 1
+    if transport.bytes_sent() != want:
+        failures.append(f"a forward turn sent {transport.bytes_sent()} bytes, expected {want}")
     # The group still works after the refused calls.
-    out = ring_attention(x[:, :2], x[:, :2], x[:, :2]).context
+    out = ring_attention(x[:, :2], x[:, :2], x[:, :2], group=GROUP).context
     checks += int(out.shape == (1, 2, D))
     return checks
 
@@ -240,12 +252,88 @@ def _extras(rank: int, world: int, failures: list[str]) -> int:
             )
             _compare(label, got, want, rank, world, layout, failures)
             checks += 1
+    if world == 2:
+        checks += _uneven_sweeps(rank, world, failures)
+        # float32 (to float32 rounding) and keys/values shared by the heads (B, 1, N, d).
+        for align_name in ("softmax", "entmax15"):
+            align = _align(align_name)
+            q32, k32, v32, w32 = (x.float() for x in (q, k[:, :1], v[:, :1], w))
+            want = _reference(
+                q32, k32, v32, w32, score, align, causal=True, pad=pad, kernel="dense"
+            )
+            got = _ring(
+                q32,
+                k32,
+                v32,
+                w32,
+                score,
+                align,
+                causal=True,
+                pad=pad,
+                layout="zigzag",
+                rank=rank,
+                world=world,
+            )
+            for name, g, ref in zip(("context", "dq", "dk", "dv"), got, want, strict=False):
+                err = (g - shard(ref, rank, world, layout="zigzag")).abs().max().item()
+                if not err <= 1e-5:
+                    failures.append(f"float32 shared heads {align_name}: {name} differs by {err}")
+            checks += 1
+    return checks
+
+
+def _uneven_sweeps(rank: int, world: int, failures: list[str]) -> int:
+    """Rows whose threshold search needs different numbers of sweeps on different ranks (peaked
+    rows on rank 0, flat rows over more keys than the search's start sees on rank 1): the rank
+    that is done forwards the blocks for the other, and the result is still exact."""
+    seq = 160
+    q, k, v, w, _ = _inputs(seq, padded=False)
+    scale = torch.ones(seq, 1, dtype=q.dtype)
+    scale[: seq // 2], scale[seq // 2 :] = 30.0, 0.05
+    q = q * scale
+    votes: list[tuple[bool, bool]] = []
+    agree = transport.Ring.any
+
+    def counted(self, flag, device):
+        result = agree(self, flag, device)
+        votes.append((flag, result))
+        return result
+
+    checks = 0
+    transport.Ring.any = counted
+    try:
+        for align_name in ("sparsemax", "entmax15"):
+            score, align = _score("scaled_dot"), _align(align_name)
+            got = _ring(
+                q,
+                k,
+                v,
+                w,
+                score,
+                align,
+                causal=False,
+                pad=None,
+                layout="contiguous",
+                rank=rank,
+                world=world,
+            )
+            want = _reference(q, k, v, w, score, align, causal=False, pad=None, kernel="dense")
+            _compare(f"uneven sweeps {align_name}", got, want, rank, world, "contiguous", failures)
+            checks += 1
+    finally:
+        transport.Ring.any = agree
+    forwarded = torch.tensor([sum(1 for flag, any_ in votes if any_ and not flag)])
+    dist.all_reduce(forwarded, group=GROUP)
+    if forwarded.item() == 0:
+        failures.append("no rank forwarded blocks for another's sweep: the case tests nothing")
     return checks
 
 
 def _dies(rank: int, world: int, failures: list[str]) -> int:
     """Rank 1 stops in the middle of a ring step; rank 0 must raise a RingError."""
-    group = dist.new_group(list(range(world)), timeout=datetime.timedelta(seconds=5))
+    group = dist.new_group([0, 1], timeout=datetime.timedelta(seconds=5))
+    if rank > 1:
+        return 0
     x = torch.randn(1, 4, D, dtype=torch.float64, requires_grad=True)
 
     def mod(e, b, h, qi, ki):
@@ -276,8 +364,7 @@ def _plan(world: int) -> tuple[list, tuple[str, ...], bool]:
     return [c for c in causal if c[0] == "scaled_dot"], ("dense",), True
 
 
-def run(rank: int, world: int, out_dir: str) -> None:
-    _init(rank, world, os.path.join(out_dir, "store"))
+def _run_world(rank: int, world: int, out_dir: str) -> None:
     failures: list[str] = []
     checks = 0
     cases, kernels, extras = _plan(world)
@@ -310,16 +397,28 @@ def run(rank: int, world: int, out_dir: str) -> None:
     except Exception:
         failures.append(traceback.format_exc())
     result = {"checks": checks, "failures": failures}
-    if world == 2:
-        # Written before the last check, in which rank 1 stops on purpose.
-        Path(out_dir, f"rank{rank}.json").write_text(json.dumps(result))
-        try:
-            result["dies"] = _dies(rank, world, failures)
-        except Exception:
-            failures.append(traceback.format_exc())
-    Path(out_dir, f"rank{rank}.json").write_text(json.dumps(result))
-    if world != 2:
-        dist.destroy_process_group()
+    Path(out_dir, f"world{world}_rank{rank}.json").write_text(json.dumps(result))
+
+
+def run(rank: int, world: int, out_dir: str) -> None:
+    """Rings of 2, 3 and ``world`` ranks (subgroups of one spawned world), then a ring of 2 in
+    which rank 1 stops."""
+    global GROUP
+    _init(rank, world, os.path.join(out_dir, "store"))
+    for size in range(2, world + 1):
+        # new_group is collective over the whole world, members or not.
+        GROUP = None if size == world else dist.new_group(list(range(size)))
+        if rank < size:
+            _run_world(rank, size, out_dir)
+    GROUP = None
+    failures: list[str] = []
+    try:
+        dies = _dies(rank, world, failures)
+    except Exception:
+        dies = 0
+        failures.append(traceback.format_exc())
+    if rank == 0:
+        Path(out_dir, "dies.json").write_text(json.dumps({"dies": dies, "failures": failures}))
 
 
 def run_nccl(rank: int, world: int, out_dir: str) -> None:

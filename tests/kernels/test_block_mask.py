@@ -4,6 +4,7 @@ kernel visits only the tiles the pattern needs; score_mod is differentiable."""
 
 from __future__ import annotations
 
+import gc
 import itertools
 from unittest import mock
 
@@ -328,3 +329,74 @@ def test_bad_score_mods_name_what_they_returned(kernel, mod, error, message):
     q = _q()
     with pytest.raises(error, match=message):
         ak.attention(q, q, score_mod=mod, kernel=kernel)
+
+
+# ---- a dense mask turned into a block mask ---------------------------------------------------
+
+
+def _flags_by_loop(mask: torch.Tensor, bq: int, bk: int):
+    """Per tile: any / all allowed over every batch entry, one tile at a time."""
+    m, n = mask.shape[-2:]
+    nq, nk = -(-m // bq), -(-n // bk)
+    any_allowed = torch.zeros(nq, nk, dtype=torch.bool)
+    all_allowed = torch.zeros(nq, nk, dtype=torch.bool)
+    for i, j in itertools.product(range(nq), range(nk)):
+        tile = mask[..., i * bq : (i + 1) * bq, j * bk : (j + 1) * bk]
+        any_allowed[i, j], all_allowed[i, j] = bool(tile.any()), bool(tile.all())
+    return any_allowed, all_allowed
+
+
+@pytest.mark.parametrize("shape", [(33, 37), (2, 1, 40, 24), (3, 16, 16)])
+@pytest.mark.parametrize("blocks", [(8, 8), (5, 7), (40, 3)])
+def test_from_dense_flags_match_a_loop_over_tiles(shape, blocks):
+    g = torch.Generator().manual_seed(len(shape))
+    mask = torch.rand(shape, generator=g) < 0.1
+    mask[..., :4, :] = True  # some full tiles
+    mask[..., 8:16, :] = False  # and some empty ones
+    bm = BlockMask.from_dense(mask, block_q=blocks[0], block_k=blocks[1])
+    any_allowed, all_allowed = _flags_by_loop(mask, *blocks)
+    assert torch.equal(bm.any_allowed, any_allowed)
+    assert torch.equal(bm.all_allowed, all_allowed)
+    assert torch.equal(bm.has_key, mask.any(-1, keepdim=True))
+    assert bm.lead == tuple(shape[:-2])
+
+
+def test_auto_block_mask_only_when_most_tiles_are_empty():
+    from attnkit.kernels.block_mask import AUTO_MAX_DENSITY, from_dense_auto
+
+    n = 1100  # 9 blocks of 128 a side, the last one ragged
+    shape = torch.Size((2, n, n))
+    window = ak.masks.window(n, n, 40)
+    bm = from_dense_auto(window, shape)
+    any_allowed, all_allowed = _flags_by_loop(window, 128, 128)
+    assert bm is not None and bm.dense is window
+    assert torch.equal(bm.any_allowed, any_allowed) and torch.equal(bm.all_allowed, all_allowed)
+    assert bm.density <= AUTO_MAX_DENSITY
+    assert from_dense_auto(torch.ones(n, n, dtype=torch.bool), shape) is None  # nothing empty
+    padding = ak.masks.from_lengths(torch.tensor([n, 3]), n)  # (B, 1, N): not per query
+    assert from_dense_auto(padding, shape) is None
+    small = ak.masks.window(512, 512, 8)  # 4 blocks a side: too few tiles to pay
+    assert from_dense_auto(small, torch.Size((512, 512))) is None
+
+
+def test_auto_block_mask_is_cached_by_tensor_and_version():
+    from attnkit.kernels import block_mask as bmm
+
+    n = 1024
+    window = ak.masks.window(n, n, 16)
+    shape = torch.Size((n, n))
+    with mock.patch.object(BlockMask, "_from_flags", wraps=BlockMask._from_flags) as spy:
+        first = bmm.from_dense_auto(window, shape)
+        again = bmm.from_dense_auto(window, shape)
+        assert spy.call_count == 1  # read once for the same tensor
+        assert torch.equal(first.any_allowed, again.any_allowed)
+        window[:, :] = True  # an in-place change: read again, now dense
+        assert bmm.from_dense_auto(window, shape) is None
+        assert spy.call_count == 2
+        same_values = ak.masks.window(n, n, 16)  # another tensor: its own entry
+        assert bmm.from_dense_auto(same_values, shape) is not None
+        assert spy.call_count == 3
+    before = len(bmm._AUTO_CACHE)
+    del window, first, again, spy  # (the spy keeps its call arguments, in reference cycles)
+    gc.collect()
+    assert len(bmm._AUTO_CACHE) < before  # entries leave with their mask

@@ -114,18 +114,31 @@ def test_the_door_refuses_what_a_state_cannot_do():
         ak.mechanisms.build("gla", head_dim=4, num_heads=2, form="scan")
     with pytest.raises(ValueError, match="need_weights must be False"):
         part(q, q, q, need_weights=True, cache=lf.RecurrentCache())
+    with pytest.raises(ValueError, match="q_offset 2 is not the 0 positions"):
+        part(q, q, q, q_offset=2, cache=lf.RecurrentCache())
+    with pytest.raises(TypeError, match="cache must be a LayerCache or None, got dict"):
+        part(q, q, q, cache={})
 
 
 def test_a_recurrent_cache_is_refused_by_a_part_that_does_not_read_it():
     mha = ak.MultiHeadAttention(E, H)
-    with pytest.raises(ValueError, match="RecurrentCache holds the state .* holds Attention"):
+    with pytest.raises(ValueError, match=r"RecurrentCache holds the state .* holds Attention"):
         mha(torch.randn(1, 1, E), cache=lf.RecurrentCache())
 
 
-def test_a_decoder_stack_gets_one_recurrent_cache_per_layer():
-    cache = lf.recurrent_cache(3)
-    assert len(cache) == 3 and all(isinstance(c, lf.RecurrentCache) for c in cache.layers)
-    assert cache.length == 0 and cache.nbytes == 0
+def test_a_decoder_stack_decodes_with_one_recurrent_cache_per_layer():
+    torch.manual_seed(0)
+    part = lf.GatedDeltaNet(8, 2, chunk_size=2)
+    decoder = ak.TransformerDecoder(2, 16, 2, cross_attention=False, attention=part)
+    decoder = decoder.double().eval()
+    x = torch.randn(2, 7, 16, dtype=torch.float64)
+    full = decoder(x)
+    cache = lf.recurrent_cache(2)
+    assert len(cache) == 2 and all(isinstance(c, lf.RecurrentCache) for c in cache.layers)
+    steps = [decoder(x[:, :3], cache=cache)]
+    steps += [decoder(x[:, i : i + 1], cache=cache) for i in range(3, 7)]
+    torch.testing.assert_close(torch.cat(steps, 1), full, atol=1e-12, rtol=1e-10)
+    assert cache.length == 7 and cache.nbytes == 2 * (2 * 2 * 8 * 8 * 8)  # two layers' states
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -27,6 +27,7 @@ from attnkit.features.aggregation import LinearAggregation, NestedPerceptronAggr
 from attnkit.linear_family import LinearFamilyPart, UnnormalizedWeights
 from attnkit.modern.sinks import SinkSoftmax
 from attnkit.queries.query_types import QueryTagged
+from attnkit.sparse_trainable import BlockCompression, LightningIndexer, MeanCompression
 
 # Public nn.Module classes in the mechanism packages that are not mechanisms, and why.
 NOT_MECHANISMS = {
@@ -44,6 +45,9 @@ NOT_MECHANISMS = {
     "linear-attention parts, which are registered",
     EluPlusOne: "a feature map for linear attention, chosen by name through FEATURE_MAPS",
     ReLUFeatures: "a feature map for linear attention, chosen by name through FEATURE_MAPS",
+    BlockCompression: "NSA's block compression φ, a part of the registered native_sparse",
+    MeanCompression: "NSA's parameter-free block compression, a part of native_sparse",
+    LightningIndexer: "DSA's index scores, a part of the registered deepseek_sparse",
     LinearAggregation: "an aggregation of the affinity matrix, a part of parallel co-attention",
     NestedPerceptronAggregation: "an aggregation of the affinity matrix, a part of parallel "
     "co-attention",

@@ -109,3 +109,27 @@ def test_learns_to_continue_a_counting_sequence():
     lm.eval()
     out = lm.generate(data[:, :2], 10)
     assert torch.equal(out, data)
+
+
+def test_a_local_attention_lm_generates_as_it_computes_the_whole_sequence():
+    from attnkit import patterns as pt
+
+    torch.manual_seed(0)
+    pattern = pt.sliding_window(3, causal=True)
+
+    def cap(e, b, h, q_idx, kv_idx):
+        return 5.0 * torch.tanh(e / 5.0)
+
+    lm = DecoderLM(20, 16, 2, 2, max_len=40, pattern=pattern, score_mod=cap).double().eval()
+    prompt = torch.randint(0, 20, (2, 4))
+    cached = lm.generate(prompt, 10)
+    assert torch.equal(cached, lm.generate(prompt, 10, use_cache=False))
+    # the whole sequence through the pattern's block mask == a dense mask of the same pattern
+    plain = DecoderLM(20, 16, 2, 2, max_len=40).double().eval()
+    plain.load_state_dict(lm.state_dict())
+    n = cached.shape[1]
+    x = plain.positions(plain.tokens(cached), offset=0)
+    ref = plain.head(plain.decoder(x, mask=pt.dense(pattern, n, n), score_mod=cap))
+    torch.testing.assert_close(lm(cached), ref)
+    bm = pt.block_mask(pattern, n, block_q=4, block_k=4)
+    torch.testing.assert_close(plain(cached, block_mask=bm, score_mod=cap), ref)

@@ -34,7 +34,9 @@ def _reference(module, q, k, v, keep, q_offset=0):
                 ]
                 blocks[h] = seen
                 if seen:
-                    kc = torch.stack([module.compress_key(k[b, h, i * s : i * s + l]) for i in seen])
+                    kc = torch.stack(
+                        [module.compress_key(k[b, h, i * s : i * s + l]) for i in seen]
+                    )
                     pcmp[h] = torch.softmax(kc @ q[b, h, t] / math.sqrt(d), 0)
             for h in range(h_):
                 # eq. 9 (+ eq. 10): importance of selection block j
@@ -71,7 +73,11 @@ def _reference(module, q, k, v, keep, q_offset=0):
                 # selected and window branches
                 for keys in (
                     [x for j in chosen for x in range(j * lb, min((j + 1) * lb, n)) if allowed[x]],
-                    [x for x in range(max(0, p - module.window + 1), p + 1) if x < n and allowed[x]],
+                    [
+                        x
+                        for x in range(max(0, p - module.window + 1), p + 1)
+                        if x < n and allowed[x]
+                    ],
                 ):
                     if keys:
                         a = torch.softmax(k[b, h, keys] @ q[b, h, t] / math.sqrt(d), 0)
@@ -192,5 +198,5 @@ def test_refusals_name_the_argument():
         NativeSparseAttention(4, compress_block=2, compress_stride=3)
     with pytest.raises(ValueError, match="group_size=3"):
         NativeSparseAttention(4, group_size=3, **SIZES)(q, q, q)
-    with pytest.raises(TypeError, match="compress_key must be an nn.Module"):
+    with pytest.raises(TypeError, match=r"compress_key must be an nn\.Module"):
         NativeSparseAttention(4, compress_key="mean")

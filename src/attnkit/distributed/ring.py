@@ -12,10 +12,11 @@ The blocks are merged with the alignment's streaming statistics
 
 - online alignments (softmax: running maximum and sum) need one turn of the ring;
 - alignments whose statistic needs whole rows (sparsemax, 1.5-entmax, α-entmax: the threshold
-  τ over *all* keys) get it from the alignment's own :meth:`stream_statistic`, each of its
-  sweeps over the key tiles being one turn of the ring (only the projected keys travel). The
-  ranks agree before each sweep whether any of them still needs one, and a rank that is done
-  forwards the blocks for the others, so the result is the single-process one: exact;
+  τ over *all* keys) get it from the alignment's own
+  :meth:`attnkit.alignments.streaming.Streaming.stream_statistic`, each of its sweeps over the
+  key tiles being one turn of the ring (only the projected keys travel). The ranks agree
+  before each sweep whether any of them still needs one, and a rank that is done forwards the
+  blocks for the others, so the result is the single-process one: exact;
 - alignments with independent weights (sigmoid) need no statistic.
 
 The backward pass is a second :class:`torch.autograd.Function` turn: the key/value blocks travel
@@ -31,7 +32,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
@@ -39,12 +39,10 @@ from torch import Tensor, nn
 
 from attnkit import checks
 from attnkit.alignments import Alignment
-from attnkit.alignments.streaming import Streaming
-from attnkit.distributed.layout import Segment, check_layout, segments
+from attnkit.distributed.layout import check_layout
+from attnkit.distributed.tiles import Plan, rows_of
 from attnkit.distributed.transport import GRAD_TAG, KV_TAG, Ring
-from attnkit.kernels import compiled
-from attnkit.kernels.base import guarded_sum
-from attnkit.kernels.block_mask import BlockMask, ScoreMod, apply_score_mod
+from attnkit.kernels.block_mask import BlockMask, ScoreMod
 from attnkit.kernels.chunked import (
     TILE_ELEMENTS,
     WIDE_TILE_ELEMENTS,
@@ -77,161 +75,7 @@ def reasons_not_supported(score: Score, align: Alignment) -> list[str]:
     return reasons
 
 
-@dataclass(frozen=True)
-class _Piece:
-    """Positions [start, start + length) of the sequence at local positions [local, …)."""
-
-    start: int
-    local: int
-    length: int
-
-    @property
-    def stop(self) -> int:
-        return self.start + self.length
-
-    def rows(self, x: Tensor, dim: int = -2) -> Tensor:
-        return x.narrow(dim, self.local, self.length)
-
-
-def _pieces(segs: tuple[Segment, ...], size: int) -> list[_Piece]:
-    return [
-        _Piece(s.start + a, s.local + a, min(size, s.length - a))
-        for s in segs
-        for a in range(0, s.length, size)
-    ]
-
-
-@dataclass
-class _Plan:
-    """What the tiles need that is not a tensor to differentiate (one rank's view)."""
-
-    score: Score
-    align: Streaming
-    ring: Ring
-    layout: str
-    causal: bool
-    m_local: int
-    n_local: int
-    lead: torch.Size
-    work: torch.dtype
-    block_q: int
-    block_k: int
-    stat_k: int  # key tile width of the threshold sweeps (tiles hold every local query row)
-    padded: bool  # a key padding mask travels with the keys
-    guard: bool  # a masked value may be non-finite
-    block_mask: BlockMask | None
-    score_mod: ScoreMod | None
-    device: torch.device
-    q_segs: tuple[Segment, ...] = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.q_segs = segments(self.ring.rank, self.ring.size, self.m_local, self.layout)
-        self.row_pieces = _pieces(self.q_segs, self.block_q)
-        self._keys: dict[tuple[int, int], list[_Piece]] = {}
-
-    def key_pieces(self, owner: int, size: int) -> list[_Piece]:
-        if (owner, size) not in self._keys:
-            segs = segments(owner, self.ring.size, self.n_local, self.layout)
-            self._keys[owner, size] = _pieces(segs, size)
-        return self._keys[owner, size]
-
-    # ---- which tiles hold an allowed pair ---------------------------------------------------
-
-    def visible(self, rows: _Piece, keys: _Piece, mb: Tensor | None) -> bool:
-        """Whether any pair of the tile may be allowed (an empty tile is skipped)."""
-        if self.causal and rows.stop - 1 < keys.start:
-            return False
-        bm = self.block_mask
-        if bm is not None:
-            qa, qb = rows.start // bm.block_q, -(-rows.stop // bm.block_q)
-            ka, kb = keys.start // bm.block_k, -(-keys.stop // bm.block_k)
-            if not bool(bm.any_allowed[qa:qb, ka:kb].any()):
-                return False
-        return mb is None or bool(keys.rows(mb, -1).any())
-
-    def mask(self, rows: _Piece, keys: _Piece, mb: Tensor | None) -> Tensor | None:
-        """(…, rows, keys) boolean mask of a tile (None when every pair is allowed)."""
-        mask = None
-        k_pos = torch.arange(keys.start, keys.stop, device=self.device)
-        if self.causal and rows.start < keys.stop - 1:
-            q_pos = torch.arange(rows.start, rows.stop, device=self.device)
-            mask = q_pos[:, None] >= k_pos[None, :]
-        if mb is not None:
-            pad = keys.rows(mb, -1).bool()
-            pad = pad.view(pad.shape[0], *([1] * (len(self.lead) - 1)), 1, keys.length)
-            mask = pad if mask is None else mask & pad
-        if self.block_mask is not None:
-            pattern = self.block_mask.tile_at(rows.start, rows.stop, k_pos)
-            mask = pattern if mask is None else mask & pattern
-        return mask
-
-    # ---- scores of a tile -------------------------------------------------------------------
-
-    def tile(
-        self, qp: Tensor, kb: Tensor, rows: _Piece, keys: _Piece, mb: Tensor | None
-    ) -> tuple[Tensor, Tensor | None]:
-        """Prepared scores (…, rows, keys) in the work dtype, −inf where masked, and the mask.
-        ``qp`` and ``kb`` hold just these rows and keys."""
-        e = compiled.pairwise(self.score)(qp, kb, keys.start).to(self.work)
-        e = e.expand(*self.lead, rows.length, keys.length)
-        if self.score_mod is not None:
-            pos = torch.arange(keys.start, keys.stop, device=e.device)
-            e = apply_score_mod(self.score_mod, e, rows.start, pos)
-        e = self.align.stream_prepare(e)
-        mask = self.mask(rows, keys, mb)
-        if mask is not None:
-            e = e.masked_fill(~mask, float("-inf"))
-        return e, mask
-
-    def all_rows_tile(self, qp: Tensor, kb: Tensor, keys: _Piece, mb: Tensor | None):
-        """Prepared scores of every local query row × ``keys`` (−inf for query segments that
-        the masks leave without an allowed key there), or None when no row has one."""
-        parts, seen = [], False
-        for seg in self.q_segs:
-            rows = _Piece(seg.start, seg.local, seg.length)
-            if self.visible(rows, keys, mb):
-                parts.append(self.tile(rows.rows(qp), keys.rows(kb), rows, keys, mb)[0])
-                seen = True
-            else:
-                parts.append(self.empty(seg.length, keys.length))
-        if not seen:
-            return None
-        return parts[0] if len(parts) == 1 else torch.cat(parts, dim=-2)
-
-    def empty(self, rows: int, keys: int) -> Tensor:
-        return torch.full(
-            (*self.lead, rows, keys), float("-inf"), dtype=self.work, device=self.device
-        )
-
-    # ---- weights and sums -------------------------------------------------------------------
-
-    def weights(self, e: Tensor, stat: Tensor | None, has_key: Tensor) -> Tensor:
-        p = self.align.stream_weights(e, stat)
-        return torch.where(has_key, p, torch.zeros((), dtype=p.dtype))
-
-    def combine(self, p: Tensor, vb: Tensor) -> Tensor:
-        vb = vb.to(self.work)
-        return guarded_sum(torch.matmul, p, vb) if self.guard else torch.matmul(p, vb)
-
-    def d_weights(self, d_out: Tensor, vb: Tensor) -> Tensor:
-        vb = vb.to(self.work)
-        if self.guard:
-            vb = torch.where(torch.isfinite(vb), vb, torch.zeros((), dtype=vb.dtype))
-        return torch.matmul(d_out, vb.transpose(-1, -2))
-
-    def block(self, *tensors: Tensor | None) -> list[Tensor]:
-        return [t for t in tensors if t is not None]
-
-    def unpack(self, blk: list[Tensor]) -> tuple[Tensor, ...]:
-        """(kp, [v], mask or None) of a travelling block."""
-        return (*blk, None) if not self.padded else tuple(blk)
-
-
-def _rows_of(x: Tensor | None, rows: _Piece) -> Tensor | None:
-    return None if x is None else rows.rows(x)
-
-
-def _statistic(plan: _Plan, qp: Tensor, block: list[Tensor]) -> Tensor | None:
+def _statistic(plan: Plan, qp: Tensor, block: list[Tensor]) -> Tensor | None:
     """The alignment's per-row statistic of every local query row over all keys; each sweep of
     the alignment is a turn of the ring, and the ranks sweep together until all are done."""
     ring = plan.ring
@@ -256,7 +100,7 @@ def _statistic(plan: _Plan, qp: Tensor, block: list[Tensor]) -> Tensor | None:
     return stat
 
 
-def _forward(plan: _Plan, qp: Tensor, kp: Tensor, v: Tensor, mb: Tensor | None):
+def _forward(plan: Plan, qp: Tensor, kp: Tensor, v: Tensor, mb: Tensor | None):
     """(context (…, M_l, d_v) in the work dtype, statistic (…, M_l, C) or None, has_key)."""
     align = plan.align
     lead = plan.lead
@@ -270,7 +114,7 @@ def _forward(plan: _Plan, qp: Tensor, kp: Tensor, v: Tensor, mb: Tensor | None):
         kb, vb, mb_ = plan.unpack(blk)
         for i, rows in enumerate(plan.row_pieces):
             qr = rows.rows(qp)
-            st = _rows_of(stat, rows)
+            st = rows_of(stat, rows)
             for keys in plan.key_pieces(owner, plan.block_k):
                 if not plan.visible(rows, keys, mb_):
                     continue
@@ -317,7 +161,7 @@ def _correction(plan, qp, kp, v, mb, d_out, context, stat, has_key) -> Tensor | 
     # Whether r exists is the alignment's property: ask it on one local tile.
     rows, keys = plan.row_pieces[0], plan.key_pieces(plan.ring.rank, plan.block_k)[0]
     e, _ = plan.tile(rows.rows(qp), keys.rows(kp), rows, keys, mb)
-    st = _rows_of(stat, rows)
+    st = rows_of(stat, rows)
     _, r = plan.align.stream_slope(plan.align.stream_weights(e, st), st)
     if r is None:
         return None
@@ -326,7 +170,7 @@ def _correction(plan, qp, kp, v, mb, d_out, context, stat, has_key) -> Tensor | 
     for owner, blk in plan.ring.passes(plan.block(kp, v, mb), "the backward correction turn"):
         kb, vb, mb_ = plan.unpack(blk)
         for rows in plan.row_pieces:
-            st, hk = _rows_of(stat, rows), rows.rows(has_key)
+            st, hk = rows_of(stat, rows), rows.rows(has_key)
             for keys in plan.key_pieces(owner, plan.block_k):
                 if not plan.visible(rows, keys, mb_):
                     continue
@@ -341,7 +185,7 @@ def _correction(plan, qp, kp, v, mb, d_out, context, stat, has_key) -> Tensor | 
 
 class _RingFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, plan: _Plan, qp, kp, v, mb, *params):
+    def forward(ctx, plan: Plan, qp, kp, v, mb, *params):
         with torch.no_grad():
             context, stat, has_key = _forward(plan, qp, kp, v, mb)
         ctx.plan = plan
@@ -350,7 +194,7 @@ class _RingFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, d_context):
-        plan: _Plan = ctx.plan
+        plan: Plan = ctx.plan
         qp, kp, v, mb, context, stat, has_key, *params = ctx.saved_tensors
         work, ring = plan.work, plan.ring
         d_out = d_context.to(work).expand(context.shape)
@@ -368,7 +212,7 @@ class _RingFunction(torch.autograd.Function):
             g_k = torch.zeros(kb.shape, dtype=work, device=plan.device)
             g_v = torch.zeros(vb.shape, dtype=work, device=plan.device)
             for rows in plan.row_pieces:
-                st, hk = _rows_of(stat, rows), rows.rows(has_key)
+                st, hk = rows_of(stat, rows), rows.rows(has_key)
                 d_rows = rows.rows(d_out)
                 c_rows = None if corr is None else rows.rows(corr)
                 for keys in plan.key_pieces(owner, plan.block_k):
@@ -442,38 +286,6 @@ def _tile_grads(
     for target, g in zip(g_params, grads[2:], strict=True):
         if g is not None:
             target += g.sum_to_size(target.shape)
-
-
-def _group_ring(group) -> Ring:
-    if not dist.is_available() or not dist.is_initialized():
-        raise ValueError(
-            "ring attention needs torch.distributed: call torch.distributed.init_process_group "
-            "(backend 'gloo' on CPU, 'nccl' on CUDA) on every rank first"
-        )
-    if group is not None and not isinstance(group, dist.ProcessGroup):
-        raise TypeError(
-            f"group must be a torch.distributed ProcessGroup or None, got {type(group).__name__}"
-        )
-    if group is not None and dist.get_rank(group) < 0:
-        raise ValueError(
-            f"this process (global rank {dist.get_rank()}) is not a member of the group it "
-            "passed; call ring attention only on the group's ranks"
-        )
-    return Ring(group)
-
-
-def _check_backend(ring: Ring, x: Tensor) -> None:
-    backend = ring.backend.lower()
-    if backend == "nccl" and x.device.type != "cuda":
-        raise ValueError(
-            f"the group's backend is nccl, which sends CUDA tensors, but q is on {x.device}; "
-            "move the inputs to the GPU or use a gloo group"
-        )
-    if backend == "gloo" and x.device.type != "cpu":
-        raise ValueError(
-            f"the group's backend is gloo, which sends CPU tensors here, but q is on {x.device}; "
-            "use an nccl group for CUDA tensors"
-        )
 
 
 def _signature(q: Tensor, k: Tensor, v: Tensor, pad: Tensor | None, **flags: int) -> Tensor:
@@ -592,8 +404,8 @@ def ring_attention(
                 f"key_padding_mask must be (B, N_l) = ({batch}, {n_local}) for keys "
                 f"{tuple(k.shape)} (batch first), got {tuple(key_padding_mask.shape)}"
             )
-    ring = _group_ring(group)
-    _check_backend(ring, q)
+    ring = Ring.of(group)
+    ring.check_device(q, "q")
     for seg_len, name in ((m_local, "q"), (n_local, "k")):
         if layout == "zigzag" and seg_len % 2:
             raise ValueError(
@@ -632,7 +444,7 @@ def ring_attention(
     half = n_local if layout == "contiguous" else n_local // 2
     block_k = min(half, chunk_size or default_chunk_size(half, score_part))
     mb = None if key_padding_mask is None else key_padding_mask.to(torch.uint8).contiguous()
-    plan = _Plan(
+    plan = Plan(
         score=score_part,
         align=align_mod,
         ring=ring,

@@ -16,12 +16,26 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-__all__ = ["Ring", "RingError"]
+__all__ = ["Ring", "RingError", "bytes_sent", "reset_traffic"]
 
 # Tags keep concurrent exchanges (key/value blocks, gradient blocks) apart; each tensor of a
 # message gets its own tag below its kind's base.
 KV_TAG = 1000
 GRAD_TAG = 2000
+
+
+_SENT = [0]  # bytes this process has sent to its ring neighbours
+
+
+def bytes_sent() -> int:
+    """Bytes this process has sent over ring exchanges since the last :func:`reset_traffic`
+    (point-to-point payload only; the small agreement collectives are not counted)."""
+    return _SENT[0]
+
+
+def reset_traffic() -> None:
+    """Start counting :func:`bytes_sent` from zero."""
+    _SENT[0] = 0
 
 
 class RingError(RuntimeError):
@@ -36,6 +50,42 @@ class Ring:
         self.rank = dist.get_rank(group)
         self.size = dist.get_world_size(group)
         self.backend = str(dist.get_backend(group))
+
+    @classmethod
+    def of(cls, group: object) -> Ring:
+        """The ring of ``group`` (None: the default group), refused unless torch.distributed
+        is initialised and this process is a member."""
+        if not dist.is_available() or not dist.is_initialized():
+            raise ValueError(
+                "ring attention needs torch.distributed: call "
+                "torch.distributed.init_process_group (backend 'gloo' on CPU, 'nccl' on CUDA) "
+                "on every rank first"
+            )
+        if group is not None and not isinstance(group, dist.ProcessGroup):
+            raise TypeError(
+                "group must be a torch.distributed ProcessGroup or None, got "
+                f"{type(group).__name__}"
+            )
+        if group is not None and dist.get_rank(group) < 0:
+            raise ValueError(
+                f"this process (global rank {dist.get_rank()}) is not a member of the group it "
+                "passed; call ring attention only on the group's ranks"
+            )
+        return cls(group)
+
+    def check_device(self, x: Tensor, name: str) -> None:
+        """Refuse a tensor that the group's backend does not send (nccl: CUDA, gloo: CPU)."""
+        backend = self.backend.lower()
+        if backend == "nccl" and x.device.type != "cuda":
+            raise ValueError(
+                f"the group's backend is nccl, which sends CUDA tensors, but {name} is on "
+                f"{x.device}; move the inputs to the GPU or use a gloo group"
+            )
+        if backend == "gloo" and x.device.type != "cpu":
+            raise ValueError(
+                f"the group's backend is gloo, which sends CPU tensors here, but {name} is on "
+                f"{x.device}; use an nccl group for CUDA tensors"
+            )
 
     @contextmanager
     def guard(self, what: str) -> Iterator[None]:
@@ -67,6 +117,7 @@ class Ring:
             ops.append(dist.P2POp(dist.irecv, b, group=self.group, group_peer=prev, tag=tag))
         with self.guard(f"posting an exchange with ranks {prev} and {nxt}"):
             works = dist.batch_isend_irecv(ops)
+        _SENT[0] += sum(t.numel() * t.element_size() for t in tensors)
         return buffers, works
 
     def wait(self, pending: tuple[list[Tensor], list], step: str) -> list[Tensor]:

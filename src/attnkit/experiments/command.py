@@ -263,9 +263,10 @@ def _check_contract(configs: list) -> None:
             raise ConfigError(str(err)) from None
     if outside:
         cls = tasks.get(outside[0].task)
+        where = outside[0].task_module or f"{cls.__module__}.{cls.__qualname__}"
         runs = "" if len(outside) == 1 else f", for each of the {len(outside)} runs"
         print(
-            f"task {outside[0].task!r} ({cls.__module__}.{cls.__qualname__}) passed the task "
+            f"task {outside[0].task!r} ({where}) passed the task "
             f"contract checks{runs}: {CHECKED}",
             flush=True,
         )

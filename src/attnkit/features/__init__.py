@@ -10,6 +10,7 @@ from attnkit.features.coattention import (
     ParallelCoAttention,
 )
 from attnkit.features.decomposable import DecomposableAttention, DecomposableOutput
+from attnkit.features.gated_merge import GatedMerge, GatedMergeOutput
 from attnkit.features.levels import AttentionViaAttention, HierarchicalAttention
 from attnkit.features.query_coattention import QueryGuidedCoAttention
 from attnkit.features.representations import MetaEmbedding
@@ -22,6 +23,8 @@ __all__ = [
     "CoAttentionOutput",
     "DecomposableAttention",
     "DecomposableOutput",
+    "GatedMerge",
+    "GatedMergeOutput",
     "HierarchicalAttention",
     "InteractiveCoAttention",
     "MetaEmbedding",

@@ -22,7 +22,7 @@ from typing import ClassVar, NamedTuple
 import torch
 from torch import Tensor, nn
 
-from attnkit import arguments, checks, inputs, masks
+from attnkit import arguments, inputs, masks
 from attnkit import taxonomy as tx
 from attnkit.attention import Attention
 from attnkit.mechanisms import REGISTRY, example_tensor
@@ -91,9 +91,9 @@ class GatedMerge(nn.Module):
 
     @classmethod
     def example(cls) -> tuple[nn.Module, tuple, dict]:
-        q, k, v = example_tensor(2, 3, 4, seed=1), example_tensor(2, 5, 6, seed=2)
+        q, k = example_tensor(2, 3, 4, seed=1), example_tensor(2, 5, 6, seed=2)
         v = example_tensor(2, 5, 4, seed=3)
-        mask = masks.from_lengths(torch.tensor([5, 3]), 5)[:, None]  # (B, 1, N)
+        mask = masks.from_lengths(torch.tensor([5, 3]), 5)  # (B, 1, N)
         module = cls(4, attention=Attention(Additive(4, 6, 5), "softmax"))
         return module, (q, k, v), {"mask": mask}
 
@@ -127,7 +127,7 @@ class GatedMerge(nn.Module):
                 )
             h = q
         h = inputs.tensor(h, "h")
-        checks.part_matches(self, type(self).__name__, "h", h)
+        inputs.part_matches(self, type(self).__name__, "h", h)
         out = self.attention(q, k, v, mask=mask, need_weights=True)
         s = out.context
         if h.shape != s.shape:

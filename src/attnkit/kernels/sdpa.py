@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from attnkit.alignments import Alignment
+from attnkit.inputs import broadcast_shapes
 from attnkit.kernels.base import Call, Kernel, register
 from attnkit.output import AttentionOutput
 from attnkit.scores import Score
@@ -58,7 +59,7 @@ def attend(
     # softmax((scale·q'ᵀk' + bias) / τ): fold 1/τ into the scale and the bias.
     inv_t = 1.0 / temperature
     scale = scale * inv_t
-    lead = torch.broadcast_shapes(qp.shape[:-2], kp.shape[:-2], v.shape[:-2])
+    lead = broadcast_shapes(qp.shape[:-2], kp.shape[:-2], v.shape[:-2])
     qp = qp.expand(*lead, *qp.shape[-2:])
     kp = kp.expand(*lead, *kp.shape[-2:])
     v = v.expand(*lead, *v.shape[-2:])

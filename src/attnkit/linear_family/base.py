@@ -269,13 +269,17 @@ class LinearFamilyPart(nn.Module):
                 f"{tuple(k.shape)}), and the weights over the earlier positions, whose keys are "
                 "not kept, cannot be returned (need_weights must be False)"
             )
-        total = offset + m if stateful else n
-        if not stateful and total != offset + m:
+        if stateful and offset != len(cache):
+            raise ValueError(
+                f"{who}: q_offset {offset} is not the {len(cache)} positions the RecurrentCache "
+                "has seen"
+            )
+        if not stateful and n != offset + m:
             raise ValueError(
                 f"{who} is causal self-attention: the {m} queries at positions {offset} … "
                 f"{offset + m - 1} need {offset + m} keys, got k {tuple(k.shape)}"
             )
-        masks.check(mask, torch.Size((*lead, m, total)))
+        masks.check(mask, torch.Size((*lead, m, offset + m)))
         if mask is not None and stateful and mask.shape[-1] != 1:
             mask = mask[..., -m:]  # the earlier positions are in the state already
         elif mask is not None and offset and m > 1 and mask.shape[-2] == m:

@@ -109,8 +109,12 @@ def delta_weights(q: Tensor, k: Tensor, beta: Tensor, g: Tensor) -> Tensor:
 
 
 def delta_parallel(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor) -> Tensor:
-    """The parallel form from a zero state: o (…, N, d_v)."""
-    return causal_matmul(delta_weights(q, k, beta, g), v)
+    """The parallel form from a zero state: o = (QKᵀ ⊙ Γ) (I + L)⁻¹ (β ⊙ V) (…, N, d_v), one
+    triangular solve against the values (O(N² d_v), the weights never formed)."""
+    system, scores = _within(q, k, beta, g)
+    lead = torch.broadcast_shapes(system.shape[:-2], beta.shape[:-2], v.shape[:-2])
+    rhs = (beta * v).broadcast_to(*lead, *v.shape[-2:])
+    return causal_matmul(scores, _solve(system.broadcast_to(*lead, *system.shape[-2:]), rhs))
 
 
 def delta_chunkwise(

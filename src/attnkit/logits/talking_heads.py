@@ -26,6 +26,7 @@ from attnkit import arguments, hooks
 from attnkit import taxonomy as tx
 from attnkit.alignments import Softmax
 from attnkit.efficient.lsh import HeadOutput, check_head_inputs
+from attnkit.kernels.base import guarded_sum
 from attnkit.mechanisms import REGISTRY, example_tensor
 
 __all__ = ["TalkingHeadsAttention"]
@@ -99,7 +100,11 @@ class TalkingHeadsAttention(nn.Module):
         if keep is not None:
             a_mixed = a_mixed.masked_fill(~keep, 0.0)
         hooks.report(self, a)
-        return HeadOutput(torch.matmul(a_mixed, v), a if need_weights else None)
+        if keep is not None and not bool(torch.isfinite(v).all()):
+            context = guarded_sum(torch.matmul, a_mixed, v)  # NaN at weight 0 stays out
+        else:
+            context = torch.matmul(a_mixed, v)
+        return HeadOutput(context, a if need_weights else None)
 
     def extra_repr(self) -> str:
         return f"num_heads={self.num_heads}"

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from attnkit import arguments
+from attnkit import arguments, trust
 from attnkit.kernels.block_mask import BlockMask, ScoreMod
 from attnkit.kv_cache import KVCache
 from attnkit.positions import REGISTRY as POSITIONS
@@ -113,7 +113,12 @@ class DecoderLM(nn.Module):
         x = self.tokens(tokens)
         if self.positions is not None:
             x = self.positions(x, offset=offset)
-        return self.head(self.decoder(x, cache=cache, block_mask=block_mask, score_mod=score_mod))
+        # The token ids and lengths are checked here, and every layer below is this model's own,
+        # made in one dtype and on one device: the layers need not check their parameters
+        # against their inputs again for every token (attnkit.trust).
+        with trust.trusted():
+            h = self.decoder(x, cache=cache, block_mask=block_mask, score_mod=score_mod)
+        return self.head(h)
 
     @torch.no_grad()
     def generate(

@@ -10,6 +10,14 @@ from attnkit.patterns.base import and_masks, block_mask, dense, or_masks
 from attnkit.patterns.directional import backward, forward
 from attnkit.patterns.global_tokens import bigbird, longformer
 from attnkit.patterns.local_2d import local_2d, query_blocks
+from attnkit.patterns.packing import (
+    document_ids,
+    packed,
+    packed_block_mask,
+    packed_mask,
+    position_ids,
+)
+from attnkit.patterns.prefix import prefix_lm, prefix_lm_mask
 from attnkit.patterns.sparse_transformer import fixed, strided
 from attnkit.patterns.window import causal, dilated_window, sliding_window
 
@@ -21,11 +29,18 @@ __all__ = [
     "causal",
     "dense",
     "dilated_window",
+    "document_ids",
     "fixed",
     "forward",
     "local_2d",
     "longformer",
     "or_masks",
+    "packed",
+    "packed_block_mask",
+    "packed_mask",
+    "position_ids",
+    "prefix_lm",
+    "prefix_lm_mask",
     "query_blocks",
     "sliding_window",
     "strided",

@@ -12,10 +12,16 @@ from attnkit.positions.base import (
     PositionScheme,
     relative_distances,
 )
+from attnkit.positions.gated_transformer_xl import (
+    GatedTransformerXL,
+    GatedTransformerXLLayer,
+    GRUGate,
+)
 from attnkit.positions.learned import Learned
 from attnkit.positions.music import MusicRelative, skew
 from attnkit.positions.none import NoPosition
 from attnkit.positions.rope import Rotary, rotate
+from attnkit.positions.rope_scaling import ScaledRotary
 from attnkit.positions.shaw import ShawRelative
 from attnkit.positions.sinusoidal import Sinusoidal, sinusoid_table
 from attnkit.positions.t5 import T5Relative, t5_bucket
@@ -28,12 +34,16 @@ __all__ = [
     "REGISTRY",
     "ALiBi",
     "AbsolutePosition",
+    "GRUGate",
+    "GatedTransformerXL",
+    "GatedTransformerXLLayer",
     "Learned",
     "MusicRelative",
     "NoPosition",
     "PositionScheme",
     "Positioned",
     "Rotary",
+    "ScaledRotary",
     "ShawRelative",
     "Sinusoidal",
     "T5Relative",

@@ -155,6 +155,13 @@ class TransformerXLLayer(nn.Module):
         _segment(h, "h", self.d_model)
         _memory(memory, h, "memory")
         context = h if memory is None else torch.cat([memory, h], dim=-2)
+        h = self.norm1(h + self.drop(self.relative_attention(h, context, mask)))
+        return self.norm2(h + self.drop(self.ff(h)))
+
+    def relative_attention(self, h: Tensor, context: Tensor, mask: Tensor | None) -> Tensor:
+        """The relative multi-head attention of the segment h (B, M, D), the queries, over
+        context (B, P + M, D) = [memory ∘ h], the keys and values; after the output projection,
+        (B, M, D). mask as :meth:`forward`."""
         split = (self.heads, self.d_model // self.heads)
         q = self.q_proj(h).unflatten(-1, split).transpose(-2, -3)
         k, v = (
@@ -165,9 +172,7 @@ class TransformerXLLayer(nn.Module):
             mask = masks.causal(h.shape[-2], context.shape[-2], device=h.device)
         q, k, bias = self.position(q, k, q_offset=p)[:3]
         out = attention(q, k, v, score="scaled_dot", mask=mask, bias=bias).context
-        out = self.out_proj(out.transpose(-2, -3).flatten(-2))
-        h = self.norm1(h + self.drop(out))
-        return self.norm2(h + self.drop(self.ff(h)))
+        return self.out_proj(out.transpose(-2, -3).flatten(-2))
 
 
 class TransformerXL(nn.Module):

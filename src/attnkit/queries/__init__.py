@@ -10,6 +10,7 @@ from attnkit.queries.attention_sum import (
 from attnkit.queries.capsule import CapsuleAttention, CapsuleOutput, capsule_loss
 from attnkit.queries.disan import DiSAN, DiSANOutput
 from attnkit.queries.gated_heads import GatedHeadAttention, GatedHeadOutput
+from attnkit.queries.history import HistoryOutput, TruncatedHistoryAttention
 from attnkit.queries.multi_output import (
     ImportanceMatrixAttention,
     LabelWiseAttention,
@@ -29,6 +30,7 @@ __all__ = [
     "DiSANOutput",
     "GatedHeadAttention",
     "GatedHeadOutput",
+    "HistoryOutput",
     "ImportanceMatrixAttention",
     "LabelWiseAttention",
     "MultiHop",
@@ -38,6 +40,7 @@ __all__ = [
     "QueryTagged",
     "SelfAttention",
     "SelfAttentionOutput",
+    "TruncatedHistoryAttention",
     "capsule_loss",
     "frobenius_penalty",
     "occurrences",

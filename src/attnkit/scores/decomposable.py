@@ -103,7 +103,8 @@ class SharedDecomposable(Decomposable):
     Args:
         d_k: feature size of the queries and of the keys (d_q = d_k: the network is shared).
         d_w: output size of the network.
-        activation, heads: as :class:`Decomposable`.
+        activation: as :class:`Decomposable`.
+        heads: one network per head (inputs then carry a head dim at -3).
     """
 
     def __init__(
