@@ -111,11 +111,12 @@ class MarkedTask(Task):
         for i in range(len(tokens)):
             gold = torch.zeros(1, LENGTH, dtype=torch.bool)
             gold[0, where[i]] = True
+            marked = zip(tokens[i].tolist(), marks[i].tolist(), strict=True)
             items.append({
                 "title": f"test example {i + 1}",
                 "weights": weights[i : i + 1].numpy(),
                 "gold": gold.numpy(),
-                "x_labels": [f"{int(t)}{'*' if m else ''}" for t, m in zip(tokens[i], marks[i], strict=True)],
+                "x_labels": [f"{t}{'*' if m else ''}" for t, m in marked],
                 "y_labels": ["answer"],
                 "x_title": "input token (* marked)",
                 "y_title": "query",

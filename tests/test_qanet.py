@@ -91,13 +91,8 @@ def _block_loop(block, x, keep):
     att = block.attention(a, a, a, mask=keep[:, None, :]).context
     h = h + block.survival[c] * att
     ff = block.ff
-    f = ln(c + 1, h)
-    h = (
-        h
-        + block.survival[c + 1]
-        * (ff[2].weight @ torch.relu(ff[0].weight @ f[..., None] + ff[0].bias[:, None]))[..., 0]
-        + block.survival[c + 1] * ff[2].bias
-    )
+    hidden = torch.relu(ln(c + 1, h) @ ff[0].weight.T + ff[0].bias)
+    h = h + block.survival[c + 1] * (hidden @ ff[2].weight.T + ff[2].bias)
     return h * real
 
 

@@ -20,7 +20,7 @@ import torch.distributed as dist
 import attnkit as ak
 from attnkit import alignments as al
 from attnkit import scores as sc
-from attnkit.distributed import RingError, ring_attention, shard, transport
+from attnkit.distributed import RingAttention, RingError, ring_attention, shard, transport
 from attnkit.kernels import BlockMask
 
 TOL = 1e-10
@@ -130,6 +130,10 @@ def _ring(q, k, v, w, score, align, *, causal, pad, layout, rank, world, **extra
 def _compare(label, got, want, rank, world, layout, failures) -> None:
     names = ["context", "dq", "dk", "dv"]
     for name, g, ref in zip(names, got[:4], want[:4], strict=True):
+        if ref is None:  # a score that ignores the keys' content: no gradient there
+            if g is not None and g.abs().max().item() != 0:
+                failures.append(f"{label}: {name} should be zero")
+            continue
         ref_part = shard(ref, rank, world, layout=layout)
         err = (g - ref_part).abs().max().item()
         if not err <= TOL:  # also catches NaN
@@ -252,8 +256,55 @@ def _extras(rank: int, world: int, failures: list[str]) -> int:
             )
             _compare(label, got, want, rank, world, layout, failures)
             checks += 1
+    checks += _multihead(rank, world, failures)
     if world == 2:
         checks += _uneven_sweeps(rank, world, failures)
+        # A position-based score (Location: one learned logit per query and key position)
+        # reads global key positions.
+        torch.manual_seed(5)
+        location = sc.Location(D, seq, dtype=torch.float64)
+        want = _reference(
+            q, k, v, w, location, _align("softmax"), causal=True, pad=pad, kernel="dense"
+        )
+        got = _ring(
+            q,
+            k,
+            v,
+            w,
+            location,
+            _align("softmax"),
+            causal=True,
+            pad=pad,
+            layout="zigzag",
+            rank=rank,
+            world=world,
+        )
+        _compare("location score", got, want, rank, world, "zigzag", failures)
+        checks += 1
+        # NaN in the padded keys and values reaches nothing, forward or backward.
+        k_nan, v_nan = k.clone(), v.clone()
+        k_nan[0, :, -1] = float("nan")
+        v_nan[1, :, 0] = float("inf")
+        for align_name in ("softmax", "sparsemax"):
+            align = _align(align_name)
+            want = _reference(
+                q, k_nan, v_nan, w, score, align, causal=True, pad=pad, kernel="dense"
+            )
+            got = _ring(
+                q,
+                k_nan,
+                v_nan,
+                w,
+                score,
+                align,
+                causal=True,
+                pad=pad,
+                layout="zigzag",
+                rank=rank,
+                world=world,
+            )
+            _compare(f"NaN padding {align_name}", got, want, rank, world, "zigzag", failures)
+            checks += 1
         # float32 (to float32 rounding) and keys/values shared by the heads (B, 1, N, d).
         for align_name in ("softmax", "entmax15"):
             align = _align(align_name)
@@ -279,6 +330,47 @@ def _extras(rank: int, world: int, failures: list[str]) -> int:
                 if not err <= 1e-5:
                     failures.append(f"float32 shared heads {align_name}: {name} differs by {err}")
             checks += 1
+    return checks
+
+
+def _multihead(rank: int, world: int, failures: list[str]) -> int:
+    """MultiHeadAttention with RingAttention in its attention slot, each rank on its tokens,
+    equals the layer on the whole sequence with a causal and padding mask."""
+    seq, embed = 8 * world, 8
+    g = torch.Generator().manual_seed(23)
+    x = torch.randn(B, seq, embed, generator=g, dtype=torch.float64)
+    w = torch.randn(B, seq, embed, generator=g, dtype=torch.float64)
+    lengths = torch.tensor([seq - 3, seq])
+    checks = 0
+    for align_name in ("softmax", "entmax15"):
+        ref = ak.MultiHeadAttention(embed, 2, align=align_name, dtype=torch.float64)
+        part = RingAttention(align=align_name, group=GROUP, causal=True, layout="zigzag")
+        mha = ak.MultiHeadAttention(embed, 2, attention=part, dtype=torch.float64)
+        mha.load_state_dict(ref.state_dict())
+        full = x.clone().requires_grad_()
+        mask = ak.masks.from_lengths(lengths, seq) & torch.ones(seq, seq, dtype=torch.bool).tril()
+        (ref(full, full, full, mask=mask).context * w).sum().backward()
+        local = shard(x, rank, world, layout="zigzag").requires_grad_()
+        pad = shard(ak.masks.from_lengths(lengths, seq), rank, world, layout="zigzag", dim=-1)
+        out = mha(local, local, local, mask=pad).context
+        (out * shard(w, rank, world, layout="zigzag")).sum().backward()
+        label = f"P={world} MultiHeadAttention {align_name}"
+        for name, got, want in (
+            ("context", out.detach(), ref(full, full, full, mask=mask).context.detach()),
+            ("d input", local.grad, full.grad),
+        ):
+            err = (got - shard(want, rank, world, layout="zigzag")).abs().max().item()
+            if not err <= TOL:
+                failures.append(f"{label}: {name} differs by {err:.3g}")
+        for (name, p), (_, p_ref) in zip(
+            mha.named_parameters(), ref.named_parameters(), strict=True
+        ):
+            grad = p.grad.clone()
+            dist.all_reduce(grad, group=GROUP)
+            err = (grad - p_ref.grad).abs().max().item()
+            if not err <= TOL:
+                failures.append(f"{label}: gradient of {name} differs by {err:.3g}")
+        checks += 1
     return checks
 
 

@@ -4,6 +4,7 @@ exits 1, Ctrl-C exits 130 with the resume command; --resume, --out and --compare
 import json
 import os
 import signal
+from pathlib import Path
 
 import pytest
 import torch
@@ -318,3 +319,143 @@ def test_text_task_runs_on_the_users_file_and_data_is_refused_elsewhere(tmp_path
     _one_error_line(capsys, "task 'dates' reads no data file", "text")
     assert cli.main(["run", "text", "--out", str(tmp_path / "t")]) == 2
     _one_error_line(capsys, "needs --data FILE")
+
+
+# --compare over several keys and seeds; a task of one's own (--task-module)
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "marked_task.py"
+
+
+@pytest.fixture
+def registry():
+    """The task registry put back as it was (a --task-module run registers its task)."""
+    from attnkit import tasks
+
+    table = tasks.REGISTRY.snapshot()
+    yield table
+    tasks.REGISTRY.restore(table)
+
+
+def _task_file(directory, **replace):
+    """The example task in ``directory``, one heatmap per run (each costs a PNG)."""
+    replace = {'(t[:n] for t in self.data["test"])': '(t[:1] for t in self.data["test"])',
+               **replace}  # fmt: skip
+    text = EXAMPLE.read_text()
+    for old, new in replace.items():
+        text = text.replace(old, new)
+    path = directory / "my_task.py"
+    path.write_text(text)
+    return path
+
+
+GRID_BAD = [
+    (["--compare", "lr=0.1,0.2", "--compare", "lr=0.3"], "--compare lr=... is given twice"),
+    (["--lr", "0.1", "--compare", "seed=0,1", "--compare", "lr=0.2,0.3"], "both set lr"),
+    (["--compare", "lr=0.1,0.10"], "lists '0.1' and '0.10', the same value"),
+    (["--compare", "lr=0.1,"], "has an empty value"),
+    (["--compare", "score=dot,general", "--compare", "align=softmax,softmx"],
+     "did you mean 'softmax'"),
+    (["--compare", "seed=0,1", "--compare", "supervise_attention=0,-1"],
+     "supervise_attention must be a finite number >= 0"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("flags", "message"), GRID_BAD, ids=[m for _, m in GRID_BAD])
+def test_a_refused_grid_is_one_line_and_exit_2_before_any_run(flags, message, tmp_path, capsys):
+    out = tmp_path / "grid"
+    assert _main(["run", "dates", *TINY, *flags, "--out", str(out)]) == 2
+    _one_error_line(capsys, message)
+    assert not out.exists()
+
+
+def test_a_compared_key_also_in_the_config_file_is_refused(tmp_path, capsys):
+    toml = tmp_path / "run.toml"
+    toml.write_text('task = "dates"\nlr = 0.01\n', encoding="utf-8")
+    argv = ["run", "--config", str(toml), "--compare", "lr=0.1,0.2", "--out", str(tmp_path / "o")]
+    assert cli.main(argv) == 2
+    _one_error_line(capsys, f"--compare lr=... and --config {str(toml)!r} both set lr")
+
+
+def test_a_grid_over_lr_and_seeds_of_a_task_module(tmp_path, capsys, registry):
+    import numpy as np
+
+    task = _task_file(tmp_path)
+    out = tmp_path / "grid"
+    argv = ["run", "--task-module", f"{task}:MarkedTask", *TINY, "--epochs", "2", "--out",
+            str(out), "--compare", "lr=0.01,0.03", "--compare", "seed=0,1"]  # fmt: skip
+    assert cli.main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "passed the task contract checks, for each of the 4 runs" in printed
+    runs = {(lr, seed): out / f"lr-{lr}_seed-{seed}" for lr in ("0.01", "0.03") for seed in "01"}
+    assert sorted(p.name for p in out.iterdir() if p.is_dir()) == sorted(
+        d.name for d in runs.values()
+    )
+    metrics = {}
+    for (lr, seed), run_dir in runs.items():
+        saved = json.loads((run_dir / "config.json").read_text())
+        assert (saved["lr"], saved["seed"], saved["task"]) == (float(lr), int(seed), "marked")
+        assert saved["task_module"] == f"{task}:MarkedTask=marked"
+        assert len((run_dir / "epochs.csv").read_text().splitlines()) == 1 + 2
+        metrics[lr, seed] = json.loads((run_dir / "metrics.json").read_text())
+    table = (out / "compare.md").read_text()
+    assert table.strip() in printed
+    for lr in ("0.01", "0.03"):
+        acc = np.array([metrics[lr, s]["accuracy"] for s in "01"])
+        row = f"| {lr} | 2 | {acc.mean():.3f} ± {acc.std(ddof=1):.3f} |"
+        assert row in table, (row, table)
+    assert f"| 0.03 | 1 | {metrics['0.03', '1']['accuracy']:.3f} |" in table  # per-run rows
+    page = (out / "compare.html").read_text()
+    import base64
+
+    for run_dir in runs.values():
+        assert base64.b64encode((run_dir / "heatmap_0.png").read_bytes()).decode() in page
+    assert (out / "compare_curves.png").is_file()
+
+
+def test_a_task_module_run_is_resumed_and_reloaded_from_another_directory(
+    tmp_path, monkeypatch, capsys, registry
+):
+    import attnkit as ak
+    from attnkit import tasks
+
+    (tmp_path / "work").mkdir()
+    _task_file(tmp_path / "work")
+    monkeypatch.chdir(tmp_path / "work")
+    out = tmp_path / "run"
+    argv = ["run", "--task-module", "my_task.py:MarkedTask", *TINY, "--out", str(out)]
+    assert cli.main(argv) == 0
+    saved = json.loads((out / "config.json").read_text())
+    spec = f"{tmp_path / 'work' / 'my_task.py'}:MarkedTask=marked"
+    assert (saved["task"], saved["task_module"]) == ("marked", spec)
+    monkeypatch.chdir(tmp_path)
+    tasks.REGISTRY.restore(registry)  # as in a new process: no task 'marked' registered
+    capsys.readouterr()
+    assert cli.main(["run", "--resume", str(out), "--no-progress"]) == 0
+    assert "all 1 epoch is trained: evaluating" in capsys.readouterr().out
+    tasks.REGISTRY.restore(registry)
+    loaded = ak.load_run(out)
+    expected = json.loads((out / "metrics.json").read_text())
+    assert loaded.task.evaluate(loaded.model, "test") == pytest.approx(expected)
+    assert cli.main(["run", "--resume", str(out), "--task-module", "x.py:Other"]) == 2
+    _one_error_line(capsys, "x.py")
+
+
+@pytest.mark.parametrize(
+    ("replace", "message"),
+    [
+        ({'    description = "answer': '    description = ""  # "'}, "description must be"),
+        ({"return F.cross_entropy(logits, tokens[torch.arange(len(index)), where])":
+          "return torch.tensor(1.0)"}, "failed the contract check: loss does not depend"),
+        ({}, "registers task 'marked', but the task is 'dates'"),
+    ],
+)  # fmt: skip
+def test_a_task_module_that_breaks_the_contract_is_refused_before_anything_is_written(
+    tmp_path, capsys, registry, replace, message
+):
+    task = _task_file(tmp_path, **replace)
+    out = tmp_path / "run"
+    named = ["dates"] if not replace else []
+    argv = ["run", *named, "--task-module", f"{task}:MarkedTask", *TINY, "--out", str(out)]
+    assert cli.main(argv) == 2
+    _one_error_line(capsys, message)
+    assert not out.exists()

@@ -49,6 +49,22 @@ def test_parallel_chunkwise_and_recurrent_equal_the_equation(vector):
     assert (w.triu(1) == 0).all()
 
 
+def test_sub_chunks_of_per_dimension_decays_equal_the_recurrence():
+    """Chunks longer than decay.SUB split their per-dimension decays at sub-chunk ends."""
+    q, k, v, alpha = _inputs(vector=True, n=3 * decay.SUB + 5, seed=4)
+    g = alpha.log()
+    ref = decay.recurrent(q, k, v, g)[0]
+    torch.testing.assert_close(decay.parallel(q, k, v, g), ref, atol=1e-12, rtol=1e-10)
+    for c in (decay.SUB + 4, 2 * decay.SUB + 1, 64):
+        out = decay.chunkwise(q, k, v, g, c)[0]
+        torch.testing.assert_close(out, ref, atol=1e-12, rtol=1e-10, msg=f"chunk {c}")
+    bad = [x.clone() for x in (q, k, v, g)]
+    for x in bad:
+        x[..., 40:, :] = float("nan")
+    for out in (decay.parallel(*bad), decay.chunkwise(*bad, 2 * decay.SUB + 1)[0]):
+        torch.testing.assert_close(out[..., :40, :], ref[..., :40, :], atol=1e-12, rtol=1e-10)
+
+
 def test_the_state_carries_a_sequence_across_calls():
     q, k, v, alpha = _inputs(vector=True, n=13, seed=1)
     g = alpha.log()

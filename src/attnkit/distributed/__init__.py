@@ -2,11 +2,22 @@
 
 :func:`ring_attention` evaluates exact attention, every score × every streaming alignment, on a
 sequence whose parts live on the ranks of a ``torch.distributed`` process group;
-:func:`shard` / :func:`unshard` cut a sequence into the ranks' parts and join them back.
+:func:`shard` / :func:`unshard` cut a sequence into the ranks' parts and join them back;
+:class:`RingAttention` is the per-head part that gives :class:`attnkit.MultiHeadAttention`
+context parallelism through its ``attention=`` slot.
 """
 
+from attnkit.distributed.attention import RingAttention
 from attnkit.distributed.layout import LAYOUTS, shard, unshard
 from attnkit.distributed.ring import reasons_not_supported, ring_attention
 from attnkit.distributed.transport import RingError
 
-__all__ = ["LAYOUTS", "RingError", "reasons_not_supported", "ring_attention", "shard", "unshard"]
+__all__ = [
+    "LAYOUTS",
+    "RingAttention",
+    "RingError",
+    "reasons_not_supported",
+    "ring_attention",
+    "shard",
+    "unshard",
+]

@@ -312,6 +312,24 @@ def _describe(row: list[int], flag_names: list[str]) -> str:
     return ", ".join(parts)
 
 
+def _without_padded(k: Tensor, v: Tensor, key_padding_mask: Tensor) -> tuple[Tensor, Tensor]:
+    """Keys and values with the padded positions zeroed when one of them is not finite: a
+    padded position's content must not reach anything (0·NaN is NaN), as in
+    :func:`attnkit.attention`."""
+    k_ok, v_ok = bool(torch.isfinite(k).all()), bool(torch.isfinite(v).all())
+    if k_ok and v_ok:
+        return k, v
+    pad = key_padding_mask.to(k.device)
+    zero = torch.zeros((), dtype=k.dtype, device=k.device)
+
+    def keep(x: Tensor) -> Tensor:
+        return pad.view(pad.shape[0], *([1] * (x.dim() - 3)), pad.shape[1], 1)
+
+    k = k if k_ok else torch.where(keep(k), k, zero)
+    v = v if v_ok else torch.where(keep(v), v, zero)
+    return k, v
+
+
 def ring_attention(
     q: Tensor,
     k: Tensor,
@@ -394,16 +412,20 @@ def ring_attention(
                 f"{getattr(key_padding_mask, 'dtype', type(key_padding_mask).__name__)}"
             )
         if (
-            len(lead) < 1
+            min(k.dim(), v.dim()) < 3
             or key_padding_mask.dim() != 2
             or key_padding_mask.shape[1] != n_local
             or key_padding_mask.shape[0] not in (1, lead[0])
         ):
-            batch = lead[0] if lead else None
+            batch = lead[0] if k.dim() >= 3 else None
             raise ValueError(
                 f"key_padding_mask must be (B, N_l) = ({batch}, {n_local}) for keys "
                 f"{tuple(k.shape)} (batch first), got {tuple(key_padding_mask.shape)}"
             )
+    if block_mask is not None and not isinstance(block_mask, BlockMask):
+        raise TypeError(
+            f"block_mask must be an attnkit.kernels.BlockMask, got {type(block_mask).__name__}"
+        )
     ring = Ring.of(group)
     ring.check_device(q, "q")
     for seg_len, name in ((m_local, "q"), (n_local, "k")):
@@ -412,13 +434,16 @@ def ring_attention(
                 f"the zigzag layout holds a front and a back chunk of equal length per rank, so "
                 f"each rank's {name} length must be even, got {seg_len}"
             )
+    if key_padding_mask is not None:
+        k, v = _without_padded(k, v, key_padding_mask)
     # Every rank must hold its part of the same call: compare what each one was given.
     v_finite = bool(torch.isfinite(v).all())
     flags = {
         "world_size": ring.size,
         "layout": ("contiguous", "zigzag").index(layout),
         "causal": int(causal),
-        "block_mask": -1 if block_mask is None else block_mask.m * 100003 + block_mask.n,
+        "block_mask_m": -1 if block_mask is None else block_mask.m,
+        "block_mask_n": -1 if block_mask is None else block_mask.n,
         "score_mod": int(score_mod is not None),
     }
     mine = _signature(q, k, v, key_padding_mask, **flags, v_finite=int(v_finite))
@@ -433,17 +458,13 @@ def ring_attention(
             f"same sequence, the same group, layout and options): {lines}"
         )
     if block_mask is not None:
-        if not isinstance(block_mask, BlockMask):
-            raise TypeError(
-                f"block_mask must be an attnkit.kernels.BlockMask, got {type(block_mask).__name__}"
-            )
-        whole = torch.Size((*lead, ring.size * m_local, ring.size * n_local))
-        block_mask.check(whole)
+        block_mask.check(torch.Size((*lead, ring.size * m_local, ring.size * n_local)))
     width = tile_width(score_part) * max(1, math.prod(lead))
     budget = TILE_ELEMENTS if tile_width(score_part) == 1 else WIDE_TILE_ELEMENTS
     half = n_local if layout == "contiguous" else n_local // 2
     block_k = min(half, chunk_size or default_chunk_size(half, score_part))
     mb = None if key_padding_mask is None else key_padding_mask.to(torch.uint8).contiguous()
+    masked = causal or mb is not None or block_mask is not None
     plan = Plan(
         score=score_part,
         align=align_mod,
@@ -458,7 +479,7 @@ def ring_attention(
         block_k=block_k,
         stat_k=min(half, chunk_size or max(1, budget // (m_local * width))),
         padded=mb is not None,
-        guard=mb is not None and not bool(table[:, -1].all()),
+        guard=masked and not bool(table[:, -1].all()),
         block_mask=block_mask,
         score_mod=score_mod,
         device=q.device,

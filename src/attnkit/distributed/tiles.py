@@ -41,6 +41,7 @@ class Piece:
 
 
 def pieces(segs: tuple[Segment, ...], size: int) -> list[Piece]:
+    """The segments cut into pieces of at most ``size`` positions, in local order."""
     return [
         Piece(s.start + a, s.local + a, min(size, s.length - a))
         for s in segs
@@ -76,7 +77,7 @@ class Plan:
         self.row_pieces = pieces(self.q_segs, self.block_q)
         self._keys: dict[tuple[int, int], list[Piece]] = {}
 
-    def keypieces(self, owner: int, size: int) -> list[Piece]:
+    def key_pieces(self, owner: int, size: int) -> list[Piece]:
         if (owner, size) not in self._keys:
             segs = segments(owner, self.ring.size, self.n_local, self.layout)
             self._keys[owner, size] = pieces(segs, size)

@@ -14,10 +14,11 @@ S (…, d_k, d_v):
   recurrence across chunk boundaries (Sun et al. 2023 eq. 7; Yang et al. 2023 §4; Dao and Gu
   2024 §6), so that the state is formed once per chunk.
 
-Every exponent is a sum of log-decays over a segment j < t ≤ i (:func:`segment_sum`, the stable
-form: no difference of two long cumulative sums), so it is ≤ 0 and nothing overflows; inside a
-chunk the per-dimension decays of GLA are applied in log space (the "secondary level" of Yang
-et al. is replaced by this simpler stable form). A later position — even NaN or infinite —
+Every exponent is a sum of log-decays over a segment j < t ≤ i, so it is ≤ 0 and nothing
+overflows: within a chunk a difference of the chunk's cumulative sums, over longer spans (the
+parallel form) the stable segment sum (:func:`segment_sum`), which subtracts no long sums. The
+per-dimension decays of GLA are applied in log space within sub-chunks of :data:`SUB`
+positions, and split at sub-chunk ends between them (Yang et al.'s secondary level). A later position — even NaN or infinite —
 never reaches an earlier row: masked entries are selected away, never multiplied by zero.
 """
 
@@ -32,6 +33,7 @@ from attnkit.kernels.base import guarded_sum
 __all__ = [
     "causal_matmul",
     "chunkwise",
+    "log_decay_matrix",
     "parallel",
     "recurrent",
     "segment_sum",
@@ -39,6 +41,10 @@ __all__ = [
     "tril",
     "weights",
 ]
+
+
+# Positions per sub-chunk of the per-dimension decays (GLA) inside a chunk.
+SUB = 16
 
 
 def tril(n: int, device=None, *, strict: bool = False) -> Tensor:
@@ -59,6 +65,20 @@ def segment_sum(g: Tensor) -> Tensor:
     return x.cumsum(-3)  # [i, j] = Σ_{j<t≤i} g_t
 
 
+# Up to this many positions (a chunk) the exponents are differences of cumulative sums: short
+# sums lose no precision, and a cumulative sum along the positions is much cheaper than the
+# segment sum's along a strided dimension.
+SHORT = 64
+
+
+def log_decay_matrix(g: Tensor) -> Tensor:
+    """Σ_{j<t≤i} g_t (…, L, L, e) on and below the diagonal (anything above it)."""
+    if g.shape[-2] > SHORT:
+        return segment_sum(g)
+    cum = g.cumsum(-2)
+    return cum.unsqueeze(-2) - cum.unsqueeze(-3)
+
+
 def causal_matmul(a: Tensor, v: Tensor) -> Tensor:
     """a @ v for a weight matrix that is zero above the diagonal, such that a NaN or infinite
     value at a later position (weight 0) does not reach earlier rows."""
@@ -72,13 +92,50 @@ def _decay_scores(q: Tensor, k: Tensor, g: Tensor) -> Tensor:
     n = q.shape[-2]
     below = tril(n, q.device)
     zero = torch.zeros((), dtype=q.dtype, device=q.device)
-    seg = segment_sum(g)
+    seg = log_decay_matrix(g)
     if g.shape[-1] == 1:  # one decay per position: (QKᵀ) ⊙ L
         decay = torch.where(below, seg.squeeze(-1), zero).exp()
         return torch.where(below, (q @ k.transpose(-1, -2)) * decay, zero)
+    if n > SUB:
+        return _sub_chunked_scores(q, k, g)
     decay = torch.where(below[..., None], seg, zero).exp()  # (…, L, L, d_k), ≤ 1 below
     scores = (q.unsqueeze(-2) * k.unsqueeze(-3) * decay).sum(-1)
     return torch.where(below, scores, zero)
+
+
+def _sub_chunked_scores(q: Tensor, k: Tensor, g: Tensor) -> Tensor:
+    """:func:`_decay_scores` for per-dimension decays over L > :data:`SUB` positions, by
+    sub-chunks of SUB (the secondary level of Yang et al. 2023 §4.2): blocks on the diagonal in
+    log space (SUB × SUB × d_k), the others as one matrix product per query sub-chunk I with the
+    decays split at the end e of sub-chunk I − 1, q_i e^{G_i − G_e} · k_j e^{G_e − G_j}: both
+    exponents ≤ 0 for j ≤ e < i, so the split is as stable as the log-space form."""
+    lead = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], g.shape[:-2])
+    n, s = q.shape[-2], SUB
+    q, k, g = (split_chunks(x, lead, n, s) for x in (q, k, g))  # (…, S, s, d)
+    blocks = q.shape[-3]
+    zero = torch.zeros((), dtype=q.dtype, device=q.device)
+    diagonal = _decay_scores(q, k, g)  # (…, S, s, s)
+    cum = g.flatten(-3, -2).cumsum(-2)  # (…, L, d)
+    ends = cum[..., s - 1 :: s, :][..., :-1, :]  # G_e at the end of sub-chunks 0 … S − 2
+    length = blocks * s
+    earlier = (
+        torch.arange(length, device=q.device)
+        < torch.arange(1, blocks, device=q.device)[:, None] * s
+    )  # (S − 1, L): key j before query sub-chunk I
+    q_split = (
+        q[..., 1:, :, :]
+        * (cum.unflatten(-2, (blocks, s))[..., 1:, :, :] - ends.unsqueeze(-2)).exp()
+    )
+    k_split = (
+        k.flatten(-3, -2).unsqueeze(-3)
+        * torch.where(earlier[..., None], ends.unsqueeze(-2) - cum.unsqueeze(-3), zero).exp()
+    )  # (…, S − 1, L, d)
+    off = torch.where(earlier[:, None, :], q_split @ k_split.transpose(-1, -2), zero)
+    off = torch.cat([off.new_zeros(*off.shape[:-3], 1, s, length), off], -3)
+    same = torch.eye(blocks, dtype=torch.bool, device=q.device)[:, None, :, None]
+    on = diagonal.unsqueeze(-2).expand(*diagonal.shape[:-1], blocks, s)  # (…, S, s, S, s)
+    scores = torch.where(same, on, off.unflatten(-1, (blocks, s)))
+    return scores.flatten(-4, -3).flatten(-2, -1)[..., :n, :n]
 
 
 def weights(q: Tensor, k: Tensor, g: Tensor) -> Tensor:

@@ -36,7 +36,7 @@ from torch import Tensor, nn
 
 from attnkit import taxonomy as tx
 from attnkit.linear_family.base import Inputs, LinearFamilyPart
-from attnkit.linear_family.decay import causal_matmul, segment_sum, split_chunks, tril
+from attnkit.linear_family.decay import causal_matmul, log_decay_matrix, split_chunks, tril
 from attnkit.mechanisms import REGISTRY
 
 __all__ = [
@@ -87,7 +87,7 @@ def _within(q: Tensor, k: Tensor, beta: Tensor, g: Tensor) -> tuple[Tensor, Tens
     n = q.shape[-2]
     below, strict = tril(n, q.device), tril(n, q.device, strict=True)
     zero = torch.zeros((), dtype=q.dtype, device=q.device)
-    decay = torch.where(below, segment_sum(g).squeeze(-1), zero).exp()  # Γ_tj = e^{G_t − G_j}
+    decay = torch.where(below, log_decay_matrix(g).squeeze(-1), zero).exp()  # Γ_tj = e^{G_t − G_j}
     eye = torch.eye(n, dtype=q.dtype, device=q.device)
     system = eye + torch.where(strict, beta * (k @ k.transpose(-1, -2)) * decay, zero)
     scores = torch.where(below, (q @ k.transpose(-1, -2)) * decay, zero)

@@ -117,6 +117,8 @@ class TruncatedHistoryAttention(nn.Module):
                     f"{tuple(t.shape)}"
                 )
         inputs.same_kind(("x", x), ("k", k), ("v", v))
+        if mask is not None and not isinstance(mask, Tensor):
+            raise TypeError(f"mask must be a boolean tensor or None, got {type(mask).__name__}")
         steps = x.shape[1]
         per_step = mask is not None and mask.dim() >= 2 and mask.shape[-2] == steps > 1
         past = [x.new_zeros(x.shape[0], 1, self.d_v)] * self.history  # c_{t−1}, …, c_{t−T}

@@ -1,0 +1,115 @@
+"""Ring attention as a per-head attention part, for :class:`attnkit.MultiHeadAttention`'s
+``attention=`` slot: context parallelism with no change to the layer.
+
+Each rank runs the same layer on its part of the tokens (laid out as the part's ``layout``
+says); the projections are per token, so only the attention needs the other ranks' keys, and
+this part fetches them around the ring (:func:`attnkit.distributed.ring_attention`).
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import torch.distributed as dist
+from torch import Tensor, nn
+
+from attnkit import checks
+from attnkit.alignments import Alignment
+from attnkit.distributed.layout import check_layout
+from attnkit.distributed.ring import reasons_not_supported, ring_attention
+from attnkit.kernels.block_mask import BlockMask, ScoreMod
+from attnkit.output import AttentionOutput
+from attnkit.scores import Score
+
+__all__ = ["RingAttention"]
+
+
+class RingAttention(nn.Module):
+    """Score → align → weighted sum over a sequence split across the ranks of ``group``.
+
+    Args:
+        score: a :class:`attnkit.scores.Score` or the name of a parameter-free one.
+        align: an alignment implementing the streaming protocol, or its name.
+        group: the process group of the ring (None: the default group).
+        causal: each token attends to the tokens at or before its global position. Pass this
+            instead of a causal mask: a mask given to the layer covers this rank's tokens only.
+        layout: ``"contiguous"`` or ``"zigzag"`` (balanced under ``causal``); the tokens each
+            rank passes to the layer must be laid out so (:func:`attnkit.distributed.shard`).
+        chunk_size: key tile size.
+
+    The layer's ``mask`` may only mark padded keys, (B, 1, 1, N_l) or (B, 1, N_l) as
+    :func:`attnkit.masks.from_lengths` gives for this rank's tokens; a bias and weights are
+    not offered. The parameters' gradients on each rank are its tokens' part: sum them over the
+    group (``torch.distributed.all_reduce``) before the optimiser step.
+    """
+
+    decodes_with_cache: ClassVar[bool] = False
+
+    def __init__(
+        self,
+        score: str | Score = "scaled_dot",
+        align: str | Alignment = "softmax",
+        *,
+        group: dist.ProcessGroup | None = None,
+        causal: bool = False,
+        layout: str = "contiguous",
+        chunk_size: int | None = None,
+    ) -> None:
+        super().__init__()
+        self.score = checks.resolve_score(score)
+        self.align = checks.resolve_alignment(align)
+        reasons = reasons_not_supported(self.score, self.align)
+        if reasons:
+            raise ValueError("ring attention cannot evaluate this part: " + "; ".join(reasons))
+        if not isinstance(causal, bool):
+            raise TypeError(f"causal must be a bool, got {causal!r}")
+        self.group = group
+        self.causal = causal
+        self.layout = check_layout(layout)
+        self.chunk_size = chunk_size
+
+    def forward(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        *,
+        mask: Tensor | None = None,
+        bias: Tensor | None = None,
+        need_weights: bool = False,
+        block_mask: BlockMask | None = None,
+        score_mod: ScoreMod | None = None,
+    ) -> AttentionOutput:
+        if bias is not None:
+            raise ValueError("RingAttention takes no bias (a bias over the whole sequence)")
+        if need_weights:
+            raise ValueError(
+                "RingAttention does not return weights: each rank never holds a whole row"
+            )
+        return ring_attention(
+            q,
+            k,
+            v,
+            score=self.score,
+            align=self.align,
+            group=self.group,
+            causal=self.causal,
+            key_padding_mask=None if mask is None else _key_padding(mask, k),
+            layout=self.layout,
+            block_mask=block_mask,
+            score_mod=score_mod,
+            chunk_size=self.chunk_size,
+        )
+
+
+def _key_padding(mask: Tensor, k: Tensor) -> Tensor:
+    """(B, N_l) from a mask that marks keys only: every dim but the batch's and the keys' 1."""
+    n = k.shape[-2]
+    shape = tuple(mask.shape)
+    if mask.dim() < 2 or shape[-1] != n or any(s != 1 for s in shape[1:-1]) or mask.dim() < 3:
+        raise ValueError(
+            f"RingAttention takes a mask of padded keys only, (B, 1, …, 1, N_l) with N_l = {n} "
+            f"(e.g. masks.from_lengths), got {shape}; pass causal=True to RingAttention for a "
+            "causal mask (by global positions)"
+        )
+    return mask.reshape(shape[0], n)

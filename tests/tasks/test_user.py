@@ -1,0 +1,212 @@
+"""Tasks from outside attnkit: a module named by --task-module, and installed entry points;
+both held to the task contract."""
+
+import importlib.metadata
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from attnkit import tasks
+from attnkit.experiments.config import RunConfig
+from attnkit.tasks import user
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "marked_task.py"
+
+
+@pytest.fixture(autouse=True)
+def registry():
+    """Every test leaves the task registry as it found it."""
+    table = tasks.REGISTRY.snapshot()
+    yield
+    tasks.REGISTRY.restore(table)
+
+
+def write_task(directory: Path, name: str = "my_task.py", **replace: str) -> Path:
+    """The example task, copied into ``directory`` with each ``old=new`` text replaced."""
+    text = EXAMPLE.read_text()
+    for old, new in replace.items():
+        assert old in text, old
+        text = text.replace(old, new)
+    path = directory / name
+    path.write_text(text)
+    return path
+
+
+@pytest.mark.parametrize(
+    ("spec", "parsed"),
+    [
+        ("pkg.mod:MyTask", ("pkg.mod", "MyTask", None)),
+        ("pkg.mod:MyTask=mine", ("pkg.mod", "MyTask", "mine")),
+        ("dir/file.py:MyTask=my-task.2", ("dir/file.py", "MyTask", "my-task.2")),
+    ],
+)
+def test_a_spec_is_target_class_and_optional_name(spec, parsed):
+    assert user.parse_spec(spec) == parsed
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("pkg.mod", "must be MODULE:CLASS"),
+        (":MyTask", "must be MODULE:CLASS"),
+        ("pkg.mod:my task", "must be MODULE:CLASS"),
+        ("pkg.mod:MyTask=a b", "task name 'a b' must be letters"),
+    ],
+)
+def test_a_malformed_spec_is_refused_naming_the_flag(spec, message):
+    with pytest.raises(ValueError, match="--task-module") as err:
+        user.parse_spec(spec)
+    assert message in str(err.value)
+
+
+def test_a_task_file_registers_under_its_name_attribute_and_the_spec_is_absolute(
+    tmp_path, monkeypatch
+):
+    write_task(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    name, spec = user.load_task_module("my_task.py:MarkedTask")
+    assert name == "marked"
+    assert spec == f"{tmp_path / 'my_task.py'}:MarkedTask=marked"
+    assert tasks.get("marked").__name__ == "MarkedTask" and "marked" in tasks.available()
+    assert user.load_task_module(spec) == (name, spec)  # again, from anywhere: the same task
+    assert tasks.get("marked") is tasks.get("marked")
+
+
+def test_without_a_name_attribute_the_class_name_lowercased_and_an_explicit_name_wins(tmp_path):
+    path = write_task(tmp_path, **{'    name = "marked"\n': ""})
+    assert user.load_task_module(f"{path}:MarkedTask")[0] == "markedtask"
+    assert user.load_task_module(f"{path}:MarkedTask=other")[0] == "other"
+    assert tasks.get("markedtask") is tasks.get("other")
+
+
+def test_a_dotted_module_is_imported(tmp_path, monkeypatch):
+    write_task(tmp_path, "dotted_marked_task.py")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert user.load_task_module("dotted_marked_task:MarkedTask") == (
+        "marked",
+        "dotted_marked_task:MarkedTask=marked",
+    )
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("no_such_module_for_attnkit:Task", "no module named 'no_such_module_for_attnkit'"),
+        ("{dir}/missing.py:MarkedTask", "no such file"),
+        ("{file}:Nope", "defines no 'Nope' (its Task classes: MarkedTask"),
+        ("{file}:MarkedModel", "expected a subclass of attnkit.tasks.Task, got MarkedModel"),
+        ("{file}:MarkedTask=dates", "task name 'dates' is taken by attnkit's DatesTask"),
+    ],
+)
+def test_what_cannot_be_loaded_is_refused_naming_the_spec(tmp_path, spec, message):
+    path = write_task(tmp_path)
+    spec = spec.format(dir=tmp_path, file=path)
+    with pytest.raises((ValueError, TypeError)) as err:
+        user.load_task_module(spec)
+    assert f"--task-module {spec!r}" in str(err.value) and message in str(err.value)
+    assert tasks.get("dates").__module__ == "attnkit.tasks.dates_task"
+
+
+def test_a_module_that_fails_to_import_is_refused_with_its_error(tmp_path):
+    path = write_task(tmp_path, **{"VOCAB, LENGTH = 8, 6": "VOCAB, LENGTH = 8, 6 / 0"})
+    with pytest.raises(ValueError, match=r"importing .* failed: ZeroDivisionError"):
+        user.load_task_module(f"{path}:MarkedTask")
+
+
+BROKEN = [
+    ({'    description = "answer': '    description = ""  # "'}, "description must be"),
+    ({'"quick": {"epochs": 3': '"fast": {"epochs": 3'}, "exactly 'full' and 'quick'"),
+    ({'"full": {"epochs": 10, ': '"full": {'}, "defaults['full'] must give epochs"),
+    ({'"full": {"epochs": 10': '"full": {"epochs": 10, "depth": 2'}, "'depth', not a run-conf"),
+    ({'"n_test": 1000}': '"n_test": 1e3}'}, "defaults['full']['n_test'] must be an int"),
+    ({'"accuracy": Metric(': '"accuracy": (', "chance 1/{VOCAB})\"),": "chance\"),"},
+     "metrics must map names (str) to Metric"),
+    ({"    def has_split(": "    def has_split_(self, name): ...\n\n    def unused_(",
+      "return name in (": "return (", "self, name: str) -> bool:": "self):"},
+     "must define has_split"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("edits", "message"), BROKEN, ids=[m for _, m in BROKEN])
+def test_the_class_contract_is_checked_before_the_task_is_registered(tmp_path, edits, message):
+    path = write_task(tmp_path, **edits)
+    with pytest.raises(ValueError, match="task class MarkedTask") as err:
+        user.load_task_module(f"{path}:MarkedTask")
+    assert message in str(err.value)
+    assert "marked" not in tasks.available()
+
+
+def _resolved(path: Path, **keys) -> RunConfig:
+    name, spec = user.load_task_module(f"{path}:MarkedTask")
+    return RunConfig(task=name, task_module=spec, quick=True, **keys).resolved()
+
+
+def test_the_tiny_run_passes_for_a_good_task_and_leaves_the_random_state(tmp_path):
+    config = _resolved(write_task(tmp_path))
+    before = torch.random.get_rng_state()
+    user.check_task_run(tasks.get("marked"), config)
+    assert torch.equal(torch.random.get_rng_state(), before)
+
+
+RUN_BROKEN = [
+    ({"return F.cross_entropy(logits, tokens[torch.arange(len(index)), where])":
+      "return torch.tensor(1.0)"}, "no gradient"),
+    ({'"gold_weight": float(weights[rows, where].mean()),': '"gold": 0.5,'},
+     "gives 'gold', which metrics does not describe"),
+    ({'            "gold_weight": float(weights[rows, where].mean()),\n': ""},
+     "final_metrics lacks 'gold_weight'"),
+    ({"return len(self.data[\"train\"][0])": "return 7"}, "n_train() is 7"),
+    ({'"weights": weights[i : i + 1].numpy(),': '"weights": weights[i].numpy(),'},
+     "weights must be 2-D"),
+    ({"return MarkedModel(self.config.d_model)": "return MarkedModel(self.config.d_model[0])"},
+     "TypeError"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("edits", "message"), RUN_BROKEN, ids=[m for _, m in RUN_BROKEN])
+def test_the_tiny_run_names_what_breaks_the_contract(tmp_path, edits, message):
+    config = _resolved(write_task(tmp_path, **edits))
+    with pytest.raises(ValueError, match=r"task 'marked' .* failed the contract check") as err:
+        user.check_task_run(tasks.get("marked"), config)
+    assert message in str(err.value)
+
+
+def _entry_points(monkeypatch, *specs: tuple[str, str]):
+    found = [importlib.metadata.EntryPoint(n, v, user.ENTRY_POINT_GROUP) for n, v in specs]
+
+    def entry_points(**selection):
+        assert selection == {"group": user.ENTRY_POINT_GROUP}
+        return found
+
+    monkeypatch.setattr(importlib.metadata, "entry_points", entry_points)
+
+
+def test_an_entry_point_task_is_listed_and_loaded_on_first_lookup(tmp_path, monkeypatch):
+    shutil.copy(EXAMPLE, tmp_path / "ep_marked_task.py")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    _entry_points(monkeypatch, ("marked-ep", "ep_marked_task:MarkedTask"))
+    assert "marked-ep" in tasks.available()
+    assert "marked-ep" not in tasks.REGISTRY.snapshot()  # listed, not imported yet
+    cls = tasks.get("marked-ep")
+    assert cls.__name__ == "MarkedTask" and tasks.REGISTRY.snapshot()["marked-ep"] is cls
+    config = RunConfig(task="marked-ep", quick=True).resolved()  # runs like a built-in task
+    assert config.n_train == cls.defaults["quick"]["n_train"]
+    with pytest.raises(ValueError, match="did you mean 'marked-ep'"):
+        tasks.get("marked-e")
+
+
+def test_a_broken_entry_point_is_named_in_the_error(tmp_path, monkeypatch):
+    (tmp_path / "ep_not_a_task.py").write_text("class Thing:\n    pass\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    _entry_points(
+        monkeypatch,
+        ("gone", "no_such_module_for_attnkit:Task"),
+        ("thing", "ep_not_a_task:Thing"),
+    )
+    with pytest.raises(ValueError, match="entry point 'gone = no_such_module_for_attnkit:Task'"):
+        tasks.get("gone")
+    with pytest.raises(ValueError, match=r"entry point 'thing = ep_not_a_task:Thing'.*subclass"):
+        tasks.get("thing")
+    assert tasks.get("dates").__name__ == "DatesTask"  # the built-in tasks are unaffected
