@@ -231,7 +231,7 @@ THREE_WAYS = [
         [
             (lambda: ak.attention(q_(2, 3, 4), q_(2, 6, 4), bias=torch.zeros(2, 3, 6, dtype=torch.float64)), r"bias has dtype torch.float64 but q has torch.float32"),
             (lambda: ak.Attention()(q_(2, 3, 4), q_(2, 6, 4), bias=torch.zeros(2, 3, 6, dtype=torch.float64)), r"bias has dtype torch.float64 but q has torch.float32"),
-            (lambda: ak.MultiHeadAttention(4, 2)(q_(2, 3, 4), bias=torch.zeros(2, 3, 3, dtype=torch.float64)), r"bias has dtype torch.float64 but q has torch.float32"),
+            (lambda: ak.MultiHeadAttention(4, 2)(q_(2, 3, 4), bias=torch.zeros(2, 3, 3, dtype=torch.float64)), r"bias has dtype torch.float64 but query has torch.float32"),
         ],
     ),
     (

@@ -102,10 +102,17 @@ def attention(
     align_mod = checks.resolve_alignment(align)
     if v is None:
         v = k
-    if trust.is_trusted():  # the per-head call of a validated layer (attnkit.trust)
-        shape = checks.scores_shape(q, k)
-    else:
-        shape = checks.validate(q, k, v, score_part, mask=mask, bias=bias, align=align_mod)
+    # The per-head call of a layer that checked its parameters needs no second walk over them.
+    shape = checks.validate(
+        q,
+        k,
+        v,
+        score_part,
+        mask=mask,
+        bias=bias,
+        align=align_mod,
+        check_parts=not trust.is_trusted(),
+    )
     if not isinstance(need_weights, bool):
         raise TypeError(f"need_weights must be a bool, got {need_weights!r}")
     if isinstance(dropout, bool) or not isinstance(dropout, (int, float)):

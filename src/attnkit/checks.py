@@ -84,8 +84,13 @@ def validate(
     mask: Tensor | None,
     bias: Tensor | None,
     align: Alignment | None = None,
+    check_parts: bool = True,
 ) -> torch.Size:
     """Validate an attention call; returns the scores' (B, …, M, N) shape.
+
+    ``check_parts=False`` leaves out the walk over the score's and the alignment's parameters
+    (their dtype and device against the inputs'), which a layer that checked its own parameters
+    at its entry has already done (:mod:`attnkit.trust`).
 
     Inputs, the bias and the parts' parameters must share one dtype and one device: a float64
     bias with float32 inputs is refused (one rule on every kernel) rather than cast.
@@ -107,9 +112,10 @@ def validate(
                 f"{name} has no features (size 0 in the last dim, shape {tuple(x.shape)})"
             )
     check_heads(score, q, k)
-    part_matches(score, "score", first_name, first)
-    if align is not None:
-        part_matches(align, "alignment", first_name, first)
+    if check_parts:
+        part_matches(score, "score", first_name, first)
+        if align is not None:
+            part_matches(align, "alignment", first_name, first)
     if k.shape[-2] == 0:
         raise ValueError(f"k has no keys (N = 0, shape {tuple(k.shape)}); attention needs N >= 1")
     if v.shape[-2] != k.shape[-2]:

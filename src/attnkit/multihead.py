@@ -454,6 +454,13 @@ class MultiHeadAttention(nn.Module):
                 masks.check(x, shape)
                 continue
             x = checks.tensor(x, "bias", min_dim=0)
+            if x.dtype != query.dtype:
+                raise TypeError(
+                    f"bias has dtype {x.dtype} but query has {query.dtype}; pass the bias in "
+                    f"the inputs' dtype (bias.to({query.dtype}))"
+                )
+            if x.device != query.device:
+                raise ValueError(f"bias is on {x.device} but query is on {query.device}")
             if not inputs.broadcasts_to(x.shape, shape):
                 raise ValueError(
                     f"bias of shape {tuple(x.shape)} does not broadcast to {tuple(shape)} "

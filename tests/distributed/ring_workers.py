@@ -72,7 +72,7 @@ def _reference(q, k, v, w, score, align, *, causal, pad, kernel, block_mask=None
     seq = q.shape[-2]
     mask = None
     if causal:
-        mask = torch.ones(seq, seq, dtype=torch.bool).tril()
+        mask = torch.ones(seq, seq, dtype=torch.bool, device=q.device).tril()
     if pad is not None:
         keys = pad[:, None, None, :]
         mask = keys if mask is None else mask & keys

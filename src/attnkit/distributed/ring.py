@@ -2,10 +2,11 @@
 
 Each rank holds its part of the queries, keys and values (:mod:`attnkit.distributed.layout`).
 It keeps its queries and passes its key/value block to the next rank of the ring, P − 1 times,
-so every query meets every key while no rank ever holds more than two key/value blocks (Liu et
-al., "Ring Attention with Blockwise Transformers"; the chunked kernel's blockwise evaluation,
-:mod:`attnkit.kernels.chunked`, with the key blocks arriving over the network). The next block's
-transfer is posted before the work on the block in hand, so communication overlaps computation.
+so every query meets every key while no rank holds more than two key/value blocks at a time
+(two gradient blocks more in the backward pass): Liu et al., "Ring Attention with Blockwise
+Transformers", the chunked kernel's blockwise evaluation (:mod:`attnkit.kernels.chunked`) with
+the key blocks arriving over the network. The next block's transfer is posted before the work
+on the block in hand, so communication overlaps computation.
 
 The blocks are merged with the alignment's streaming statistics
 (:mod:`attnkit.alignments.streaming`), for every score and every streaming alignment:

@@ -107,7 +107,7 @@ class Ring:
         if self.size == 1:
             return list(tensors), []
         nxt, prev = (self.rank + 1) % self.size, (self.rank - 1) % self.size
-        buffers = [torch.empty_like(t) for t in tensors]
+        buffers = [torch.empty_like(t, memory_format=torch.contiguous_format) for t in tensors]
         ops = []
         for i, (t, b) in enumerate(zip(tensors, buffers, strict=True)):
             tag = base_tag + i

@@ -10,29 +10,48 @@ A head with span z ∈ [0, S] weighs the key at distance x from the query by the
 
     a_ij = m_z(x_ij) exp(e_ij) / Σ_l m_z(x_il) exp(e_il),
 
-i.e. softmax of e + log m over the keys with m > 0 (keys beyond z + R cost nothing). z = S·p with
-a learned p clamped to [0, 1], one per head; :meth:`AdaptiveSpanAttention.span_loss` is the
-paper's L1 penalty on the spans, added to the training loss to make spans no longer than needed
+i.e. softmax of e + log m over the keys with m > 0. z = S·p with a learned p clamped to [0, 1],
+one per head; :meth:`AdaptiveSpanAttention.span_loss` is the paper's L1 penalty on the spans,
+added to the training loss to make spans no longer than needed
 (:meth:`AdaptiveSpanAttention.auxiliary_loss` is λ · Σ_heads z with the module's λ, which
 ``attnkit run`` adds to every task's loss).
+
+The paper's *dynamic* span (its section 4, "Dynamic attention span") makes the span a function
+of the current input, z_t = S·σ(vᵀx_t + b): :class:`DynamicSpanAttention`, with x_t the query
+of the head at position t (the layer input seen through the head's query projection), one v and
+b per head, and the L1 penalty λ Σ_t z_t on the spans the call returns.
+
+Keys beyond z + R cost nothing: both parts evaluate attention in query blocks, each against the
+band of keys within W = ⌈max z + R⌉ of its queries (:func:`span_band_attention`), so the work is
+M·(block + 2W)·d rather than M·N·d and follows the span, not the sequence length (as the
+paper's implementation, which crops the keys to the largest span of the layer).
 Query i and key j sit at positions i and j, at distance x_ij = |i − j| (a causal model adds a
 causal mask).
 """
 
 from __future__ import annotations
 
-from typing import ClassVar
+import math
+from typing import ClassVar, NamedTuple
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnkit import arguments, masks
+from attnkit import arguments, hooks, masks
 from attnkit import taxonomy as tx
-from attnkit.attention import Attention
+from attnkit.alignments import Alignment, Softmax
+from attnkit.efficient.gather import pairs
 from attnkit.efficient.lsh import HeadOutput, check_head_inputs
 from attnkit.mechanisms import REGISTRY, example_tensor
 
-__all__ = ["AdaptiveSpanAttention", "span_mask"]
+__all__ = [
+    "AdaptiveSpanAttention",
+    "DynamicSpanAttention",
+    "DynamicSpanOutput",
+    "span_band_attention",
+    "span_mask",
+]
 
 
 def span_mask(distance: Tensor, z: Tensor, ramp: float) -> Tensor:
@@ -40,8 +59,145 @@ def span_mask(distance: Tensor, z: Tensor, ramp: float) -> Tensor:
     return ((ramp + z - distance) / ramp).clamp(0.0, 1.0)
 
 
+def span_band_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    spans: Tensor,
+    ramp: float,
+    align: Alignment,
+    *,
+    mask: Tensor | None = None,
+    bias: Tensor | None = None,
+    q_offset: int = 0,
+    block: int = 32,
+    need_weights: bool = False,
+) -> tuple[Tensor, Tensor | None]:
+    """Span-masked scaled dot-product attention (eq. 5) over the band of keys each query block
+    can reach.
+
+    Queries sit at positions q_offset … q_offset + M − 1, keys at 0 … N − 1. The M queries are cut
+    into blocks of ``block``; a block attends only the keys within W = ⌈max z + R⌉ of its
+    positions (block + 2W keys, gathered), where m_z > 0 is possible. Keys outside the band have
+    m_z = 0 and are not computed.
+
+    Args:
+        q: (*L, M, d); k: (*L, N, d); v: (*L, N, d_v), broadcasting over L.
+        spans: z per query, broadcastable to (*L, M).
+        ramp: R > 0.
+        align: the alignment applied to the banded scores (a softmax: eq. 5).
+        mask: boolean, True = may attend, broadcastable to (*L, M, N).
+        bias: float, added to the scores, broadcastable to (*L, M, N).
+        need_weights: also return the dense weights (*L, M, N) (zeros outside the band).
+
+    Returns:
+        context (*L, M, d_v) and the weights or None.
+    """
+    m, n, d = q.shape[-2], k.shape[-2], q.shape[-1]
+    lead = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2], spans.shape[:-1])
+    nl, dev = len(lead), q.device
+    z_max = float(spans.detach().max()) if spans.numel() else 0.0
+    reach = min(math.ceil(z_max + ramp), q_offset + m + n)
+    blk = max(1, min(block, m))
+    nb = -(-m // blk)
+    width = blk + 2 * reach
+    rows = torch.arange(nb * blk, device=dev).reshape(nb, blk)
+    if width >= n:  # the band holds every key: the dense form, without a gather
+        cols = torch.arange(n, device=dev).expand(nb, n)
+    else:
+        cols = rows[:, :1] + q_offset - reach + torch.arange(width, device=dev)
+    valid = (cols >= 0) & (cols < n)  # (nb, w)
+    cols = cols.clamp(0, n - 1)
+    w = cols.shape[-1]
+    pos_q = (rows + q_offset).to(q.dtype)
+    distance = (pos_q[:, :, None] - cols[:, None, :].to(q.dtype)).abs()  # (nb, blk, w)
+    pad = nb * blk - m
+    q_b = F.pad(q, (0, 0, 0, pad)).unflatten(-2, (nb, blk))  # (*L, nb, blk, d)
+    k_w = k.index_select(-2, cols.reshape(-1)).unflatten(-2, (nb, w))  # (*L, nb, w, d)
+    v_w = v.index_select(-2, cols.reshape(-1)).unflatten(-2, (nb, w))
+    z = F.pad(spans.to(q.dtype), (0, pad)).unflatten(-1, (nb, blk))[..., None]
+    soft = span_mask(distance, z, ramp)  # (*L, nb, blk, w)
+    inside = (soft > 0) & valid[:, None, :]
+    shape = (1,) * nl
+    r_idx = rows.clamp(max=m - 1).reshape(*shape, nb, blk, 1)
+    c_idx = cols.reshape(*shape, nb, 1, w)
+    if mask is not None:
+        inside = inside & pairs(mask, r_idx, c_idx, nl)
+    scores = torch.einsum("...ixd,...iyd->...ixy", q_b, k_w) / math.sqrt(d)
+    scores = scores + torch.where(inside, soft, 1.0).log()  # softmax(e + log m), eq. 5
+    if bias is not None:
+        scores = scores + pairs(bias, r_idx, c_idx, nl)
+    inside = inside.broadcast_to(scores.shape)
+    weights = align(scores, inside).weights
+    context = torch.einsum("...ixy,...iyd->...ixd", weights, v_w).flatten(-3, -2)[..., :m, :]
+    dense = None
+    if need_weights:
+        index = cols[:, None, :].expand(weights.shape)
+        dense = weights.new_zeros(*weights.shape[:-1], n).scatter_add(-1, index, weights)
+        dense = dense.flatten(-3, -2)[..., :m, :]
+    return context, dense
+
+
+class _SpanPart(nn.Module):
+    """What the two span parts share: validation, the band evaluation and the report."""
+
+    decodes_with_cache: ClassVar[bool] = True  # a step equals its causal rows
+    mask_inputs: ClassVar[dict[str, tuple[str, ...]]] = {"mask": ("k", "v")}
+    takes_q_offset: ClassVar[bool] = True  # distances i − j need the queries' positions
+
+    n_heads: int
+    ramp: float
+    block: int
+    align: Alignment
+
+    def taxonomy_tags(self) -> list:
+        return [tx.AlignmentKind.LOCAL]
+
+    def _check(self, q, k, v, mask, bias, need_weights, q_offset, who) -> None:
+        arguments.boolean(need_weights, "need_weights")
+        arguments.nonnegative_int(q_offset, "q_offset")
+        check_head_inputs(q, k, v, mask, bias, who)
+        if q.dim() < 3 or q.shape[-3] != self.n_heads:
+            raise ValueError(
+                f"{who}(n_heads={self.n_heads}) needs q (…, H={self.n_heads}, M, d), got "
+                f"{tuple(q.shape)}"
+            )
+
+    def _attend(self, q, k, v, spans, mask, bias, need_weights, q_offset):
+        want = need_weights or hooks.listening()
+        context, weights = span_band_attention(
+            q,
+            k,
+            v,
+            spans,
+            self.ramp,
+            self.align,
+            mask=mask,
+            bias=bias,
+            q_offset=q_offset,
+            block=self.block,
+            need_weights=want,
+        )
+        hooks.report(self, weights)
+        return context, weights if need_weights else None
+
+
+def _ramp_and_block(ramp: object, block: object) -> tuple[float, int]:
+    arguments.finite_float(ramp, "ramp")
+    if not ramp > 0:  # type: ignore[operator]
+        raise ValueError(f"ramp must be > 0, got {ramp!r}")
+    return float(ramp), arguments.positive_int(block, "block")  # type: ignore[arg-type]
+
+
+def _penalty(span_penalty: object) -> float:
+    arguments.finite_float(span_penalty, "span_penalty")
+    if span_penalty < 0:  # type: ignore[operator]
+        raise ValueError(f"span_penalty must be >= 0, got {span_penalty!r}")
+    return float(span_penalty)  # type: ignore[arg-type]
+
+
 @REGISTRY.register("adaptive_span")
-class AdaptiveSpanAttention(nn.Module):
+class AdaptiveSpanAttention(_SpanPart):
     """Adaptive-span attention, a per-head part ``part(q, k, v, *, mask, bias, need_weights)``
     with q (B, …, H, M, d), k (B, …, H, N, d), v (B, …, H, N, d_v): one learned span per head.
 
@@ -52,12 +208,8 @@ class AdaptiveSpanAttention(nn.Module):
         init: the initial span as a fraction of S, in [0, 1].
         span_penalty: λ ≥ 0 of :meth:`auxiliary_loss`, λ · Σ_heads z (z in keys; the paper's
             2e-6 by default).
+        block: queries per block of the band evaluation.
     """
-
-    decodes_with_cache: ClassVar[bool] = True  # a step equals its causal rows
-
-    mask_inputs: ClassVar[dict[str, tuple[str, ...]]] = {"mask": ("k", "v")}
-    takes_q_offset: ClassVar[bool] = True  # distances i − j need the queries' positions
 
     def __init__(
         self,
@@ -67,35 +219,27 @@ class AdaptiveSpanAttention(nn.Module):
         ramp: float = 4.0,
         init: float = 0.5,
         span_penalty: float = 2e-6,
+        block: int = 32,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
         self.n_heads = arguments.positive_int(n_heads, "n_heads")
         self.max_span = arguments.positive_int(max_span, "max_span")
-        arguments.finite_float(ramp, "ramp")
-        if not ramp > 0:
-            raise ValueError(f"ramp must be > 0, got {ramp!r}")
+        self.ramp, self.block = _ramp_and_block(ramp, block)
         if isinstance(init, bool) or not isinstance(init, (int, float)) or not 0 <= init <= 1:
             raise ValueError(f"init must be a fraction of max_span in [0, 1], got {init!r}")
-        self.ramp = float(ramp)
-        arguments.finite_float(span_penalty, "span_penalty")
-        if span_penalty < 0:
-            raise ValueError(f"span_penalty must be >= 0, got {span_penalty!r}")
-        self.span_penalty = float(span_penalty)
+        self.span_penalty = _penalty(span_penalty)
         self.span_fraction = nn.Parameter(
             torch.full((n_heads,), float(init), device=device, dtype=dtype)
         )
-        self.attention = Attention("scaled_dot", "softmax")
+        self.align = Softmax()
 
     @classmethod
     def example(cls):
         q, k, v = (example_tensor(2, 2, 7, 4, seed=s) for s in (13, 14, 15))
         mask = masks.from_lengths(torch.tensor([7, 5]), 7)[:, None].expand(2, 2, 1, 7)
         return cls(2, 4, ramp=2.0), (q, k, v), {"mask": mask}
-
-    def taxonomy_tags(self) -> list:
-        return [tx.AlignmentKind.LOCAL]
 
     def extra_repr(self) -> str:
         return f"n_heads={self.n_heads}, max_span={self.max_span}, ramp={self.ramp}"
@@ -127,22 +271,120 @@ class AdaptiveSpanAttention(nn.Module):
     ) -> HeadOutput:
         """``q_offset``: the position of the first query (keys sit at 0 … N−1), e.g. the number
         of cached positions in incremental decoding."""
-        arguments.boolean(need_weights, "need_weights")
-        arguments.nonnegative_int(q_offset, "q_offset")
-        check_head_inputs(q, k, v, mask, bias, "AdaptiveSpanAttention")
-        if q.dim() < 3 or q.shape[-3] != self.n_heads:
+        self._check(q, k, v, mask, bias, need_weights, q_offset, "AdaptiveSpanAttention")
+        spans = self.spans.to(q.dtype)[:, None]  # (H, 1): one span for every query of a head
+        context, weights = self._attend(q, k, v, spans, mask, bias, need_weights, q_offset)
+        return HeadOutput(context, weights)
+
+
+class DynamicSpanOutput(NamedTuple):
+    """The attention-slot output of :class:`DynamicSpanAttention` and the spans it used.
+
+    Attributes:
+        context: (B, …, H, M, d_v).
+        weights: (B, …, H, M, N), only with ``need_weights=True``.
+        spans: (B, …, H, M), z_t of every query (differentiable: penalise it with
+            :meth:`DynamicSpanAttention.span_loss`).
+    """
+
+    context: Tensor
+    weights: Tensor | None = None
+    scores: Tensor | None = None
+    log_prob: Tensor | None = None
+    spans: Tensor | None = None
+
+    @property
+    def representation(self) -> Tensor:
+        return self.context
+
+    def named_weights(self) -> dict[str, Tensor]:
+        return {} if self.weights is None else {"weights": self.weights}
+
+
+@REGISTRY.register("dynamic_span")
+class DynamicSpanAttention(_SpanPart):
+    """Dynamic-span attention (Sukhbaatar et al. section 4): the span of head h at query t is
+    z_t = S·σ(v_hᵀ q_t + b_h), a per-head part ``part(q, k, v, *, mask, bias, need_weights)``
+    with q (B, …, H, M, d), k (B, …, H, N, d), v (B, …, H, N, d_v).
+
+    Args:
+        n_heads: H (the inputs' third-last dim); head_dim: d, the size of q.
+        max_span: S, the largest span.
+        ramp: R > 0, the width of the mask's ramp.
+        init: the initial span as a fraction of S, in (0, 1) (b = logit(init), v = 0).
+        span_penalty: λ ≥ 0 of :meth:`span_loss`.
+        block: queries per block of the band evaluation.
+    """
+
+    def __init__(
+        self,
+        n_heads: int,
+        head_dim: int,
+        max_span: int,
+        *,
+        ramp: float = 4.0,
+        init: float = 0.5,
+        span_penalty: float = 2e-6,
+        block: int = 32,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        super().__init__()
+        self.n_heads = arguments.positive_int(n_heads, "n_heads")
+        self.head_dim = arguments.positive_int(head_dim, "head_dim")
+        self.max_span = arguments.positive_int(max_span, "max_span")
+        self.ramp, self.block = _ramp_and_block(ramp, block)
+        if isinstance(init, bool) or not isinstance(init, (int, float)) or not 0 < init < 1:
+            raise ValueError(f"init must be a fraction of max_span in (0, 1), got {init!r}")
+        self.span_penalty = _penalty(span_penalty)
+        kw = {"device": device, "dtype": dtype}
+        self.span_weight = nn.Parameter(torch.zeros(n_heads, head_dim, **kw))  # v_h
+        self.span_bias = nn.Parameter(torch.full((n_heads,), math.log(init / (1 - init)), **kw))
+        self.align = Softmax()
+
+    @classmethod
+    def example(cls):
+        q, k, v = (example_tensor(2, 2, 7, 4, seed=s) for s in (16, 17, 18))
+        mask = masks.from_lengths(torch.tensor([7, 5]), 7)[:, None].expand(2, 2, 1, 7)
+        part = cls(2, 4, 4, ramp=2.0)
+        with torch.no_grad():
+            part.span_weight.copy_(0.5 * example_tensor(2, 4, seed=19))
+        return part, (q, k, v), {"mask": mask}
+
+    def extra_repr(self) -> str:
+        return (
+            f"n_heads={self.n_heads}, head_dim={self.head_dim}, max_span={self.max_span}, "
+            f"ramp={self.ramp}"
+        )
+
+    def spans(self, q: Tensor) -> Tensor:
+        """z_t = S·σ(v_hᵀ q_t + b_h) (B, …, H, M) for queries q (B, …, H, M, d)."""
+        w, b = self.span_weight.to(q.dtype), self.span_bias.to(q.dtype)
+        return self.max_span * torch.sigmoid(torch.einsum("...hmd,hd->...hm", q, w) + b[:, None])
+
+    def span_loss(self, spans: Tensor) -> Tensor:
+        """λ · Σ_t z_t averaged over the batch: the paper's L1 penalty on the spans a call
+        returned (``out.spans``)."""
+        return self.span_penalty * spans.reshape(spans.shape[0], -1).sum(-1).mean()
+
+    def forward(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        *,
+        mask: Tensor | None = None,
+        bias: Tensor | None = None,
+        need_weights: bool = False,
+        q_offset: int = 0,
+    ) -> DynamicSpanOutput:
+        """``q_offset``: the position of the first query (keys sit at 0 … N−1)."""
+        self._check(q, k, v, mask, bias, need_weights, q_offset, "DynamicSpanAttention")
+        if q.shape[-1] != self.head_dim:
             raise ValueError(
-                f"AdaptiveSpanAttention(n_heads={self.n_heads}) needs q (…, H={self.n_heads}, "
-                f"M, d), got {tuple(q.shape)}"
+                f"DynamicSpanAttention(head_dim={self.head_dim}) got q with {q.shape[-1]} "
+                "features"
             )
-        m, n = q.shape[-2], k.shape[-2]
-        i = torch.arange(q_offset, q_offset + m, device=q.device)[:, None]
-        j = torch.arange(n, device=q.device)[None, :]
-        distance = (i - j).abs().to(q.dtype)
-        soft = span_mask(distance, self.spans.to(q.dtype)[:, None, None], self.ramp)  # (H, M, N)
-        inside = soft > 0
-        log_m = torch.where(inside, soft, 1.0).log()  # softmax(e + log m) = m·exp(e)/Σ m·exp(e)
-        bias = log_m if bias is None else bias + log_m
-        full_mask = inside if mask is None else mask & inside
-        out = self.attention(q, k, v, mask=full_mask, bias=bias, need_weights=need_weights)
-        return HeadOutput(out.context, out.weights if need_weights else None)
+        spans = self.spans(q)
+        context, weights = self._attend(q, k, v, spans, mask, bias, need_weights, q_offset)
+        return DynamicSpanOutput(context, weights, spans=spans)

@@ -18,8 +18,9 @@ Every exponent is a sum of log-decays over a segment j < t ≤ i, so it is ≤ 0
 overflows: within a chunk a difference of the chunk's cumulative sums, over longer spans (the
 parallel form) the stable segment sum (:func:`segment_sum`), which subtracts no long sums. The
 per-dimension decays of GLA are applied in log space within sub-chunks of :data:`SUB`
-positions, and split at sub-chunk ends between them (Yang et al.'s secondary level). A later position — even NaN or infinite —
-never reaches an earlier row: masked entries are selected away, never multiplied by zero.
+positions, and split at sub-chunk ends between them (Yang et al.'s secondary level). A later
+position — even NaN or infinite — never reaches an earlier row: masked entries are selected
+away, never multiplied by zero.
 """
 
 from __future__ import annotations
