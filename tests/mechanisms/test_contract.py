@@ -157,9 +157,15 @@ def test_mask_equals_truncation(name, lengths):
 def test_gradients_reach_every_parameter(name):
     module, args, kwargs = _example(name)
     args = _map(args, lambda t: t.requires_grad_())
-    rep = module(*args, **kwargs).representation
+    out = module(*args, **kwargs)
+    rep = out.representation
     r = torch.randn(rep.shape, generator=torch.Generator().manual_seed(1), dtype=rep.dtype)
-    (rep * r).sum().backward()
+    # parameters a mechanism declares as trained by the policy gradient alone (REINFORCE on
+    # its log_prob) get their gradient from log_prob instead
+    policy = bool(getattr(module, "policy_parameters", ()))
+    (rep * r).sum().backward(retain_graph=policy)
+    if policy:
+        out.log_prob.sum().backward()
     for pname, p in module.named_parameters():
         assert p.grad is not None and p.grad.abs().sum() > 0, pname
     for x in _leaves(args):

@@ -1,7 +1,7 @@
 """The efficient-attention family (Soydaner 5; Brauwers 3.1), one file per mechanism: each is a
 registered mechanism and a per-head part for ``MultiHeadAttention(attention=...)``."""
 
-from attnkit.efficient.adaptive_span import AdaptiveSpanAttention
+from attnkit.efficient.adaptive_span import AdaptiveSpanAttention, DynamicSpanAttention
 from attnkit.efficient.adaptive_sparse import AdaptivelySparseAttention
 from attnkit.efficient.area import AreaAttention
 from attnkit.efficient.biblosa import BiBloSA, BiBloSAOutput
@@ -16,6 +16,7 @@ from attnkit.efficient.luna import LunaAttention, LunaOutput
 from attnkit.efficient.nystrom import NystromAttention
 from attnkit.efficient.perceiver import PerceiverEncoder, PerceiverOutput
 from attnkit.efficient.performer import Performer
+from attnkit.efficient.resa import ReinforcedSelfAttention, ReSAOutput
 from attnkit.efficient.reversible import ReversibleOutput, ReversibleStack
 from attnkit.efficient.rfa import RandomFeatureAttention
 from attnkit.efficient.routing import RoutingAttention
@@ -25,6 +26,7 @@ from attnkit.efficient.sinkhorn import SinkhornAttention
 from attnkit.efficient.skyformer import Skyformer
 from attnkit.efficient.soft import SoftmaxFreeAttention
 from attnkit.efficient.synthesizer import Synthesizer
+from attnkit.efficient.tensorized import MultiLinearAttention
 
 __all__ = [
     "ISAB",
@@ -36,6 +38,7 @@ __all__ = [
     "AreaAttention",
     "BiBloSA",
     "BiBloSAOutput",
+    "DynamicSpanAttention",
     "FMMOutput",
     "FMMformer",
     "FastWeightProgrammer",
@@ -49,11 +52,14 @@ __all__ = [
     "LongShortRangeOutput",
     "LunaAttention",
     "LunaOutput",
+    "MultiLinearAttention",
     "NystromAttention",
     "PerceiverEncoder",
     "PerceiverOutput",
     "Performer",
     "RandomFeatureAttention",
+    "ReSAOutput",
+    "ReinforcedSelfAttention",
     "RelativeKernelAttention",
     "ReversibleOutput",
     "ReversibleStack",

@@ -43,6 +43,7 @@ from attnkit import taxonomy as tx
 from attnkit.alignments import Alignment, Softmax
 from attnkit.efficient.gather import pairs
 from attnkit.efficient.lsh import HeadOutput, check_head_inputs
+from attnkit.kernels.base import guarded_sum
 from attnkit.mechanisms import REGISTRY, example_tensor
 
 __all__ = [
@@ -96,7 +97,9 @@ def span_band_attention(
     m, n, d = q.shape[-2], k.shape[-2], q.shape[-1]
     lead = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2], spans.shape[:-1])
     nl, dev = len(lead), q.device
-    z_max = float(spans.detach().max()) if spans.numel() else 0.0
+    # the band's reach: spans of padded (possibly NaN) queries do not widen it
+    finite = spans.detach().nan_to_num(0.0, posinf=0.0, neginf=0.0)
+    z_max = float(finite.max()) if finite.numel() else 0.0
     reach = min(math.ceil(z_max + ramp), q_offset + m + n)
     blk = max(1, min(block, m))
     nb = -(-m // blk)
@@ -109,33 +112,45 @@ def span_band_attention(
     valid = (cols >= 0) & (cols < n)  # (nb, w)
     cols = cols.clamp(0, n - 1)
     w = cols.shape[-1]
-    pos_q = (rows + q_offset).to(q.dtype)
-    distance = (pos_q[:, :, None] - cols[:, None, :].to(q.dtype)).abs()  # (nb, blk, w)
+    exact = torch.promote_types(q.dtype, torch.float32)  # positions stay exact in bfloat16
+    distance = (rows[:, :, None] + q_offset - cols[:, None, :]).abs().to(exact)  # (nb, blk, w)
     pad = nb * blk - m
     q_b = F.pad(q, (0, 0, 0, pad)).unflatten(-2, (nb, blk))  # (*L, nb, blk, d)
     k_w = k.index_select(-2, cols.reshape(-1)).unflatten(-2, (nb, w))  # (*L, nb, w, d)
     v_w = v.index_select(-2, cols.reshape(-1)).unflatten(-2, (nb, w))
-    z = F.pad(spans.to(q.dtype), (0, pad)).unflatten(-1, (nb, blk))[..., None]
-    soft = span_mask(distance, z, ramp)  # (*L, nb, blk, w)
+    spans = spans.broadcast_to(*spans.shape[:-1], m)
+    z = F.pad(spans.to(exact), (0, pad)).unflatten(-1, (nb, blk))[..., None]
+    soft = span_mask(distance, z, ramp).to(q.dtype)  # (*L, nb, blk, w)
     inside = (soft > 0) & valid[:, None, :]
     shape = (1,) * nl
     r_idx = rows.clamp(max=m - 1).reshape(*shape, nb, blk, 1)
     c_idx = cols.reshape(*shape, nb, 1, w)
     if mask is not None:
         inside = inside & pairs(mask, r_idx, c_idx, nl)
+    # a key no query of the block may attend is left out by construction (padding may hold NaN)
+    key_ok = inside.any(-2, keepdim=True).transpose(-1, -2)  # (*L, nb, w, 1)
+    k_w, v_w = torch.where(key_ok, k_w, 0.0), torch.where(key_ok, v_w, 0.0)
     scores = torch.einsum("...ixd,...iyd->...ixy", q_b, k_w) / math.sqrt(d)
     scores = scores + torch.where(inside, soft, 1.0).log()  # softmax(e + log m), eq. 5
     if bias is not None:
         scores = scores + pairs(bias, r_idx, c_idx, nl)
     inside = inside.broadcast_to(scores.shape)
     weights = align(scores, inside).weights
-    context = torch.einsum("...ixy,...iyd->...ixd", weights, v_w).flatten(-3, -2)[..., :m, :]
+    if bool(torch.isfinite(v_w).all()):
+        context = _combine(weights, v_w)
+    else:  # a NaN or infinite value with weight 0 (masked) must not reach the context
+        context = guarded_sum(_combine, weights, v_w)
+    context = context.flatten(-3, -2)[..., :m, :]
     dense = None
     if need_weights:
         index = cols[:, None, :].expand(weights.shape)
         dense = weights.new_zeros(*weights.shape[:-1], n).scatter_add(-1, index, weights)
         dense = dense.flatten(-3, -2)[..., :m, :]
     return context, dense
+
+
+def _combine(weights: Tensor, values: Tensor) -> Tensor:
+    return torch.einsum("...ixy,...iyd->...ixd", weights, values)
 
 
 class _SpanPart(nn.Module):
@@ -151,7 +166,7 @@ class _SpanPart(nn.Module):
     align: Alignment
 
     def taxonomy_tags(self) -> list:
-        return [tx.AlignmentKind.LOCAL]
+        return [tx.Scoring.SCALED_MULTIPLICATIVE, tx.AlignmentKind.LOCAL]
 
     def _check(self, q, k, v, mask, bias, need_weights, q_offset, who) -> None:
         arguments.boolean(need_weights, "need_weights")

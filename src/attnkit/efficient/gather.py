@@ -30,7 +30,7 @@ def pairs(t: Tensor, rows: Tensor, cols: Tensor, lead: int) -> Tensor:
     index = []
     for i, size in enumerate(t.shape[:lead]):
         shape = [1] * (lead + extra)
-        if size > 1:
+        if size != 1:
             shape[i] = size
         index.append(torch.arange(size, device=t.device).reshape(shape))
     r = rows if t.shape[-2] > 1 else torch.zeros_like(rows)

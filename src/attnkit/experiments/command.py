@@ -266,8 +266,7 @@ def _check_contract(configs: list) -> None:
         where = outside[0].task_module or f"{cls.__module__}.{cls.__qualname__}"
         runs = "" if len(outside) == 1 else f", for each of the {len(outside)} runs"
         print(
-            f"task {outside[0].task!r} ({where}) passed the task "
-            f"contract checks{runs}: {CHECKED}",
+            f"task {outside[0].task!r} ({where}) passed the task contract checks{runs}: {CHECKED}",
             flush=True,
         )
 

@@ -25,24 +25,51 @@ and refused by name.
 
 Weights requested with ``output_attentions=True`` are attnkit's, and ``attnkit.evaluation.capture``
 records them under the model's attention module names.
+
+Saving and loading: parts given as a *spec* (a registered name, or a dict ``{"name": ...,
+**constructor arguments}``) are described in ``model.config.attnkit_swap``; one with parameters is
+built once per attention layer and registered on that layer's attention module, so
+``model.save_pretrained(path)`` writes its weights, and :func:`from_pretrained` rebuilds the
+swap and loads them:
+
+    import attnkit.integrations.transformers as hf
+    hf.swap_attention(model, score={"name": "additive", "d_q": 8, "d_k": 8, "d_w": 8, "heads": 4},
+                      align={"name": "entmax", "learnable": True})
+    model.save_pretrained(path)
+    model = hf.from_pretrained(BertModel, path)        # swapped, with the trained parts
+
+Parts given as modules cannot be described, and saving such a model raises ``ValueError``.
 """
 
 from __future__ import annotations
 
 import inspect
 import itertools
+import json
+import re
 import sys
+import types
+from collections.abc import Mapping
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from attnkit import checks, hooks
+from attnkit import hooks
+from attnkit.alignments import REGISTRY as ALIGNMENTS
 from attnkit.alignments import Alignment
 from attnkit.attention import attention
+from attnkit.scores import REGISTRY as SCORES
 from attnkit.scores import Score
 
-__all__ = ["swap_attention"]
+__all__ = ["from_pretrained", "swap_attention"]
+
+#: The config attribute that describes a swap: ``{"score": spec or None, "align": spec,
+#: "kernel": name or None}``, each spec ``{"name": registered name, **constructor arguments}``.
+CONFIG_KEY = "attnkit_swap"
+#: Attribute names of the per-layer parts on each attention module.
+_PART_NAMES = {"score": "attnkit_score", "align": "attnkit_align"}
+_PART_KEY = re.compile(r"(^|\.)attnkit_(score|align)\.")
 
 _COUNTER = itertools.count()
 
@@ -124,7 +151,27 @@ def _uses_interface(model: nn.Module) -> bool:
         return False
 
 
-def _attention_function(score: Score | None, align: Alignment, kernel: str | None):
+def _layer_part(module: nn.Module, kind: str) -> nn.Module:
+    """The ``kind`` part ("score" or "align") that :func:`swap_attention` built for ``module``."""
+    part = module._modules.get(_PART_NAMES[kind])
+    if part is None:
+        raise RuntimeError(
+            f"{type(module).__name__} calls attnkit's attention but holds no {_PART_NAMES[kind]}: "
+            "swap_attention did not recognise it as an attention module (its class does not "
+            "name ALL_ATTENTION_FUNCTIONS); give the part as a module to share one across layers"
+        )
+    return part
+
+
+def _attention_function(
+    score: Score | None,
+    align: Alignment | None,
+    kernel: str | None,
+    per_layer: frozenset[str] = frozenset(),
+):
+    """The function registered with transformers; the parts named in ``per_layer`` ("score",
+    "align") are read from the calling attention module, the others are the ones given."""
+
     def attnkit_attention(
         module: nn.Module,
         query: Tensor,
@@ -157,18 +204,20 @@ def _attention_function(score: Score | None, align: Alignment, kernel: str | Non
             mods.append(sink_mod)
         score_mod = _chain(mods)
 
-        if score is None:  # the model's own score: scaling · qᵀk
+        layer_score = _layer_part(module, "score") if "score" in per_layer else score
+        layer_align = _layer_part(module, "align") if "align" in per_layer else align
+        if layer_score is None:  # the model's own score: scaling · qᵀk
             scale = query.shape[-1] ** -0.5 if scaling is None else scaling
             q, part = query * scale, "dot"
         else:
-            q, part = query, score
+            q, part = query, layer_score
         want = bool(kwargs.get("output_attentions", False)) or hooks.listening()
         out = attention(
             q,
             key,
             value,
             score=part,
-            align=align,
+            align=layer_align,
             mask=mask,
             bias=bias,
             need_weights=want,
@@ -185,11 +234,143 @@ def _attention_function(score: Score | None, align: Alignment, kernel: str | Non
     return attnkit_attention
 
 
+def _kind_info(kind: str) -> tuple[str, Any, type]:
+    """(argument word, registry, base class) of a part kind."""
+    return ("score", SCORES, Score) if kind == "score" else ("alignment", ALIGNMENTS, Alignment)
+
+
+def _plan(part: Any, kind: str) -> tuple[dict | None, nn.Module | None, str | None]:
+    """What ``score=``/``align=`` asks for: (spec, module, why it cannot be saved).
+
+    A registered name or a dict ``{"name": ..., **arguments}`` is a spec (normalised to what
+    JSON gives back, so that the part built now is the part built when loading); a module is
+    used as it is and cannot be described."""
+    what, registry, base = _kind_info(kind)
+    if isinstance(part, base):
+        return (
+            None,
+            part,
+            f"{kind}= was given as a module ({type(part).__name__}), which the config cannot "
+            f"describe; give it as a spec instead, {kind}={{'name': <registered {what}>, "
+            "**constructor arguments}",
+        )
+    if isinstance(part, str):
+        spec = {"name": part}
+    elif isinstance(part, Mapping):
+        spec = dict(part)
+        if not isinstance(spec.get("name"), str):
+            raise TypeError(f"{kind} spec must hold 'name', a registered {what} name, got {part!r}")
+        for key in ("device", "dtype"):
+            if key in spec:
+                raise ValueError(
+                    f"{kind} spec {part!r} gives {key!r}; leave it out: each part is built on "
+                    "the device and dtype of the attention module that holds it"
+                )
+    else:
+        raise TypeError(
+            f"{kind} must be a registered {what} name, a spec dict {{'name': ..., **arguments}} "
+            f"or an attnkit {base.__name__} module, got {type(part).__name__}"
+        )
+    registry.get(spec["name"])  # an unknown name raises here, listing the known ones
+    try:
+        return json.loads(json.dumps(spec)), None, None
+    except (TypeError, ValueError) as err:
+        return (
+            spec,
+            None,
+            f"{kind} spec {part!r} holds an argument that JSON cannot hold ({err}); give "
+            "arguments as names, numbers, strings, lists or dicts",
+        )
+
+
+def _placement(module: nn.Module) -> dict[str, Any]:
+    """device and dtype of ``module``'s first floating-point parameter (empty when none)."""
+    for p in module.parameters():
+        if p.is_floating_point():
+            return {"device": p.device, "dtype": p.dtype}
+    return {}
+
+
+def _build(spec: dict, kind: str, like: nn.Module) -> nn.Module:
+    """The part ``spec`` describes, on ``like``'s device and dtype, in ``like``'s train mode."""
+    _, registry, _ = _kind_info(kind)
+    name = spec["name"]
+    arguments = {k: v for k, v in spec.items() if k != "name"}
+    placement = _placement(like)
+    accepted = registry.accepts(name)
+    factory = {k: v for k, v in placement.items() if k in accepted}
+    try:
+        part = registry.build(name, **arguments, **factory)
+    except TypeError as err:
+        raise TypeError(f"{kind}={spec!r} cannot be built: {err}") from None
+    if placement:
+        part = part.to(**placement)
+    return part.train(like.training)
+
+
+_ATTENTION_CLASSES: dict[type, bool] = {}
+
+
+def _is_attention_module(module: nn.Module) -> bool:
+    """Whether ``module``'s class (or a class it derives from) calls transformers' attention
+    functions: the modules whose calls the swap serves."""
+    cls = type(module)
+    if cls not in _ATTENTION_CLASSES:
+        found = False
+        for klass in cls.__mro__:
+            if klass.__module__.startswith("torch.") or klass is object:
+                continue
+            try:
+                source = inspect.getsource(klass)
+            except (OSError, TypeError):
+                continue
+            if re.search(r"\bALL_ATTENTION_FUNCTIONS\b", source):
+                found = True
+                break
+        _ATTENTION_CLASSES[cls] = found
+    return _ATTENTION_CLASSES[cls]
+
+
+def _save_pretrained(self, *args: Any, **kwargs: Any) -> Any:
+    """transformers' ``save_pretrained``, refused when the swap cannot be saved as it is."""
+    _check_saveable(self)
+    return type(self).save_pretrained(self, *args, **kwargs)
+
+
+_save_pretrained.__name__ = "save_pretrained"  # a pickled model finds the method by this name
+
+
+def _check_saveable(model: nn.Module) -> None:
+    state = getattr(model, "_attnkit_swap", None)
+    if state is None:
+        return
+    if state["problem"] is not None:
+        raise ValueError(
+            f"cannot save {type(model).__name__} with its attnkit attention: {state['problem']}. "
+            "Its weights and the swap would be lost when loading"
+        )
+    current = model.config._attn_implementation
+    if current != state["name"]:
+        raise ValueError(
+            f"cannot save {type(model).__name__}: its attention was switched to {current!r} "
+            f"after swap_attention, but its attnkit parts are still attached and "
+            f"config.{CONFIG_KEY} describes them; swap it again before saving"
+        )
+
+
+def _clear(model: nn.Module) -> None:
+    """Detach the parts of an earlier swap."""
+    for module in list(model.modules()):
+        for attr in _PART_NAMES.values():
+            module._modules.pop(attr, None)
+    model._modules.pop("attnkit_attention", None)
+
+
 def swap_attention(
     model: nn.Module,
     *,
-    score: str | Score | None = None,
-    align: str | Alignment = "softmax",
+    score: str | Mapping[str, Any] | Score | None = None,
+    align: str | Mapping[str, Any] | Alignment = "softmax",
     kernel: str | None = None,
 ) -> str:
     """Evaluate every attention layer of a ``transformers`` model with attnkit.
@@ -198,20 +379,32 @@ def swap_attention(
         model: a ``transformers.PreTrainedModel`` whose attention goes through the library's
             attention interface (``_supports_attention_backend``).
         score: None for the model's own scaled dot product (its ``scaling``, e.g. 1 for T5), or
-            an attnkit score (a name or a module, shared by every layer; build it with
-            ``heads=H`` for one parameter set per head).
-        align: an attnkit alignment (a name or a module, shared likewise). Both parts are added
-            to the model as ``model.attnkit_attention``, so their parameters train with it.
+            an attnkit score: a registered name, a spec ``{"name": ..., **constructor
+            arguments}`` (e.g. ``{"name": "additive", "d_q": 8, "d_k": 8, "d_w": 8, "heads":
+            4}``, sizes per head), or a module.
+        align: an attnkit alignment, given likewise (``{"name": "entmax", "learnable": True}``).
         kernel: force an attnkit kernel (None chooses).
+
+    A part given by name or spec is described in ``model.config.attnkit_swap``. When it has
+    parameters or buffers, one is built per attention module, on that module's device and dtype,
+    and registered on it as ``attnkit_score`` / ``attnkit_align`` (each layer learns its own;
+    ``save_pretrained`` writes them and :func:`from_pretrained` loads them); otherwise one is
+    shared as ``model.attnkit_attention``. A part given as a module is shared by every layer as
+    ``model.attnkit_attention`` (build a score with ``heads=H`` for one parameter set per head);
+    it trains with the model, but the config cannot describe it, so ``model.save_pretrained``
+    raises ``ValueError``. Either way the parts' parameters are in ``model.parameters()``. A
+    second call replaces the parts of the first.
 
     Returns:
         The name under which the attention function is registered (``model.config.
         _attn_implementation`` now); ``model.set_attn_implementation("eager")`` switches back.
 
     Raises:
-        TypeError: ``model`` is not a ``PreTrainedModel``.
+        TypeError: ``model`` is not a ``PreTrainedModel``; a part is neither a name, a spec nor
+            a module, or its spec's arguments do not fit its constructor.
         ValueError: a model in ``model`` computes its attention outside the interface, or is
-            listed in :data:`NOT_EXACT`.
+            listed in :data:`NOT_EXACT`; a part's name is not registered; a spec gives
+            ``device`` or ``dtype``.
 
     Attention sinks (``s_aux``, GPT-OSS) are one more key per head whose score is the head's
     sink logit and whose value is 0: softmax over [scores, sink] with the sink's column dropped,
@@ -242,19 +435,186 @@ def swap_attention(
     if known:
         reasons = "; ".join(f"{n}: {NOT_EXACT[n]}" for n in known)
         raise ValueError(f"swap_attention does not reproduce {', '.join(known)} ({reasons})")
-    score_part = None if score is None else checks.resolve_score(score)
-    align_part = checks.resolve_alignment(align)
-    # The parts become a submodule, so that their parameters train with the model and follow
-    # .to() (a part with parameters adds them to the model's state_dict).
-    model.add_module("attnkit_attention", nn.ModuleDict({"align": align_part}))
-    if score_part is not None:
-        model.attnkit_attention["score"] = score_part
+    plans = {"align": _plan(align, "align")}
+    if score is not None:
+        plans["score"] = _plan(score, "score")
+    _clear(model)
+    # Parts become submodules, so that their parameters train with the model, follow .to() and
+    # are in its state_dict.
+    shared: dict[str, nn.Module] = {}
+    per_layer: set[str] = set()
+    attention_modules = [
+        m
+        for m in model.modules()
+        if not isinstance(m, transformers.PreTrainedModel) and _is_attention_module(m)
+    ]
+    for kind, (spec, module, _) in plans.items():
+        if module is not None:
+            shared[kind] = module
+            continue
+        template = _build(spec, kind, model)
+        if not template.state_dict() or not attention_modules:
+            shared[kind] = template  # nothing to learn or save: one serves every layer
+            continue
+        per_layer.add(kind)
+        for m in attention_modules:
+            m.add_module(_PART_NAMES[kind], _build(spec, kind, m))
+    if shared:
+        model.add_module("attnkit_attention", nn.ModuleDict(shared))
     name = f"attnkit-{next(_COUNTER)}"
     transformers.AttentionInterface.register(
-        name, _attention_function(score_part, align_part, kernel)
+        name,
+        _attention_function(shared.get("score"), shared.get("align"), kernel, frozenset(per_layer)),
     )
     # The masks eager attention gets (additive, causality always spelled out, None only for
     # full attention): what the model's other modules (routers, poolers) read stays as in eager.
     transformers.AttentionMaskInterface.register(name, eager_mask)
     model.set_attn_implementation(name)
+
+    problems = [why for _, _, why in plans.values() if why is not None]
+    if problems:
+        if hasattr(model.config, CONFIG_KEY):
+            delattr(model.config, CONFIG_KEY)
+    else:
+        described = {"score": plans["score"][0] if "score" in plans else None}
+        described |= {"align": plans["align"][0], "kernel": kernel}
+        setattr(model.config, CONFIG_KEY, described)
+    model._attnkit_swap = {"name": name, "problem": "; ".join(problems) or None}
+    if "save_pretrained" not in model.__dict__:
+        model.save_pretrained = types.MethodType(_save_pretrained, model)
     return name
+
+
+def _with_variant(filename: str, variant: str | None) -> str:
+    if variant is None:
+        return filename
+    stem, ext = filename.rsplit(".", 1)
+    return f"{stem}.{variant}.{ext}"
+
+
+def _stored_parts(path: Any, kwargs: dict[str, Any]) -> dict[str, Tensor]:
+    """The attnkit part tensors of a saved checkpoint (single file or sharded, safetensors or
+    PyTorch), found as ``from_pretrained`` finds its files."""
+    from transformers.utils import (
+        SAFE_WEIGHTS_INDEX_NAME,
+        SAFE_WEIGHTS_NAME,
+        WEIGHTS_INDEX_NAME,
+        WEIGHTS_NAME,
+        cached_file,
+    )
+
+    keys = ("cache_dir", "force_download", "proxies", "token", "revision", "local_files_only")
+    download = {k: kwargs[k] for k in (*keys, "subfolder") if k in kwargs}
+
+    def find(filename: str) -> str | None:
+        return cached_file(path, filename, _raise_exceptions_for_missing_entries=False, **download)
+
+    variant = kwargs.get("variant")
+    files: list[str] = []
+    layouts = ((SAFE_WEIGHTS_NAME, SAFE_WEIGHTS_INDEX_NAME), (WEIGHTS_NAME, WEIGHTS_INDEX_NAME))
+    for single, index in layouts:
+        file = find(_with_variant(single, variant))
+        if file is not None:
+            files = [file]
+            break
+        index_file = find(_with_variant(index, variant))
+        if index_file is not None:
+            with open(index_file, encoding="utf-8") as f:
+                weight_map = json.load(f)["weight_map"]
+            shards = sorted({shard for key, shard in weight_map.items() if _PART_KEY.search(key)})
+            files = [f for f in map(find, shards) if f is not None]
+            break
+    stored: dict[str, Tensor] = {}
+    for file in files:
+        if file.endswith(".safetensors"):
+            from safetensors import safe_open
+
+            with safe_open(file, framework="pt") as f:
+                names = f.keys()  # a safetensors file handle is not iterable
+                stored |= {k: f.get_tensor(k) for k in names if _PART_KEY.search(k)}
+        else:
+            state = torch.load(file, map_location="cpu", weights_only=True)
+            stored |= {k: v for k, v in state.items() if _PART_KEY.search(k)}
+    return stored
+
+
+def from_pretrained(cls: Any, pretrained_model_name_or_path: Any, *model_args: Any, **kwargs: Any):
+    """Load a model saved after :func:`swap_attention`, swapped again, with its parts' weights.
+
+    transformers' own ``cls.from_pretrained`` knows nothing of the swap: it builds the model
+    without the attnkit parts and drops their weights, reporting them as unexpected. This calls
+    it, re-applies the swap described in ``config.attnkit_swap`` (so each part is rebuilt on its
+    attention module's device and dtype) and loads the parts' saved weights.
+
+    Args:
+        cls: the model class (``BertModel``, ``AutoModelForCausalLM``, ...).
+        pretrained_model_name_or_path: what ``cls.from_pretrained`` takes.
+        *model_args, **kwargs: passed on to ``cls.from_pretrained`` (``dtype``, ``revision``,
+            ``output_loading_info``, ...).
+
+    Returns:
+        The swapped model (in eval mode, as ``from_pretrained`` leaves it), or ``(model,
+        loading_info)`` with ``output_loading_info=True``.
+
+    Raises:
+        ValueError: the checkpoint's config has no ``attnkit_swap`` (it was not saved from a
+            swapped model), or its attnkit weights do not match the parts the swap rebuilds.
+    """
+    import transformers
+
+    want_info = kwargs.pop("output_loading_info", False)
+    # The parts' weights are loaded below: keep transformers from reporting them as unused.
+    patch = isinstance(cls, type) and issubclass(cls, transformers.PreTrainedModel)
+    attr = "_keys_to_ignore_on_load_unexpected"
+    own = cls.__dict__.get(attr) if patch else None
+    if patch:
+        setattr(cls, attr, [*(getattr(cls, attr, None) or []), _PART_KEY.pattern])
+    try:
+        model, info = cls.from_pretrained(
+            pretrained_model_name_or_path, *model_args, output_loading_info=True, **kwargs
+        )
+    finally:
+        if patch:
+            if own is None:
+                delattr(cls, attr)
+            else:
+                setattr(cls, attr, own)
+    described = getattr(model.config, CONFIG_KEY, None)
+    if not isinstance(described, Mapping):
+        raise ValueError(
+            f"{pretrained_model_name_or_path!s} was not saved from a model swapped with "
+            f"swap_attention (its config has no {CONFIG_KEY!r}); load it with "
+            f"{getattr(cls, '__name__', cls)}.from_pretrained"
+        )
+    swap_attention(
+        model,
+        score=described.get("score"),
+        align=described.get("align", "softmax"),
+        kernel=described.get("kernel"),
+    )
+    wanted = [k for k in model.state_dict() if _PART_KEY.search(k)]
+    stored = _stored_parts(pretrained_model_name_or_path, kwargs) if wanted else {}
+    # A checkpoint of the base model loads into a model with a head and back (as transformers
+    # does): the keys may differ by the base model's prefix.
+    prefix = getattr(model, "base_model_prefix", "")
+    loaded, used, missing = {}, set(), []
+    for key in wanted:
+        names = [key]
+        if prefix:
+            names += [f"{prefix}.{key}", key.removeprefix(f"{prefix}.")]
+        hit = next((n for n in names if n in stored), None)
+        if hit is None:
+            missing.append(key)
+        else:
+            loaded[key] = stored[hit]
+            used.add(hit)
+    unused = sorted(set(stored) - used)
+    if missing or unused:
+        raise ValueError(
+            f"the attnkit weights saved in {pretrained_model_name_or_path!s} do not match the "
+            f"parts config.{CONFIG_KEY} describes: missing {missing[:4]}"
+            f"{' …' if len(missing) > 4 else ''}, not used {unused[:4]}"
+            f"{' …' if len(unused) > 4 else ''}"
+        )
+    model.load_state_dict(loaded, strict=False)
+    return (model, info) if want_info else model

@@ -498,6 +498,87 @@ def _has_key(mask: Tensor, block_mask: BlockMask) -> Tensor:
     return torch.cat([r.expand(*shapes, *r.shape[-2:]) for r in rows], dim=-2)
 
 
+def _fused_reasons(
+    plan: _Plan, q, k, v, bias, score: Score, align: Alignment, need_weights: bool
+) -> list[str]:
+    """Why a block-sparse call cannot take the fused path (:func:`_sparse_fused`)."""
+    reasons = []
+    if plan.block_mask is None:
+        reasons.append("no block mask")
+    if need_weights:
+        reasons.append("weights requested")
+    if plan.score_mod is not None:
+        reasons.append("a score_mod")
+    if not score.dot_product_form or plan.multi or align.softmax_temperature() is None:
+        reasons.append("not dot-product softmax attention")
+    if plan.guard:
+        reasons.append("a masked value is not finite")
+    if v.dtype not in (torch.float32, torch.float64) or k.dtype != v.dtype:
+        reasons.append(f"inputs {v.dtype} (float32 or float64 only)")
+    if bias is not None and bias.dtype != v.dtype:
+        reasons.append(f"bias dtype {bias.dtype} differs from the values' {v.dtype}")
+    tensors = [t for t in (q, k, v, bias) if t is not None]
+    tensors += [*score.parameters(), *align.parameters()]
+    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+        reasons.append("a gradient is required (the tiled backward keeps memory O(tile))")
+    if torch.compiler.is_compiling():
+        reasons.append("inside torch.compile")
+    return reasons
+
+
+def _sparse_fused(plan: _Plan, q, k, v, bias, score: Score, align: Alignment) -> Tensor:
+    """Block-sparse dot-product softmax attention, forward only: each group of query blocks
+    attends, in one call of PyTorch's fused kernel (``scaled_dot_product_attention``), just the
+    key tiles it visits (gathered when they lie apart); the mask is passed only when one of
+    those tiles is partial. Same result as the tiled path (eq. 4 over the allowed keys)."""
+    temperature = align.softmax_temperature()
+    assert temperature is not None and plan.block_mask is not None
+    qp, kp, scale = score.dot_form(q, k)
+    inv_t = 1.0 / temperature
+    lead = plan.lead
+    qp = qp.expand(*lead, *qp.shape[-2:])
+    kp = kp.expand(*lead, *kp.shape[-2:])
+    v = v.expand(*lead, *v.shape[-2:])
+    bm = plan.block_mask
+    outs = []
+    for q0, (q1, visit, full) in plan.groups.items():
+        columns = [j for j, seen in enumerate(visit) if seen]
+        if not columns:  # no allowed key: the rows get context 0 below
+            outs.append(v.new_zeros(*lead, q1 - q0, v.shape[-1]))
+            continue
+        runs = [(j * plan.block_k, min((j + 1) * plan.block_k, plan.n)) for j in columns]
+        if columns[-1] - columns[0] + 1 == len(columns):
+            keys = _Keys(runs[0][0], runs[-1][1])
+        else:
+            keys = _Keys(runs[0][0], runs[-1][1], torch.cat([torch.arange(a, b) for a, b in runs]))
+        allowed = _rows(plan.mask, q0, q1, keys)
+        if not all(full[j] for j in columns):
+            pattern = (
+                bm.tile(q0, q1, keys.k0, keys.k1)
+                if keys.idx is None
+                else bm.tile_at(q0, q1, keys.idx, columns)
+            )
+            allowed = pattern if allowed is None else allowed & pattern
+        attn_mask = allowed
+        if bias is not None:
+            attn_mask = _rows(bias, q0, q1, keys)
+            attn_mask = attn_mask if inv_t == 1.0 else attn_mask * inv_t
+            if allowed is not None:
+                attn_mask = attn_mask.masked_fill(~allowed, float("-inf"))
+        out = torch.nn.functional.scaled_dot_product_attention(
+            qp[..., q0:q1, :],
+            keys.take(kp, -2),
+            keys.take(v, -2),
+            attn_mask=attn_mask,
+            scale=scale * inv_t,
+        )
+        outs.append(out)
+    context = torch.cat(outs, dim=-2)
+    if plan.has_key is not None:  # rows with no allowed key: context 0 (SDPA gives NaN)
+        context = torch.where(plan.has_key, context, torch.zeros((), dtype=context.dtype))
+    return context
+
+
 def _work_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
@@ -606,6 +687,8 @@ def attend(
         score_mod=score_mod,
         span_k=span_k,
     )
+    if not _fused_reasons(plan, q, k, v, bias, score, align, need_weights):
+        return AttentionOutput(_sparse_fused(plan, q, k, v, bias, score, align))
     qp = score.project_query(q)
     kp = score.project_key(k)
     mod_params = score_mod.parameters() if isinstance(score_mod, nn.Module) else ()
