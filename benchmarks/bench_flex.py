@@ -1,0 +1,184 @@
+"""Block-sparse attention against PyTorch's FlexAttention on the CPU, forward, float32.
+
+Patterns (d = 64, H = 4, B = 1): sliding window 256, causal, causal + window 256, document
+(4 jagged documents), BigBird (window 128, one global token, 2 random 128-blocks) and causal with
+an ALiBi ``score_mod``. Each case runs in a fresh process with its own (empty) inductor cache,
+so FlexAttention's set-up time is a cold ``torch.compile``. Times are medians over paired
+repeats (attnkit and FlexAttention alternately, after warm-up); the ratio is the median of the
+per-pair ratios (below 1: attnkit is faster). Set-up: attnkit's block mask build;
+FlexAttention's ``create_block_mask`` and its first compiled call. attnkit's forward + backward
+(FlexAttention has no CPU backward) is reported beside it.
+
+    python benchmarks/bench_flex.py [--sizes 4096,16384] [--threads 1] [--repeats 9]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import torch
+
+PATTERNS = ["window", "causal", "causal+window", "document", "bigbird", "alibi"]
+H, D, WINDOW = 4, 64, 256
+
+
+def _alibi(heads: int):
+    slopes = torch.tensor([2.0 ** (-8.0 * (i + 1) / heads) for i in range(heads)])
+
+    def score_mod(e, b, h, q_idx, kv_idx):
+        return e + slopes[h] * (kv_idx - q_idx).to(e.dtype)
+
+    return score_mod
+
+
+def _case(pattern: str, n: int):
+    """(mask_mod, score_mod) of one benchmark pattern."""
+    from attnkit import patterns
+
+    if pattern == "window":
+        return patterns.sliding_window(WINDOW), None
+    if pattern == "causal":
+        return patterns.causal(), None
+    if pattern == "causal+window":
+        return patterns.sliding_window(WINDOW, causal=True), None
+    if pattern == "document":
+        cuts = [0, n * 3 // 10, n * 4 // 10, n * 75 // 100, n]  # 4 documents of unequal length
+        return patterns.packed(torch.tensor(cuts)), None
+    if pattern == "bigbird":
+        return patterns.bigbird(128, n, global_positions=(0,), random_blocks=2, block=128), None
+    if pattern == "alibi":
+        return patterns.causal(), _alibi(H)
+    raise ValueError(f"unknown pattern {pattern!r}; choose from {PATTERNS}")
+
+
+def _timed(fn) -> tuple[object, float]:
+    start = time.perf_counter()
+    out = fn()
+    return out, time.perf_counter() - start
+
+
+def run_case(pattern: str, n: int, threads: int, repeats: int) -> dict:
+    """Measure one pattern at one size in this process."""
+    torch.set_num_threads(threads)
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    import attnkit as ak
+    from attnkit import patterns
+
+    mask_mod, score_mod = _case(pattern, n)
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, H, n, D, generator=g) for _ in range(3))
+
+    bm, ak_build = _timed(lambda: patterns.block_mask(mask_mod, n))
+    fbm, flex_build = _timed(lambda: create_block_mask(mask_mod, None, None, n, n, device="cpu"))
+    flex = torch.compile(flex_attention)
+
+    def ours():
+        return ak.attention(q, k, v, block_mask=bm, score_mod=score_mod).context
+
+    def theirs():
+        return flex(q, k, v, block_mask=fbm, score_mod=score_mod)
+
+    first, flex_compile = _timed(theirs)
+    err = float((ours() - first).abs().max())
+    for _ in range(2):
+        ours(), theirs()
+    t_ours, t_theirs, ratios = [], [], []
+    for i in range(repeats):
+        pair = (ours, theirs) if i % 2 == 0 else (theirs, ours)
+        times = {}
+        for fn in pair:
+            times[fn] = _timed(fn)[1]
+        t_ours.append(times[ours])
+        t_theirs.append(times[theirs])
+        ratios.append(times[ours] / times[theirs])
+
+    qg, kg, vg = (x.clone().requires_grad_() for x in (q, k, v))
+    grad = torch.randn(q.shape, generator=g)
+
+    def train():
+        out = ak.attention(qg, kg, vg, block_mask=bm, score_mod=score_mod).context
+        out.backward(grad)
+
+    train()
+    t_train = statistics.median(_timed(train)[1] for _ in range(max(3, repeats // 3)))
+    return {
+        "pattern": pattern,
+        "n": n,
+        "density": bm.density,
+        "ours_ms": 1e3 * statistics.median(t_ours),
+        "flex_ms": 1e3 * statistics.median(t_theirs),
+        "ratio": statistics.median(ratios),
+        "ours_train_ms": 1e3 * t_train,
+        "ak_build_ms": 1e3 * ak_build,
+        "flex_build_ms": 1e3 * flex_build,
+        "flex_compile_s": flex_compile,
+        "max_abs_diff": err,
+    }
+
+
+def table(rows: list[dict]) -> str:
+    head = (
+        "| pattern | N | density | attnkit fwd ms | flex fwd ms | ratio | attnkit fwd+bwd ms "
+        "| attnkit block mask ms | flex create_block_mask ms | flex compile s | max abs diff |\n"
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+    )
+    lines = [head]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['pattern']} | {r['n']} | failed: {r['error']} |")
+            continue
+        lines.append(
+            f"| {r['pattern']} | {r['n']} | {r['density']:.3f} | {r['ours_ms']:.1f} "
+            f"| {r['flex_ms']:.1f} | **{r['ratio']:.2f}x** | {r['ours_train_ms']:.1f} "
+            f"| {r['ak_build_ms']:.0f} | {r['flex_build_ms']:.0f} | {r['flex_compile_s']:.1f} "
+            f"| {r['max_abs_diff']:.1e} |"
+        )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--sizes", default="4096", help="comma-separated N (default 4096)")
+    parser.add_argument("--patterns", default=",".join(PATTERNS))
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--repeats", type=int, default=9, help="paired repeats per case")
+    parser.add_argument("--case", help=argparse.SUPPRESS)  # pattern:N, run in this process
+    args = parser.parse_args()
+    if args.case:
+        pattern, n = args.case.split(":")
+        print(json.dumps(run_case(pattern, int(n), args.threads, args.repeats)))
+        return
+
+    from attnkit.benchmarking.timing import machine
+
+    torch.set_num_threads(args.threads)
+    print(f"Machine: {machine()}; load average before: {os.getloadavg()[0]:.1f}\n")
+    rows = []
+    for n in (int(s) for s in args.sizes.split(",")):
+        for pattern in args.patterns.split(","):
+            print(f"... {pattern} N={n}", file=sys.stderr, flush=True)
+            with tempfile.TemporaryDirectory() as cache:
+                env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache, "OMP_NUM_THREADS": "1"}
+                cmd = [sys.executable, __file__, "--case", f"{pattern}:{n}"]
+                cmd += ["--threads", str(args.threads), "--repeats", str(args.repeats)]
+                done = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
+            if done.returncode != 0:
+                last = (done.stderr.strip().splitlines() or ["?"])[-1]
+                rows.append({"pattern": pattern, "n": n, "error": last[:120]})
+            else:
+                rows.append(json.loads(done.stdout.strip().splitlines()[-1]))
+            print(table(rows[-1:]).splitlines()[-1], file=sys.stderr, flush=True)
+    print(table(rows))
+    print(f"\nLoad average after: {os.getloadavg()[0]:.1f}")
+
+
+if __name__ == "__main__":
+    main()
