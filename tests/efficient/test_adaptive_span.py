@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import attnkit as ak
-from attnkit.efficient import AdaptiveSpanAttention
+from attnkit.efficient import AdaptiveSpanAttention, DynamicSpanAttention
 from attnkit.efficient.adaptive_span import span_mask
 from attnkit.tasks.parts import build_slot_attention
 
@@ -130,3 +130,138 @@ def test_step_by_step_decoding_with_a_kv_cache_equals_the_causal_sequence():
     torch.testing.assert_close(torch.cat(steps, 1), whole)
     # the span matters here: without the queries' positions the steps would differ
     assert not torch.allclose(steps[-1], mha(x[:, -1:], x, x).context)
+
+
+def _span_loop(q, k, v, z, ramp, q_offset=0, mask=None, bias=None):
+    """Eq. 4–5 by loops: query i (at position i + q_offset) with span z[..., i] weighs key j by
+    m_z(|i − j|) exp(e_ij) over the keys it may attend."""
+    b, h, m, d = q.shape
+    n = k.shape[-2]
+    out = torch.zeros(b, h, m, v.shape[-1], dtype=q.dtype)
+    weights = torch.zeros(b, h, m, n, dtype=q.dtype)
+    for bi in range(b):
+        for hi in range(h):
+            for i in range(m):
+                num = []
+                for j in range(n):
+                    x = abs(i + q_offset - j)
+                    soft = min(max((ramp + z[bi, hi, i] - x) / ramp, 0.0), 1.0)
+                    ok = soft > 0 and (mask is None or bool(mask[bi, hi, i, j]))
+                    e = q[bi, hi, i] @ k[bi, hi, j] / math.sqrt(d)
+                    if bias is not None:
+                        e = e + bias[bi, hi, i, j]
+                    num.append(soft * e.exp() if ok else torch.zeros((), dtype=q.dtype))
+                total = sum(num)
+                if float(total) == 0:
+                    continue
+                for j in range(n):
+                    weights[bi, hi, i, j] = num[j] / total
+                    out[bi, hi, i] += num[j] / total * v[bi, hi, j]
+    return out, weights
+
+
+def test_dynamic_span_is_eq_4_and_5_with_the_span_from_the_query_forward_and_gradients():
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(2, 2, 9, 4, generator=g, dtype=D) for _ in range(3))
+    mask = torch.rand(2, 2, 9, 9, generator=g) > 0.2
+    bias = torch.randn(2, 2, 9, 9, generator=g, dtype=D)
+    part = DynamicSpanAttention(2, 4, 6, ramp=1.5, block=2).to(D)
+    with torch.no_grad():
+        part.span_weight.copy_(torch.randn(2, 4, generator=g, dtype=D))
+    out = part(q, k, v, mask=mask, bias=bias, need_weights=True, q_offset=1)
+    # z_t = S·σ(v_hᵀ q_t + b_h), eq. of the paper's dynamic span
+    z = torch.zeros(2, 2, 9, dtype=D)
+    for b in range(2):
+        for h in range(2):
+            for t in range(9):
+                z[b, h, t] = 6 * torch.sigmoid(part.span_weight[h] @ q[b, h, t] + part.span_bias[h])
+    torch.testing.assert_close(out.spans, z)
+    ref, ref_w = _span_loop(q, k, v, z.tolist(), 1.5, 1, mask, bias)
+    torch.testing.assert_close(out.context, ref)
+    torch.testing.assert_close(out.weights, ref_w)
+    # gradients of the span parameters (through m_z) and of the inputs match the loop's
+    params = [part.span_weight, part.span_bias]
+    r = torch.randn(ref.shape, generator=g, dtype=D)
+    fast = torch.autograd.grad((out.context * r).sum(), params)
+    zs = 6 * torch.sigmoid(torch.einsum("bhtd,hd->bht", q, params[0]) + params[1][:, None])
+    slow_out, _ = _span_loop(q, k, v, zs, 1.5, 1, mask, bias)
+    slow = torch.autograd.grad((slow_out * r).sum(), params)
+    for a, b in zip(fast, slow, strict=True):
+        torch.testing.assert_close(a, b)
+
+
+@pytest.mark.parametrize("block", [1, 3, 64])
+def test_the_band_evaluation_equals_the_loop_for_every_block_size(block):
+    g = torch.Generator().manual_seed(4)
+    q = torch.randn(2, 3, 5, 4, generator=g, dtype=D)
+    k, v = (torch.randn(2, 3, 17, 4, generator=g, dtype=D) for _ in range(2))
+    part = AdaptiveSpanAttention(3, 16, ramp=2.0, block=block).to(D)
+    with torch.no_grad():
+        part.span_fraction.copy_(torch.tensor([0.0, 0.2, 0.6]))
+    out = part(q, k, v, need_weights=True, q_offset=12)  # the last 5 of 17 positions
+    z = [[[16 * f] * 5 for f in (0.0, 0.2, 0.6)]] * 2
+    ref, ref_w = _span_loop(q, k, v, z, 2.0, 12)
+    torch.testing.assert_close(out.context, ref)
+    torch.testing.assert_close(out.weights, ref_w)
+
+
+def test_the_band_holds_only_the_keys_within_the_span():
+    # the keys gathered per query block are block + 2⌈max z + R⌉, whatever N: cost follows z
+    seen = {}
+
+    def spy(t, dim, index):
+        seen.setdefault("widths", []).append(index.numel())
+        return original(t, dim, index)
+
+    original = torch.Tensor.index_select
+    part = AdaptiveSpanAttention(1, 8, ramp=2.0, init=0.5, block=4)
+    for n in (64, 256):
+        seen.clear()
+        x = torch.randn(1, 1, n, 4)
+        torch.Tensor.index_select = lambda t, dim, index: spy(t, dim, index)
+        try:
+            part(x, x, x)
+        finally:
+            torch.Tensor.index_select = original
+        # z = 4, R = 2: reach 6, 16 blocks of 4 queries per 64, each with 4 + 12 keys
+        assert seen["widths"] == [n // 4 * 16] * 2
+
+
+def _mode_task(part, steps=150):
+    """Half the sequences need only the current step (target x_t), the others the mean of the
+    whole past; a mode bit in every token says which. A dynamic span learns to read the bit."""
+    torch.manual_seed(0)
+    n = 16
+    proj = torch.nn.Linear(2, 8)
+    opt = torch.optim.Adam([*part.parameters(), *proj.parameters()], lr=0.03)
+    causal = ak.masks.causal(n)
+    g = torch.Generator().manual_seed(5)
+
+    def batch(size):
+        x = torch.randn(size, n, 1, generator=g)
+        local = torch.rand(size, 1, 1, generator=g) < 0.5
+        y = torch.where(local, x, x.cumsum(1) / torch.arange(1, n + 1)[:, None])
+        return torch.cat([x, local.expand(size, n, 1).float()], -1), x, y, local
+
+    for _ in range(steps):
+        inp, x, y, _ = batch(32)
+        h = proj(inp)[:, None]
+        out = part(h, h, x[:, None], mask=causal)
+        loss = (out.context[:, 0] - y).square().mean() + 1e-3 * out.spans.mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    inp, x, y, local = batch(256)
+    with torch.no_grad():
+        h = proj(inp)[:, None]
+        out = part(h, h, x[:, None], mask=causal)
+    spans = out.spans[:, 0].mean(-1)
+    error = (out.context[:, 0] - y).square().mean()
+    return float(spans[local[:, 0, 0]].mean()), float(spans[~local[:, 0, 0]].mean()), float(error)
+
+
+def test_dynamic_span_learns_to_follow_the_input():
+    local, wide, error = _mode_task(DynamicSpanAttention(1, 8, 16, ramp=2.0))
+    # the same head looks back ~nothing for local sequences and far for the others
+    assert local < 2.0 and wide > 8.0, (local, wide)
+    assert error < 0.1, error

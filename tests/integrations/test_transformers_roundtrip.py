@@ -1,0 +1,213 @@
+"""Saving and loading a swapped Hugging Face model: parts given as specs are described in the
+config, built per attention layer, written by ``save_pretrained`` and loaded back by
+``attnkit.integrations.transformers.from_pretrained`` with identical outputs; parts that cannot
+be described make saving raise."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import transformers
+from transformers import (
+    BertConfig,
+    BertForSequenceClassification,
+    BertModel,
+    GPT2Config,
+    GPT2LMHeadModel,
+)
+
+import attnkit as ak
+from attnkit.integrations import transformers as hf
+
+transformers.logging.set_verbosity_error()
+
+HEADS, HEAD_DIM = 4, 4
+ADDITIVE = {"name": "additive", "d_q": HEAD_DIM, "d_k": HEAD_DIM, "d_w": 6, "heads": HEADS}
+LEARNED_T = {"name": "softmax", "temperature": 0.7, "learnable": True}
+
+
+def _bert(cls=BertModel):
+    torch.manual_seed(0)
+    config = BertConfig(
+        vocab_size=40,
+        hidden_size=HEADS * HEAD_DIM,
+        num_hidden_layers=2,
+        num_attention_heads=HEADS,
+        intermediate_size=32,
+        max_position_embeddings=32,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+    )
+    return cls(config)
+
+
+def _gpt2():
+    torch.manual_seed(0)
+    config = GPT2Config(
+        vocab_size=40, n_embd=16, n_layer=2, n_head=2, n_positions=32, resid_pdrop=0.0
+    )
+    config.embd_pdrop = config.attn_pdrop = 0.0
+    config.bos_token_id = config.eos_token_id = config.pad_token_id = 0
+    return GPT2LMHeadModel(config)
+
+
+def _inputs():
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(1, 40, (3, 9), generator=g)
+    mask = torch.ones(3, 9, dtype=torch.long)
+    mask[1, 6:] = 0
+    return ids, mask
+
+
+def _part_params(model):
+    return {n: p for n, p in model.named_parameters() if ".attnkit_" in n}
+
+
+def _train_parts(model, loss_fn):
+    """One Adam step on the attnkit parameters only, so that they leave their initial values."""
+    params = _part_params(model)
+    before = {n: p.detach().clone() for n, p in params.items()}
+    opt = torch.optim.Adam(params.values(), lr=0.05)
+    model.train()
+    loss_fn(model).backward()
+    opt.step()
+    model.eval()
+    for n, p in params.items():
+        assert not torch.equal(p, before[n]), n  # every part parameter got a gradient and moved
+
+
+def test_bert_additive_score_and_learned_temperature_round_trip(tmp_path):
+    model = _bert()
+    ids, mask = _inputs()
+    hf.swap_attention(model, score=ADDITIVE, align=LEARNED_T)
+    params = _part_params(model)
+    # One score and one temperature per attention layer, trainable, in model.parameters().
+    layers = [f"encoder.layer.{i}.attention.self" for i in range(2)]
+    expected = {f"{layer}.attnkit_align.log_temperature" for layer in layers}
+    assert expected <= set(params)
+    assert {n for n in params if ".attnkit_score." in n} == {
+        f"{layer}.attnkit_score.{n}"
+        for layer in layers
+        for n, _ in ak.scores.build(**{k: v for k, v in ADDITIVE.items()}).named_parameters()
+    }
+    all_params = {id(p) for p in model.parameters()}
+    assert all(p.requires_grad and id(p) in all_params for p in params.values())
+    score0 = model.encoder.layer[0].attention.self.attnkit_score
+    assert score0 is not model.encoder.layer[1].attention.self.attnkit_score
+
+    _train_parts(model, lambda m: m(ids, attention_mask=mask).last_hidden_state.pow(2).mean())
+    ref = model(ids, attention_mask=mask).last_hidden_state
+    model.save_pretrained(tmp_path)
+    saved = json.loads((tmp_path / "config.json").read_text())["attnkit_swap"]
+    assert saved == {"score": ADDITIVE, "align": LEARNED_T, "kernel": None}
+
+    loaded, info = hf.from_pretrained(BertModel, tmp_path, output_loading_info=True)
+    assert not info["unexpected_keys"] and not info["missing_keys"]
+    assert loaded.config._attn_implementation.startswith("attnkit-")
+    got = loaded.state_dict()
+    assert set(got) == set(model.state_dict())
+    for name, value in model.state_dict().items():
+        assert torch.equal(got[name], value), name
+    assert torch.equal(loaded(ids, attention_mask=mask).last_hidden_state, ref)
+
+    # transformers' own loader builds the model without the parts: the outputs differ, so the
+    # comparison above depends on the parts' weights being loaded.
+    plain = BertModel.from_pretrained(tmp_path)
+    assert not any(".attnkit_" in n for n in plain.state_dict())
+    assert not torch.allclose(plain(ids, attention_mask=mask).last_hidden_state, ref)
+
+
+def test_gpt2_learned_entmax_round_trip_logits_and_generation(tmp_path):
+    model = _gpt2()
+    ids, mask = _inputs()
+    align = {"name": "entmax", "alpha": 1.3, "learnable": True, "n_iter": 30}
+    hf.swap_attention(model, score={"name": "scaled_dot"}, align=align)
+    rhos = {n: p for n, p in _part_params(model).items()}
+    assert set(rhos) == {f"transformer.h.{i}.attn.attnkit_align.rho" for i in range(2)}
+
+    _train_parts(model, lambda m: m(ids, attention_mask=mask, labels=ids).loss)
+    ref = model(ids, attention_mask=mask).logits
+    ref_tokens = model.generate(ids[:1], max_new_tokens=3, do_sample=False)
+    model.save_pretrained(tmp_path)
+
+    loaded = hf.from_pretrained(GPT2LMHeadModel, tmp_path)
+    for name, p in _part_params(loaded).items():
+        assert torch.equal(p, rhos[name]), name
+    assert torch.equal(loaded(ids, attention_mask=mask).logits, ref)
+    assert torch.equal(loaded.generate(ids[:1], max_new_tokens=3, do_sample=False), ref_tokens)
+
+
+def test_parameter_free_parts_are_described_and_shared(tmp_path):
+    model = _bert().eval()
+    ids, mask = _inputs()
+    hf.swap_attention(model, score="cosine", align="sparsemax")
+    assert not _part_params(model)  # nothing to learn: one part serves every layer
+    ref = model(ids, attention_mask=mask).last_hidden_state
+    model.save_pretrained(tmp_path)
+    loaded = hf.from_pretrained(BertModel, tmp_path)
+    assert loaded.config.attnkit_swap["align"] == {"name": "sparsemax"}
+    assert torch.equal(loaded(ids, attention_mask=mask).last_hidden_state, ref)
+
+
+def test_a_base_checkpoint_loads_into_a_model_with_a_head(tmp_path):
+    model = _bert()
+    hf.swap_attention(model, align=LEARNED_T)
+    with torch.no_grad():
+        model.encoder.layer[1].attention.self.attnkit_align.log_temperature.fill_(0.25)
+    model.save_pretrained(tmp_path)
+    head = hf.from_pretrained(BertForSequenceClassification, tmp_path)
+    t = head.bert.encoder.layer[1].attention.self.attnkit_align.log_temperature
+    assert t.item() == 0.25
+
+
+def test_a_second_swap_replaces_the_parts_of_the_first():
+    model = _bert()
+    hf.swap_attention(model, score=ADDITIVE, align=LEARNED_T)
+    hf.swap_attention(model, align={"name": "entmax", "learnable": True})
+    names = set(_part_params(model))
+    assert names == {f"encoder.layer.{i}.attention.self.attnkit_align.rho" for i in range(2)}
+    assert model.config.attnkit_swap["score"] is None
+
+
+def test_parts_that_cannot_be_described_refuse_to_save(tmp_path):
+    model = _bert()
+    # A module: trains with the model, but the config cannot describe it.
+    hf.swap_attention(model, align=ak.alignments.Softmax(0.5, learnable=True))
+    assert any(n.startswith("attnkit_attention.") for n, _ in model.named_parameters())
+    assert not hasattr(model.config, "attnkit_swap")
+    with pytest.raises(ValueError, match=r"align= was given as a module \(Softmax\)"):
+        model.save_pretrained(tmp_path / "module")
+    assert not (tmp_path / "module").exists()
+
+    # A spec whose argument JSON cannot hold (a callable activation).
+    spec = {**ADDITIVE, "activation": torch.tanh}
+    hf.swap_attention(model, score=spec)
+    with pytest.raises(ValueError, match="score spec .* JSON cannot hold"):
+        model.save_pretrained(tmp_path / "callable")
+    assert not (tmp_path / "callable").exists()
+
+    # Switched back to eager with the parts still attached.
+    hf.swap_attention(model, align=LEARNED_T)
+    model.set_attn_implementation("eager")
+    with pytest.raises(ValueError, match="switched to 'eager' after swap_attention"):
+        model.save_pretrained(tmp_path / "eager")
+
+
+def test_bad_specs_and_a_checkpoint_without_a_swap(tmp_path):
+    model = _bert()
+    with pytest.raises(ValueError, match="leave it out"):
+        hf.swap_attention(model, align={**LEARNED_T, "dtype": "float64"})
+    with pytest.raises(TypeError, match="must hold 'name'"):
+        hf.swap_attention(model, align={"temperature": 2.0})
+    with pytest.raises(ValueError, match="unknown alignment 'softmx'"):
+        hf.swap_attention(model, align={"name": "softmx"})
+    with pytest.raises(TypeError, match="unexpected argument 'd_hidden'"):
+        hf.swap_attention(model, score={**ADDITIVE, "d_hidden": 3})
+    with pytest.raises(TypeError, match="spec dict"):
+        hf.swap_attention(model, align=3)
+
+    model.save_pretrained(tmp_path)  # never swapped
+    with pytest.raises(ValueError, match="has no 'attnkit_swap'"):
+        hf.from_pretrained(BertModel, tmp_path)
