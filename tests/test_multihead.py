@@ -363,9 +363,7 @@ def _alibi_bias(heads, m, n, q0=0):
     """The same penalty as an explicit (1, H, M, N) bias, written per head."""
     i = torch.arange(q0, q0 + m)[:, None]
     j = torch.arange(n)[None, :]
-    return torch.stack([-(h + 1) / 4 * (i - j).abs().to(torch.float64) for h in range(heads)])[
-        None
-    ]
+    return torch.stack([-(h + 1) / 4 * (i - j).abs().to(torch.float64) for h in range(heads)])[None]
 
 
 def test_block_mask_and_pattern_equal_the_dense_masked_module():
@@ -401,10 +399,7 @@ def test_a_per_head_block_mask_lines_up_with_batch_and_heads():
 
     bm = pt.block_mask(pattern, n, batch=b, heads=H, block_q=16, block_k=16)
     dense = torch.stack(
-        [
-            torch.stack([ak.masks.window(n, n, bi + 2 * h) for h in range(H)])
-            for bi in range(b)
-        ]
+        [torch.stack([ak.masks.window(n, n, bi + 2 * h) for h in range(H)]) for bi in range(b)]
     )  # (B, H, N, N)
     mha = ak.MultiHeadAttention(E, H).double()
     x = torch.randn(b, n, E, dtype=torch.float64)
@@ -462,7 +457,7 @@ def test_block_masks_and_score_mods_that_cannot_be_honoured_are_refused():
     x = torch.randn(2, 6, E)
     mha = ak.MultiHeadAttention(E, H)
     bm = pt.block_mask(pt.sliding_window(1), 6)
-    with pytest.raises(TypeError, match="block_mask must be an attnkit.kernels.BlockMask"):
+    with pytest.raises(TypeError, match=r"block_mask must be an attnkit\.kernels\.BlockMask"):
         mha(x, block_mask=masks.window(6, 6, 1))
     with pytest.raises(TypeError, match="score_mod must be callable"):
         mha(x, score_mod=3.0)
@@ -476,7 +471,7 @@ def test_block_masks_and_score_mods_that_cannot_be_honoured_are_refused():
         mha(x.unsqueeze(0), score_mod=_alibi_like)
     with pytest.raises(ValueError, match="_NoMatrix does not declare accepts_block_mask"):
         ak.MultiHeadAttention(E, H, attention=_NoMatrix())(x, block_mask=bm)
-    with pytest.raises(ValueError, match="_NoMatrix does not declare accepts_score_mod.*mask="):
+    with pytest.raises(ValueError, match=r"_NoMatrix does not declare accepts_score_mod.*mask="):
         ak.MultiHeadAttention(E, H, attention=_NoMatrix(), score_mod=_alibi_like)
     with pytest.raises(TypeError, match="pattern must be callable"):
         ak.MultiHeadAttention(E, H, pattern="window")

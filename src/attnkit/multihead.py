@@ -185,11 +185,11 @@ class MultiHeadAttention(nn.Module):
 
     def _project(self, query: Tensor, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         b = self.in_proj_bias
+        if self.packed and key is query and value is query:
+            q, k, v = F.linear(query, self.in_proj_weight, b).split(self._sizes, dim=-1)
+            return q, k, v
         bq, bk, bv = (None, None, None) if b is None else b.split(self._sizes)
         if self.packed:
-            if key is query and value is query:
-                q, k, v = F.linear(query, self.in_proj_weight, b).split(self._sizes, dim=-1)
-                return q, k, v
             wq, wk, wv = self.in_proj_weight.split(self._sizes)
         else:
             wq, wk, wv = self.q_proj_weight, self.k_proj_weight, self.v_proj_weight

@@ -44,10 +44,11 @@ class _FeedForward(nn.Sequential):
         )
 
     def forward(self, x: Tensor) -> Tensor:
-        x = self[1](self[0](x))
-        if self.training and self[2].p > 0:  # (no module call for a no-op, per token)
-            x = self[2](x)
-        return self[3](x)
+        first, activation, drop, second = self._modules.values()
+        x = activation(first(x))
+        if self.training and drop.p > 0:  # (no module call for a no-op, per token)
+            x = drop(x)
+        return second(x)
 
 
 def _identity(x: Tensor) -> Tensor:

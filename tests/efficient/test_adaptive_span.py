@@ -145,14 +145,14 @@ def _span_loop(q, k, v, z, ramp, q_offset=0, mask=None, bias=None):
                 num = []
                 for j in range(n):
                     x = abs(i + q_offset - j)
-                    soft = min(max((ramp + z[bi, hi, i] - x) / ramp, 0.0), 1.0)
-                    ok = soft > 0 and (mask is None or bool(mask[bi, hi, i, j]))
+                    soft = ((ramp + z[bi, hi, i] - x) / ramp).clamp(0.0, 1.0)
+                    ok = bool(soft > 0) and (mask is None or bool(mask[bi, hi, i, j]))
                     e = q[bi, hi, i] @ k[bi, hi, j] / math.sqrt(d)
                     if bias is not None:
                         e = e + bias[bi, hi, i, j]
                     num.append(soft * e.exp() if ok else torch.zeros((), dtype=q.dtype))
                 total = sum(num)
-                if float(total) == 0:
+                if float(total.detach()) == 0:
                     continue
                 for j in range(n):
                     weights[bi, hi, i, j] = num[j] / total
@@ -176,7 +176,7 @@ def test_dynamic_span_is_eq_4_and_5_with_the_span_from_the_query_forward_and_gra
             for t in range(9):
                 z[b, h, t] = 6 * torch.sigmoid(part.span_weight[h] @ q[b, h, t] + part.span_bias[h])
     torch.testing.assert_close(out.spans, z)
-    ref, ref_w = _span_loop(q, k, v, z.tolist(), 1.5, 1, mask, bias)
+    ref, ref_w = _span_loop(q, k, v, z, 1.5, 1, mask, bias)
     torch.testing.assert_close(out.context, ref)
     torch.testing.assert_close(out.weights, ref_w)
     # gradients of the span parameters (through m_z) and of the inputs match the loop's
@@ -199,7 +199,7 @@ def test_the_band_evaluation_equals_the_loop_for_every_block_size(block):
     with torch.no_grad():
         part.span_fraction.copy_(torch.tensor([0.0, 0.2, 0.6]))
     out = part(q, k, v, need_weights=True, q_offset=12)  # the last 5 of 17 positions
-    z = [[[16 * f] * 5 for f in (0.0, 0.2, 0.6)]] * 2
+    z = (16 * torch.tensor([0.0, 0.2, 0.6], dtype=D))[:, None].expand(2, 3, 5)
     ref, ref_w = _span_loop(q, k, v, z, 2.0, 12)
     torch.testing.assert_close(out.context, ref)
     torch.testing.assert_close(out.weights, ref_w)

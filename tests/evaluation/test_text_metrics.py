@@ -39,7 +39,7 @@ def reference_meteor(h, r, stem=None, alpha=0.9, beta=3.0, gamma=0.5):
         # every set of disjoint edges
         out = [[]]
         for e in edges:
-            out += [m + [e] for m in out if all(e[0] != x[0] and e[1] != x[1] for x in m)]
+            out += [[*m, e] for m in out if all(e[0] != x[0] and e[1] != x[1] for x in m)]
         return out
 
     fixed = []
@@ -91,7 +91,10 @@ def test_meteor_worked_example():
     # that 8->8, the 9->9 (the "the" after "that": no crossing, one chunk with its
     # neighbours), military 10->10, commands 14->15, party 17->14 (lower-cased): m = 12,
     # chunks [0-5] [7-10] [14] [17] = 4; P = 12/18, R = 12/16.
-    h = "It is a guide to action which ensures that the military always obeys the commands of the party"
+    h = (
+        "It is a guide to action which ensures that the military always obeys the commands of "
+        "the party"
+    )
     r = "It is a guide to action that ensures that the military will forever heed Party commands"
     p, rec = 12 / 18, 12 / 16
     f_mean = 10 * p * rec / (rec + 9 * p)
@@ -215,7 +218,9 @@ def reference_per(ref, hyp):
     r, h = ref.split(), hyp.split()
     n = max(len(r), len(h))
     r, h = r + [None] * (n - len(r)), h + [None] * (n - len(h))
-    return min(sum(a != b for a, b in zip(r, perm)) for perm in itertools.permutations(h))
+    return min(
+        sum(a != b for a, b in zip(r, perm, strict=True)) for perm in itertools.permutations(h)
+    )
 
 
 def test_per_matches_a_search_over_word_orders():
@@ -254,3 +259,12 @@ def test_per_ignores_order_only():
 def test_per_bad_calls(call, error, match):
     with pytest.raises(error, match=match):
         call()
+
+
+def test_meteor_many_ties_fall_back_without_enumerating():
+    # 40 "the" against 20: C(40, 20) candidate subsets, far beyond search_limit
+    h = " ".join(["the"] * 40)
+    r = " ".join(["the"] * 20)
+    p, rec = 20 / 40, 1.0
+    f_mean = p * rec / (0.9 * p + 0.1 * rec)
+    assert meteor_sentence(h, [r]) == pytest.approx(f_mean * (1 - 0.5 * (1 / 20) ** 3))

@@ -8,6 +8,7 @@ import signal
 import socket
 import subprocess
 import sys
+from pathlib import Path
 from typing import ClassVar
 
 import pytest
@@ -16,7 +17,7 @@ from safetensors.torch import load_file
 
 from attnkit import tasks
 from attnkit.experiments import checkpoints
-from attnkit.experiments.config import RunConfig
+from attnkit.experiments.config import ConfigError, RunConfig
 from attnkit.experiments.runner import Interrupted, TrainingError, run
 from attnkit.tasks.base import Metric, Task
 from attnkit.tasks.dates_task import DatesTask
@@ -307,3 +308,174 @@ def test_ctrl_c_while_making_the_data_still_says_how_to_continue(tmp_path, monke
     _, _, lines = _run(None, None, resume=tmp_path / "early")
     assert any("yet: starting at epoch 1" in line for line in lines)
     _assert_same_run(tmp_path / "early", whole)
+
+
+
+# ---- context parallelism: each sequence split over a ring of processes ----------------------
+
+CP = {"task": "kv-recall", "quick": True, "epochs": 2, "n_train": 64, "n_test": 32}
+CP_SIZES = {"batch_size": 16, "seq_len": 8, "d_model": 8}
+
+
+def _cp_config(**kw):
+    return RunConfig(**{**CP, **CP_SIZES, **kw})
+
+
+def _stopping_after_first_epoch(trainer_class):
+    """An ``_end_epoch`` after which every rank stops (past the first epoch's checkpoint and
+    barrier), as a job stopped between two epochs."""
+    original = trainer_class._end_epoch
+
+    def end_epoch(self):
+        original(self)
+        if self.position.epoch == 1:
+            raise Killed
+
+    return end_epoch
+
+
+def _cp_worker(rank, world, port, out, kw, mode):
+    """One process of a torchrun-like world (env:// rendezvous) running ``run`` in-process:
+    ``stop`` after the first epoch, ``resume`` the run in ``out``, or ``die`` (rank 1 exits in
+    the middle of the second epoch; rank 0 writes the error it raised)."""
+    from attnkit.experiments import training
+    from attnkit.tasks import long_range
+
+    os.environ.update(
+        RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+    )  # fmt: skip
+    torch.set_num_threads(1)
+    if mode == "stop":
+        training.Trainer._end_epoch = _stopping_after_first_epoch(training.Trainer)
+    if mode == "die" and rank == 1:
+        loss, calls = long_range.LongRangeTask.context_parallel_loss, []
+
+        def dies(self, model, index, group):
+            calls.append(1)
+            if len(calls) == 6:  # epoch 2, step 2: after the first checkpoint
+                os._exit(3)  # no handler, no cleanup: as SIGKILL
+            return loss(self, model, index, group)
+
+        long_range.LongRangeTask.context_parallel_loss = dies
+    out = Path(out)
+    try:
+        if mode == "resume":
+            run(None, resume=out, progress=False, echo=lambda _: None, threads=1, timeout=20,
+                context_parallel=2)  # fmt: skip
+        else:
+            run(_cp_config(**kw), out, progress=False, echo=lambda _: None, threads=1,
+                timeout=20)  # fmt: skip
+    except Killed:
+        pass
+    except TrainingError as err:
+        (out.parent / f"{out.name}-rank{rank}.txt").write_text(str(err))
+    finally:
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+
+
+def _world(n, out, kw, mode) -> list[int]:
+    """Exit codes of a forked world of ``n`` processes."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("fork")
+    port = _free_port()
+    procs = [ctx.Process(target=_cp_worker, args=(r, n, port, str(out), kw, mode)) for r in range(n)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+    return [p.exitcode for p in procs]
+
+
+def _same_model(a, b):
+    """Runs a and b end with the same model: the same logits on the test split and the same
+    weights, except the key projection's bias, whose gradient under softmax is zero in exact
+    arithmetic (it adds a constant to each row of scores) and rounding noise in floats, which
+    Adam scales to steps of the learning rate's size (it does not change the outputs)."""
+    config = RunConfig.from_json((a / "config.json").read_text()).resolved()
+    task = tasks.get(config.task)(config)
+    logits = []
+    for run_dir in (a, b):
+        model = task.build_model()
+        checkpoints.load(run_dir, model, restore_rng=False)
+        with torch.no_grad():
+            logits.append(model.eval()(task.splits["test"][0]))
+    torch.testing.assert_close(logits[0], logits[1], atol=1e-4, rtol=1e-4)
+    wa, wb = _weights(a), _weights(b)
+    assert wa.keys() == wb.keys()
+    d = config.d_model
+    for k in wa:
+        x, y = wa[k], wb[k]
+        if k.endswith("in_proj_bias"):
+            x, y = torch.cat([x[:d], x[2 * d :]]), torch.cat([y[:d], y[2 * d :]])
+        torch.testing.assert_close(x, y, atol=1e-5, rtol=1e-4, msg=k)
+    hist = [json.loads((r / "metrics.json").read_text()) for r in (a, b)]
+    assert hist[0].keys() == hist[1].keys()
+
+
+@pytest.fixture(scope="module")
+def cp_runs(tmp_path_factory):
+    """dp 2 × cp 2 (4 processes) stopped after epoch 1; a one-process run stopped after epoch 1
+    and resumed by cp 2; cp 2 with a rank that dies mid-step; the uninterrupted one-process
+    run."""
+    from attnkit.experiments import training
+
+    root = tmp_path_factory.mktemp("cp")
+    assert _world(4, root / "ring_then_one", {"context_parallel": 2}, "stop") == [0] * 4
+    codes = _world(2, root / "dies", {"context_parallel": 2}, "die")
+    assert codes[1] == 3, codes
+    original = training.Trainer._end_epoch
+    training.Trainer._end_epoch = _stopping_after_first_epoch(training.Trainer)
+    try:
+        with pytest.raises(Killed):
+            _run(_cp_config(), root / "one_then_ring")
+    finally:
+        training.Trainer._end_epoch = original
+    assert _world(2, root / "one_then_ring", None, "resume") == [0] * 2
+    _run(_cp_config(), root / "whole")
+    return root
+
+
+def test_a_ring_run_resumed_on_one_process_equals_the_uninterrupted_run(cp_runs):
+    stopped = cp_runs / "ring_then_one"
+    assert checkpoints.latest(stopped).name == "1" and not (stopped / "metrics.json").exists()
+    with pytest.raises(ConfigError, match="context_parallel 2 does not divide the 1 process"):
+        _run(None, None, resume=stopped)  # recorded: 2; this world: 1
+    _, _, lines = _run(None, None, resume=stopped, context_parallel=1)
+    assert "resuming at epoch 2, step 1 of 4" in lines
+    _same_model(stopped, cp_runs / "whole")
+
+
+def test_a_one_process_run_resumed_on_a_ring_equals_the_uninterrupted_run(cp_runs):
+    _same_model(cp_runs / "one_then_ring", cp_runs / "whole")
+
+
+def test_a_rank_that_dies_mid_step_stops_the_others_and_keeps_the_checkpoint(cp_runs):
+    run_dir = cp_runs / "dies"
+    said = (cp_runs / "dies-rank0.txt").read_text()
+    assert "rank 0 of 2: a process stopped or did not answer at epoch 2, step 2" in said
+    assert f"continue with: attnkit run --resume {run_dir}" in said
+    assert not (run_dir / "metrics.json").exists()
+    assert [p.name for p in (run_dir / "checkpoints").iterdir()] == ["1"]
+    state = json.loads((run_dir / "checkpoints" / "1" / "state.json").read_text())["state"]
+    assert (state["epoch"], state["step"]) == (1, 0)
+    _run(None, None, resume=run_dir, context_parallel=1)  # and it continues
+    _same_model(run_dir, cp_runs / "whole")
+
+
+def test_context_parallel_is_refused_where_it_cannot_split(tmp_path):
+    with pytest.raises(ConfigError, match="task 'dates' cannot split its sequences.*kv-recall"):
+        _run(_config(context_parallel=2), tmp_path / "a")
+    with pytest.raises(ConfigError, match="seq_len 9 does not split into 2 equal parts"):
+        _run(_cp_config(context_parallel=2, seq_len=9), tmp_path / "b")
+    with pytest.raises(ConfigError, match="attention 'performer' cannot be split over a ring"):
+        _run(_cp_config(context_parallel=2, attention="performer"), tmp_path / "c")
+    with pytest.raises(ConfigError, match="cannot evaluate score 'additive' with align 'hard'"):
+        _run(_cp_config(context_parallel=2, score="additive", align="hard"), tmp_path / "d")
+    with pytest.raises(ConfigError, match="context_parallel must be a positive int"):
+        _run(_cp_config(context_parallel=0), tmp_path / "e")
+    with pytest.raises(ConfigError, match="context_parallel 2 does not divide the 1 process"):
+        _run(_cp_config(context_parallel=2), tmp_path / "f")
+    assert not any((tmp_path / n).exists() for n in "abcdef")  # nothing written

@@ -90,7 +90,7 @@ def test_bert_additive_score_and_learned_temperature_round_trip(tmp_path):
     assert {n for n in params if ".attnkit_score." in n} == {
         f"{layer}.attnkit_score.{n}"
         for layer in layers
-        for n, _ in ak.scores.build(**{k: v for k, v in ADDITIVE.items()}).named_parameters()
+        for n, _ in ak.scores.build(**ADDITIVE).named_parameters()
     }
     all_params = {id(p) for p in model.parameters()}
     assert all(p.requires_grad and id(p) in all_params for p in params.values())
@@ -151,12 +151,13 @@ def test_parameter_free_parts_are_described_and_shared(tmp_path):
     assert torch.equal(loaded(ids, attention_mask=mask).last_hidden_state, ref)
 
 
-def test_a_base_checkpoint_loads_into_a_model_with_a_head(tmp_path):
+def test_a_sharded_base_checkpoint_loads_into_a_model_with_a_head(tmp_path):
     model = _bert()
     hf.swap_attention(model, align=LEARNED_T)
     with torch.no_grad():
         model.encoder.layer[1].attention.self.attnkit_align.log_temperature.fill_(0.25)
-    model.save_pretrained(tmp_path)
+    model.save_pretrained(tmp_path, max_shard_size="2KB")  # sharded, with an index
+    assert (tmp_path / "model.safetensors.index.json").exists()
     head = hf.from_pretrained(BertForSequenceClassification, tmp_path)
     t = head.bert.encoder.layer[1].attention.self.attnkit_align.log_temperature
     assert t.item() == 0.25
@@ -184,7 +185,7 @@ def test_parts_that_cannot_be_described_refuse_to_save(tmp_path):
     # A spec whose argument JSON cannot hold (a callable activation).
     spec = {**ADDITIVE, "activation": torch.tanh}
     hf.swap_attention(model, score=spec)
-    with pytest.raises(ValueError, match="score spec .* JSON cannot hold"):
+    with pytest.raises(ValueError, match=r"score spec .* JSON cannot hold"):
         model.save_pretrained(tmp_path / "callable")
     assert not (tmp_path / "callable").exists()
 
@@ -196,7 +197,10 @@ def test_parts_that_cannot_be_described_refuse_to_save(tmp_path):
 
 
 def test_bad_specs_and_a_checkpoint_without_a_swap(tmp_path):
-    model = _bert()
+    model = _bert().eval()
+    ids, mask = _inputs()
+    hf.swap_attention(model, align=LEARNED_T)
+    before = model(ids, attention_mask=mask).last_hidden_state
     with pytest.raises(ValueError, match="leave it out"):
         hf.swap_attention(model, align={**LEARNED_T, "dtype": "float64"})
     with pytest.raises(TypeError, match="must hold 'name'"):
@@ -207,7 +211,11 @@ def test_bad_specs_and_a_checkpoint_without_a_swap(tmp_path):
         hf.swap_attention(model, score={**ADDITIVE, "d_hidden": 3})
     with pytest.raises(TypeError, match="spec dict"):
         hf.swap_attention(model, align=3)
+    # A refused swap leaves the earlier one in place.
+    assert torch.equal(model(ids, attention_mask=mask).last_hidden_state, before)
+    assert model.config.attnkit_swap["align"] == LEARNED_T
 
-    model.save_pretrained(tmp_path)  # never swapped
+    plain = _bert()  # never swapped
+    plain.save_pretrained(tmp_path)
     with pytest.raises(ValueError, match="has no 'attnkit_swap'"):
         hf.from_pretrained(BertModel, tmp_path)

@@ -133,3 +133,27 @@ def test_a_local_attention_lm_generates_as_it_computes_the_whole_sequence():
     torch.testing.assert_close(lm(cached), ref)
     bm = pt.block_mask(pattern, n, block_q=4, block_k=4)
     torch.testing.assert_close(plain(cached, block_mask=bm, score_mod=cap), ref)
+
+
+def test_a_decoding_step_scans_no_tensor_and_builds_no_mask():
+    """Per token: no isfinite scan of the cache, no causal mask (one new query attends every
+    cached key), no parameter walk below the model's entry; the result is unchanged."""
+    from unittest import mock
+
+    from attnkit import checks
+
+    torch.manual_seed(0)
+    lm = DecoderLM(20, 16, 2, 2, max_len=30).double().eval()
+    tokens = torch.randint(0, 20, (2, 12))
+    cache = lm.new_cache()
+    with torch.no_grad():
+        lm(tokens[:, :8], cache=cache)
+        with (
+            mock.patch.object(torch, "isfinite", wraps=torch.isfinite) as scans,
+            mock.patch.object(ak.masks, "causal", wraps=ak.masks.causal) as built,
+            mock.patch.object(checks, "part_matches", wraps=checks.part_matches) as walks,
+        ):
+            steps = [lm(tokens[:, t : t + 1], cache=cache)[:, -1] for t in range(8, 12)]
+        assert scans.call_count == built.call_count == walks.call_count == 0
+        whole = lm(tokens)[:, 8:]
+    torch.testing.assert_close(torch.stack(steps, 1), whole)

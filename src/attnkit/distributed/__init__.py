@@ -4,11 +4,15 @@
 sequence whose parts live on the ranks of a ``torch.distributed`` process group;
 :func:`shard` / :func:`unshard` cut a sequence into the ranks' parts and join them back;
 :class:`RingAttention` is the per-head part that gives :class:`attnkit.MultiHeadAttention`
-context parallelism through its ``attention=`` slot.
+context parallelism through its ``attention=`` slot, with position schemes applied by global
+positions (:mod:`attnkit.distributed.positions`); :func:`context_parallel` turns a model built
+from those layers into its ring twin, sharing the parameters.
 """
 
 from attnkit.distributed.attention import RingAttention
 from attnkit.distributed.layout import LAYOUTS, shard, unshard
+from attnkit.distributed.parallel import context_parallel
+from attnkit.distributed.positions import RingPositions, global_positions
 from attnkit.distributed.ring import reasons_not_supported, ring_attention
 from attnkit.distributed.transport import RingError
 
@@ -16,6 +20,9 @@ __all__ = [
     "LAYOUTS",
     "RingAttention",
     "RingError",
+    "RingPositions",
+    "context_parallel",
+    "global_positions",
     "reasons_not_supported",
     "ring_attention",
     "shard",

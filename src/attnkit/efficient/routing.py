@@ -202,6 +202,7 @@ class RoutingAttention(nn.Module):
         scores = torch.einsum("...xd,...yd->...xy", qg, kg) / q.shape[-1] ** 0.5
         if bias is not None:
             scores = scores + pairs(bias, rows, cols, nl)
+        allowed = allowed.broadcast_to(scores.shape)
         weights = self.align(scores, allowed).weights  # (*L, C, k_q, k_k)
         held = (allowed.any(-1) & q_slot).to(q.dtype)  # a query's clusters that give it keys
         share = held.new_zeros(*lead, m).scatter_add(-1, qi.flatten(-2), held.flatten(-2))

@@ -2,11 +2,14 @@
 built from attnkit parts, intrinsic metrics against gold attention, the uniform-weights
 ablation, supervised attention, and the "is attention explanation?" toolkit: importance
 measures and their agreement with attention, counterfactual weights, erasure, heads, effective
-attention, attention as confidence, and the extrinsic metrics BLEU, WER and perplexity."""
+attention, attention as confidence, and the extrinsic metrics BLEU, METEOR, WER, PER,
+perplexity, precision/recall/F1, PSNR, SSIM and IoU. :mod:`attnkit.evaluation.bert_heads`
+applies the head analyses to pretrained BERT-like ``transformers`` models."""
 
 from attnkit.evaluation.ablation import uniform_weights
 from attnkit.evaluation.agreement import kendall_tau, top_k_overlap
 from attnkit.evaluation.capture import capture
+from attnkit.evaluation.classification import precision_recall_f1
 from attnkit.evaluation.confidence import attention_confidence, confidence_correlation
 from attnkit.evaluation.counterfactual import (
     adversarial_weights,
@@ -32,6 +35,7 @@ from attnkit.evaluation.heads import (
     head_statistics,
     pruning_curve,
 )
+from attnkit.evaluation.image_metrics import box_iou, mask_iou, psnr, ssim
 from attnkit.evaluation.importance import (
     gradient,
     input_x_gradient,
@@ -45,6 +49,11 @@ from attnkit.evaluation.metrics import (
     rank_correlation,
 )
 from attnkit.evaluation.supervision import supervised_attention_loss
+from attnkit.evaluation.text_metrics import (
+    meteor,
+    meteor_sentence,
+    position_independent_error_rate,
+)
 
 __all__ = [
     "adversarial_weights",
@@ -52,6 +61,7 @@ __all__ = [
     "attention_confidence",
     "attention_correctness",
     "bleu",
+    "box_iou",
     "capture",
     "confidence_correlation",
     "edit_weights",
@@ -69,12 +79,19 @@ __all__ = [
     "jensen_shannon",
     "kendall_tau",
     "leave_one_out",
+    "mask_iou",
+    "meteor",
+    "meteor_sentence",
     "permuted_weights",
     "perplexity",
+    "position_independent_error_rate",
+    "precision_recall_f1",
     "pruning_curve",
+    "psnr",
     "random_order",
     "rank_correlation",
     "seed_variance",
+    "ssim",
     "supervised_attention_loss",
     "top_k_overlap",
     "total_variation",

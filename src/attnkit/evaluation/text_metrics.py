@@ -62,16 +62,21 @@ def _stage(
         # Classes are disjoint: each contributes min(a, b) mappings; within a class the chosen
         # words are paired in order (pairing out of order only adds crossings), and which words
         # of the larger side are chosen is searched for the fewest crossings.
-        choices = []
+        classes = []
         for k in sorted(set(by_key_h) & set(by_key_r)):
             hs, rs = sorted(by_key_h[k]), sorted(by_key_r[k])
-            n = min(len(hs), len(rs))
-            hopts = list(itertools.combinations(hs, n)) if len(hs) > n else [tuple(hs)]
-            ropts = list(itertools.combinations(rs, n)) if len(rs) > n else [tuple(rs)]
-            choices.append([list(zip(h, r, strict=True)) for h in hopts for r in ropts])
-        total = math.prod(len(c) for c in choices)
+            classes.append((hs, rs, min(len(hs), len(rs))))
+        total = math.prod(math.comb(len(hs), n) * math.comb(len(rs), n) for hs, rs, n in classes)
         if total > search_limit:  # too many ties to search: the leftmost words of each class
-            return [p for c in choices for p in c[0]]
+            return [p for hs, rs, n in classes for p in zip(hs[:n], rs[:n], strict=True)]
+        choices = [
+            [
+                list(zip(h, r, strict=True))
+                for h in itertools.combinations(hs, n)
+                for r in itertools.combinations(rs, n)
+            ]
+            for hs, rs, n in classes
+        ]
         best, best_key = [], (math.inf, math.inf)
         for combo in itertools.product(*choices):
             pairs = [p for c in combo for p in c]

@@ -8,6 +8,7 @@ import itertools
 import re
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from attnkit import tasks
@@ -42,6 +43,10 @@ _CONFIG_FLAGS: dict[str, tuple[str, type, str, str]] = {
     "--supervise-attention": ("supervise_attention", float, "LAMBDA", "add LAMBDA × KL(gold ‖ "
                               "weights) to the loss; tasks with gold alignments only: "
                               "{supervisable} (default: 0)"),
+    "--context-parallel": ("context_parallel", int, "P", "split each sequence over P processes "
+                           "(ring attention), for tasks that can ({parallel}); start with "
+                           "torchrun --nproc_per_node a multiple of P: the world is data-parallel "
+                           "replicas × P; a resumed run may change it (default: 1)"),
     "--task-module": ("task_module", str, "MODULE:CLASS", "your own task: a Task subclass in "
                       "pkg.mod:Class or path/to/file.py:Class, optionally =NAME (else its "
                       "class attribute name, else the class name lowercased); checked against "
@@ -85,6 +90,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
             if "seq_len" in c.defaults["full"]
         ),
         "positional": ", ".join(n for n, c in known.items() if c.takes_position),
+        "parallel": ", ".join(n for n, c in known.items() if c.context_parallel) or "none",
         "positions": ", ".join(ak.positions.available()),
         "readers": ", ".join(n for n, c in known.items() if c.reads_data),
         "attentions": "; ".join(
@@ -157,6 +163,14 @@ def add_parser(sub) -> argparse.ArgumentParser:
         help="intra-op threads (default: OMP_NUM_THREADS if set, else chosen for the model's "
         "size: 1 for the embedded tasks)",
     )
+    runp.add_argument(
+        "--timeout",
+        type=float,
+        metavar="SECONDS",
+        help="with several processes (torchrun): how long a process waits for the others "
+        "before it stops with an error naming the step, e.g. when one of them died "
+        "(default: 300)",
+    )
     runp.add_argument("--no-progress", action="store_true", help="no progress bar")
     return runp
 
@@ -224,7 +238,11 @@ def _execute(args: argparse.Namespace) -> int:
                           "to it or give the task on the command line")  # fmt: skip
     if args.threads is not None and args.threads < 1:
         raise ConfigError(f"--threads must be a positive int, got {args.threads}")
+    if args.timeout is not None and not args.timeout > 0:
+        raise ConfigError(f"--timeout must be a number of seconds > 0, got {args.timeout}")
     options = {"progress": not args.no_progress, "threads": args.threads}
+    if args.timeout is not None:
+        options["timeout"] = args.timeout
     if args.resume is not None:
         _resume(args, given, options)
     elif args.compare:
@@ -272,7 +290,8 @@ def _check_contract(configs: list) -> None:
 
 
 def _resume(args: argparse.Namespace, given: dict, options: dict) -> None:
-    """Continue a run as it was configured; flags may repeat its values, not change them."""
+    """Continue a run as it was configured; flags may repeat its values, not change them,
+    except ``--context-parallel`` (the number of processes that split each sequence)."""
     from attnkit.experiments.config import ConfigError
     from attnkit.experiments.runner import load_config, run
 
@@ -285,7 +304,11 @@ def _resume(args: argparse.Namespace, given: dict, options: dict) -> None:
         raise ConfigError(
             "--out cannot be combined with --resume: a run continues in its own directory"
         )
-    saved = load_config(args.resume).resolved()
+    parallel = given.pop("context_parallel", None)
+    saved = load_config(args.resume)
+    if parallel is not None:
+        saved = replace(saved, context_parallel=parallel)
+    saved = saved.resolved()
     for key, value in given.items():
         if getattr(saved, key) != value:
             its = getattr(saved, key)
@@ -295,7 +318,7 @@ def _resume(args: argparse.Namespace, given: dict, options: dict) -> None:
                 f"{key} = {value!r} contradicts its {key} = {its} (start a new run with --out "
                 "to change it)"
             )
-    run(saved, resume=args.resume, **options)
+    run(saved, resume=args.resume, context_parallel=parallel, **options)
 
 
 def _cost(run_dir: Path) -> dict:

@@ -54,6 +54,10 @@ class RunConfig:
     # (attnkit run --task-module): imported before the task is looked up, so a resumed, explained
     # or reloaded run finds it again (attnkit.tasks.user)
     task_module: str | None = None
+    # ranks that split each sequence (ring attention, Task.context_parallel); with torchrun the
+    # world is data-parallel replicas × this; a resumed run may change it (the weights do not
+    # depend on it)
+    context_parallel: int = 1
 
     @classmethod
     def names(cls) -> list[str]:
@@ -102,6 +106,17 @@ class RunConfig:
         for name in ("epochs", "batch_size", "n_train", "n_test", "seq_len"):
             if getattr(out, name) is not None and getattr(out, name) < 1:
                 raise ConfigError(f"{name} must be a positive int, got {getattr(out, name)!r}")
+        if out.context_parallel < 1:
+            raise ConfigError(
+                f"context_parallel must be a positive int, got {out.context_parallel!r}"
+            )
+        if out.context_parallel > 1 and not task.context_parallel:
+            takers = [n for n in tasks.available() if tasks.get(n).context_parallel]
+            raise ConfigError(
+                f"context_parallel {out.context_parallel}: task {out.task!r} cannot split its "
+                "sequences over processes (its model is not built from attention layers that "
+                f"ring attention evaluates; tasks that can: {', '.join(takers) or 'none'})"
+            )
         if out.d_model < 2 or out.d_model % 2:
             raise ConfigError(f"d_model must be an even int >= 2, got {out.d_model!r}")
         if not 0 <= out.seed < MAX_SEED:

@@ -2,7 +2,9 @@
 
 Data-parallel when started by ``torchrun`` (DDP; gloo on CPU, nccl on GPU): every rank takes an
 equal slice of each global batch and the gradients are averaged, which equals single-process
-training on the global batch.
+training on the global batch. With ``context_parallel`` P > 1 (``--context-parallel P``, tasks
+with ``Task.context_parallel``) each sequence is split over P ranks that run ring attention, and
+the world is data-parallel replicas × P (:mod:`attnkit.experiments.training`).
 
 A run can stop at any point and continue with ``--resume`` to the same result as if it had not
 stopped: the data order depends only on (seed, epoch), checkpoints are atomic sets that include
@@ -11,11 +13,12 @@ the random state, and Ctrl-C saves the position inside the epoch (between two st
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import time
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import torch
@@ -66,11 +69,28 @@ def _default_out(config: RunConfig) -> Path:
     return out
 
 
-def _distributed() -> tuple[int, int]:
+TIMEOUT = 300.0  # seconds a process waits for the others before it stops with an error
+
+
+def _distributed(timeout: float = TIMEOUT) -> tuple[int, int]:
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world > 1 and not dist.is_initialized():
-        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+        dist.init_process_group(
+            "nccl" if torch.cuda.is_available() else "gloo",
+            timeout=datetime.timedelta(seconds=timeout),
+        )
     return (dist.get_rank(), world) if world > 1 else (0, 1)
+
+
+def _rings(world: int, size: int):
+    """This rank's ring: the process group of ranks replica·size … replica·size + size − 1
+    (every rank makes every group, as torch.distributed requires)."""
+    mine = None
+    for start in range(0, world, size):
+        group = dist.new_group(list(range(start, start + size)))
+        if start <= dist.get_rank() < start + size:
+            mine = group
+    return mine
 
 
 def run(
@@ -81,26 +101,45 @@ def run(
     progress: bool = True,
     threads: int | None = None,
     echo: Callable[[str], None] | None = None,
+    context_parallel: int | None = None,
+    timeout: float = TIMEOUT,
 ) -> tuple[Path, dict]:
     """Train and evaluate; returns (run directory, held-out metrics).
 
+    ``context_parallel`` replaces the configuration's (a resumed run may continue with each
+    sequence split over another number of processes: the weights do not depend on it);
+    ``timeout``: seconds a process of a distributed run waits for the others.
+
     Raises ConfigError on bad input before writing anything, CheckpointError for a damaged
-    checkpoint, TrainingError when the loss stops being finite, Interrupted on Ctrl-C (after
-    saving the position).
+    checkpoint, TrainingError when the loss stops being finite or a process of a distributed
+    run stops, Interrupted on Ctrl-C (after saving the position).
     """
     if resume is not None:
         config = load_config(resume)
+    if context_parallel is not None:
+        config = replace(config, context_parallel=context_parallel)
     config = config.resolved()
     if resume is None:
         run_dir = out if out is not None else _default_out(config)
         check_output_dir(run_dir)
     else:
         run_dir = resume
-    rank, world = _distributed()
+    rank, world = _distributed(timeout)
     say = (echo or (lambda text: print(text, flush=True))) if rank == 0 else (lambda text: None)
-    if config.batch_size % world:
+    cp = config.context_parallel
+    if world % cp:
         raise ConfigError(
-            f"batch_size {config.batch_size} is not divisible by the {world} processes"
+            f"context_parallel {cp} does not divide the {world} process{'es' if world > 1 else ''} "
+            "of this run "
+            f"(the world is data-parallel replicas × context_parallel); start it with torchrun "
+            f"--nproc_per_node a multiple of {cp}"
+            + (", or continue it with --context-parallel 1" if resume is not None else "")
+        )
+    replicas = world // cp
+    if config.batch_size % replicas:
+        what = "processes" if cp == 1 else f"data-parallel replicas ({world} processes / {cp})"
+        raise ConfigError(
+            f"batch_size {config.batch_size} is not divisible by the {replicas} {what}"
         )
     if resume is None and rank == 0:
         try:
@@ -122,7 +161,7 @@ def run(
     optimizer = torch.optim.Adam(model.parameters(), lr=config.lr)
     n = task.n_train()
     steps = n // config.batch_size
-    first = torch.arange(config.batch_size // world)
+    first = torch.arange(config.batch_size // replicas)
     flops = count_flops(lambda: task.loss(model, first)) if threads is None else 0
     n_threads, why = choose_threads(threads, flops)
     torch.set_num_threads(n_threads)
@@ -137,6 +176,8 @@ def run(
         f"{config.batch_size})",
         f"seed {config.seed}",
     ]
+    if world > 1:
+        said.append(f"{world} processes: {replicas} data-parallel × {cp} context-parallel")
     say(f"attnkit run {config.task}: {', '.join(said)}")
     say(f"threads: {n_threads} ({why})")
     say(f"run directory: {run_dir}")
@@ -155,6 +196,12 @@ def run(
         )
     elif resume is not None and position.epoch + position.step > 0:
         say(f"resuming at epoch {position.epoch + 1}, step {position.step + 1} of {steps}")
+    ring, trained = None, None
+    if cp > 1:
+        ring = _rings(world, cp)
+        trained = task.context_parallel_model(model, ring)
+    elif world > 1:
+        trained = DistributedDataParallel(model)
     trainer = Trainer(
         config,
         task,
@@ -162,11 +209,12 @@ def run(
         optimizer,
         run_dir,
         position,
-        trained=DistributedDataParallel(model) if world > 1 else None,
+        trained=trained,
         rank=rank,
         world=world,
         say=say,
         progress=progress,
+        ring=ring,
     )
     started = time.perf_counter()
     with cost.measure() as spent:

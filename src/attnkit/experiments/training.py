@@ -4,6 +4,13 @@ epoch, a stop on a non-finite loss, and Ctrl-C saving the position between two s
 The data order depends only on (seed, epoch), and a checkpoint holds the weights, the optimizer,
 the random state and the position (epoch, step, running loss, history), so training resumed from
 any checkpoint gives the same result as training that never stopped.
+
+Under context parallelism (``context_parallel`` P > 1) the world of processes is D data-parallel
+replicas × P ranks that split each sequence (a ring): each replica takes 1/D of each global
+batch, each rank of its ring computes its part of the replica's loss
+(:meth:`attnkit.tasks.base.Task.context_parallel_loss`), and the gradients are summed over the
+ring and averaged over the replicas, which equals one process training on the global batch. The
+position counts global steps, so a run may resume on another number of processes.
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from attnkit.distributed import RingError
 from attnkit.experiments import checkpoints
 from attnkit.experiments.config import RunConfig
 from attnkit.experiments.interrupts import StepGuard
@@ -79,7 +87,8 @@ def format_metrics(metrics: dict[str, float]) -> str:
 class Trainer:
     """Trains ``model`` on ``task`` from ``position`` to ``config.epochs``; rank 0 checkpoints
     into ``run_dir``. ``trained`` is the module that computes the loss (the DDP wrapper when
-    data-parallel)."""
+    data-parallel, the ring twin when context-parallel). ``ring`` is this rank's ring group when
+    ``config.context_parallel`` > 1: consecutive ranks r = replica·P + i form a ring."""
 
     def __init__(
         self,
@@ -95,11 +104,15 @@ class Trainer:
         world: int = 1,
         say: Callable[[str], None] = print,
         progress: bool = True,
+        ring: Any = None,
     ) -> None:
         self.config, self.task, self.model, self.optimizer = config, task, model, optimizer
         self.run_dir, self.position = run_dir, position
         self.trained = model if trained is None else trained
         self.rank, self.world, self.say, self.progress = rank, world, say, progress
+        self.cp = config.context_parallel
+        self.replicas, self.replica = world // self.cp, rank // self.cp
+        self.ring = ring
         self.steps = task.n_train() // config.batch_size
         self._saved = (position.epoch, position.step)
         self.log = RunLog(run_dir, self.steps, position.epoch, position.step, enabled=rank == 0)
@@ -147,15 +160,18 @@ class Trainer:
             while p.step < self.steps:
                 guard.in_step = True
                 batch = order[p.step * c.batch_size : (p.step + 1) * c.batch_size]
-                loss = self.task.loss(self.trained, batch.chunk(self.world)[self.rank])
-                extra = auxiliary_loss(self.model)  # parts' own penalties (adaptive span)
-                if extra is not None:
-                    loss = loss + extra
-                value = float(loss.detach())
-                if not math.isfinite(value):
-                    raise TrainingError(self._diverged(value))
-                self.optimizer.zero_grad()
-                loss.backward()
+                if self.cp > 1:
+                    value = self._ring_step(batch.chunk(self.replicas)[self.replica])
+                else:
+                    loss = self.task.loss(self.trained, batch.chunk(self.world)[self.rank])
+                    extra = auxiliary_loss(self.model)  # parts' own penalties (adaptive span)
+                    if extra is not None:
+                        loss = loss + extra
+                    value = float(loss.detach())
+                    if not math.isfinite(value):
+                        raise TrainingError(self._diverged(value))
+                    self.optimizer.zero_grad()
+                    loss.backward()
                 torch.nn.utils.clip_grad_norm_(self.model.parameters(), 5.0)
                 self.optimizer.step()
                 p.loss_sum += value
@@ -164,6 +180,43 @@ class Trainer:
                 bar.set_postfix(loss=f"{p.loss_sum / p.step:.4f}")
                 bar.update()
                 guard.step_done()
+
+    def _ring_step(self, index: torch.Tensor) -> float:
+        """Forward and backward of one step with each sequence split over the ring; the
+        gradients summed over the ring and averaged over the replicas. Returns the global
+        batch's loss. A rank that stops makes the others raise TrainingError."""
+        try:
+            loss = self.task.context_parallel_loss(self.trained, index, self.ring)
+            extra = auxiliary_loss(self.model)
+            if extra is not None:  # counted once over the ring
+                loss = loss + extra / self.cp
+            value = loss.detach().reshape(1).to(torch.float64)
+            dist.all_reduce(value)  # the replicas' summed parts: replicas × the global mean
+            value = float(value) / self.replicas
+            if not math.isfinite(value):
+                raise TrainingError(self._diverged(value))
+            self.optimizer.zero_grad()
+            loss.backward()
+            params = [q for q in self.model.parameters() if q.requires_grad]
+            grads = [torch.zeros_like(q) if q.grad is None else q.grad for q in params]
+            flat = torch.cat([g.reshape(-1) for g in grads])
+            dist.all_reduce(flat)
+            flat /= self.replicas
+            for q, g in zip(params, flat.split([g.numel() for g in grads]), strict=True):
+                q.grad = g.view_as(q).clone()
+        except (RingError, dist.DistBackendError) as err:
+            raise TrainingError(self._stopped(err)) from err
+        return value
+
+    def _stopped(self, err: Exception) -> str:
+        p = self.position
+        return (
+            f"rank {self.rank} of {self.world}: a process stopped or did not answer at epoch "
+            f"{p.epoch + 1}, step {p.step + 1}; the newest complete checkpoint in "
+            f"{self.run_dir} is kept; continue with: "
+            f"{resume_command(self.run_dir)} (on any number of processes that "
+            f"--context-parallel divides). Cause: {str(err).splitlines()[0]}"
+        )
 
     def _end_epoch(self) -> None:
         p = self.position

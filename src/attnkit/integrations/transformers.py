@@ -438,11 +438,10 @@ def swap_attention(
     plans = {"align": _plan(align, "align")}
     if score is not None:
         plans["score"] = _plan(score, "score")
-    _clear(model)
     # Parts become submodules, so that their parameters train with the model, follow .to() and
-    # are in its state_dict.
+    # are in its state_dict. Everything is built before the parts of an earlier swap go.
     shared: dict[str, nn.Module] = {}
-    per_layer: set[str] = set()
+    layered: list[tuple[nn.Module, str, nn.Module]] = []
     attention_modules = [
         m
         for m in model.modules()
@@ -453,18 +452,26 @@ def swap_attention(
             shared[kind] = module
             continue
         template = _build(spec, kind, model)
-        if not template.state_dict() or not attention_modules:
+        if not template.state_dict():
             shared[kind] = template  # nothing to learn or save: one serves every layer
             continue
-        per_layer.add(kind)
-        for m in attention_modules:
-            m.add_module(_PART_NAMES[kind], _build(spec, kind, m))
+        if not attention_modules:
+            raise ValueError(
+                f"{kind}={spec!r} has parameters, to be built once per attention module, but "
+                f"no module of {type(model).__name__} names ALL_ATTENTION_FUNCTIONS; give the "
+                "part as a module to share one across layers"
+            )
+        layered += [(m, _PART_NAMES[kind], _build(spec, kind, m)) for m in attention_modules]
+    _clear(model)
+    for m, attr, part in layered:
+        m.add_module(attr, part)
     if shared:
         model.add_module("attnkit_attention", nn.ModuleDict(shared))
+    per_layer = frozenset(kind for kind in plans if kind not in shared)
     name = f"attnkit-{next(_COUNTER)}"
     transformers.AttentionInterface.register(
         name,
-        _attention_function(shared.get("score"), shared.get("align"), kernel, frozenset(per_layer)),
+        _attention_function(shared.get("score"), shared.get("align"), kernel, per_layer),
     )
     # The masks eager attention gets (additive, causality always spelled out, None only for
     # full attention): what the model's other modules (routers, poolers) read stays as in eager.
@@ -566,7 +573,8 @@ def from_pretrained(cls: Any, pretrained_model_name_or_path: Any, *model_args: A
     # The parts' weights are loaded below: keep transformers from reporting them as unused.
     patch = isinstance(cls, type) and issubclass(cls, transformers.PreTrainedModel)
     attr = "_keys_to_ignore_on_load_unexpected"
-    own = cls.__dict__.get(attr) if patch else None
+    absent = object()
+    own = cls.__dict__.get(attr, absent) if patch else absent
     if patch:
         setattr(cls, attr, [*(getattr(cls, attr, None) or []), _PART_KEY.pattern])
     try:
@@ -575,7 +583,7 @@ def from_pretrained(cls: Any, pretrained_model_name_or_path: Any, *model_args: A
         )
     finally:
         if patch:
-            if own is None:
+            if own is absent:
                 delattr(cls, attr)
             else:
                 setattr(cls, attr, own)

@@ -63,6 +63,12 @@ class Task:
       ``validate`` checks the name.
     - ``reads_data``: True when the task reads the user's file named by the run configuration's
       ``data`` key (``--data``); :meth:`example_settings` then writes a small one for tests.
+    - ``context_parallel``: True when the task's sequences can be split over processes (the run
+      configuration's ``context_parallel`` key, ring attention): the model is built from
+      :class:`attnkit.MultiHeadAttention` layers that :func:`attnkit.distributed.
+      context_parallel` can turn into ring layers, the task implements
+      :meth:`context_parallel_model` and :meth:`context_parallel_loss`, and its ``validate``
+      refuses lengths that do not split.
 
     ``unused(config)`` names the keys the configured model does not read (e.g. ``score`` for a
     mechanism with its own weights): setting one of them is refused, and the resolved
@@ -78,6 +84,7 @@ class Task:
     attentions: ClassVar[tuple[str, ...]] = ()
     takes_position: ClassVar[bool] = False
     reads_data: ClassVar[bool] = False
+    context_parallel: ClassVar[bool] = False
 
     def __init__(self, config: Any) -> None:
         self.config = config
@@ -111,6 +118,19 @@ class Task:
     def loss(self, model: nn.Module, index: Tensor) -> Tensor:
         """Mean training loss over the training examples at ``index``."""
         raise NotImplementedError
+
+    def context_parallel_model(self, model: nn.Module, group: Any) -> nn.Module:
+        """The module that :meth:`context_parallel_loss` runs on each rank of the process group
+        ``group`` (its ring): usually :func:`attnkit.distributed.context_parallel` of ``model``,
+        sharing its parameters. Only for tasks with ``context_parallel = True``."""
+        raise NotImplementedError(f"task {type(self).__name__} is not context-parallel")
+
+    def context_parallel_loss(self, model: nn.Module, index: Tensor, group: Any) -> Tensor:
+        """This rank's part of :meth:`loss` over the examples at ``index`` when every rank of
+        ``group`` holds its part of each sequence: the parts summed over the group are the mean
+        loss, and each depends on the rank's part of the model (every rank runs the backward
+        pass, a turn of the ring). ``model`` is :meth:`context_parallel_model`'s."""
+        raise NotImplementedError(f"task {type(self).__name__} is not context-parallel")
 
     def has_split(self, name: str) -> bool:
         raise NotImplementedError

@@ -7,6 +7,9 @@ keys are distinct within a sequence (drawn from ``max(seq_len, 16)`` key tokens)
 one of ``VALUES`` classes. The last position holds the queried key with a query marker in the
 value channel, and the model is read there. Chance is 1 / ``VALUES``; the gold attention of the
 read-out position is the pair holding the queried key.
+
+Context-parallel (``--context-parallel P``, ``seq_len`` divisible by P): each sequence is split
+over a ring of P processes, attention evaluated by ring attention.
 """
 
 from __future__ import annotations
@@ -71,6 +74,7 @@ class KVRecallTask(LongRangeTask):
     vocab = (0, VALUES + 1)  # key vocabulary set per instance
     classes = VALUES
     readout = -1
+    context_parallel = True
 
     @classmethod
     def validate(cls, config) -> None:

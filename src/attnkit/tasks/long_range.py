@@ -9,6 +9,12 @@ and softmax) — or any registered mechanism that is a per-head attention-slot p
 length; a mechanism registered later is offered without any change here. No attention mask is
 passed (a sequence is padded with a padding token that the model learns to ignore), so that
 every mechanism sees the same input, including those that refuse masks (Linformer).
+
+A task that sets ``context_parallel = True`` (``kv-recall``) trains with each sequence split
+over the ranks of a ring (``attnkit run --context-parallel P``): every rank embeds its part of
+the tokens at their global positions and runs the layers' ring twins
+(:func:`attnkit.distributed.context_parallel`); the rank holding the read-out position gives the
+loss, the others a zero that still runs the backward turn of the ring.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from attnkit import distributed
 from attnkit.evaluation.capture import capture
 from attnkit.tasks import parts
 from attnkit.tasks.base import Task, Unused
@@ -29,6 +36,7 @@ __all__ = ["EncoderClassifier", "LongRangeTask", "SlotAttentions"]
 
 HEADS = 2
 LAYERS = 2
+LAYOUT = "contiguous"  # of a sequence over the ring (an encoder attends both ways: balanced)
 
 
 class SlotAttentions(Sequence):
@@ -113,6 +121,15 @@ class EncoderClassifier(nn.Module):
             x = layer(x)
         return self.out(self.norm(x[:, self.readout]))
 
+    def part_states(self, tokens: Tensor, positions: Tensor) -> Tensor:
+        """The last layer's states (B, N_l, D) of a part of each sequence, tokens (B, N_l, C)
+        at global ``positions`` (N_l,): under context parallelism, on the ring twin."""
+        x = sum(e(tokens[..., c]) for c, e in enumerate(self.embed))
+        x = x + self.position(positions.to(tokens.device))
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
 
 class LongRangeTask(Task):
     """A classification task over generated token sequences. Subclasses set ``vocab``,
@@ -150,6 +167,31 @@ class LongRangeTask(Task):
             raise ValueError(
                 f"d_model must be divisible by the {HEADS} heads, got {config.d_model}"
             )
+        if getattr(config, "context_parallel", 1) > 1:
+            cls._validate_context_parallel(config)
+
+    @classmethod
+    def _validate_context_parallel(cls, config) -> None:
+        cp = config.context_parallel
+        if cls.attention_name(config) != "full":
+            raise ValueError(
+                f"context_parallel {cp}: attention {config.attention!r} cannot be split over a "
+                "ring; only the full attention (score × alignment) can"
+            )
+        if config.seq_len % cp:
+            raise ValueError(
+                f"context_parallel {cp}: seq_len {config.seq_len} does not split into {cp} "
+                f"equal parts; choose a seq_len divisible by {cp}"
+            )
+        d = max(config.d_model // HEADS, 1)
+        with torch.random.fork_rng(devices=[]):
+            part = parts.build_attention(config.score, config.align, d, config.seq_len)
+        reasons = distributed.reasons_not_supported(part.score, part.align)
+        if reasons:
+            raise ValueError(
+                f"context_parallel {cp}: ring attention cannot evaluate score {config.score!r} "
+                f"with align {config.align!r}: {'; '.join(reasons)}"
+            )
 
     def build_model(self) -> EncoderClassifier:
         c = self.config
@@ -166,6 +208,24 @@ class LongRangeTask(Task):
 
     def length(self) -> int:
         return self.config.seq_len
+
+    def context_parallel_model(self, model, group) -> nn.Module:
+        return distributed.context_parallel(model, group=group, layout=LAYOUT)
+
+    def context_parallel_loss(self, model, index: Tensor, group) -> Tensor:
+        import torch.distributed as dist
+
+        rank, size = dist.get_rank(group), dist.get_world_size(group)
+        tokens, labels = (t[index] for t in self.train)
+        part = distributed.shard(tokens, rank, size, layout=LAYOUT, dim=1)
+        n = tokens.shape[1]
+        positions = distributed.global_positions(rank, size, part.shape[1], LAYOUT)
+        states = model.part_states(part, positions)
+        held = (positions == self.readout % n).nonzero().flatten()
+        if held.numel() == 0:  # another rank reads out: a zero through this rank's part
+            return states.sum() * 0.0
+        logits = model.out(model.norm(states[:, int(held[0])]))
+        return F.cross_entropy(logits, labels)
 
     def n_train(self) -> int:
         return self.train[0].shape[0]

@@ -61,7 +61,7 @@ CLASS_CHECKS = (
     "defaults: exactly 'full' and 'quick', each a dict of run-configuration keys giving "
     + ", ".join(REQUIRED_DEFAULTS),
     "metrics: a non-empty dict of str -> Metric",
-    "gold_alignment, takes_position, reads_data: bools; attentions: strs",
+    "gold_alignment, takes_position, reads_data, context_parallel: bools; attentions: strs",
     "defines " + ", ".join(METHODS),
 )
 RUN_CHECKS = (
@@ -269,7 +269,7 @@ def check_task_class(cls: Any, source: str) -> None:
             raise ValueError(
                 f"{who}: metrics must map names (str) to Metric, got {key!r}: {metric!r}"
             )
-    for flag in ("gold_alignment", "takes_position", "reads_data"):
+    for flag in ("gold_alignment", "takes_position", "reads_data", "context_parallel"):
         if not isinstance(getattr(cls, flag), bool):
             raise ValueError(f"{who}: {flag} must be a bool, got {getattr(cls, flag)!r}")
     attentions = cls.attentions

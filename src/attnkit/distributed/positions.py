@@ -1,0 +1,117 @@
+"""Position schemes under context parallelism: each rank places its tokens at their global
+positions, so that a layer split over the ring equals the layer on the whole sequence.
+
+A rank holds the positions of its layout's segments (:func:`global_positions`: one run for
+``"contiguous"``, a front and a back run for ``"zigzag"``). The schemes act in two ways
+(:mod:`attnkit.positions.base`), and each is evaluated where its positions are known:
+
+- rotations of q and k (RoPE, Su et al. eq. 34; the scaled variants) are per token: this rank
+  rotates its own queries and keys by their global positions before the ring
+  (:meth:`RingPositions.rotate`), and the keys travel rotated;
+- biases that depend on the positions only (ALiBi's −m_h·|i − j|, Press et al. 3; T5's learned
+  bucket bias B[bucket(j − i), h], Raffel et al. 2.1) are added tile by tile inside the ring,
+  from the global positions of the tile's queries and keys (:meth:`RingPositions.__call__`,
+  a ``score_mod``), so no (M, N) bias over the whole sequence is ever made; T5's table gets its
+  gradient like any parameter of the ring.
+
+Schemes whose terms depend on the contents (Transformer-XL's u, v terms, Shaw's value term,
+music's skewed relative logits) are refused by name.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from attnkit.distributed.layout import check_layout, segments
+from attnkit.positions.alibi import ALiBi, alibi_slopes
+from attnkit.positions.base import PositionScheme
+from attnkit.positions.none import NoPosition
+from attnkit.positions.rope import Rotary, rotate
+from attnkit.positions.rope_scaling import ScaledRotary, rotate_partial
+from attnkit.positions.t5 import T5Relative, t5_bucket
+
+__all__ = ["SUPPORTED", "RingPositions", "global_positions"]
+
+SUPPORTED = (NoPosition, Rotary, ScaledRotary, ALiBi, T5Relative)
+
+
+def global_positions(
+    rank: int, world_size: int, local_length: int, layout: str, device=None
+) -> Tensor:
+    """(local_length,) int64: the global position of each local position of ``rank`` when
+    every rank of a ring of ``world_size`` holds ``local_length`` positions laid out as
+    ``layout`` (:func:`attnkit.distributed.shard` cuts a sequence so)."""
+    check_layout(layout)
+    return torch.cat(
+        [
+            torch.arange(s.start, s.stop, device=device)
+            for s in segments(rank, world_size, local_length, layout)
+        ]
+    )
+
+
+class RingPositions(nn.Module):
+    """A position scheme applied by global positions on one rank of a ring.
+
+    Args:
+        scheme: one of :data:`SUPPORTED` (no positions, RoPE, scaled RoPE, ALiBi, T5
+            buckets); others are refused with the reason.
+
+    ``rotate(x, positions, total)`` rotates this rank's queries or keys (RoPE; identity
+    otherwise); called as a ``score_mod`` (``(e, b, h, q_idx, kv_idx)`` with global q_idx and
+    kv_idx) it adds the scheme's bias (ALiBi, T5; identity otherwise). ``has_bias`` says whether
+    there is one. The scheme is a submodule, so its parameters (T5's table) are the layer's.
+    """
+
+    def __init__(self, scheme: PositionScheme) -> None:
+        super().__init__()
+        if not isinstance(scheme, SUPPORTED):
+            names = ", ".join(c.__name__ for c in SUPPORTED)
+            raise ValueError(
+                f"position scheme {type(scheme).__name__} cannot be split over a ring: its "
+                "terms are not a per-token rotation or a bias of the positions alone (it reads "
+                f"the contents or all keys at once); supported: {names}"
+            )
+        self.scheme = scheme
+        self.has_bias = isinstance(scheme, (ALiBi, T5Relative))
+        self.rotates = isinstance(scheme, (Rotary, ScaledRotary))
+
+    def rotate(self, x: Tensor, positions: Tensor, total: int) -> Tensor:
+        """This rank's queries or keys (…, L_l, d) rotated by their global ``positions``
+        (L_l,) in a sequence of ``total`` positions (the length that length-aware scalings such
+        as dynamic NTK read); unchanged for schemes without a rotation."""
+        s = self.scheme
+        if isinstance(s, Rotary):
+            if x.shape[-1] % 2:
+                raise ValueError(
+                    f"rope rotates feature pairs: d must be even, got {tuple(x.shape)}"
+                )
+            return rotate(x, positions, s.base)
+        if isinstance(s, ScaledRotary):
+            theta, factor = s.frequencies(x.shape[-1], total)
+            return rotate_partial(
+                x, positions, theta.to(x.device), layout=s.layout, attention_factor=factor
+            )
+        return x
+
+    def forward(self, e: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+        s = self.scheme
+        if isinstance(s, ALiBi):
+            heads = e.shape[-3] if e.dim() >= 3 else 1
+            slopes = torch.tensor(alibi_slopes(heads), dtype=e.dtype, device=e.device)
+            return e - slopes[h] * (q_idx - kv_idx).abs().to(e.dtype)
+        if isinstance(s, T5Relative):
+            if e.dim() < 3 or e.shape[-3] != s.num_heads:
+                raise ValueError(
+                    f"t5 has parameters for {s.num_heads} heads but got scores "
+                    f"{tuple(e.shape)} (heads at dim -3)"
+                )
+            bucket = t5_bucket(
+                kv_idx - q_idx,
+                bidirectional=s.bidirectional,
+                num_buckets=s.num_buckets,
+                max_distance=s.max_distance,
+            )
+            return e + s.weight[bucket, h].to(e.dtype)
+        return e

@@ -1,0 +1,439 @@
+"""A paged key/value cache for batches of sequences of different lengths (the memory layout of
+vLLM's PagedAttention: Kwon et al., "Efficient Memory Management for Large Language Model
+Serving with PagedAttention", SOSP 2023).
+
+A contiguous :class:`attnkit.kv_cache.LayerCache` stores a batch as one (B, H_kv, N, d) tensor:
+every sequence takes the room of the longest, a finished sequence keeps its room until the whole
+batch ends, and a new sequence cannot join. A paged cache cuts the token axis into pages of
+``page_size`` tokens. Every layer holds one pool of pages shared by all sequences, and every
+sequence holds a page table, the list of its pages in order (one table serves all layers, whose
+pools are laid out alike): token p of a sequence lives in slot p mod page_size of page
+table[p // page_size]. Pages are taken from the pool when a sequence grows past its last page and
+given back when it is freed, so the memory held is that of the tokens cached, rounded up to a
+page per sequence, and sequences join and leave the batch at any step (continuous batching).
+
+Interface. :class:`PagedLayerCache` is a :class:`attnkit.kv_cache.LayerCache`, and
+:class:`PagedKVCache` a :class:`attnkit.kv_cache.KVCache`, so :class:`attnkit.MultiHeadAttention`
+and :class:`attnkit.transformer.TransformerDecoder` take them unchanged. Every call runs inside
+``with cache.step(sequences, counts) as step:``, which says which sequences form the batch
+(in batch order) and how many new tokens each brings. The new tokens come **left-padded** to the
+longest count M: row b holds the ``counts[b]`` new tokens of its sequence in its last
+``counts[b]`` places. :meth:`PagedLayerCache.append` writes the new keys and values into the
+sequence's pages and returns the keys and values of every sequence gathered into a contiguous
+(B, H_kv, T + M, d) view, with T = ``len(cache)`` the longest cached length in the batch.
+
+Layout of the view and positions. Each sequence's L_b cached and n_b new keys are placed
+**right-aligned** in the T + M columns: its token p sits in column T + M − (L_b + n_b) + p, and
+its new queries in the last n_b of the query columns T … T + M − 1, where the attention layer
+places them (``q_offset`` = T). The columns before a sequence's first token are padding, hidden
+by ``step.mask`` (B, M, T + M), which also holds the causal mask; the padded query rows attend
+over everything so that they stay finite (their outputs are to be ignored). The distance
+between a sequence's query and key columns is the distance between the tokens, so a position
+scheme that reads only i − j (RoPE, ALiBi, T5's buckets, Shaw's, Music Transformer's and
+Transformer-XL's relative positions, no positions) sees every sequence at its own positions.
+When the batch is ragged (some sequence has padding columns), a layer whose scheme may read
+absolute positions (dynamic-NTK RoPE, which reads the length; an unknown scheme that does not
+declare ``translation_invariant = True``), a sparse ``pattern`` or a ``score_mod`` is refused;
+an absolute position embedding added to the token embeddings takes ``step.positions``, each new
+token's position in its own sequence. With all sequences of equal length there is no padding
+and the view is the contiguous cache.
+
+Cost. The pages are gathered into the contiguous view at every call of every layer: a copy of
+B · (T + M) · H_kv · (d + d_v) numbers, the size of the keys and values the attention reads
+anyway, so a step stays O(N) per token; a fused paged-attention kernel would read the pages in
+place instead. Each call also builds its index tensors (O(B · (T + M))) once for all layers.
+The cache is meant for inference (under ``torch.no_grad()``): the pools are written in place.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from types import TracebackType
+
+import torch
+from torch import Tensor, nn
+
+from attnkit import arguments
+from attnkit.kv_cache import KVCache, LayerCache
+from attnkit.positions.alibi import ALiBi
+from attnkit.positions.music import MusicRelative
+from attnkit.positions.none import NoPosition
+from attnkit.positions.rope import Rotary
+from attnkit.positions.rope_scaling import (
+    LinearScaling,
+    Llama3Scaling,
+    NTKScaling,
+    ScaledRotary,
+    YaRNScaling,
+)
+from attnkit.positions.shaw import ShawRelative
+from attnkit.positions.t5 import T5Relative
+from attnkit.positions.transformer_xl import XLRelative
+
+__all__ = ["PagedKVCache", "PagedLayerCache", "PagedStep"]
+
+# Position schemes whose result depends on the query and key positions only through i − j.
+_RELATIVE = (NoPosition, Rotary, ALiBi, T5Relative, ShawRelative, MusicRelative, XLRelative)
+_STATIC_SCALINGS = (LinearScaling, NTKScaling, YaRNScaling, Llama3Scaling)
+
+
+def _translation_invariant(layer: nn.Module) -> str | None:
+    """None when shifting every query and key of ``layer`` by the same amount leaves its output
+    unchanged; otherwise the reason it may not."""
+    for name in ("pattern", "score_mod"):
+        if getattr(layer, name, None) is not None:
+            return f"it has a {name} (whose q_idx and kv_idx may be read as absolute places)"
+    scheme = getattr(layer, "position", None)
+    if scheme is None:
+        return None
+    declared = getattr(scheme, "translation_invariant", None)
+    if declared is not None:
+        return None if declared else f"its position scheme {type(scheme).__name__} says so"
+    if type(scheme) in _RELATIVE:
+        return None
+    if type(scheme) is ScaledRotary and (
+        scheme.scaling is None or type(scheme.scaling) in _STATIC_SCALINGS
+    ):
+        return None
+    return (
+        f"its position scheme {type(scheme).__name__} may read absolute positions (declare "
+        "translation_invariant = True on a scheme that reads only i - j)"
+    )
+
+
+class PagedStep:
+    """One call of the layers on a batch of sequences of a :class:`PagedKVCache`, made by
+    :meth:`PagedKVCache.step` and used as a context manager: on a normal exit the sequences'
+    lengths grow by their counts (every layer must have appended once); on an exception
+    nothing changes and the pages taken for the step are given back.
+
+    Attributes:
+        sequences: the sequence ids, in batch order. counts: the new tokens of each.
+        cached: T, the longest cached length in the batch (``len`` of every layer's cache).
+        width: M, the longest count: the new tokens come left-padded to (B, M).
+        mask: (B, M, T + M) bool, True = may attend: causal, over each sequence's own keys;
+            padded query rows may attend every earlier column (their outputs are meaningless).
+        positions: (B, M) long, each new token's position in its own sequence (−1 at padding),
+            for an absolute position embedding.
+        ragged: whether some sequence has padding columns in the view.
+    """
+
+    def __init__(
+        self,
+        cache: PagedKVCache,
+        sequences: tuple[int, ...],
+        counts: tuple[int, ...],
+        device: torch.device | str | None,
+    ) -> None:
+        self.cache = cache
+        self.sequences = sequences
+        self.counts = counts
+        lengths = [cache.length_of(s) for s in sequences]
+        self.cached = max(lengths, default=0)
+        self.width = max(counts)
+        size = cache.page_size
+        m = self.width
+        n = self.cached + m
+        old = torch.tensor(lengths, dtype=torch.long, device=device)[:, None]  # (B, 1)
+        new = torch.tensor(counts, dtype=torch.long, device=device)[:, None]
+        shift = n - (old + new)  # the column of each sequence's token 0
+        self.ragged = any(n - (ln + c) > 0 for ln, c in zip(lengths, counts, strict=True))
+        tables = [cache._tables[s] for s in sequences]
+        pages = max(1, *(len(t) for t in tables))
+        table = torch.tensor(
+            [t + [0] * (pages - len(t)) for t in tables], dtype=torch.long, device=device
+        )  # (B, pages), padded with page 0 (never read: see valid)
+        # the view: column c of row b holds the sequence's token c − shift_b
+        place = torch.arange(n, device=device)[None, :] - shift  # (B, N)
+        self.valid = place >= 0
+        place = place.clamp(min=0)
+        page = table.gather(1, place // size)
+        self.gather = torch.where(self.valid, page * size + place % size, 0)
+        # the new tokens: input row i of b is real from M − count_b on, token L_b + i − (M − n_b)
+        row = torch.arange(m, device=device)[None, :]  # (1, M)
+        real = row >= m - new
+        self.positions = torch.where(real, old + row - (m - new), -1)
+        batch, col = real.nonzero(as_tuple=True)
+        token = self.positions[batch, col]
+        self.write_rows, self.write_cols = batch, col
+        self.write_slots = table[batch, token // size] * size + token % size
+        query = self.cached + row[0][:, None]  # (M, 1): the column of each query
+        causal = torch.arange(n, device=device)[None, :] <= query  # (M, N)
+        self.mask = causal[None] & (self.valid[:, None, :] | ~real[:, :, None])
+        self._appended: set[int] = set()
+
+    def __enter__(self) -> PagedStep:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        missing = [i for i in range(len(self.cache)) if i not in self._appended]
+        if exc_type is None and missing:
+            self.cache._end(self, advance=False)
+            raise ValueError(
+                f"PagedKVCache.step: layers {missing} did not append in this step; every "
+                "layer of the cache must run once per step (the page tables are shared)"
+            )
+        self.cache._end(self, advance=exc_type is None)
+
+
+class PagedLayerCache(LayerCache):
+    """One layer's pool of pages in a :class:`PagedKVCache`: keys (pages · page_size, H_kv, d)
+    and values (pages · page_size, H_kv, d_v), made on the first append and grown with the
+    cache's pool. Written and read only inside :meth:`PagedKVCache.step` (see the module
+    docstring for the layout of the view); like every cache it belongs to one layer."""
+
+    def __init__(self, cache: PagedKVCache, index: int) -> None:
+        super().__init__()
+        self._cache = cache
+        self.index = index
+        self.k_pool: Tensor | None = None
+        self.v_pool: Tensor | None = None
+        self._refusal: str | None = None
+
+    def __len__(self) -> int:
+        """T: inside a step the longest cached length in its batch (the place of the first new
+        query in the view); outside, the longest length of the live sequences."""
+        step = self._cache._step
+        if step is not None:
+            return step.cached
+        return max(self._cache._lengths.values(), default=0)
+
+    def claim(self, layer: nn.Module) -> None:
+        part = getattr(layer, "attention", None)
+        if getattr(part, "takes_cache", False):
+            raise ValueError(
+                f"a PagedLayerCache holds keys and values; {type(layer).__name__} holds "
+                f"{type(part).__name__}, which keeps its own decoding state: use its own cache"
+            )
+        super().claim(layer)
+        self._refusal = _translation_invariant(layer)
+
+    def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Write the new keys (B, H_kv, M, d) and values (B, H_kv, M, d_v) of the step, row b
+        left-padded (its last counts[b] places are real), into the sequences' pages; return
+        every sequence's keys and values gathered into (B, H_kv, T + M, ·), right-aligned."""
+        step = self._cache._step
+        if step is None:
+            raise ValueError(
+                "a PagedLayerCache is read and written inside `with cache.step(sequences, "
+                "counts):` (the step says which sequence each batch row is)"
+            )
+        if self.index in step._appended:
+            raise ValueError(f"layer {self.index} of the paged cache appended twice in one step")
+        b, m = len(step.sequences), step.width
+        for name, x in (("k", k), ("v", v)):
+            if not isinstance(x, Tensor) or x.dim() != 4 or x.shape[0] != b or x.shape[2] != m:
+                got = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
+                raise ValueError(
+                    f"paged cache: new {name} must be (B, H_kv, M, ·) with B = {b} sequences "
+                    f"and M = {m} new places in this step, got {got}"
+                )
+        if k.shape[1] != v.shape[1]:
+            raise ValueError(
+                f"paged cache: k {tuple(k.shape)} and v {tuple(v.shape)} differ in H_kv"
+            )
+        if step.ragged and self._refusal is not None:
+            raise ValueError(
+                "paged cache: this batch holds sequences of different lengths, whose keys sit "
+                "at shifted places in the view, and the layer's output may change under such a "
+                f"shift: {self._refusal}; decode sequences of equal lengths together, or "
+                "each alone"
+            )
+        self.k_pool = self._pool(self.k_pool, k, "k")
+        self.v_pool = self._pool(self.v_pool, v, "v")
+        keys = self._write_and_gather(self.k_pool, k, step)
+        values = self._write_and_gather(self.v_pool, v, step)
+        step._appended.add(self.index)
+        return keys, values
+
+    def _pool(self, pool: Tensor | None, x: Tensor, name: str) -> Tensor:
+        rows = self._cache.capacity * self._cache.page_size
+        if pool is None:
+            return x.new_zeros(rows, x.shape[1], x.shape[3])
+        if pool.shape[1:] != (x.shape[1], x.shape[3]) or pool.dtype != x.dtype:
+            raise ValueError(
+                f"paged cache: new {name} of shape {tuple(x.shape)} and dtype {x.dtype} does not "
+                f"fit the cached {name} (H_kv, d) = {tuple(pool.shape[1:])}, dtype {pool.dtype}"
+            )
+        if pool.device != x.device:
+            raise ValueError(f"paged cache: new {name} is on {x.device}, the pool on {pool.device}")
+        if pool.shape[0] < rows:  # the cache's pool grew: grow this layer's alike
+            pool = torch.cat([pool, pool.new_zeros(rows - pool.shape[0], *pool.shape[1:])])
+        return pool
+
+    @staticmethod
+    def _write_and_gather(pool: Tensor, x: Tensor, step: PagedStep) -> Tensor:
+        dev = x.device
+        rows, cols, slots = (
+            t.to(dev) for t in (step.write_rows, step.write_cols, step.write_slots)
+        )
+        pool[slots] = x.transpose(1, 2)[rows, cols]  # (S, H_kv, d) into their slots
+        view = pool[step.gather.to(dev)]  # (B, N, H_kv, d)
+        view = view.masked_fill(~step.valid.to(dev)[..., None, None], 0)
+        return view.transpose(1, 2)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by this layer's pools (every page, used or free) and its cross-attention
+        memory."""
+        own = sum(t.numel() * t.element_size() for t in (self.k_pool, self.v_pool) if t is not None)
+        return own + self.memory.nbytes
+
+
+class PagedKVCache(KVCache):
+    """A :class:`attnkit.kv_cache.KVCache` of :class:`PagedLayerCache` layers over one page
+    table per sequence (module docstring).
+
+    Args:
+        layers: the number of layers.
+        page_size: the tokens per page.
+        num_pages: the most pages the pool may hold (each layer holds that many); None lets the
+            pool grow, doubling, whenever no page is free.
+
+    Sequences are made by :meth:`add` and given back by :meth:`free`; every call of the layers
+    runs inside :meth:`step`.
+    """
+
+    def __init__(self, layers: int, *, page_size: int = 16, num_pages: int | None = None) -> None:
+        super().__init__(layers)
+        self.page_size = arguments.positive_int(page_size, "page_size")
+        self.max_pages = arguments.optional_positive_int(num_pages, "num_pages")
+        self.capacity = 0  # pages in each layer's pool
+        self._free: list[int] = []  # free pages, the lowest last (taken first)
+        self._tables: dict[int, list[int]] = {}
+        self._lengths: dict[int, int] = {}
+        self._next = 0
+        self._step: PagedStep | None = None
+        self._taken: list[tuple[int, int]] = []  # (sequence, page) taken by the open step
+        self.layers = [PagedLayerCache(self, i) for i in range(layers)]
+
+    # -- sequences -------------------------------------------------------------------------------
+
+    def add(self) -> int:
+        """A new, empty sequence; returns its id."""
+        seq, self._next = self._next, self._next + 1
+        self._tables[seq], self._lengths[seq] = [], 0
+        return seq
+
+    def free(self, sequence: int) -> None:
+        """Give the pages of a finished ``sequence`` back to the pool; its id is gone."""
+        self._known(sequence, "sequence")
+        if self._step is not None and sequence in self._step.sequences:
+            raise ValueError(f"sequence {sequence} is in the open step; free it after the step")
+        self._free.extend(self._tables.pop(sequence))
+        self._free.sort(reverse=True)
+        del self._lengths[sequence]
+
+    @property
+    def sequences(self) -> list[int]:
+        """The ids of the live sequences."""
+        return list(self._lengths)
+
+    def length_of(self, sequence: int) -> int:
+        """The number of tokens cached for ``sequence``."""
+        return self._lengths[self._known(sequence, "sequence")]
+
+    def page_table(self, sequence: int) -> list[int]:
+        """The pages of ``sequence`` in order (a copy)."""
+        return list(self._tables[self._known(sequence, "sequence")])
+
+    @property
+    def pages_in_use(self) -> int:
+        """The pages held by live sequences."""
+        return sum(len(t) for t in self._tables.values())
+
+    @property
+    def free_pages(self) -> int:
+        """The pages of the pool that no sequence holds."""
+        return len(self._free)
+
+    def _known(self, sequence: object, name: str) -> int:
+        if not isinstance(sequence, int) or sequence not in self._lengths:
+            raise ValueError(
+                f"{name} must be the id of a live sequence of this cache (from add(), not "
+                f"freed), got {sequence!r}; live: {self.sequences}"
+            )
+        return sequence
+
+    # -- steps -----------------------------------------------------------------------------------
+
+    def step(
+        self,
+        sequences: Sequence[int],
+        counts: Sequence[int],
+        *,
+        device: torch.device | str | None = None,
+    ) -> PagedStep:
+        """Open a call of the layers on ``sequences`` (batch order), with ``counts[b]`` new
+        tokens for sequence b, left-padded to the longest count; takes the pages they need.
+        ``device``: where the step's mask, positions and indices are made."""
+        if self._step is not None:
+            raise ValueError("a step of this cache is open already; steps do not nest")
+        seqs = tuple(sequences)
+        if not seqs:
+            raise ValueError("sequences must name at least one sequence, got none")
+        for s in seqs:
+            self._known(s, "sequences[...]")
+        if len(set(seqs)) != len(seqs):
+            raise ValueError(f"sequences must be distinct, got {list(seqs)}")
+        counts = tuple(counts)
+        if len(counts) != len(seqs):
+            raise ValueError(
+                f"counts must give one count per sequence ({len(seqs)}), got {len(counts)}"
+            )
+        for c in counts:
+            arguments.nonnegative_int(c, "counts[...]")
+        if max(counts) < 1:
+            raise ValueError(f"counts must bring at least one new token, got {list(counts)}")
+        self._taken = []
+        try:
+            for s, c in zip(seqs, counts, strict=True):
+                table = self._tables[s]
+                while len(table) * self.page_size < self._lengths[s] + c:
+                    table.append(self._take())
+                    self._taken.append((s, table[-1]))
+        except ValueError:
+            self._give_back_taken()
+            raise
+        self._step = PagedStep(self, seqs, counts, device)
+        return self._step
+
+    def _take(self) -> int:
+        if not self._free:
+            if self.max_pages is not None and self.capacity >= self.max_pages:
+                raise ValueError(
+                    f"num_pages = {self.max_pages}: every page of {self.page_size} tokens is in "
+                    "use; free finished sequences or make the cache with more pages"
+                )
+            grown = max(2 * self.capacity, 1)
+            if self.max_pages is not None:
+                grown = min(grown, self.max_pages)
+            self._free.extend(range(grown - 1, self.capacity - 1, -1))
+            self.capacity = grown
+        return self._free.pop()
+
+    def _give_back_taken(self) -> None:
+        for s, page in reversed(self._taken):
+            self._tables[s].remove(page)
+            self._free.append(page)
+        self._free.sort(reverse=True)
+        self._taken = []
+
+    def _end(self, step: PagedStep, *, advance: bool) -> None:
+        if advance:
+            for s, c in zip(step.sequences, step.counts, strict=True):
+                self._lengths[s] += c
+            self._taken = []
+        else:
+            self._give_back_taken()
+        self._step = None
+
+    def pages_for(self, tokens: int) -> int:
+        """The pages a sequence of ``tokens`` tokens holds: ⌈tokens / page_size⌉."""
+        return math.ceil(arguments.nonnegative_int(tokens, "tokens") / self.page_size)

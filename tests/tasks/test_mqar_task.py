@@ -1,0 +1,132 @@
+"""mqar: the sequences hold the pairs and their queries (checked by a loop), every attention is
+causal, the metrics read the query positions (an oracle scores 1), supervision adds
+KL(gold ‖ weights), and exact attention learns the task."""
+
+import pytest
+import torch
+from torch import nn
+
+from attnkit import tasks
+from attnkit.experiments.config import ConfigError, RunConfig
+from attnkit.tasks.mqar_task import VALUES, key_count, make_mqar, pair_count
+
+
+def _config(**kw):
+    settings = {"task": "mqar", "quick": True, "seq_len": 16, "n_train": 64, "n_test": 40,
+                "d_model": 8, **kw}  # fmt: skip
+    return RunConfig(**settings).resolved()
+
+
+@pytest.mark.parametrize("seq_len", [16, 19])
+def test_sequences_store_pairs_then_query_every_key(seq_len):
+    tokens, answers, gold = make_mqar(30, seq_len, seed=1)
+    p = pair_count(seq_len)
+    k = key_count(p)
+    assert p == seq_len // 4 and tokens.shape == (30, seq_len) and answers.shape == (30, p)
+    for i in range(30):
+        row = tokens[i].tolist()
+        stored = {}
+        for j in range(p):
+            key, value = row[2 * j], row[2 * j + 1]
+            assert 0 <= key < k and k <= value < k + VALUES
+            stored[key] = value - k
+        assert len(stored) == p  # distinct keys
+        queried = [row[2 * p + 2 * q] for q in range(p)]
+        assert sorted(queried) == sorted(stored)  # every key once
+        for q, key in enumerate(queried):
+            assert answers[i, q] == stored[key]
+            assert row[2 * p + 2 * q + 1] == stored[key] + k  # the answer follows its query
+            assert row[gold[i, q] - 1] == key and row[gold[i, q]] == stored[key] + k
+        assert row[4 * p :] == [k + VALUES] * (seq_len - 4 * p)  # padding
+
+
+@pytest.mark.parametrize("attention", tasks.get("mqar").attentions)
+def test_every_attention_is_causal(attention):
+    task = tasks.get("mqar")(_config(attention=attention))
+    torch.manual_seed(0)
+    model = task.build_model().eval()
+    tokens = task.train[0][:2]
+    changed = tokens.clone()
+    changed[:, 9:] = torch.flip(changed[:, 9:], [1])
+    with torch.no_grad():
+        a, b = model(tokens)[0], model(changed)[0]
+    torch.testing.assert_close(a[:, :9], b[:, :9], atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(a[:, 9:], b[:, 9:])
+
+
+def test_parts_built_per_layer():
+    from attnkit.efficient import LinearAttention
+    from attnkit.modern import MultiHeadLatentAttention
+
+    model = tasks.get("mqar")(_config(attention="latent")).build_model()
+    assert sum(isinstance(m, MultiHeadLatentAttention) for m in model.modules()) == 2
+    model = tasks.get("mqar")(_config(attention="linear")).build_model()
+    found = [m for m in model.modules() if isinstance(m, LinearAttention)]
+    assert len(found) == 2 and all(m.causal for m in found)
+
+
+class _Oracle(nn.Module):
+    """Answers every query from the stored pairs (a loop over the tokens) and puts all of each
+    head's weight on the value of the queried pair."""
+
+    def __init__(self, wrong: bool = False) -> None:
+        super().__init__()
+        self.wrong = wrong
+
+    def forward(self, tokens, *, need_weights=False):
+        b, n = tokens.shape
+        p, k = pair_count(n), key_count(pair_count(n))
+        logits = torch.zeros(b, n, VALUES)
+        weights = torch.zeros(b, 2, n, n)
+        for i in range(b):
+            row = tokens[i].tolist()
+            where = {row[2 * j]: 2 * j + 1 for j in range(p)}
+            for q in range(2 * p, 4 * p, 2):
+                value = row[where[row[q]]] - k
+                logits[i, q, (value + self.wrong) % VALUES] = 1.0
+                weights[i, 1, q, where[row[q]] - self.wrong] = 1.0
+        return logits, weights
+
+
+def test_metrics_read_the_query_positions():
+    task = tasks.get("mqar")(_config(seq_len=22))
+    assert task.evaluate(_Oracle(), "test") == {"accuracy": 1.0, "gold_argmax": 1.0}
+    assert task.evaluate(_Oracle(wrong=True), "test") == {"accuracy": 0.0, "gold_argmax": 0.0}
+
+
+def test_supervision_adds_kl_to_the_gold_value_position():
+    plain = tasks.get("mqar")(_config())
+    supervised = tasks.get("mqar")(_config(supervise_attention=0.5))
+    torch.manual_seed(0)
+    model = plain.build_model()
+    index = torch.arange(4)
+    tokens, _, gold = (t[index] for t in plain.train)
+    _, weights = model(tokens, need_weights=True)
+    p = pair_count(16)
+    kl = 0.0
+    for i in range(4):  # KL(one-hot ‖ a) = −log a at the gold key, per head and query row
+        for h in range(weights.shape[1]):
+            for q in range(p):
+                kl -= torch.log(weights[i, h, 2 * p + 2 * q, gold[i, q]])
+    expected = plain.loss(model, index) + 0.5 * kl / (4 * weights.shape[1] * p)
+    torch.testing.assert_close(supervised.loss(model, index), expected)
+    with pytest.raises(ConfigError, match="supervise_attention needs weights"):
+        _config(attention="gla", supervise_attention=1.0)
+    with pytest.raises(ConfigError, match="seq_len must be >= 8"):
+        _config(seq_len=7)
+
+
+def test_full_attention_learns_recall():
+    torch.set_num_threads(1)
+    task = tasks.get("mqar")(_config(n_train=512, n_test=200, d_model=16))
+    torch.manual_seed(0)
+    model = task.build_model()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    g = torch.Generator().manual_seed(0)
+    for _ in range(150):
+        model.train()
+        loss = task.loss(model, torch.randint(0, 512, (32,), generator=g))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    assert task.evaluate(model, "test")["accuracy"] > 4 / VALUES  # chance 1/32

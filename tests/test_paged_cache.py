@@ -1,0 +1,293 @@
+"""The paged KV cache: pages taken on demand and given back; the gathered view; equal-length
+batches equal the contiguous LayerCache, and every sequence of a ragged batch (sequences joining
+and leaving) equals the layer run on that sequence alone, in float64."""
+
+import pytest
+import torch
+from torch import nn
+
+import attnkit as ak
+from attnkit import masks
+from attnkit.kv_cache import KVCache, LayerCache
+from attnkit.models.decoder_lm import DecoderLM
+from attnkit.paged_cache import PagedKVCache
+from attnkit.positions import REGISTRY as POSITIONS
+from attnkit.positions import rope_scaling
+
+E, H = 12, 3
+F64 = torch.float64
+PER_HEAD = [None] + [n for n in ak.positions.available() if not POSITIONS.get(n).absolute]
+
+
+class _ScaleByPosition(ak.positions.PositionScheme):
+    """Reads absolute positions: the vector at position p is scaled by 1 + p/4."""
+
+    def forward(self, q, k, *, q_offset=0, k_offset=0):
+        fq = 1 + (torch.arange(q.shape[-2], dtype=q.dtype)[:, None] + q_offset) / 4
+        fk = 1 + (torch.arange(k.shape[-2], dtype=k.dtype)[:, None] + k_offset) / 4
+        return ak.positions.Positioned(q * fq, k * fk)
+
+
+def _mha(position=None, kv_heads=H, seed=0):
+    torch.manual_seed(seed)
+    return ak.MultiHeadAttention(E, H, num_kv_heads=kv_heads, position=position, dtype=F64).eval()
+
+
+def _left_pad(rows, m):
+    out = torch.zeros(len(rows), m, *rows[0].shape[1:], dtype=rows[0].dtype)
+    for b, r in enumerate(rows):
+        out[b, m - len(r) :] = r
+    return out
+
+
+@pytest.mark.parametrize("position", [None, "rope", "alibi", "t5"])
+@pytest.mark.parametrize("kv_heads", [3, 1])
+def test_equal_lengths_equal_the_contiguous_cache(position, kv_heads):
+    mha = _mha(position, kv_heads)
+    x = torch.randn(2, 9, E, dtype=F64, generator=torch.Generator().manual_seed(1))
+    contiguous, paged = KVCache(1), PagedKVCache(1, page_size=2)
+    ids = [paged.add(), paged.add()]
+    chunks = [slice(0, 3)] + [slice(t, t + 1) for t in range(3, 9)]
+    with torch.no_grad():
+        for s in chunks:
+            m = s.stop - s.start
+            mask = masks.causal(m, len(contiguous[0]) + m)
+            want = mha(x[:, s], cache=contiguous[0], mask=mask).context
+            with paged.step(ids, [m, m]) as step:
+                assert not step.ragged
+                got = mha(x[:, s], cache=paged[0], mask=step.mask).context
+            torch.testing.assert_close(got, want, atol=1e-12, rtol=1e-12)
+        full = mha(x, mask=masks.causal(9)).context
+    torch.testing.assert_close(want, full[:, -1:], atol=1e-12, rtol=1e-12)
+    assert [paged.length_of(i) for i in ids] == [9, 9] and paged.length == 9
+
+
+def _decode_ragged(layer, xs, prompts, page_size=3, join_at=2):
+    """Feed sequence b's first prompts[b] vectors in one call, then one a step; the last
+    sequence joins after ``join_at`` steps; a sequence is freed when it is done. Returns each
+    sequence's outputs (L_b, E) and the cache."""
+    cache = PagedKVCache(1, page_size=page_size)
+    ids, fed = [None] * len(xs), [0] * len(xs)
+    outs = [[] for _ in xs]
+    calls = 0
+    with torch.no_grad():
+        while True:
+            for b in range(len(xs)):
+                if ids[b] is None and fed[b] == 0 and (b < len(xs) - 1 or calls >= join_at):
+                    ids[b] = cache.add()
+            live = [b for b in range(len(xs)) if ids[b] is not None]
+            if not live:
+                break
+            new = [
+                xs[b][fed[b] : (fed[b] + prompts[b] if fed[b] == 0 else fed[b] + 1)] for b in live
+            ]
+            counts = [len(t) for t in new]
+            with cache.step([ids[b] for b in live], counts) as step:
+                out = layer(_left_pad(new, step.width), cache=cache[0], mask=step.mask).context
+            calls += 1
+            for row, b in enumerate(live):
+                outs[b].append(out[row, step.width - counts[row] :])
+                fed[b] += counts[row]
+                if fed[b] == len(xs[b]):
+                    cache.free(ids[b])
+                    ids[b] = -1  # done
+            ids = [None if i == -1 else i for i in ids]
+            if all(f == len(x) for f, x in zip(fed, xs, strict=True)):
+                break
+    return [torch.cat(o) for o in outs], cache
+
+
+@pytest.mark.parametrize("position", PER_HEAD)
+def test_each_sequence_of_a_ragged_batch_equals_it_alone(position):
+    mha = _mha(position, kv_heads=1)
+    g = torch.Generator().manual_seed(2)
+    xs = [torch.randn(n, E, dtype=F64, generator=g) for n in (7, 4, 9, 5)]
+    outs, cache = _decode_ragged(mha, xs, prompts=[2, 4, 1, 3])
+    with torch.no_grad():
+        for x, got in zip(xs, outs, strict=True):
+            alone = mha(x[None], mask=masks.causal(len(x))).context[0]
+            torch.testing.assert_close(got, alone, atol=1e-12, rtol=1e-12)
+    assert cache.sequences == [] and cache.pages_in_use == 0
+    assert cache.free_pages == cache.capacity > 0
+
+
+def test_the_view_is_each_sequence_right_aligned_and_zero_padded():
+    cache = PagedKVCache(1, page_size=2)
+    a, b = cache.add(), cache.add()
+    g = torch.Generator().manual_seed(3)
+    history = {a: [], b: []}  # every key appended so far, (H_kv=2, d=3) per token
+    for counts in ([3, 1], [1, 1], [2, 4], [1, 1]):
+        m = max(counts)
+        k = torch.randn(2, 2, m, 3, dtype=F64, generator=g)
+        v = torch.randn(2, 2, m, 5, dtype=F64, generator=g)
+        with cache.step([a, b], counts) as step:
+            keys, values = cache[0].append(k, v)
+        for row, (s, c) in enumerate(zip((a, b), counts, strict=True)):
+            history[s] += [(k[row, :, t], v[row, :, t]) for t in range(m - c, m)]
+        n = step.cached + m
+        assert keys.shape == (2, 2, n, 3) and values.shape == (2, 2, n, 5)
+        for row, s in enumerate((a, b)):
+            own = len(history[s])
+            assert torch.equal(keys[row, :, : n - own], torch.zeros(2, n - own, 3, dtype=F64))
+            for t, (kt, vt) in enumerate(history[s]):
+                assert torch.equal(keys[row, :, n - own + t], kt)
+                assert torch.equal(values[row, :, n - own + t], vt)
+            # new query rows sit in the last columns; padded rows may attend every column
+            for i in range(m):
+                allowed = step.mask[row, i]
+                column = step.cached + i
+                if i >= m - counts[row]:
+                    want = [n - own <= j <= column for j in range(n)]
+                    assert step.positions[row, i] == own - (m - i)
+                else:
+                    want = [j <= column for j in range(n)]
+                    assert step.positions[row, i] == -1
+                assert allowed.tolist() == want
+    assert cache.length_of(a) == 7 and cache.length_of(b) == 7
+
+
+def test_pages_are_taken_on_demand_and_given_back():
+    cache = PagedKVCache(1, page_size=4)
+    kv = lambda m: (torch.zeros(2, 1, m, 2), torch.zeros(2, 1, m, 2))  # noqa: E731
+    a, b = cache.add(), cache.add()
+    with cache.step([a, b], [5, 2]):
+        cache[0].append(*kv(5))
+    tables = [cache.page_table(a), cache.page_table(b)]
+    assert [len(t) for t in tables] == [2, 1] and not set(tables[0]) & set(tables[1])
+    assert cache.pages_in_use == 3
+    for _ in range(3):  # a grows to 8 tokens: still 2 pages; then 9: a third
+        with cache.step([a, b], [1, 1]):
+            cache[0].append(*kv(1))
+    assert len(cache.page_table(a)) == 2
+    with cache.step([a, b], [1, 1]):
+        cache[0].append(*kv(1))
+    assert len(cache.page_table(a)) == 3 == cache.pages_for(9)
+    capacity, held = cache.capacity, set(cache.page_table(a))
+    cache.free(a)
+    assert cache.pages_in_use == 2 and cache.free_pages == capacity - 2
+    c = cache.add()  # a new sequence takes the freed pages; the pool does not grow
+    with cache.step([b, c], [1, 9]):
+        cache[0].append(*kv(9))
+    assert set(cache.page_table(c)) <= held | set(range(capacity)) and cache.capacity == capacity
+    assert cache.length_of(c) == 9 and cache.length_of(b) == 7
+    assert cache[0].k_pool.shape == (capacity * 4, 1, 2)
+    assert cache.nbytes == 2 * capacity * 4 * 1 * 2 * 4  # k and v pools, float32
+
+
+def test_a_capped_pool_refuses_and_a_failed_step_changes_nothing():
+    cache = PagedKVCache(1, page_size=2, num_pages=2)
+    s = cache.add()
+    with pytest.raises(ValueError, match="num_pages = 2"):
+        cache.step([s], [5])
+    assert cache.pages_in_use == 0 and cache.length_of(s) == 0
+    with pytest.raises(RuntimeError, match="boom"), cache.step([s], [3]):
+        raise RuntimeError("boom")
+    assert cache.pages_in_use == 0 and cache.length_of(s) == 0
+    with pytest.raises(ValueError, match=r"layers \[0\] did not append"), cache.step([s], [3]):
+        pass
+    assert cache.pages_in_use == 0 and cache.length_of(s) == 0
+
+
+def test_steps_refuse_misuse():
+    cache = PagedKVCache(1)
+    k = torch.zeros(1, 1, 1, 2)
+    with pytest.raises(ValueError, match=r"inside `with cache\.step"):
+        cache[0].append(k, k)
+    s = cache.add()
+    for seqs, counts, what in (
+        ([s + 5], [1], "live sequence"),
+        ([s, s], [1, 1], "distinct"),
+        ([s], [1, 1], "one count per sequence"),
+        ([s], [0], "at least one new token"),
+        ([], [], "at least one sequence"),
+    ):
+        with pytest.raises(ValueError, match=what):
+            cache.step(seqs, counts)
+    with cache.step([s], [1]):
+        with pytest.raises(ValueError, match="do not nest"):
+            cache.step([s], [1])
+        with pytest.raises(ValueError, match="M = 1 new places"):
+            cache[0].append(torch.zeros(1, 1, 2, 2), torch.zeros(1, 1, 2, 2))
+        with pytest.raises(ValueError, match="open step"):
+            cache.free(s)
+        cache[0].append(k, k)
+        with pytest.raises(ValueError, match="appended twice"):
+            cache[0].append(k, k)
+    with pytest.raises(ValueError, match="dtype"), cache.step([s], [1]):
+        cache[0].append(k.double(), k.double())
+    with pytest.raises(ValueError, match="live sequence"):
+        cache.length_of(s + 1)
+
+
+def test_a_ragged_batch_refuses_a_scheme_that_reads_absolute_positions():
+    mha = _mha(_ScaleByPosition())
+    x = torch.randn(2, 4, E, dtype=F64)
+    paged, contiguous = PagedKVCache(1), LayerCache()
+    a, b = paged.add(), paged.add()
+    with torch.no_grad():
+        with paged.step([a, b], [4, 4]) as step:  # equal lengths: no shift, accepted
+            got = mha(x, cache=paged[0], mask=step.mask).context
+        want = mha(x, cache=contiguous, mask=masks.causal(4)).context
+        torch.testing.assert_close(got, want, atol=1e-12, rtol=1e-12)
+        c = paged.add()
+        with (
+            pytest.raises(ValueError, match="may read absolute positions"),
+            paged.step([a, c], [1, 2]) as step,
+        ):
+            mha(torch.zeros(2, 2, E, dtype=F64), cache=paged[0], mask=step.mask)
+    assert paged.length_of(a) == 4 and paged.length_of(c) == 0
+    windowed = ak.MultiHeadAttention(
+        E, H, pattern=ak.patterns.sliding_window(2, causal=True), dtype=F64
+    )
+    cache = PagedKVCache(1)
+    a, b = cache.add(), cache.add()
+    with (
+        torch.no_grad(),
+        pytest.raises(ValueError, match="pattern"),
+        cache.step([a, b], [1, 2]) as step,
+    ):
+        windowed(torch.zeros(2, 2, E, dtype=F64), cache=cache[0], mask=step.mask)
+
+
+def test_a_part_with_its_own_state_is_refused():
+    layer = nn.Module()
+    layer.attention = nn.Module()
+    layer.attention.takes_cache = True
+    with pytest.raises(ValueError, match="keeps its own decoding state"):
+        PagedKVCache(1)[0].claim(layer)
+
+
+def test_a_decoder_lm_decodes_equal_lengths_as_with_its_own_cache():
+    torch.manual_seed(0)
+    lm = DecoderLM(11, E, H, 2, max_len=12, dtype=F64, position="rope").eval()
+    tokens = torch.randint(0, 11, (2, 7), generator=torch.Generator().manual_seed(4))
+    own, paged = lm.new_cache(), PagedKVCache(2, page_size=3)
+    ids = [paged.add(), paged.add()]
+    with torch.no_grad():
+        for s in [slice(0, 4)] + [slice(t, t + 1) for t in range(4, 7)]:
+            want = lm(tokens[:, s], cache=own)
+            with paged.step(ids, [s.stop - s.start] * 2):
+                got = lm(tokens[:, s], cache=paged)
+            torch.testing.assert_close(got, want, atol=1e-12, rtol=1e-12)
+    assert paged.nbytes > 0 and paged.pages_in_use == 2 * 3
+
+
+class _DeclaredRope(ak.positions.Rotary):
+    translation_invariant = True  # a custom scheme that declares it reads only i − j
+
+
+def test_which_schemes_a_ragged_batch_takes():
+    g = torch.Generator().manual_seed(5)
+    xs = [torch.randn(n, E, dtype=F64, generator=g) for n in (5, 3)]
+    mha = _mha(_DeclaredRope())
+    outs, _ = _decode_ragged(mha, xs, prompts=[3, 1], join_at=0)
+    with torch.no_grad():
+        for x, got in zip(xs, outs, strict=True):
+            alone = mha(x[None], mask=masks.causal(len(x))).context[0]
+            torch.testing.assert_close(got, alone, atol=1e-12, rtol=1e-12)
+    scaling = rope_scaling.DynamicNTKScaling(factor=2.0, max_len=4)
+    for refused in (rope_scaling.ScaledRotary(scaling=scaling), _ScaleByPosition()):
+        with pytest.raises(ValueError, match="may read absolute positions"):
+            _decode_ragged(_mha(refused), xs, prompts=[3, 1], join_at=0)
+    static = rope_scaling.ScaledRotary(scaling=rope_scaling.LinearScaling(factor=2.0))
+    _decode_ragged(_mha(static), xs, prompts=[3, 1], join_at=0)  # accepted
