@@ -310,7 +310,6 @@ def test_ctrl_c_while_making_the_data_still_says_how_to_continue(tmp_path, monke
     _assert_same_run(tmp_path / "early", whole)
 
 
-
 # ---- context parallelism: each sequence split over a ring of processes ----------------------
 
 CP = {"task": "kv-recall", "quick": True, "epochs": 2, "n_train": 64, "n_test": 32}
@@ -381,7 +380,8 @@ def _world(n, out, kw, mode) -> list[int]:
 
     ctx = multiprocessing.get_context("fork")
     port = _free_port()
-    procs = [ctx.Process(target=_cp_worker, args=(r, n, port, str(out), kw, mode)) for r in range(n)]
+    args = (n, port, str(out), kw, mode)
+    procs = [ctx.Process(target=_cp_worker, args=(r, *args)) for r in range(n)]
     for p in procs:
         p.start()
     for p in procs:
@@ -417,15 +417,13 @@ def _same_model(a, b):
 
 @pytest.fixture(scope="module")
 def cp_runs(tmp_path_factory):
-    """dp 2 × cp 2 (4 processes) stopped after epoch 1; a one-process run stopped after epoch 1
-    and resumed by cp 2; cp 2 with a rank that dies mid-step; the uninterrupted one-process
-    run."""
+    """The uninterrupted one-process run; a one-process run stopped after epoch 1 and resumed
+    by cp 2; dp 2 × cp 2 (4 processes) stopped after epoch 1; cp 2 with a rank that dies
+    mid-step. The in-process runs go first: the forked processes inherit their imports."""
     from attnkit.experiments import training
 
     root = tmp_path_factory.mktemp("cp")
-    assert _world(4, root / "ring_then_one", {"context_parallel": 2}, "stop") == [0] * 4
-    codes = _world(2, root / "dies", {"context_parallel": 2}, "die")
-    assert codes[1] == 3, codes
+    _run(_cp_config(), root / "whole")
     original = training.Trainer._end_epoch
     training.Trainer._end_epoch = _stopping_after_first_epoch(training.Trainer)
     try:
@@ -434,7 +432,9 @@ def cp_runs(tmp_path_factory):
     finally:
         training.Trainer._end_epoch = original
     assert _world(2, root / "one_then_ring", None, "resume") == [0] * 2
-    _run(_cp_config(), root / "whole")
+    assert _world(4, root / "ring_then_one", {"context_parallel": 2}, "stop") == [0] * 4
+    codes = _world(2, root / "dies", {"context_parallel": 2}, "die")
+    assert codes[1] == 3, codes
     return root
 
 
@@ -466,7 +466,7 @@ def test_a_rank_that_dies_mid_step_stops_the_others_and_keeps_the_checkpoint(cp_
 
 
 def test_context_parallel_is_refused_where_it_cannot_split(tmp_path):
-    with pytest.raises(ConfigError, match="task 'dates' cannot split its sequences.*kv-recall"):
+    with pytest.raises(ConfigError, match=r"task 'dates' cannot split its sequences.*kv-recall"):
         _run(_config(context_parallel=2), tmp_path / "a")
     with pytest.raises(ConfigError, match="seq_len 9 does not split into 2 equal parts"):
         _run(_cp_config(context_parallel=2, seq_len=9), tmp_path / "b")

@@ -124,7 +124,7 @@ def test_gpt2_learned_entmax_round_trip_logits_and_generation(tmp_path):
     ids, mask = _inputs()
     align = {"name": "entmax", "alpha": 1.3, "learnable": True, "n_iter": 30}
     hf.swap_attention(model, score={"name": "scaled_dot"}, align=align)
-    rhos = {n: p for n, p in _part_params(model).items()}
+    rhos = _part_params(model)
     assert set(rhos) == {f"transformer.h.{i}.attn.attnkit_align.rho" for i in range(2)}
 
     _train_parts(model, lambda m: m(ids, attention_mask=mask, labels=ids).loss)

@@ -116,8 +116,11 @@ def span_band_attention(
     distance = (rows[:, :, None] + q_offset - cols[:, None, :]).abs().to(exact)  # (nb, blk, w)
     pad = nb * blk - m
     q_b = F.pad(q, (0, 0, 0, pad)).unflatten(-2, (nb, blk))  # (*L, nb, blk, d)
-    k_w = k.index_select(-2, cols.reshape(-1)).unflatten(-2, (nb, w))  # (*L, nb, w, d)
-    v_w = v.index_select(-2, cols.reshape(-1)).unflatten(-2, (nb, w))
+    if width >= n:  # every block sees the same keys: broadcast them, gather nothing
+        k_w, v_w = k.unsqueeze(-3), v.unsqueeze(-3)  # (*L, 1, N, ·)
+    else:
+        k_w = k.index_select(-2, cols.reshape(-1)).unflatten(-2, (nb, w))  # (*L, nb, w, d)
+        v_w = v.index_select(-2, cols.reshape(-1)).unflatten(-2, (nb, w))
     spans = spans.broadcast_to(*spans.shape[:-1], m)
     z = F.pad(spans.to(exact), (0, pad)).unflatten(-1, (nb, blk))[..., None]
     soft = span_mask(distance, z, ramp).to(q.dtype)  # (*L, nb, blk, w)

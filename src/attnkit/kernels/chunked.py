@@ -17,7 +17,9 @@ gradients for q, k, v, the bias and every parameter of the score and alignment (
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -501,14 +503,15 @@ def _has_key(mask: Tensor, block_mask: BlockMask) -> Tensor:
 def _fused_reasons(
     plan: _Plan, q, k, v, bias, score: Score, align: Alignment, need_weights: bool
 ) -> list[str]:
-    """Why a block-sparse call cannot take the fused path (:func:`_sparse_fused`)."""
+    """Why a block-sparse call cannot take the fused path (:func:`_sparse_fused`); empty when
+    it can."""
     reasons = []
     if plan.block_mask is None:
         reasons.append("no block mask")
     if need_weights:
         reasons.append("weights requested")
-    if plan.score_mod is not None:
-        reasons.append("a score_mod")
+    if plan.score_mod is not None and _additive(plan.score_mod) is None:
+        reasons.append("a score_mod that is not e + f(b, h, q_idx, kv_idx)")
     if not score.dot_product_form or plan.multi or align.softmax_temperature() is None:
         reasons.append("not dot-product softmax attention")
     if plan.guard:
@@ -519,6 +522,8 @@ def _fused_reasons(
         reasons.append(f"bias dtype {bias.dtype} differs from the values' {v.dtype}")
     tensors = [t for t in (q, k, v, bias) if t is not None]
     tensors += [*score.parameters(), *align.parameters()]
+    if isinstance(plan.score_mod, nn.Module):
+        tensors += list(plan.score_mod.parameters())
     if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
         reasons.append("a gradient is required (the tiled backward keeps memory O(tile))")
     if torch.compiler.is_compiling():
@@ -526,55 +531,239 @@ def _fused_reasons(
     return reasons
 
 
+# score_mod -> whether it is e + f(b, h, q_idx, kv_idx) (read once per function).
+_ADDITIVE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _additive(score_mod: ScoreMod) -> bool | None:
+    """True when ``score_mod(e, …)`` is ``e + f(b, h, q_idx, kv_idx)`` with f independent of e
+    (a relative-position bias such as ALiBi), read from its traced graph: then its effect is the
+    additive term f = score_mod(0, …) that the fused kernel adds to its scores. None otherwise
+    (a score_mod is a pointwise function of its arguments, as in FlexAttention)."""
+    try:
+        known = _ADDITIVE.get(score_mod)
+    except TypeError:  # not weakly referable or not hashable: read it each time
+        known = None
+    if known is not None:
+        return known or None
+    found = _trace_additive(score_mod)
+    try:
+        _ADDITIVE[score_mod] = found
+    except TypeError:
+        pass
+    return found or None
+
+
+def _trace_additive(score_mod: ScoreMod) -> bool:
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    e = torch.zeros(2, 2, 3, 5)
+    b, h = _indices_like(e)
+    q_idx = torch.arange(3).view(1, 1, 3, 1)
+    kv_idx = torch.arange(5).view(1, 1, 1, 5)
+    try:
+        graph = make_fx(score_mod, tracing_mode="real")(e, b, h, q_idx, kv_idx).graph
+    except Exception:  # data-dependent control flow, unsupported op, ...: not provably additive
+        return False
+    nodes = list(graph.nodes)
+    scores = next((n for n in nodes if n.op == "placeholder"), None)
+    output = next((n for n in nodes if n.op == "output"), None)
+    if scores is None or output is None:
+        return False
+    result = output.args[0]
+    if isinstance(result, (tuple, list)):
+        if len(result) != 1:
+            return False
+        result = result[0]
+    if not isinstance(result, torch.fx.Node) or result.target != torch.ops.aten.add.Tensor:
+        return False
+    if result.kwargs.get("alpha", 1) != 1 or len(result.args) != 2:
+        return False
+    x, y = result.args
+    other = y if x is scores else x if y is scores else None
+    if other is None or other is scores:
+        return False
+    if not isinstance(other, torch.fx.Node):
+        return True  # e + constant
+    seen, stack = set(), [other]
+    while stack:  # f must not read e
+        node = stack.pop()
+        if node is scores:
+            return False
+        if node in seen:
+            continue
+        seen.add(node)
+        stack.extend(node.all_input_nodes)
+    return True
+
+
+def _indices_like(e: Tensor) -> tuple[Tensor, Tensor]:
+    return (
+        torch.arange(e.shape[0]).view(-1, 1, 1, 1),
+        torch.arange(e.shape[1]).view(1, -1, 1, 1),
+    )
+
+
+@dataclass
+class _Piece:
+    """Keys that one fused call of a query block attends: the block mask's full tiles (no mask),
+    its partial ones (their mask), or a square diagonal tile whose allowed pairs are exactly
+    key ≤ query (evaluated causally, no mask)."""
+
+    keys: _Keys
+    allowed: Tensor | None = None  # bool (*block-mask lead, rows, keys)
+    causal: bool = False
+    rows_any: Tensor | None = None  # bool (*lead, rows): rows with an allowed key here
+    additive: dict = dataclasses.field(default_factory=dict)  # dtype -> 0 / −inf mask
+
+
+# id(block mask) -> (weak reference, its schedule): the pieces of every query block.
+_SCHEDULES: dict[int, tuple[weakref.ref, list]] = {}
+# Partial-tile elements whose additive (0 / −inf) masks a schedule keeps.
+_ADDITIVE_CACHE_ELEMENTS = 1 << 24
+
+
+def _schedule(bm: BlockMask) -> list[tuple[int, int, list[_Piece]]]:
+    """For each query block of ``bm``: its rows and its pieces (built once per block mask)."""
+    hit = _SCHEDULES.get(id(bm))
+    if hit is not None and hit[0]() is bm:
+        return hit[1]
+    out = []
+    for i, (q0, q1) in enumerate(_ranges(bm.block_q, bm.m)):
+        full, part, diag = [], [], None
+        for j, (k0, k1) in enumerate(_ranges(bm.block_k, bm.n)):
+            if not bool(bm.any_allowed[i, j]):
+                continue
+            if bool(bm.all_allowed[i, j]):
+                full.append(j)
+                continue
+            if diag is None and (q0, q1) == (k0, k1):
+                tile = bm.tile(q0, q1, k0, k1)
+                tril = torch.ones(q1 - q0, q1 - q0, dtype=torch.bool, device=tile.device).tril()
+                if bool((tile == tril).all()):
+                    diag = j
+                    continue
+            part.append(j)
+        pieces = []
+        if full:
+            pieces.append(_Piece(_columns(bm, full)))
+        if part:
+            keys = _columns(bm, part)
+            if keys.idx is None:
+                allowed = bm.tile(q0, q1, keys.k0, keys.k1)
+            else:
+                allowed = bm.tile_at(q0, q1, keys.idx, part)
+            rows_any = allowed.any(-1)
+            pieces.append(_Piece(keys, allowed, rows_any=None if bool(rows_any.all()) else rows_any))
+        if diag is not None:
+            pieces.append(_Piece(_Keys(q0, q1), causal=True))
+        out.append((q0, q1, pieces))
+    _SCHEDULES[id(bm)] = (weakref.ref(bm), out)
+    weakref.finalize(bm, _SCHEDULES.pop, id(bm), None)
+    return out
+
+
+def _columns(bm: BlockMask, columns: list[int]) -> _Keys:
+    """The keys of the key tiles ``columns`` (a range when they are adjacent)."""
+    runs = [(j * bm.block_k, min((j + 1) * bm.block_k, bm.n)) for j in columns]
+    if columns[-1] - columns[0] + 1 == len(columns):
+        return _Keys(runs[0][0], runs[-1][1])
+    return _Keys(runs[0][0], runs[-1][1], torch.cat([torch.arange(a, b) for a, b in runs]))
+
+
+_FLASH = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+
+
+def _fused_piece(qb, kb, vb, attn_mask, causal: bool, scale: float) -> tuple[Tensor, Tensor]:
+    """Context and log-sum-exp (…, rows) of one piece, from PyTorch's fused CPU kernel."""
+    shape = qb.shape[:-2]
+    flat = (1, max(1, math.prod(shape)))
+
+    def four(x: Tensor) -> Tensor:
+        return x.reshape(*flat, *x.shape[-2:])
+
+    if attn_mask is not None:
+        attn_mask = attn_mask.expand(*shape, *attn_mask.shape[-2:])
+        attn_mask = four(attn_mask)
+    out, lse = _FLASH(four(qb), four(kb), four(vb), 0.0, causal, attn_mask=attn_mask, scale=scale)
+    return out.reshape(*shape, *out.shape[-2:]), lse.reshape(*shape, lse.shape[-1])
+
+
 def _sparse_fused(plan: _Plan, q, k, v, bias, score: Score, align: Alignment) -> Tensor:
-    """Block-sparse dot-product softmax attention, forward only: each group of query blocks
-    attends, in one call of PyTorch's fused kernel (``scaled_dot_product_attention``), just the
-    key tiles it visits (gathered when they lie apart); the mask is passed only when one of
-    those tiles is partial. Same result as the tiled path (eq. 4 over the allowed keys)."""
+    """Block-sparse dot-product softmax attention, forward only, through PyTorch's fused CPU
+    kernel: each query block attends its full key tiles with no mask, its partial tiles with
+    their mask, and a causal diagonal tile causally; the pieces are merged by their log-sum-exp
+    (the online softmax of eq. 4, FlashAttention). An additive score_mod (``e + f``) and the
+    bias enter as the kernel's additive mask. Same result as the tiled path."""
     temperature = align.softmax_temperature()
-    assert temperature is not None and plan.block_mask is not None
+    bm = plan.block_mask
+    assert temperature is not None and bm is not None and _FLASH is not None
     qp, kp, scale = score.dot_form(q, k)
     inv_t = 1.0 / temperature
-    lead = plan.lead
-    qp = qp.expand(*lead, *qp.shape[-2:])
-    kp = kp.expand(*lead, *kp.shape[-2:])
-    v = v.expand(*lead, *v.shape[-2:])
-    bm = plan.block_mask
+    lead = torch.broadcast_shapes(plan.lead, qp.shape[:-2], kp.shape[:-2])
+    qp, kp, v = (x.expand(*lead, *x.shape[-2:]) for x in (qp, kp, v))
+    dtype, work = v.dtype, plan.work
+    cache = plan.mask is None and bias is None and plan.score_mod is None
+    schedule = _schedule(bm)
+    kept = sum(p.allowed.numel() for _, _, ps in schedule for p in ps if p.allowed is not None)
+    cache = cache and kept <= _ADDITIVE_CACHE_ELEMENTS
+    neg = torch.tensor(float("-inf"), dtype=dtype)
     outs = []
-    for q0, (q1, visit, full) in plan.groups.items():
-        columns = [j for j, seen in enumerate(visit) if seen]
-        if not columns:  # no allowed key: the rows get context 0 below
-            outs.append(v.new_zeros(*lead, q1 - q0, v.shape[-1]))
-            continue
-        runs = [(j * plan.block_k, min((j + 1) * plan.block_k, plan.n)) for j in columns]
-        if columns[-1] - columns[0] + 1 == len(columns):
-            keys = _Keys(runs[0][0], runs[-1][1])
-        else:
-            keys = _Keys(runs[0][0], runs[-1][1], torch.cat([torch.arange(a, b) for a, b in runs]))
-        allowed = _rows(plan.mask, q0, q1, keys)
-        if not all(full[j] for j in columns):
-            pattern = (
-                bm.tile(q0, q1, keys.k0, keys.k1)
-                if keys.idx is None
-                else bm.tile_at(q0, q1, keys.idx, columns)
+    for q0, q1, pieces in schedule:
+        qb = qp[..., q0:q1, :]
+        parts = []
+        for piece in pieces:
+            keys = piece.keys
+            allowed, rows_any = piece.allowed, piece.rows_any
+            causal = piece.causal
+            if plan.mask is not None:  # the call's own mask: every piece is masked
+                call = _rows(plan.mask, q0, q1, keys)
+                if causal:
+                    base = torch.ones(q1 - q0, q1 - q0, dtype=torch.bool, device=call.device)
+                    allowed, causal = base.tril(), False
+                allowed = call if allowed is None else allowed & call
+                rows_any = allowed.any(-1)
+            attn_mask = None
+            if bias is not None or plan.score_mod is not None:
+                if causal:
+                    base = torch.ones(q1 - q0, q1 - q0, dtype=torch.bool, device=qb.device)
+                    allowed, causal = base.tril(), False
+                add = torch.zeros((), dtype=dtype)
+                if bias is not None:
+                    b = _rows(bias, q0, q1, keys)
+                    add = add + (b if inv_t == 1.0 else b * inv_t)
+                if plan.score_mod is not None:
+                    width = keys.k1 - keys.k0 if keys.idx is None else keys.idx.numel()
+                    zero = torch.zeros((*lead, q1 - q0, width), dtype=dtype)
+                    f = apply_score_mod(plan.score_mod, zero, q0, keys.positions(zero.device))
+                    add = add + (f if inv_t == 1.0 else f * inv_t)
+                attn_mask = add if allowed is None else torch.where(allowed, add, neg)
+            elif allowed is not None:
+                attn_mask = piece.additive.get(dtype) if piece.allowed is allowed else None
+                if attn_mask is None:
+                    attn_mask = torch.where(allowed, torch.zeros((), dtype=dtype), neg)
+                    if cache and piece.allowed is allowed:
+                        piece.additive[dtype] = attn_mask
+            out, lse = _fused_piece(
+                qb, keys.take(kp, -2), keys.take(v, -2), attn_mask, causal, scale * inv_t
             )
-            allowed = pattern if allowed is None else allowed & pattern
-        attn_mask = allowed
-        if bias is not None:
-            attn_mask = _rows(bias, q0, q1, keys)
-            attn_mask = attn_mask if inv_t == 1.0 else attn_mask * inv_t
-            if allowed is not None:
-                attn_mask = attn_mask.masked_fill(~allowed, float("-inf"))
-        out = torch.nn.functional.scaled_dot_product_attention(
-            qp[..., q0:q1, :],
-            keys.take(kp, -2),
-            keys.take(v, -2),
-            attn_mask=attn_mask,
-            scale=scale * inv_t,
-        )
-        outs.append(out)
+            if rows_any is not None:  # a row with no key in this piece: weight 0 in the merge
+                lse = torch.where(rows_any, lse, float("-inf"))
+            parts.append((out, lse.to(work)))
+        if not parts:
+            outs.append(v.new_zeros(*lead, q1 - q0, v.shape[-1]))
+        elif len(parts) == 1:
+            outs.append(parts[0][0])
+        else:
+            total = torch.logsumexp(torch.stack([lse for _, lse in parts]), dim=0)
+            acc = None
+            for out, lse in parts:
+                w = torch.exp(lse - total).unsqueeze(-1)
+                term = torch.where(w > 0, out.to(work) * w, torch.zeros((), dtype=work))
+                acc = term if acc is None else acc + term
+            outs.append(acc.to(dtype))
     context = torch.cat(outs, dim=-2)
-    if plan.has_key is not None:  # rows with no allowed key: context 0 (SDPA gives NaN)
+    if plan.has_key is not None:  # rows with no allowed key: context 0
         context = torch.where(plan.has_key, context, torch.zeros((), dtype=context.dtype))
     return context
 
@@ -687,7 +876,7 @@ def attend(
         score_mod=score_mod,
         span_k=span_k,
     )
-    if not _fused_reasons(plan, q, k, v, bias, score, align, need_weights):
+    if _FLASH is not None and not _fused_reasons(plan, q, k, v, bias, score, align, need_weights):
         return AttentionOutput(_sparse_fused(plan, q, k, v, bias, score, align))
     qp = score.project_query(q)
     kp = score.project_key(k)
