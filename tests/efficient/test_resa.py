@@ -22,7 +22,7 @@ D = torch.float64
 
 def _rss_loop(sampler, x, keep):
     """p_i = σ(w₂ᵀ elu(W₁ [x_i; x̄; x_i ⊙ x̄] + b₁) + b₂), x̄ the mean of the real tokens."""
-    b_size, n, d = x.shape
+    b_size, n, _ = x.shape
     p = torch.zeros(b_size, n, dtype=x.dtype)
     for b in range(b_size):
         real = [i for i in range(n) if keep[b, i]]
@@ -125,9 +125,7 @@ def test_resa_is_the_papers_equations_and_its_mask_excludes_the_diagonal():
     slow = torch.autograd.grad((u * r).sum(), x)[0]
     torch.testing.assert_close(fast, slow)
     # log_prob is the two samplers' log-probabilities of their selections
-    lp = sum(
-        s(x, keep).log_prob for s in (module.head_sampler, module.dependent_sampler)
-    )
+    lp = sum(s(x, keep).log_prob for s in (module.head_sampler, module.dependent_sampler))
     torch.testing.assert_close(out.log_prob, lp)
 
 
@@ -178,4 +176,5 @@ def test_reinforce_trains_the_dependent_sampler_to_drop_distractors():
     assert float(out.head.float().mean()) > 0.95
     assert float(out.dependent[t].float().mean()) > 0.95
     assert float(out.dependent[~t].float().mean()) < 0.85
-    assert error < 0.03, error  # the target's variance is ≈ 0.25
+    # the target's variance is ≈ 0.36; with the samplers frozen the error stays ≈ 0.09
+    assert error < 0.03, error

@@ -47,9 +47,9 @@ def test_the_layer_is_eq_7_by_loops():
     x = torch.randn(2, 4, 6, generator=g, dtype=D)  # M = N = 4 < max_len 5
     mask = ak.masks.from_lengths(torch.tensor([4, 3]), 4)
     out = layer(x, mask=mask, need_weights=True)
+    big_n = 5
     for b in range(2):
         n = 4 if b == 0 else 3  # padding = truncation: the real keys only, zero rows after
-        big_n = 5
 
         def factor(proj, rows, b=b):
             f = torch.zeros(big_n, 2, dtype=D)

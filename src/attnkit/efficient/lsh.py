@@ -232,6 +232,10 @@ class LSHAttention(nn.Module):
         return HeadOutput(context, weights if need_weights else None)
 
     def _attend(self, q, k, v, mask, bias, rot, shared, need_weights):
+        if mask is None and bias is None and not (need_weights or hooks.listening()):
+            fast = _attend_unmasked(self, q, k, v, rot, shared)
+            if fast is not None:
+                return fast, None
         z, m, n = q.shape[0], q.shape[1], k.shape[1]
         c, rounds, dev = self.chunk_size, rot.shape[0], q.device
         n_chunks = -(-m // c)
@@ -350,3 +354,166 @@ def _logsumexp(x: Tensor, ok: Tensor, dim: int) -> Tensor:
     safe = torch.where(ok, x, torch.finfo(x.dtype).min)
     lse = torch.logsumexp(torch.where(any_ok.unsqueeze(dim), safe, 0.0), dim)
     return torch.where(any_ok, lse, float("-inf"))
+
+
+def _sorted(bucket: Tensor, length: int) -> Tensor:
+    """The order (…, L) that sorts positions by (bucket, position)."""
+    pos = torch.arange(length, device=bucket.device)
+    return (bucket * length + pos).argsort(-1)
+
+
+def _attend_unmasked(
+    part: LSHAttention, q: Tensor, k: Tensor, v: Tensor, rot: Tensor, shared: bool
+) -> Tensor | None:
+    """The context of :meth:`LSHAttention._attend` without mask, bias or weights, each round's
+    chunk attention in one autograd node (:class:`_Round`) that keeps only its weights: the
+    same pairs and logits, a few passes over the (Z, C, c, 2c) score tile instead of one per
+    mask and correction. None (use the general path) when a value is not finite, or with
+    shared QK when the keys sort differently from the queries (rounding in a near tie)."""
+    if not bool(torch.isfinite(v).all()):
+        return None  # weight 0 must mean no influence: the general path guards the sums
+    z, m, n, d = q.shape[0], q.shape[1], k.shape[1], q.shape[-1]
+    c, rounds = part.chunk_size, rot.shape[0]
+    n_chunks = -(-m // c)
+    width = n_chunks * c
+    bq, bk = part.hash(q, rot), part.hash(k, rot)  # (R, Z, M), (R, Z, N)
+    q_order, k_order = _sorted(bq, m), _sorted(bk, n)
+    self_diag = shared and m == n and torch.equal(q_order, k_order)
+    if shared and not self_diag:
+        return None
+    dev = q.device
+    slot_q = F.pad(q_order, (0, width - m))  # (R, Z, W) position in each sorted slot
+    # keys: one chunk of padding in front (the chunk before the first), then the sorted keys
+    slot_k = F.pad(k_order, (c, max(width - n, 0)))[..., : width + c]
+    real_k = F.pad(torch.ones(n, dtype=torch.bool, device=dev), (c, max(width - n, 0)))
+    real_k = real_k[: width + c]
+    base_q = (torch.arange(z, device=dev) * m)[:, None]
+    base_k = (torch.arange(z, device=dev) * n)[:, None]
+    window = torch.arange(2 * c, device=dev) + torch.arange(n_chunks, device=dev)[:, None] * c
+    kj = slot_k[..., window]  # (R, Z, C, 2c): the keys of the chunk before and of the own chunk
+    kj_real = real_k[window]  # (C, 2c)
+    flat_q, flat_k, flat_v = q.reshape(z * m, d), k.reshape(z * n, d), v.reshape(z * n, -1)
+    codes = None
+    if rounds > 1:  # (bucket, chunk) per position and round, for n_ij
+        chunk_q = torch.empty_like(q_order).scatter_(
+            -1, q_order, torch.arange(m, device=dev).expand_as(q_order) // c
+        )
+        chunk_k = torch.empty_like(k_order).scatter_(
+            -1, k_order, torch.arange(n, device=dev).expand_as(k_order) // c
+        )
+        span = n_chunks + 2
+        codes = ((bq * span + chunk_q).to(q.dtype), (bk * span + chunk_k).to(q.dtype))
+    scale = d**-0.5
+    contexts, lses = [], []
+    for r in range(rounds):
+        qi = (slot_q[r] + base_q).flatten()
+        ki = (kj[r] + base_k[:, :, None]).flatten()
+        qs = flat_q.index_select(0, qi).view(z, n_chunks, c, d) * scale
+        ks = flat_k.index_select(0, ki).view(z, n_chunks, 2 * c, d)
+        vs = flat_v.index_select(0, ki).view(z, n_chunks, 2 * c, -1)
+        sq = bq[r].gather(1, slot_q[r]).view(z, n_chunks, c, 1)
+        sk = bk[r].gather(1, kj[r].flatten(1)).view(z, n_chunks, 1, 2 * c)
+        ok = (sq == sk) & kj_real[:, None, :]
+        if width > m:  # padded query slots attend every key (their rows are dropped)
+            ok[:, -1, c - (width - m) :] = True
+        log_n = None
+        if codes is not None:
+            count = None
+            for s in range(rounds):
+                if s == r:
+                    continue
+                cq = codes[0][s].gather(1, slot_q[r]).view(z, n_chunks, c, 1)
+                ck = codes[1][s].gather(1, kj[r].flatten(1)).view(z, n_chunks, 1, 2 * c)
+                gap = cq - ck  # 0 or 1: the same bucket, in the chunk or the one after
+                hit = (gap == 0) | (gap == 1)
+                count = hit.to(q.dtype) if count is None else count + hit
+            log_n = torch.log1p(count)
+        ctx, lse = _Round.apply(qs, ks, vs, ok, log_n, self_diag, rounds > 1)
+        contexts.append(ctx.reshape(z, width, -1)[:, :m])
+        lses.append(None if lse is None else lse.reshape(z, width)[:, :m])
+    inverse = q_order.argsort(-1)  # (R, Z, M) sorted slot of each position
+    if rounds == 1:
+        return _unsort(contexts[0], inverse[0])
+    c_pos = torch.stack([_unsort(contexts[r], inverse[r]) for r in range(rounds)])
+    z_pos = torch.stack([lses[r].gather(1, inverse[r]) for r in range(rounds)])
+    has = torch.isfinite(z_pos)
+    total = _logsumexp(z_pos, has, 0)
+    mix = torch.where(has, (z_pos - torch.where(has, total, 0.0)).exp(), 0.0)  # (R, Z, M)
+    return (mix[..., None] * c_pos).sum(0)
+
+
+def _unsort(x: Tensor, inverse: Tensor) -> Tensor:
+    """Rows of x (Z, M, e) in sorted order back to positions (``inverse``: (Z, M))."""
+    z, m, e = x.shape
+    flat = (inverse + (torch.arange(z, device=x.device) * m)[:, None]).flatten()
+    return x.reshape(z * m, e).index_select(0, flat).view(z, m, e)
+
+
+def _round_weights(qs: Tensor, ks: Tensor, ok: Tensor, log_n: Tensor | None, self_diag: bool):
+    """Weights (…, c, 2c) of one round's chunks and whether each row has a key: scores
+    qs ksᵀ (qs scaled), lowered by log n_ij and, for shared QK, by the self penalty on the own
+    chunk's diagonal, softmax over the allowed pairs."""
+    e = qs @ ks.transpose(-1, -2)
+    if log_n is not None:
+        e = e - log_n
+    if self_diag:
+        c = qs.shape[-2]
+        penalty = torch.zeros(c, 2 * c, dtype=e.dtype, device=e.device)
+        penalty[:, c:].fill_diagonal_(_SELF_PENALTY)
+        e = e - penalty
+    e = torch.where(ok, e, torch.finfo(e.dtype).min)
+    return e, torch.softmax(e, -1)
+
+
+class _Round(torch.autograd.Function):
+    """One hash round's chunk attention: context (…, c, d_v) and, when asked, the log
+    normaliser (…, c) (−inf for a row with no key); keeps only the weights for backward."""
+
+    @staticmethod
+    def forward(ctx, qs, ks, vs, ok, log_n, self_diag, want_lse):
+        with torch.no_grad():
+            e, p = _round_weights(qs, ks, ok, log_n, self_diag)
+            has = ok.any(-1, keepdim=True)
+            if not bool(has.all()):  # a query with no key in its round: context 0
+                p = p.masked_fill(~has, 0)
+            lse = None
+            if want_lse:
+                top = e.amax(-1)
+                lse = torch.where(has.squeeze(-1), top - p.amax(-1).log(), -torch.inf)
+            out = p @ vs
+        ctx.save_for_backward(qs, ks, vs, p, out)
+        ctx.round = (ok, log_n, self_diag)
+        if lse is None:
+            return out, None
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, d_out, d_lse):
+        qs, ks, vs, p, out = ctx.saved_tensors
+        if torch.is_grad_enabled():  # create_graph: differentiate a recomputation
+            return (*_round_grads(ctx, qs, ks, vs, d_out, d_lse), None, None, None, None)
+        delta = (d_out * out).sum(-1, keepdim=True)
+        if d_lse is not None:
+            delta = delta - d_lse.unsqueeze(-1)
+        de = (d_out @ vs.transpose(-1, -2)).sub_(delta).mul_(p)
+        d_qs = de @ ks if ctx.needs_input_grad[0] else None
+        d_ks = de.transpose(-1, -2) @ qs if ctx.needs_input_grad[1] else None
+        d_vs = p.transpose(-1, -2) @ d_out if ctx.needs_input_grad[2] else None
+        return d_qs, d_ks, d_vs, None, None, None, None
+
+
+def _round_grads(ctx, qs, ks, vs, d_out, d_lse):
+    """Gradients of a round with their own graph (for second derivatives)."""
+    ok, log_n, self_diag = ctx.round
+    inputs = [x.detach().requires_grad_() for x in (qs, ks, vs)]
+    with torch.enable_grad():
+        e, p = _round_weights(*inputs[:2], ok, log_n, self_diag)
+        has = ok.any(-1, keepdim=True)
+        p = torch.where(has, p, 0)
+        outs, grads = [p @ inputs[2]], [d_out]
+        if d_lse is not None:
+            lse = torch.logsumexp(e, -1)
+            outs.append(torch.where(has.squeeze(-1), lse, 0))
+            grads.append(d_lse)
+        found = torch.autograd.grad(outs, inputs, grads, create_graph=True, allow_unused=True)
+    return found

@@ -27,8 +27,10 @@ the weights a_ij = softmax_j(f(h_i, h_j) + M^rss_ij) per feature, and s_i = Σ_j
 head that is not selected, or whose dependents are all masked, gets s_i = 0. The fusion gate
 F = σ(W⁽ᶠ¹⁾ h + W⁽ᶠ²⁾ s + b⁽ᶠ⁾) gives u = F ⊙ h + (1 − F) ⊙ s.
 
-Only the policy gradient trains the samplers (no gradient reaches them through u), which the
-class declares in ``policy_parameters``.
+The authors' released code also runs the attention in a forward and a backward direction
+(concatenated) and mean-pools the dependents for unselected heads; this module follows the
+paper's equations above. Only the policy gradient trains the samplers (no gradient reaches
+them through u), which the class declares in ``policy_parameters``.
 """
 
 from __future__ import annotations
@@ -210,9 +212,7 @@ class ReinforcedSelfAttention(nn.Module):
         dependent = self.dependent_sampler(x, keep)
         allowed = self.sparse_mask(head.selected, dependent.selected)  # (B, N, N)
         h = torch.where(keep[..., None], F.elu(self.map(x)), 0.0)  # (B, N, d)
-        pre = (
-            self.head_proj(h)[:, :, None] + self.dependent_proj(h)[:, None, :] + self.score_bias
-        )
+        pre = self.head_proj(h)[:, :, None] + self.dependent_proj(h)[:, None, :] + self.score_bias
         scores = self.scale * torch.tanh(pre / self.scale)  # (B, N_i, N_j, d)
         weights = self.align(scores.movedim(-1, 1), allowed[:, None]).weights  # (B, d, N, N)
         s = torch.einsum("bfij,bjf->bif", weights, h)

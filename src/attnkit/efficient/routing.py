@@ -63,6 +63,7 @@ class RoutingAttention(nn.Module):
         balanced: route by balanced top-k (each cluster takes its ⌈n/C⌉ nearest queries and
             keys, attention on the gathered blocks) instead of by nearest centroid.
     """
+
     # in training the centroids move with every real query: a padded query must be named as
     # one (an all-False mask row), which multi-head self-attention does for key padding
     mixes_queries: ClassVar[bool] = True
@@ -207,9 +208,11 @@ class RoutingAttention(nn.Module):
         held = (allowed.any(-1) & q_slot).to(q.dtype)  # a query's clusters that give it keys
         share = held.new_zeros(*lead, m).scatter_add(-1, qi.flatten(-2), held.flatten(-2))
         share = 1 / share.clamp_min(1)  # 1 / (number of clusters averaged) per query
-        weights = weights * held[..., None] * share.gather(-1, qi.flatten(-2)).unflatten(
-            -1, (c, -1)
-        )[..., None]
+        weights = (
+            weights
+            * held[..., None]
+            * share.gather(-1, qi.flatten(-2)).unflatten(-1, (c, -1))[..., None]
+        )
         out = torch.einsum("...xy,...yd->...xd", weights, vg).flatten(-3, -2)
         index = qi.flatten(-2)[..., None].expand(*lead, -1, v.shape[-1])
         context = out.new_zeros(*lead, m, v.shape[-1]).scatter_add(-2, index, out)

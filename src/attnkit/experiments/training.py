@@ -190,23 +190,28 @@ class Trainer:
             extra = auxiliary_loss(self.model)
             if extra is not None:  # counted once over the ring
                 loss = loss + extra / self.cp
-            value = loss.detach().reshape(1).to(torch.float64)
-            dist.all_reduce(value)  # the replicas' summed parts: replicas × the global mean
-            value = float(value) / self.replicas
+            # the parts summed over the world: replicas × the global batch's mean loss
+            value = float(self._sum(loss.detach().reshape(1).double())) / self.replicas
             if not math.isfinite(value):
                 raise TrainingError(self._diverged(value))
             self.optimizer.zero_grad()
             loss.backward()
-            params = [q for q in self.model.parameters() if q.requires_grad]
-            grads = [torch.zeros_like(q) if q.grad is None else q.grad for q in params]
-            flat = torch.cat([g.reshape(-1) for g in grads])
-            dist.all_reduce(flat)
-            flat /= self.replicas
-            for q, g in zip(params, flat.split([g.numel() for g in grads]), strict=True):
-                q.grad = g.view_as(q).clone()
-        except (RingError, dist.DistBackendError) as err:
+        except RingError as err:
             raise TrainingError(self._stopped(err)) from err
+        params = [q for q in self.model.parameters() if q.requires_grad]
+        grads = [torch.zeros_like(q) if q.grad is None else q.grad for q in params]
+        flat = self._sum(torch.cat([g.reshape(-1) for g in grads])) / self.replicas
+        for q, g in zip(params, flat.split([g.numel() for g in grads]), strict=True):
+            q.grad = g.view_as(q).clone()
         return value
+
+    def _sum(self, x: torch.Tensor) -> torch.Tensor:
+        """``x`` summed over every process; a process that stopped: TrainingError."""
+        try:
+            dist.all_reduce(x)
+        except RuntimeError as err:
+            raise TrainingError(self._stopped(err)) from err
+        return x
 
     def _stopped(self, err: Exception) -> str:
         p = self.position

@@ -1,0 +1,424 @@
+"""Efficient mechanisms against their reference packages: forward + backward time and peak
+memory at matched hyper-parameters and weights, and a check that both give the same output.
+
+Pairs (B=1, H=4, d=64, float32, CPU, one thread by default):
+
+- Performer (256 orthogonal features) vs ``performer-pytorch`` ``FastAttention``: our features
+  are the peer's projection matrix. The peer adds eps = 1e-4 to every feature; the output check
+  runs the peer's feature map with eps = 0 (timing uses the peer unchanged).
+- Linformer (k = 256, one E, F pair shared by the heads) vs ``linformer``
+  ``LinformerSelfAttention`` (model width 256): the same q, k, v, output projections and
+  E = proj_kᵀ, F = proj_vᵀ around our per-head part.
+- Nyström (256 landmarks, 6 pseudo-inverse steps) vs ``nystrom-attention`` ``NystromAttention``
+  (no residual convolution, which we leave outside the part): the same projections around our
+  part. The peer scales its pseudo-inverse's first iterate by one norm over all heads, ours per
+  head, so the output check runs with one head (H=1), where the two coincide.
+- LSH with 1 and 2 hash rounds (bucket size 64, N/64 buckets, shared QK) vs ``reformer-pytorch``
+  ``LSHAttention`` with ``attend_across_buckets=False, allow_duplicate_attention=False`` (the
+  exact attention over the union of the rounds that we compute): the output check draws the
+  peer's random rotations from a seeded generator and gives us the same rotations.
+- sliding window |i − j| ≤ 256 (attnkit's block-sparse kernel with the window's block mask) vs
+  ``local-attention`` ``LocalAttention(window_size=256, look_backward=1, look_forward=1,
+  exact_windowsize=True)`` without rotary embeddings.
+- linear attention (elu + 1) vs a plain PyTorch implementation (:func:`plain_linear`).
+
+Time: for each N, both sides in one process, paired repeats (ours then the peer, the order
+alternating), after warm-up; reported as medians and the median of the per-pair ratios. On a
+shared, loaded machine the absolute times drift; the paired ratio is what counts. Memory: each
+(pair, side, N) cell in a fresh Python process, which imports both packages, builds both sides,
+runs one warm-up step at N = 256 (one-time costs: lazy imports), then records the peak resident
+memory of the measured step (VmHWM, reset just before it) above the resident memory before it.
+
+A peer that is not installed is skipped with a line saying so (``pip install -e .[peers]``).
+
+    python benchmarks/bench_peers.py [--sizes 1024,4096,16384] [--pairs performer,lsh1]
+        [--repeats 7] [--threads 1] [--no-memory]
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import importlib
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+import attnkit as ak
+from attnkit import patterns as pt
+from attnkit.benchmarking.timing import machine, peak_rss
+from attnkit.efficient import (
+    LinearAttention,
+    Linformer,
+    LSHAttention,
+    NystromAttention,
+    Performer,
+)
+
+B, H, D = 1, 4, 64
+MiB = float(1 << 20)
+
+PEERS = {
+    "performer": "performer_pytorch",
+    "linformer": "linformer",
+    "nystrom": "nystrom_attention",
+    "lsh1": "reformer_pytorch",
+    "lsh2": "reformer_pytorch",
+    "window": "local_attention",
+    "linear": None,
+}
+WINDOW = 256
+FEATURES = 256
+LANDMARKS = 256
+LINFORMER_K = 256
+BUCKET = 64
+
+
+def plain_linear(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    """Non-causal linear attention with φ = elu + 1 (Katharopoulos eq. 5) the way it is
+    usually written in plain PyTorch."""
+    q, k = F.elu(q) + 1, F.elu(k) + 1
+    kv = torch.einsum("bhnd,bhne->bhde", k, v)
+    z = 1 / torch.einsum("bhnd,bhd->bhn", q, k.sum(-2))
+    return torch.einsum("bhnd,bhde,bhn->bhne", q, kv, z)
+
+
+@dataclass
+class Pair:
+    """One mechanism against its peer at one N: zero-argument forwards and the leaves whose
+    gradients a step clears."""
+
+    ours: Callable[[], Tensor]
+    peer: Callable[[], Tensor]
+    leaves: list[Tensor]
+    check: Callable[[], tuple[Tensor, Tensor]]  # (ours, peer) outputs under matched conventions
+
+
+def _qkv(n: int, heads: int = H) -> list[Tensor]:
+    return [torch.randn(B, heads, n, D, requires_grad=True) for _ in range(3)]
+
+
+def _performer(n: int) -> Pair:
+    import performer_pytorch.performer_pytorch as pp
+
+    peer = pp.FastAttention(dim_heads=D, nb_features=FEATURES)
+    ours = Performer(D, n_features=FEATURES)
+    ours.omega.copy_(peer.projection_matrix)
+    q, k, v = _qkv(n)
+
+    def check():
+        original = pp.softmax_kernel
+        pp.softmax_kernel = lambda *a, **kw: original(*a, **{**kw, "eps": 0.0})
+        try:
+            with torch.no_grad():
+                return ours(q, k, v).context, peer(q, k, v)
+        finally:
+            pp.softmax_kernel = original
+
+    return Pair(lambda: ours(q, k, v).context, lambda: peer(q, k, v), [q, k, v], check)
+
+
+class _Projected(nn.Module):
+    """Our per-head part between the peer's own input and output projections."""
+
+    def __init__(self, to_q, to_k, to_v, to_out, part, heads: int) -> None:
+        super().__init__()
+        self.to_q, self.to_k, self.to_v, self.to_out = to_q, to_k, to_v, to_out
+        self.part, self.heads = part, heads
+
+    def forward(self, x: Tensor) -> Tensor:
+        b, n, _ = x.shape
+        q, k, v = (f(x).view(b, n, self.heads, -1).transpose(1, 2) for f in self._qkv())
+        out = self.part(q, k, v).context
+        return self.to_out(out.transpose(1, 2).reshape(b, n, -1))
+
+    def _qkv(self):
+        if self.to_k is None:  # one fused projection to q, k, v
+            w = self.to_q.weight.chunk(3, 0)
+            return [lambda x, w=part: F.linear(x, w) for part in w]
+        return self.to_q, self.to_k, self.to_v
+
+
+def _linformer(n: int) -> Pair:
+    from linformer import LinformerSelfAttention
+
+    peer = LinformerSelfAttention(H * D, seq_len=n, k=LINFORMER_K, heads=H)
+    part = Linformer(n, LINFORMER_K)
+    with torch.no_grad():
+        part.e_proj.copy_(peer.proj_k.T)
+        part.f_proj.copy_(peer.proj_v.T)
+    lin = [copy.deepcopy(m) for m in (peer.to_q, peer.to_k, peer.to_v, peer.to_out)]
+    ours = _Projected(*lin, part, H)
+    x = torch.randn(B, n, H * D, requires_grad=True)
+
+    def check():
+        with torch.no_grad():
+            return ours(x), peer(x)
+
+    return Pair(lambda: ours(x), lambda: peer(x), [x, *ours.parameters(), *peer.parameters()],
+                check)  # fmt: skip
+
+
+def _nystrom(n: int, heads: int = H) -> Pair:
+    from nystrom_attention import NystromAttention as PeerNystrom
+
+    peer = PeerNystrom(
+        heads * D, dim_head=D, heads=heads, num_landmarks=LANDMARKS, pinv_iterations=6,
+        residual=False,
+    )  # fmt: skip
+    part = NystromAttention(LANDMARKS, iterations=6)
+    to_qkv, to_out = copy.deepcopy(peer.to_qkv), copy.deepcopy(peer.to_out)
+    ours = _Projected(to_qkv, None, None, to_out, part, heads)
+    x = torch.randn(B, n, heads * D, requires_grad=True)
+
+    def check():
+        if heads != 1:  # the peer's pseudo-inverse starts from one scale over all heads
+            return _nystrom(n, heads=1).check()
+        with torch.no_grad():
+            return ours(x), peer(x)
+
+    return Pair(lambda: ours(x), lambda: peer(x), [x, *ours.parameters(), *peer.parameters()],
+                check)  # fmt: skip
+
+
+def _lsh(n: int, rounds: int) -> Pair:
+    from reformer_pytorch.reformer_pytorch import LSHAttention as PeerLSH
+
+    peer = PeerLSH(
+        bucket_size=BUCKET, n_hashes=rounds, attend_across_buckets=False,
+        allow_duplicate_attention=False,
+    )  # fmt: skip
+    buckets = n // BUCKET
+    ours = LSHAttention(D, n_buckets=buckets, n_rounds=rounds, chunk_size=BUCKET).eval()
+    qk, _, v = _qkv(n)
+
+    def run_peer():
+        return peer(qk.reshape(B * H, n, D), v.reshape(B * H, n, D))[0].view(B, H, n, D)
+
+    def check():
+        torch.manual_seed(1234)  # the peer draws its rotations with torch.randn
+        with torch.no_grad():
+            theirs = run_peer()
+        torch.manual_seed(1234)
+        rot = torch.randn(1, D, rounds, buckets // 2)
+        ours.rotations.copy_(rot[0].permute(1, 0, 2))
+        with torch.no_grad():
+            return ours(qk, None, v).context, theirs
+
+    return Pair(lambda: ours(qk, None, v).context, run_peer, [qk, v], check)
+
+
+def _window(n: int) -> Pair:
+    from local_attention import LocalAttention
+
+    peer = LocalAttention(WINDOW, look_backward=1, look_forward=1, exact_windowsize=True)
+    bm = pt.block_mask(pt.sliding_window(WINDOW), n, block_q=128, block_k=128)
+    q, k, v = _qkv(n)
+
+    def ours():
+        return ak.attention(q, k, v, block_mask=bm).context
+
+    def check():
+        with torch.no_grad():
+            return ours(), peer(q, k, v)
+
+    return Pair(ours, lambda: peer(q, k, v), [q, k, v], check)
+
+
+def _linear(n: int) -> Pair:
+    ours = LinearAttention("elu+1")
+    q, k, v = _qkv(n)
+
+    def check():
+        with torch.no_grad():
+            return ours(q, k, v).context, plain_linear(q, k, v)
+
+    return Pair(lambda: ours(q, k, v).context, lambda: plain_linear(q, k, v), [q, k, v], check)
+
+
+BUILDERS: dict[str, Callable[[int], Pair]] = {
+    "performer": _performer,
+    "linformer": _linformer,
+    "nystrom": _nystrom,
+    "lsh1": lambda n: _lsh(n, 1),
+    "lsh2": lambda n: _lsh(n, 2),
+    "window": _window,
+    "linear": _linear,
+}
+LABELS = {
+    "performer": "Performer vs performer-pytorch",
+    "linformer": "Linformer vs linformer",
+    "nystrom": "Nyström vs nystrom-attention",
+    "lsh1": "LSH 1 hash vs reformer-pytorch",
+    "lsh2": "LSH 2 hashes vs reformer-pytorch",
+    "window": "sliding window vs local-attention",
+    "linear": "linear (elu+1) vs plain PyTorch",
+}
+
+
+def available(name: str) -> str | None:
+    """None when the peer of ``name`` imports, else why not."""
+    module = PEERS[name]
+    if module is None:
+        return None
+    try:
+        importlib.import_module(module)
+    except ImportError as err:
+        return f"{module} not installed ({err}); pip install -e .[peers]"
+    return None
+
+
+def _step(fn: Callable[[], Tensor], leaves: list[Tensor]) -> None:
+    fn().sum().backward()
+    for x in leaves:
+        x.grad = None
+
+
+def time_pair(pair: Pair, repeats: int) -> dict:
+    """Paired repeats: medians of each side and of the per-pair ratio ours / peer."""
+    for fn in (pair.ours, pair.peer):
+        _step(fn, pair.leaves)
+    ours, peer, ratios = [], [], []
+    for r in range(repeats):
+        t = {}
+        for side in (("ours", "peer") if r % 2 == 0 else ("peer", "ours")):
+            fn = pair.ours if side == "ours" else pair.peer
+            start = time.perf_counter()
+            _step(fn, pair.leaves)
+            t[side] = time.perf_counter() - start
+        ours.append(t["ours"])
+        peer.append(t["peer"])
+        ratios.append(t["ours"] / t["peer"])
+    return {
+        "ours": statistics.median(ours),
+        "peer": statistics.median(peer),
+        "ratio": statistics.median(ratios),
+    }
+
+
+def difference(pair: Pair) -> float:
+    """max |ours − peer| / max |peer| under matched conventions."""
+    a, b = pair.check()
+    return float((a - b).abs().max() / b.abs().max())
+
+
+def _status(field: str) -> int | None:
+    """A ``/proc/self/status`` memory field in bytes (Linux), or None."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def _reset_peak() -> bool:
+    """Reset this process's peak resident memory (VmHWM; Linux ≥ 4.0), True when done."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        return False
+    return _status("VmHWM") is not None
+
+
+def memory_cell(name: str, side: str, n: int, threads: int) -> dict:
+    """One (pair, side, N) cell in this process: the peak resident memory of a step above the
+    resident memory just before it, after a warm-up step at N = 256 (lazy imports, one-time
+    set-up). The peak is reset before the step where Linux allows (VmHWM), else ru_maxrss."""
+    torch.set_num_threads(threads)
+    torch.manual_seed(0)
+    warm = BUILDERS[name](256)
+    _step(warm.ours if side == "ours" else warm.peer, warm.leaves)
+    del warm
+    pair = BUILDERS[name](n)
+    fn = pair.ours if side == "ours" else pair.peer
+    if _reset_peak():
+        base = _status("VmRSS")
+        _step(fn, pair.leaves)
+        return {"added": _status("VmHWM") - base, "base": base}
+    base = peak_rss()
+    _step(fn, pair.leaves)
+    return {"added": peak_rss() - base, "base": base}
+
+
+def memory(name: str, side: str, n: int, threads: int) -> dict:
+    cmd = [sys.executable, __file__, "--cell", json.dumps([name, side, n, threads])]
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False, env=env)
+    if proc.returncode != 0:
+        return {"error": (proc.stderr.strip().splitlines() or ["failed"])[-1][:200]}
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--sizes", default="1024,4096,16384")
+    parser.add_argument("--pairs", default=",".join(BUILDERS))
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--no-memory", action="store_true")
+    parser.add_argument("--cell", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.cell:
+        print(json.dumps(memory_cell(*json.loads(args.cell))))
+        return
+    torch.set_num_threads(args.threads)
+    sizes = [int(s) for s in args.sizes.split(",")]
+    load = os.getloadavg()
+    print(f"Machine: {machine()}; load average {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}")
+    print(f"B={B}, H={H}, d={D}, float32, forward + backward; time: median of {args.repeats} "
+          "paired repeats in one process; memory: fresh process per cell\n")  # fmt: skip
+    rows = []
+    for name in args.pairs.split(","):
+        why = available(name)
+        if why is not None:
+            print(f"skipped {LABELS[name]}: {why}")
+            continue
+        for n in sizes:
+            torch.manual_seed(0)
+            pair = BUILDERS[name](n)
+            diff = difference(pair)
+            t = time_pair(pair, args.repeats)
+            del pair
+            mem = {}
+            if not args.no_memory:
+                mem = {s: memory(name, s, n, args.threads) for s in ("ours", "peer")}
+            rows.append((name, n, diff, t, mem))
+            print(_row(rows[-1]), file=sys.stderr, flush=True)
+    print(
+        "| pair | N | max rel. diff | ours ms | peer ms | time ratio | ours MiB | peer MiB "
+        "| memory ratio |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|"
+    )
+    for row in rows:
+        print(_row(row))
+    print(f"\nload average after: {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
+
+
+def _row(row) -> str:
+    name, n, diff, t, mem = row
+    cells = [LABELS[name], str(n), f"{diff:.1e}", f"{t['ours'] * 1e3:.1f}",
+             f"{t['peer'] * 1e3:.1f}", f"{t['ratio']:.2f}"]  # fmt: skip
+    if mem:
+        got = [mem[s].get("added") for s in ("ours", "peer")]
+        cells += [f"{g / MiB:.1f}" if g is not None else "failed" for g in got]
+        ok = None not in got and got[1] > 0
+        cells.append(f"{got[0] / got[1]:.2f}" if ok else "-")
+    else:
+        cells += ["-", "-", "-"]
+    return "| " + " | ".join(cells) + " |"
+
+
+if __name__ == "__main__":
+    main()
