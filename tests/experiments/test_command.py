@@ -56,6 +56,13 @@ BAD = [
     (["run", "copy", "--score", "dot"], "--score dot contradicts task 'copy'"),
     (["run", "dates", "--align", "hard", "--supervise-attention", "1"],
      "--supervise-attention 1.0 contradicts --align hard: alignment 'hard' samples"),
+    # context parallelism: the task, the length, the world
+    (["run", "dates", "--context-parallel", "2"], "task 'dates' cannot split its sequences"),
+    (["run", "kv-recall", "--seq-len", "9", "--context-parallel", "2"],
+     "seq_len 9 does not split into 2 equal parts"),
+    (["run", "kv-recall", "--seq-len", "8", "--context-parallel", "2"],
+     "context_parallel 2 does not divide the 1 process"),
+    (["run", "kv-recall", "--timeout", "0"], "--timeout must be a number of seconds > 0"),
 ]  # fmt: skip
 
 

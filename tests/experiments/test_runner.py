@@ -482,3 +482,23 @@ def test_context_parallel_is_refused_where_it_cannot_split(tmp_path):
     with pytest.raises(ConfigError, match="context_parallel 2 does not divide the 1 process"):
         _run(_cp_config(context_parallel=2), tmp_path / "f")
     assert not any((tmp_path / n).exists() for n in "abcdef")  # nothing written
+
+
+@pytest.mark.slow
+def test_torchrun_context_parallel_equals_one_process(tmp_path):
+    args = ["run", "kv-recall", "--quick", "--epochs", "1", "--n-train", "64", "--n-test", "32"]
+    args += ["--batch-size", "16", "--seq-len", "8", "--d-model", "8", "--no-progress"]
+    single = tmp_path / "single"
+    subprocess.run([sys.executable, "-m", "attnkit", *args, "--out", str(single)], check=True)
+    ring = tmp_path / "ring"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    subprocess.run(
+        [
+            *(sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2"),
+            *("--master_port", str(_free_port()), "-m", "attnkit", *args),
+            *("--context-parallel", "2", "--out", str(ring)),
+        ],
+        check=True,
+        env=env,
+    )
+    _same_model(single, ring)
