@@ -17,7 +17,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from attnkit.kernels import base as kernel_base
 from attnkit.registry import Registry
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -81,7 +80,6 @@ def run_block(block: Block) -> None:
     threads = torch.get_num_threads()
     # Blocks that show how to register a part must not leave it registered for later tests.
     tables = [(r, r.snapshot()) for r in list(Registry.instances)]
-    kernel_table = dict(kernel_base._KERNELS)
     # The block must not leave global state behind for the tests that run after it.
     with torch.random.fork_rng():
         torch.manual_seed(0)
@@ -95,8 +93,6 @@ def run_block(block: Block) -> None:
             torch.set_num_threads(threads)
             for registry, table in tables:
                 registry.restore(table)
-            kernel_base._KERNELS.clear()
-            kernel_base._KERNELS.update(kernel_table)
 
 
 BLOCKS = python_blocks()

@@ -98,6 +98,42 @@ def attention(
         :class:`AttentionOutput` (context, weights, scores, log_prob). Weights from the chunked
         kernel are recomputed block by block and carry no gradient.
     """
+    call = prepare_call(
+        q,
+        k,
+        v,
+        score=score,
+        align=align,
+        mask=mask,
+        bias=bias,
+        need_weights=need_weights,
+        chunk_size=chunk_size,
+        dropout=dropout,
+        kernel=kernel,
+        block_mask=block_mask,
+        score_mod=score_mod,
+    )
+    return kernels.select(call, kernel).attend(call)
+
+
+def prepare_call(
+    q: Tensor | None,
+    k: Tensor,
+    v: Tensor | None = None,
+    *,
+    score: str | Score = "scaled_dot",
+    align: str | Alignment = "softmax",
+    mask: Tensor | None = None,
+    bias: Tensor | None = None,
+    need_weights: bool = False,
+    chunk_size: int | None = None,
+    dropout: float = 0.0,
+    kernel: str | None = None,
+    block_mask: BlockMask | None = None,
+    score_mod: ScoreMod | None = None,
+) -> Call:
+    """The validated call that :func:`attention` hands to a kernel, for the same arguments
+    (what :func:`attnkit.kernels.explain` reads); raises as :func:`attention` does."""
     score_part = checks.resolve_score(score)
     align_mod = checks.resolve_alignment(align)
     if v is None:
@@ -149,7 +185,7 @@ def attention(
     call = _without_dead_keys(call)
     if kernel is None:
         call = _block_sparse(call)
-    return kernels.select(call, kernel).attend(call)
+    return call
 
 
 def _block_sparse(call: Call) -> Call:

@@ -66,11 +66,12 @@ def main(argv: list[str] | None = None) -> int:
     bench.add_argument(
         "which",
         nargs="?",
-        choices=("core", "efficient", "sparse"),
+        choices=("core", "efficient", "sparse", "decode-memory"),
         default="core",
         help="core: multi-head attention, scores and kernels (default); efficient: efficient "
         "attention against exact attention as N grows; sparse: block-sparse patterns, does the "
-        "cost follow the density",
+        "cost follow the density; decode-memory: cache bytes per token and decoding tokens/s of "
+        "MHA, GQA, MLA, sinks + window and the linear family",
     )
     bench.add_argument("--full", action="store_true", help="the full sizes (slow: many minutes)")
     args = parser.parse_args(argv)
@@ -107,6 +108,11 @@ def main(argv: list[str] | None = None) -> int:
             from attnkit.benchmarking import efficient
 
             print(efficient.main(quick=not args.full, progress=progress))
+            return 0
+        if args.which == "decode-memory":
+            from attnkit.benchmarking import decode_memory
+
+            print(decode_memory.main(quick=not args.full, progress=progress))
             return 0
         if args.which == "sparse":
             from attnkit.benchmarking import sparse

@@ -505,7 +505,7 @@ class _Round(torch.autograd.Function):
 def _round_grads(ctx, qs, ks, vs, d_out, d_lse):
     """Gradients of a round with their own graph (for second derivatives)."""
     ok, log_n, self_diag = ctx.round
-    inputs = [x.detach().requires_grad_() for x in (qs, ks, vs)]
+    inputs = [qs, ks, vs]  # as saved: connected to the graph of the forward pass
     with torch.enable_grad():
         e, p = _round_weights(*inputs[:2], ok, log_n, self_diag)
         has = ok.any(-1, keepdim=True)
@@ -515,5 +515,8 @@ def _round_grads(ctx, qs, ks, vs, d_out, d_lse):
             lse = torch.logsumexp(e, -1)
             outs.append(torch.where(has.squeeze(-1), lse, 0))
             grads.append(d_lse)
-        found = torch.autograd.grad(outs, inputs, grads, create_graph=True, allow_unused=True)
-    return found
+        wanted = [x for x in inputs if x.requires_grad]
+        found = iter(
+            torch.autograd.grad(outs, wanted, grads, create_graph=True, allow_unused=True)
+        )
+    return [next(found) if x.requires_grad else None for x in inputs]

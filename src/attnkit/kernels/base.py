@@ -1,36 +1,48 @@
 """Kernels as registered parts: what a kernel is, the call it is asked to evaluate, the registry.
 
 A kernel evaluates one validated attention call (:class:`Call`). It states what it supports as
-data: :meth:`Kernel.reasons_not_supported` lists why it cannot evaluate a call (empty when it
-can), and :meth:`Kernel.prefers` says whether automatic selection should take it for a call it
-supports. :func:`select` picks by priority, or runs the kernel the caller forces and, when that
-kernel cannot run the call, raises with its reasons.
+class data (the capabilities below); :meth:`Kernel.reasons_not_supported` turns every unmet
+capability into a sentence and adds the kernel's own :meth:`Kernel.extra_reasons` (empty when
+it can evaluate the call). :meth:`Kernel.prefers` says whether automatic selection should take
+it for a call it supports. :func:`select` picks by priority, or runs the kernel the caller forces
+and, when that kernel cannot run the call, raises with its reasons;
+:func:`attnkit.kernels.explain` says which kernel a call gets and why every other one does not.
+
+Kernels live in the shared :class:`attnkit.registry.Registry` (:data:`REGISTRY`), one class per
+name; :func:`get` returns the class's single instance.
 """
 
 from __future__ import annotations
 
-import difflib
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, TypeVar
 
 import torch
 from torch import Tensor
 
 from attnkit.alignments import Alignment
+from attnkit.alignments.streaming import Streaming
 from attnkit.kernels.block_mask import BlockMask, ScoreMod
 from attnkit.output import AttentionOutput
+from attnkit.registry import Registry
 from attnkit.scores import Score
 
 __all__ = [
+    "REGISTRY",
     "Call",
     "Kernel",
+    "KernelRegistry",
     "available",
+    "forced_kernel",
     "get",
     "guarded_sum",
     "register",
     "select",
 ]
+
+LOG = logging.getLogger("attnkit.kernels")
 
 
 @dataclass(frozen=True)
@@ -59,19 +71,146 @@ class Call:
 
 
 class Kernel:
-    """How attention is evaluated. Subclasses set ``name`` and ``priority`` (higher is tried
-    first by automatic selection) and implement the three methods."""
+    """How attention is evaluated.
+
+    Subclasses set ``name`` and ``priority`` (higher is tried first by automatic selection),
+    declare their capabilities by overriding the class attributes below, and implement
+    :meth:`attend`. The base class derives the generic reasons from the capabilities; a kernel
+    adds what they cannot say in :meth:`extra_reasons` (data-dependent limits, for instance).
+
+    Capabilities (class data; the defaults describe a kernel that evaluates any call densely):
+
+    - ``supports_dtypes``: the input dtypes it evaluates (None: every floating dtype).
+    - ``supports_devices``: the device types (``"cpu"``, ``"cuda"``, …) it runs on (None: all).
+    - ``max_tokens``: the most queries or keys (max(M, N)) it takes (None: no limit).
+    - ``needs_dot_product_score``: only scores in dot-product form (``score.dot_product_form``).
+    - ``supports_multi_dimensional``: multi-dimensional scores (…, M, N, d_v) (eq. 31).
+    - ``needs_softmax``: only softmax with a constant temperature (``align.softmax_temperature()``).
+    - ``needs_streaming_alignment``: only alignments implementing the streaming protocol
+      (:mod:`attnkit.alignments.streaming`) whose instance streams.
+    - ``masks_key_mixing_scores``: hands a score that mixes neighbouring keys (``mixes_keys``)
+      the whole mask, as such a score needs.
+    - ``returns_weights``: returns the weights and scores (``need_weights=True``).
+    - ``accepts_mask``, ``accepts_bias``, ``accepts_block_mask``, ``accepts_score_mod``,
+      ``accepts_dropout``, ``accepts_chunk_size``: the call's optional arguments it honours.
+    - ``preference``: the calls automatic selection takes it for, among those it supports (what
+      :meth:`prefers` decides), in words completing "taken automatically only …"; empty when
+      :meth:`prefers` is always True.
+    """
 
     name: ClassVar[str]
     priority: ClassVar[int]
 
+    supports_dtypes: ClassVar[frozenset[torch.dtype] | None] = None
+    supports_devices: ClassVar[frozenset[str] | None] = None
+    max_tokens: ClassVar[int | None] = None
+    needs_dot_product_score: ClassVar[bool] = False
+    supports_multi_dimensional: ClassVar[bool] = True
+    needs_softmax: ClassVar[bool] = False
+    needs_streaming_alignment: ClassVar[bool] = False
+    masks_key_mixing_scores: ClassVar[bool] = True
+    returns_weights: ClassVar[bool] = True
+    accepts_mask: ClassVar[bool] = True
+    accepts_bias: ClassVar[bool] = True
+    accepts_block_mask: ClassVar[bool] = True
+    accepts_score_mod: ClassVar[bool] = True
+    accepts_dropout: ClassVar[bool] = True
+    accepts_chunk_size: ClassVar[bool] = False
+    preference: ClassVar[str] = ""
+
     def reasons_not_supported(self, call: Call) -> list[str]:
-        """Why this kernel cannot evaluate ``call`` exactly; empty when it can."""
-        raise NotImplementedError
+        """Why this kernel cannot evaluate ``call`` exactly; empty when it can.
+
+        The reasons derived from the capabilities (:meth:`capability_reasons`), then the
+        kernel's own (:meth:`extra_reasons`)."""
+        return self.capability_reasons(call) + self.extra_reasons(call)
+
+    def capability_reasons(self, call: Call) -> list[str]:
+        """One sentence for every declared capability that ``call`` needs and this kernel lacks.
+
+        Reads attributes of the call and its parts only (no pass over a tensor's values)."""
+        name = self.name
+        reasons: list[str] = []
+        score, align = call.score, call.align
+        device = call.k.device.type
+        if self.supports_devices is not None and device not in self.supports_devices:
+            reasons.append(
+                f"the {name} kernel runs on {_listed(self.supports_devices)}, not on {device}"
+            )
+        dtype = call.k.dtype
+        if self.supports_dtypes is not None and dtype not in self.supports_dtypes:
+            listed = _listed(str(d).removeprefix("torch.") for d in self.supports_dtypes)
+            reasons.append(
+                f"the {name} kernel takes {listed} inputs, not "
+                f"{str(dtype).removeprefix('torch.')}"
+            )
+        if self.max_tokens is not None:
+            m, n = call.shape[-2], call.shape[-1]
+            if max(m, n) > self.max_tokens:
+                reasons.append(
+                    f"the {name} kernel takes at most {self.max_tokens} queries and keys, "
+                    f"got M = {m}, N = {n}"
+                )
+        if self.needs_streaming_alignment:
+            reasons.extend(_not_streamable(align))
+        if self.needs_softmax and align.softmax_temperature() is None:
+            reasons.append(
+                f"the {type(align).__name__} alignment is not softmax with a constant temperature"
+            )
+        if self.needs_dot_product_score and not score.dot_product_form:
+            reasons.append(f"the {type(score).__name__} score is not in dot-product form")
+        if score.multi_dimensional and not self.supports_multi_dimensional:
+            reasons.append(
+                f"the {name} kernel does not evaluate multi-dimensional scores "
+                f"(the {type(score).__name__} score gives one per value feature)"
+            )
+        masked = call.mask is not None or call.block_mask is not None
+        if score.mixes_keys and masked and not self.masks_key_mixing_scores:
+            reasons.append(
+                f"score {type(score).__name__} mixes neighbouring keys, so it must see the whole "
+                f"mask at once, which the {name} kernel does not give it (the dense kernel does)"
+            )
+        if call.need_weights and not self.returns_weights:
+            reasons.append(f"the {name} kernel does not return the weights (need_weights=True)")
+        if call.mask is not None and not self.accepts_mask:
+            reasons.append(f"the {name} kernel takes no mask")
+        if call.bias is not None and not self.accepts_bias:
+            reasons.append(f"the {name} kernel takes no bias")
+        if call.block_mask is not None and not self.accepts_block_mask:
+            reasons.append(
+                f"the {name} kernel takes no block mask (block masks and score_mod run on the "
+                f"{_kernels_with('accepts_block_mask')} kernel)"
+            )
+        if call.score_mod is not None:
+            if not self.accepts_score_mod:
+                reasons.append(
+                    f"the {name} kernel takes no score_mod (score_mod runs on the "
+                    f"{_kernels_with('accepts_score_mod')} kernel)"
+                )
+            elif score.multi_dimensional:
+                reasons.append("score_mod applies to single-dimensional scores (…, M, N) only")
+        if call.dropout > 0.0 and not self.accepts_dropout:
+            reasons.append(f"the {name} kernel does not apply dropout (dropout={call.dropout})")
+        if call.chunk_size is not None and not self.accepts_chunk_size:
+            reasons.append(
+                f"chunk_size is not an argument of the {name} kernel (it is the key block size "
+                "of the chunked kernel)"
+            )
+        return reasons
+
+    def extra_reasons(self, call: Call) -> list[str]:
+        """The kernel's own reasons, beyond what its capabilities say; none by default."""
+        return []
 
     def prefers(self, call: Call) -> bool:
         """Whether automatic selection should take this kernel for a supported ``call``."""
         return True
+
+    def not_preferred_reason(self, call: Call) -> str:
+        """Why automatic selection passes over this kernel for a call it supports."""
+        if self.preference:
+            return f"supported, but taken automatically only {self.preference}"
+        return "supported, but not taken automatically for this call"
 
     def attend(self, call: Call) -> AttentionOutput:
         raise NotImplementedError
@@ -80,51 +219,143 @@ class Kernel:
         return f"<kernel {self.name!r}>"
 
 
-_KERNELS: dict[str, Kernel] = {}
+def _listed(items) -> str:
+    return ", ".join(sorted(items))
 
 
-def register(kernel: Kernel) -> Kernel:
-    """Add a kernel instance under its ``name``; a name registered twice is an error."""
-    if not isinstance(kernel, Kernel):
-        raise TypeError(f"register takes a Kernel instance, got {type(kernel).__name__}")
-    if kernel.name in _KERNELS:
-        raise ValueError(f"kernel {kernel.name!r} is already registered ({_KERNELS[kernel.name]})")
-    _KERNELS[kernel.name] = kernel
+def _kernels_with(capability: str) -> str:
+    """The registered kernels that declare ``capability``, in priority order, in words."""
+    names = [n for n in available() if getattr(REGISTRY.get(n), capability)]
+    return " or ".join(names) if names else "no registered"
+
+
+def _not_streamable(align: Alignment) -> list[str]:
+    if not isinstance(align, Streaming):
+        return [
+            f"the {type(align).__name__} alignment does not implement the streaming protocol "
+            "(attnkit.alignments.streaming)"
+        ]
+    return align.stream_reasons()
+
+
+K = TypeVar("K", bound=Kernel)
+
+
+class KernelRegistry(Registry[Kernel]):
+    """The shared registry, for kernels: names listed by priority (highest first), and one
+    instance per registered class."""
+
+    def __init__(self, kind: str) -> None:
+        super().__init__(kind)
+        self._instances: dict[type[Kernel], Kernel] = {}
+
+    def available(self) -> list[str]:
+        table = self._table
+        return sorted(table, key=lambda name: (-table[name].priority, name))
+
+    def instance(self, name: str) -> Kernel:
+        """The instance of the kernel class registered as ``name``."""
+        cls = self.get(name)
+        kernel = self._instances.get(cls)
+        if kernel is None:
+            kernel = self._instances[cls] = cls()
+        return kernel
+
+    def add(self, kernel: Kernel) -> None:
+        """Register ``kernel``'s class under its ``name``, with ``kernel`` as its instance."""
+        self.register(type(kernel).name)(type(kernel))
+        self._instances[type(kernel)] = kernel
+
+
+REGISTRY: KernelRegistry = KernelRegistry("kernel")
+
+
+def register(kernel: K | type[K]) -> K | type[K]:
+    """Register a kernel class (usable as a class decorator) or an instance under its ``name``.
+
+    Registering the same definition again is silent; another class under a taken name is an
+    error (see :meth:`attnkit.registry.Registry.register`)."""
+    if isinstance(kernel, Kernel):
+        _check_declared(type(kernel))
+        REGISTRY.add(kernel)
+    elif isinstance(kernel, type) and issubclass(kernel, Kernel):
+        _check_declared(kernel)
+        REGISTRY.register(kernel.name)(kernel)
+    else:
+        raise TypeError(
+            f"register takes a Kernel subclass or instance, got {type(kernel).__name__}"
+        )
     return kernel
+
+
+def _check_declared(cls: type[Kernel]) -> None:
+    for attr, kind in (("name", str), ("priority", int)):
+        value = getattr(cls, attr, None)
+        if not isinstance(value, kind) or isinstance(value, bool):
+            raise TypeError(
+                f"kernel class {cls.__qualname__} must set {attr} to a {kind.__name__}, "
+                f"got {value!r}"
+            )
 
 
 def available() -> list[str]:
     """Registered kernel names, highest priority first."""
-    return [k.name for k in sorted(_KERNELS.values(), key=lambda k: -k.priority)]
+    return REGISTRY.available()
 
 
 def get(name: str) -> Kernel:
     """The kernel registered as ``name``; unknown names fail with the options and a hint."""
     if not isinstance(name, str):
         raise TypeError(f"kernel must be a registered name (str) or None, got {name!r}")
-    if name not in _KERNELS:
-        close = difflib.get_close_matches(name, _KERNELS, n=1)
-        hint = f"; did you mean {close[0]!r}?" if close else ""
-        raise ValueError(f"unknown kernel {name!r}{hint} Available: {', '.join(available())}")
-    return _KERNELS[name]
+    return REGISTRY.instance(name)
+
+
+def forced_kernel(call: Call, kernel: str | None) -> str | None:
+    """The kernel the caller asks for: ``kernel``, or ``"chunked"`` when the call sets
+    ``chunk_size``; None for automatic selection."""
+    if kernel is None and call.chunk_size is not None:
+        return "chunked"
+    return kernel
 
 
 def select(call: Call, kernel: str | None = None) -> Kernel:
     """The kernel that evaluates ``call``: ``kernel`` when given (or ``"chunked"`` when the call
-    sets ``chunk_size``), else the highest-priority kernel that supports and prefers it."""
-    if kernel is None and call.chunk_size is not None:
-        kernel = "chunked"
-    if kernel is not None:
-        chosen = get(kernel)
+    sets ``chunk_size``), else the highest-priority kernel that supports and prefers it.
+
+    A forced kernel that cannot evaluate the call raises ``ValueError`` with all its reasons.
+    Automatic selection logs the reasons of every kernel it passed over at DEBUG level on the
+    ``attnkit.kernels`` logger, and raises with every kernel's reasons when none can run."""
+    forced = forced_kernel(call, kernel)
+    if forced is not None:
+        chosen = get(forced)
         reasons = chosen.reasons_not_supported(call)
         if reasons:
-            raise ValueError(f"kernel {kernel!r} cannot evaluate this call: " + "; ".join(reasons))
+            raise ValueError(f"kernel {forced!r} cannot evaluate this call: " + "; ".join(reasons))
         return chosen
+    # (kernel, its reasons; None: supported but not preferred, said only when asked)
+    skipped: list[tuple[Kernel, list[str] | None]] = []
     for name in available():
-        candidate = _KERNELS[name]
-        if not candidate.reasons_not_supported(call) and candidate.prefers(call):
-            return candidate
-    raise ValueError("no registered kernel can evaluate this call")  # dense supports every call
+        candidate = get(name)
+        reasons = candidate.reasons_not_supported(call)
+        if not reasons:
+            if candidate.prefers(call):
+                if LOG.isEnabledFor(logging.DEBUG):
+                    LOG.debug("kernel %r chosen%s", name, _skipped_text(call, skipped))
+                return candidate
+            skipped.append((candidate, None))
+        else:
+            skipped.append((candidate, reasons))
+    raise ValueError("no registered kernel can evaluate this call" + _skipped_text(call, skipped))
+
+
+def _skipped_text(call: Call, skipped: list[tuple[Kernel, list[str] | None]]) -> str:
+    if not skipped:
+        return ""
+    parts = []
+    for kernel, reasons in skipped:
+        why = reasons if reasons is not None else [kernel.not_preferred_reason(call)]
+        parts.append(f"{kernel.name!r} skipped: {'; '.join(why)}")
+    return " (" + " | ".join(parts) + ")"
 
 
 def guarded_sum(combine: Callable[[Tensor, Tensor], Tensor], p: Tensor, v: Tensor) -> Tensor:

@@ -623,30 +623,31 @@ _SCHEDULES: dict[int, tuple[weakref.ref, list]] = {}
 _ADDITIVE_CACHE_ELEMENTS = 1 << 24
 
 
-def _schedule(bm: BlockMask) -> list[tuple[int, int, list[_Piece]]]:
-    """For each query block of ``bm``: its rows and its pieces (built once per block mask)."""
+def _schedule(plan: _Plan) -> list[tuple[int, int, list[_Piece]]]:
+    """For each group of query blocks of the plan's block mask: its rows and its pieces (built
+    once per block mask; the groups depend on the block mask alone)."""
+    bm = plan.block_mask
+    assert bm is not None
     hit = _SCHEDULES.get(id(bm))
     if hit is not None and hit[0]() is bm:
         return hit[1]
     out = []
-    for i, (q0, q1) in enumerate(_ranges(bm.block_q, bm.m)):
-        full, part, diag = [], [], None
-        for j, (k0, k1) in enumerate(_ranges(bm.block_k, bm.n)):
-            if not bool(bm.any_allowed[i, j]):
-                continue
-            if bool(bm.all_allowed[i, j]):
-                full.append(j)
-                continue
-            if diag is None and (q0, q1) == (k0, k1):
-                tile = bm.tile(q0, q1, k0, k1)
-                tril = torch.ones(q1 - q0, q1 - q0, dtype=torch.bool, device=tile.device).tril()
-                if bool((tile == tril).all()):
-                    diag = j
-                    continue
-            part.append(j)
+    for q0, (q1, visit, full) in plan.groups.items():
+        cols = [j for j, seen in enumerate(visit) if seen]
+        whole = [j for j in cols if full[j]]
+        # A square diagonal region whose allowed pairs are exactly key ≤ query: causal.
+        diag = [j for j in cols if not full[j] and q0 <= j * bm.block_k < q1]
+        causal = bool(diag) and diag[0] * bm.block_k == q0 and _ranges(bm.block_k, bm.n)[
+            diag[-1]
+        ][1] == q1 and diag[-1] - diag[0] + 1 == len(diag)
+        if causal:
+            tile = bm.tile(q0, q1, q0, q1)
+            tril = torch.ones(q1 - q0, q1 - q0, dtype=torch.bool, device=tile.device).tril()
+            causal = bool((tile == tril).all())
+        part = [j for j in cols if not full[j] and not (causal and j in diag)]
         pieces = []
-        if full:
-            pieces.append(_Piece(_columns(bm, full)))
+        if whole:
+            pieces.append(_Piece(_columns(bm, whole)))
         if part:
             keys = _columns(bm, part)
             if keys.idx is None:
@@ -655,7 +656,7 @@ def _schedule(bm: BlockMask) -> list[tuple[int, int, list[_Piece]]]:
                 allowed = bm.tile_at(q0, q1, keys.idx, part)
             rows_any = allowed.any(-1)
             pieces.append(_Piece(keys, allowed, rows_any=None if bool(rows_any.all()) else rows_any))
-        if diag is not None:
+        if causal:
             pieces.append(_Piece(_Keys(q0, q1), causal=True))
         out.append((q0, q1, pieces))
     _SCHEDULES[id(bm)] = (weakref.ref(bm), out)
@@ -704,7 +705,7 @@ def _sparse_fused(plan: _Plan, q, k, v, bias, score: Score, align: Alignment) ->
     qp, kp, v = (x.expand(*lead, *x.shape[-2:]) for x in (qp, kp, v))
     dtype, work = v.dtype, plan.work
     cache = plan.mask is None and bias is None and plan.score_mod is None
-    schedule = _schedule(bm)
+    schedule = _schedule(plan)
     kept = sum(p.allowed.numel() for _, _, ps in schedule for p in ps if p.allowed is not None)
     cache = cache and kept <= _ADDITIVE_CACHE_ELEMENTS
     neg = torch.tensor(float("-inf"), dtype=dtype)
@@ -894,19 +895,14 @@ class Chunked(Kernel):
 
     name = "chunked"
     priority = 20
-
-    def reasons_not_supported(self, call: Call) -> list[str]:
-        reasons = reasons_not_streamable(call.align)
-        if call.dropout > 0.0:
-            reasons.append(f"the chunked kernel does not apply dropout (dropout={call.dropout})")
-        if call.score_mod is not None and call.score.multi_dimensional:
-            reasons.append("score_mod applies to single-dimensional scores only")
-        if call.score.mixes_keys and (call.mask is not None or call.block_mask is not None):
-            reasons.append(
-                f"score {type(call.score).__name__} mixes neighbouring keys, so it must see the "
-                "whole mask at once (the dense kernel passes it)"
-            )
-        return reasons
+    needs_streaming_alignment = True
+    masks_key_mixing_scores = False  # a tile sees its own keys only
+    accepts_dropout = False
+    accepts_chunk_size = True
+    preference = (
+        "for a block mask, or when the dense score tensor (B·…·M·N·d_w elements) would "
+        "exceed DENSE_LIMIT"
+    )
 
     def prefers(self, call: Call) -> bool:
         if call.block_mask is not None:

@@ -97,11 +97,8 @@ class Dense(Kernel):
 
     name = "dense"
     priority = 0
-
-    def reasons_not_supported(self, call: Call) -> list[str]:
-        if call.chunk_size is not None:
-            return ["chunk_size is an argument of the chunked kernel"]
-        return []
+    # Every capability of the base class: any dtype, device, score, alignment and argument
+    # (a key-mixing score gets the whole mask); chunk_size belongs to the chunked kernel.
 
     def attend(self, call: Call) -> AttentionOutput:
         return attend(

@@ -83,13 +83,16 @@ class SDPA(Kernel):
 
     name = "sdpa"
     priority = 30
+    needs_dot_product_score = True
+    supports_multi_dimensional = False
+    needs_softmax = True
+    masks_key_mixing_scores = False  # the mask reaches SDPA, never the score
+    returns_weights = False
+    accepts_block_mask = False
+    accepts_score_mod = False
 
-    def reasons_not_supported(self, call: Call) -> list[str]:
-        reasons = _reasons(call.score, call.align, need_weights=call.need_weights)
-        if call.chunk_size is not None:
-            reasons.append("chunk_size is an argument of the chunked kernel")
-        if call.block_mask is not None or call.score_mod is not None:
-            reasons.append("block masks and score_mod run on the chunked (or dense) kernel")
+    def extra_reasons(self, call: Call) -> list[str]:
+        reasons = []
         if call.bias is not None and call.bias.dtype != call.k.dtype:
             reasons.append(f"bias dtype {call.bias.dtype} differs from the inputs' {call.k.dtype}")
         if torch.compiler.is_compiling():

@@ -48,7 +48,7 @@ def attention_modules(model: nn.Module) -> dict[str, nn.Module]:
         raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
     found: dict[str, nn.Module] = {}
     for name, module in model.named_modules():
-        if any(name == outer or name.startswith(outer + ".") for outer in found):
+        if any(outer == "" or name.startswith(outer + ".") for outer in found):
             continue
         if _takes_need_weights(module):
             found[name] = module
@@ -138,7 +138,7 @@ def stack_head_weights(
     (module,) = modules.values()
     with capture_weights(module) as records:
         out = stack(x, **forward)
-    (calls,) = records.values() if records else ([],)
+    calls = next(iter(records.values()), [])
     if len(calls) != 1:
         raise ValueError(
             f"layer {layer}'s {attention} was called {len(calls)} times in one forward pass; "

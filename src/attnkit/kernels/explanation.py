@@ -1,0 +1,199 @@
+"""Which kernel evaluates a call, and why every other registered kernel does not.
+
+:func:`explain` runs the selection :func:`attnkit.attention` runs (:func:`attnkit.kernels.select`)
+without evaluating anything, and asks every registered kernel for its reasons. Its answer prints
+as a table::
+
+    >>> print(ak.kernels.explain(q, k, v, align="sparsemax"))
+    kernel 'dense' evaluates this call (automatic selection, by priority)
+      sdpa     (priority 30)  not supported: the Sparsemax alignment is not softmax with ...
+      chunked  (priority 20)  supported, not preferred: automatic selection takes it for ...
+      dense    (priority 0)   chosen
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch import Tensor
+
+from attnkit.alignments import Alignment
+from attnkit.kernels.base import Call, available, forced_kernel, get
+from attnkit.kernels.block_mask import BlockMask, ScoreMod
+from attnkit.scores import Score
+
+__all__ = ["Explanation", "Verdict", "explain"]
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """One kernel's answer to a call.
+
+    Attributes:
+        kernel: its registered name.
+        priority: its priority (higher is tried first).
+        reasons: why it cannot evaluate the call; empty when it can.
+        prefers: for a supported call, whether automatic selection would take it (None when
+            it cannot evaluate the call).
+        not_preferred: for a supported call it does not prefer, why it passes (else "").
+    """
+
+    kernel: str
+    priority: int
+    reasons: tuple[str, ...]
+    prefers: bool | None
+    not_preferred: str = ""
+
+    @property
+    def supported(self) -> bool:
+        return not self.reasons
+
+
+@dataclass(frozen=True)
+class Explanation:
+    """The kernel a call gets and every registered kernel's verdict, highest priority first.
+
+    Attributes:
+        chosen: the kernel that evaluates the call; None when none can (then
+            :func:`attnkit.attention` raises).
+        forced: the kernel the caller forced (``kernel=``, or ``"chunked"`` for ``chunk_size=``);
+            None for automatic selection.
+        verdicts: one :class:`Verdict` per registered kernel, highest priority first.
+    """
+
+    chosen: str | None
+    forced: str | None
+    verdicts: tuple[Verdict, ...]
+
+    def verdict(self, kernel: str) -> Verdict:
+        """The verdict of the kernel registered as ``kernel``."""
+        for v in self.verdicts:
+            if v.kernel == kernel:
+                return v
+        names = ", ".join(v.kernel for v in self.verdicts)
+        raise ValueError(f"kernel {kernel!r} is not among the explained kernels ({names})")
+
+    def why_not(self, kernel: str) -> list[str]:
+        """Why ``kernel`` does not evaluate the call: its reasons, or why a kernel that supports
+        the call was passed over; empty for the chosen kernel."""
+        v = self.verdict(kernel)
+        if kernel == self.chosen:
+            return []
+        if v.reasons:
+            return list(v.reasons)
+        if self.forced is not None:
+            return [f"supported, but kernel {self.forced!r} is forced"]
+        if self.chosen is not None and self._rank(kernel) > self._rank(self.chosen):
+            return [f"supported, but {self.chosen!r} comes first by priority"]
+        return [v.not_preferred]
+
+    def _rank(self, kernel: str) -> int:
+        return [v.kernel for v in self.verdicts].index(kernel)
+
+    @property
+    def skipped(self) -> dict[str, list[str]]:
+        """The kernels automatic selection passed over before the chosen one (all of them when
+        none was chosen), with their reasons; empty when a kernel is forced."""
+        if self.forced is not None:
+            return {}
+        out: dict[str, list[str]] = {}
+        for v in self.verdicts:
+            if v.kernel == self.chosen:
+                break
+            out[v.kernel] = self.why_not(v.kernel)
+        return out
+
+    def __str__(self) -> str:
+        how = (
+            f"forced: kernel={self.forced!r}"
+            if self.forced is not None
+            else "automatic selection, by priority"
+        )
+        if self.chosen is None:
+            head = f"no kernel can evaluate this call ({how})"
+        else:
+            head = f"kernel {self.chosen!r} evaluates this call ({how})"
+        width = max((len(v.kernel) for v in self.verdicts), default=0)
+        lines = [head]
+        for v in self.verdicts:
+            rank = f"(priority {v.priority})"
+            label = f"{v.kernel:<{width}}  {rank:<14}"
+            if v.kernel == self.chosen:
+                text = "chosen"
+            elif v.reasons:
+                text = "not supported: " + "; ".join(v.reasons)
+            else:
+                text = "; ".join(self.why_not(v.kernel))
+            lines.append(f"  {label}  {text}")
+        return "\n".join(lines)
+
+
+def explain(
+    q: Tensor | Call | None,
+    k: Tensor | None = None,
+    v: Tensor | None = None,
+    *,
+    score: str | Score = "scaled_dot",
+    align: str | Alignment = "softmax",
+    mask: Tensor | None = None,
+    bias: Tensor | None = None,
+    need_weights: bool = False,
+    chunk_size: int | None = None,
+    dropout: float = 0.0,
+    kernel: str | None = None,
+    block_mask: BlockMask | None = None,
+    score_mod: ScoreMod | None = None,
+) -> Explanation:
+    """Which kernel :func:`attnkit.attention` would run for these arguments, and why each other
+    registered kernel would not; nothing is evaluated.
+
+    Args:
+        q: the queries, as for :func:`attnkit.attention`; or a validated :class:`Call` (then
+            give no other argument but ``kernel``).
+        k, v, score, align, mask, bias, need_weights, chunk_size, dropout, kernel, block_mask,
+            score_mod: as for :func:`attnkit.attention` (validated the same way).
+
+    Returns:
+        :class:`Explanation`; ``print`` it for a table of every kernel's verdict.
+    """
+    if isinstance(q, Call):
+        if k is not None or v is not None:
+            raise TypeError("explain(call) takes no k or v: the call holds them")
+        call = q
+    else:
+        if k is None:
+            raise TypeError("explain needs the keys k (or a validated Call as first argument)")
+        from attnkit.attention import prepare_call  # attention imports the kernels
+
+        call = prepare_call(
+            q,
+            k,
+            v,
+            score=score,
+            align=align,
+            mask=mask,
+            bias=bias,
+            need_weights=need_weights,
+            chunk_size=chunk_size,
+            dropout=dropout,
+            kernel=kernel,
+            block_mask=block_mask,
+            score_mod=score_mod,
+        )
+    forced = forced_kernel(call, kernel)
+    if forced is not None:
+        get(forced)  # an unknown name raises here, as it does in attention()
+    verdicts = []
+    chosen = None
+    for name in available():
+        candidate = get(name)
+        reasons = tuple(candidate.reasons_not_supported(call))
+        prefers = None if reasons else candidate.prefers(call)
+        why = candidate.not_preferred_reason(call) if prefers is False else ""
+        verdicts.append(Verdict(name, candidate.priority, reasons, prefers, why))
+        if chosen is None and not reasons:
+            if forced is None and prefers:
+                chosen = name
+        if forced == name and not reasons:
+            chosen = name
+    return Explanation(chosen, forced, tuple(verdicts))
