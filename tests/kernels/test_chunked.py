@@ -167,3 +167,142 @@ def test_a_key_mask_of_rank_one_keeps_nan_in_masked_keys_out(kernel):
     ref = ak.attention(q, k[:, :-1], v[:, :-1], kernel="dense", need_weights=True)
     torch.testing.assert_close(got.context, ref.context)
     torch.testing.assert_close(got.weights[..., :-1], ref.weights)
+
+
+# ---- block-sparse dot-product softmax through the fused kernel (forward, no gradient) --------
+
+
+def _reference(q, k, v, allowed, bias=None, shift=None):
+    """softmax(q·kᵀ/√d + bias + shift) v over the allowed keys, written out; 0 for a row with
+    no allowed key."""
+    e = q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5
+    for extra in (bias, shift):
+        if extra is not None:
+            e = e + extra
+    e = e.masked_fill(~allowed, float("-inf"))
+    top = e.amax(-1, keepdim=True)
+    top = torch.where(torch.isfinite(top), top, torch.zeros((), dtype=e.dtype))
+    w = torch.exp(e - top)
+    den = w.sum(-1, keepdim=True)
+    return torch.where(den > 0, (w @ v) / torch.where(den > 0, den, 1.0), 0.0)
+
+
+def _alibi(heads):
+    slopes = torch.tensor([2.0 ** (-(i + 1)) for i in range(heads)], dtype=torch.float64)
+
+    def score_mod(e, b, h, q_idx, kv_idx):
+        return e + slopes[h].to(e.dtype) * (kv_idx - q_idx).to(e.dtype)
+
+    return score_mod, slopes
+
+
+def _fused_spy():
+    return mock.patch.object(chunked, "_sparse_fused", side_effect=chunked._sparse_fused)
+
+
+SPARSE = {
+    "causal": ak.patterns.causal(),
+    "window": ak.patterns.sliding_window(5),
+    "window of a block": ak.patterns.sliding_window(8),
+    "causal window": ak.patterns.sliding_window(9, causal=True),
+    "document": ak.patterns.packed(torch.tensor([0, 7, 8, 30, 45])),
+    "bigbird": ak.patterns.bigbird(3, 45, global_positions=(2,), random_blocks=1, block=8),
+    "rows with no key": lambda b, h, i, j: (j <= i) & (i % 9 != 4) & (i < 40),
+}
+
+
+@pytest.mark.parametrize("blocks", [(8, 8), (5, 7), (16, 16)])
+@pytest.mark.parametrize("name", list(SPARSE))
+def test_fused_block_sparse_equals_the_masked_reference(name, blocks):
+    g = torch.Generator().manual_seed(11)
+    q, k, v = (torch.randn(2, 3, 45, 8, generator=g, dtype=torch.float64) for _ in range(3))
+    q[0, 1, 10] += 1e4  # one query and one key ±1e4 away from the rest
+    k[1, 2, 20] -= 1e4
+    bm = ak.patterns.block_mask(SPARSE[name], 45, block_q=blocks[0], block_k=blocks[1])
+    allowed = ak.patterns.dense(SPARSE[name], 45, 45)
+    bias = torch.randn(45, 45, generator=g, dtype=torch.float64)
+    padding = torch.rand(2, 1, 45, 45, generator=g) > 0.2
+    mod, slopes = _alibi(3)
+    pos = torch.arange(45, dtype=torch.float64)
+    shift = slopes.view(3, 1, 1) * (pos[None, :] - pos[:, None])
+    cases = [
+        ({}, _reference(q, k, v, allowed)),
+        ({"bias": bias}, _reference(q, k, v, allowed, bias)),
+        ({"mask": padding, "bias": bias}, _reference(q, k, v, allowed & padding, bias)),
+        ({"score_mod": mod}, _reference(q, k, v, allowed, shift=shift)),
+        ({"mask": padding, "score_mod": mod}, _reference(q, k, v, allowed & padding, None, shift)),
+    ]
+    for kwargs, ref in cases:
+        with _fused_spy() as spy:
+            out = ak.attention(q, k, v, block_mask=bm, **kwargs).context
+        assert spy.call_count == 1, kwargs
+        torch.testing.assert_close(out, ref, atol=1e-10, rtol=1e-10)
+        # the tiled path (gradients on) gives the same
+        qg = q.clone().requires_grad_()
+        tiled = ak.attention(qg, k, v, block_mask=bm, **kwargs).context
+        torch.testing.assert_close(tiled.detach(), ref, atol=1e-10, rtol=1e-10)
+    if name in ("causal", "window of a block") and blocks == (8, 8):
+        # its triangular tiles were evaluated causally (key ≥ query on reversed positions)
+        pieces = [p for _, _, ps in chunked._SCHEDULES[id(bm)][1] for p in ps]
+        assert any(p.causal for p in pieces)
+        assert any(p.flip for p in pieces) == (name == "window of a block")
+
+
+def test_fused_block_sparse_float32_and_a_repeated_block_mask():
+    g = torch.Generator().manual_seed(12)
+    q, k, v = (torch.randn(1, 2, 300, 16, generator=g) for _ in range(3))
+    pattern = ak.patterns.sliding_window(40, causal=True)
+    bm = ak.patterns.block_mask(pattern, 300, block_q=32, block_k=32)
+    ref = _reference(*(x.double() for x in (q, k, v)), ak.patterns.dense(pattern, 300, 300))
+    with _fused_spy() as spy:
+        first = ak.attention(q, k, v, block_mask=bm).context
+        again = ak.attention(q, k, v, block_mask=bm).context  # the cached schedule
+    assert spy.call_count == 2
+    torch.testing.assert_close(first.double(), ref, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(again, first)
+
+
+def test_fused_path_is_skipped_when_it_would_not_be_exact():
+    g = torch.Generator().manual_seed(13)
+    q, k, v = (torch.randn(1, 40, 8, generator=g, dtype=torch.float64) for _ in range(3))
+    bm = ak.patterns.block_mask(ak.patterns.causal(), 40, block_q=8, block_k=8)
+    allowed = ak.patterns.dense(ak.patterns.causal(), 40, 40)
+    v_nan = v.clone()
+    v_nan[:, -1] = float("nan")  # only the last query may read it
+    with _fused_spy() as spy:
+        out = ak.attention(q, k, v_nan, block_mask=bm).context
+        capped = ak.attention(
+            q, k, v, block_mask=bm, score_mod=lambda e, b, h, i, j: 5 * torch.tanh(e / 5)
+        ).context
+        ak.attention(q, k, v, align="sparsemax", block_mask=bm)
+        ak.attention(q.requires_grad_(), k, v, block_mask=bm)
+    assert spy.call_count == 0
+    torch.testing.assert_close(out[:, :-1], _reference(q, k, v, allowed)[:, :-1])
+    assert torch.isnan(out[:, -1]).all()
+    e = q @ k.transpose(-1, -2) / 8**0.5
+    w = torch.softmax((5 * torch.tanh(e / 5)).masked_fill(~allowed, float("-inf")), -1)
+    torch.testing.assert_close(capped, w @ v)
+
+
+def test_only_score_mods_of_the_form_e_plus_f_are_read_as_additive():
+    slopes = torch.tensor([0.5, 0.25])
+
+    def data_dependent(e, b, h, i, j):
+        return e + 1 if bool(e.max() > 0) else e
+
+    additive = {
+        "alibi": lambda e, b, h, i, j: e + slopes[h] * (j - i).to(e.dtype),
+        "constant": lambda e, b, h, i, j: e + 2.0,
+        "bias first": lambda e, b, h, i, j: (i - j).abs().to(e.dtype) + e,
+    }
+    other = {
+        "cap": lambda e, b, h, i, j: 5 * torch.tanh(e / 5),
+        "scaled": lambda e, b, h, i, j: 2 * e + (i - j).to(e.dtype),
+        "e + e": lambda e, b, h, i, j: e + e * (i - j).to(e.dtype),
+        "subtract": lambda e, b, h, i, j: e - (i - j).to(e.dtype),
+        "data dependent": data_dependent,
+    }
+    for name, mod in additive.items():
+        assert chunked._additive(mod), name
+    for name, mod in other.items():
+        assert chunked._additive(mod) is None, name

@@ -17,6 +17,7 @@ gradients for q, k, v, the bias and every parameter of the score and alignment (
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import weakref
@@ -547,10 +548,8 @@ def _additive(score_mod: ScoreMod) -> bool | None:
     if known is not None:
         return known or None
     found = _trace_additive(score_mod)
-    try:
+    with contextlib.suppress(TypeError):  # not weakly referable: not kept
         _ADDITIVE[score_mod] = found
-    except TypeError:
-        pass
     return found or None
 
 
@@ -606,13 +605,15 @@ def _indices_like(e: Tensor) -> tuple[Tensor, Tensor]:
 
 @dataclass
 class _Piece:
-    """Keys that one fused call of a query block attends: the block mask's full tiles (no mask),
-    its partial ones (their mask), or a square diagonal tile whose allowed pairs are exactly
-    key ≤ query (evaluated causally, no mask)."""
+    """Keys that one fused call of a group of query blocks attends: the block mask's full tiles
+    (no mask), its partial ones (their mask), or a square region whose allowed pairs are exactly
+    key ≤ query or key ≥ query in its own coordinates (evaluated causally, no mask: the
+    kernel then skips the keys above the diagonal)."""
 
     keys: _Keys
     allowed: Tensor | None = None  # bool (*block-mask lead, rows, keys)
     causal: bool = False
+    flip: bool = False  # key ≥ query: evaluated causally on reversed queries and keys
     rows_any: Tensor | None = None  # bool (*lead, rows): rows with an allowed key here
     additive: dict = dataclasses.field(default_factory=dict)  # dtype -> 0 / −inf mask
 
@@ -637,9 +638,12 @@ def _schedule(plan: _Plan) -> list[tuple[int, int, list[_Piece]]]:
         whole = [j for j in cols if full[j]]
         # A square diagonal region whose allowed pairs are exactly key ≤ query: causal.
         diag = [j for j in cols if not full[j] and q0 <= j * bm.block_k < q1]
-        causal = bool(diag) and diag[0] * bm.block_k == q0 and _ranges(bm.block_k, bm.n)[
-            diag[-1]
-        ][1] == q1 and diag[-1] - diag[0] + 1 == len(diag)
+        causal = (
+            bool(diag)
+            and diag[0] * bm.block_k == q0
+            and _ranges(bm.block_k, bm.n)[diag[-1]][1] == q1
+            and diag[-1] - diag[0] + 1 == len(diag)
+        )
         if causal:
             tile = bm.tile(q0, q1, q0, q1)
             tril = torch.ones(q1 - q0, q1 - q0, dtype=torch.bool, device=tile.device).tril()
@@ -648,6 +652,17 @@ def _schedule(plan: _Plan) -> list[tuple[int, int, list[_Piece]]]:
         pieces = []
         if whole:
             pieces.append(_Piece(_columns(bm, whole)))
+        for j in list(part):  # a square tile whose pattern is key ≤ query or key ≥ query
+            k0, k1 = _ranges(bm.block_k, bm.n)[j]
+            if k1 - k0 != q1 - q0:
+                continue
+            tile = bm.tile(q0, q1, k0, k1)
+            ones = torch.ones(q1 - q0, q1 - q0, dtype=torch.bool, device=tile.device)
+            for flip, shape in ((False, ones.tril()), (True, ones.triu())):
+                if bool((tile == shape).all()):
+                    pieces.append(_Piece(_Keys(k0, k1), causal=True, flip=flip))
+                    part.remove(j)
+                    break
         if part:
             keys = _columns(bm, part)
             if keys.idx is None:
@@ -655,7 +670,8 @@ def _schedule(plan: _Plan) -> list[tuple[int, int, list[_Piece]]]:
             else:
                 allowed = bm.tile_at(q0, q1, keys.idx, part)
             rows_any = allowed.any(-1)
-            pieces.append(_Piece(keys, allowed, rows_any=None if bool(rows_any.all()) else rows_any))
+            empty_rows = None if bool(rows_any.all()) else rows_any
+            pieces.append(_Piece(keys, allowed, rows_any=empty_rows))
         if causal:
             pieces.append(_Piece(_Keys(q0, q1), causal=True))
         out.append((q0, q1, pieces))
@@ -717,18 +733,16 @@ def _sparse_fused(plan: _Plan, q, k, v, bias, score: Score, align: Alignment) ->
             keys = piece.keys
             allowed, rows_any = piece.allowed, piece.rows_any
             causal = piece.causal
+            if causal and (plan.mask is not None or bias is not None or plan.score_mod is not None):
+                # the triangle as a mask, beside the call's own mask or additive terms
+                base = torch.ones(q1 - q0, q1 - q0, dtype=torch.bool, device=qb.device)
+                allowed, causal = (base.triu() if piece.flip else base.tril()), False
             if plan.mask is not None:  # the call's own mask: every piece is masked
                 call = _rows(plan.mask, q0, q1, keys)
-                if causal:
-                    base = torch.ones(q1 - q0, q1 - q0, dtype=torch.bool, device=call.device)
-                    allowed, causal = base.tril(), False
                 allowed = call if allowed is None else allowed & call
                 rows_any = allowed.any(-1)
             attn_mask = None
             if bias is not None or plan.score_mod is not None:
-                if causal:
-                    base = torch.ones(q1 - q0, q1 - q0, dtype=torch.bool, device=qb.device)
-                    allowed, causal = base.tril(), False
                 add = torch.zeros((), dtype=dtype)
                 if bias is not None:
                     b = _rows(bias, q0, q1, keys)
@@ -745,28 +759,53 @@ def _sparse_fused(plan: _Plan, q, k, v, bias, score: Score, align: Alignment) ->
                     attn_mask = torch.where(allowed, torch.zeros((), dtype=dtype), neg)
                     if cache and piece.allowed is allowed:
                         piece.additive[dtype] = attn_mask
-            out, lse = _fused_piece(
-                qb, keys.take(kp, -2), keys.take(v, -2), attn_mask, causal, scale * inv_t
-            )
+            kb, vb = keys.take(kp, -2), keys.take(v, -2)
+            if causal and piece.flip:  # key ≥ query is key' ≤ query' on reversed positions
+                out, lse = _fused_piece(
+                    qb.flip(-2), kb.flip(-2), vb.flip(-2), None, True, scale * inv_t
+                )
+                out, lse = out.flip(-2), lse.flip(-1)
+            else:
+                out, lse = _fused_piece(qb, kb, vb, attn_mask, causal, scale * inv_t)
             if rows_any is not None:  # a row with no key in this piece: weight 0 in the merge
                 lse = torch.where(rows_any, lse, float("-inf"))
+                out = out.masked_fill(~rows_any.unsqueeze(-1), 0.0)
             parts.append((out, lse.to(work)))
         if not parts:
             outs.append(v.new_zeros(*lead, q1 - q0, v.shape[-1]))
-        elif len(parts) == 1:
-            outs.append(parts[0][0])
-        else:
-            total = torch.logsumexp(torch.stack([lse for _, lse in parts]), dim=0)
-            acc = None
-            for out, lse in parts:
-                w = torch.exp(lse - total).unsqueeze(-1)
-                term = torch.where(w > 0, out.to(work) * w, torch.zeros((), dtype=work))
-                acc = term if acc is None else acc + term
-            outs.append(acc.to(dtype))
+            continue
+        acc, total = parts[0][0], parts[0][1]
+        for out, lse in parts[1:]:  # online softmax: rescale what is summed so far
+            new = torch.logaddexp(total, lse)
+            acc = acc * torch.exp(total - new).unsqueeze(-1).to(dtype)
+            acc = acc + out * torch.exp(lse - new).unsqueeze(-1).to(dtype)
+            total = new
+        outs.append(acc)
     context = torch.cat(outs, dim=-2)
-    if plan.has_key is not None:  # rows with no allowed key: context 0
+    if plan.has_key is not None and not _all(plan.has_key):  # rows with no key: context 0
         context = torch.where(plan.has_key, context, torch.zeros((), dtype=context.dtype))
     return context
+
+
+# id(has_key of a block mask) -> (weak reference, whether every row has a key).
+_ALL: dict[int, tuple[weakref.ref, bool]] = {}
+
+
+def _all(has_key: Tensor) -> bool:
+    """``bool(has_key.all())``, read once per tensor (a block mask's is reused by every call)."""
+    hit = _ALL.get(id(has_key))
+    if hit is not None and hit[0]() is has_key:
+        return hit[1]
+    found = bool(has_key.all())
+    _ALL[id(has_key)] = (weakref.ref(has_key), found)
+    weakref.finalize(has_key, _ALL.pop, id(has_key), None)
+    return found
+
+
+def _finite(v: Tensor) -> bool:
+    """Whether every value is finite: one reduction (a NaN or infinity makes the sum
+    non-finite; a sum that overflows only sends the call to the guarded path)."""
+    return bool(torch.isfinite(v.sum())) or bool(torch.isfinite(v).all())
 
 
 def _work_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -872,7 +911,7 @@ def attend(
         block_q=block_q,
         block_k=block_k,
         work=_work_dtype(v.dtype),
-        guard=(mask is not None or block_mask is not None) and not bool(torch.isfinite(v).all()),
+        guard=(mask is not None or block_mask is not None) and not _finite(v),
         block_mask=block_mask,
         score_mod=score_mod,
         span_k=span_k,
