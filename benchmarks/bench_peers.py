@@ -305,10 +305,14 @@ def time_pair(pair: Pair, repeats: int) -> dict:
     }
 
 
-def difference(pair: Pair) -> float:
-    """max |ours − peer| / max |peer| under matched conventions."""
+def difference(pair: Pair) -> tuple[float, int, int]:
+    """max |ours − peer| / max |peer| under matched conventions, and how many output rows
+    (of how many) differ by more than 1e-4 of that scale (LSH: a near tie between two
+    buckets can round to different buckets in the two packages' projections)."""
     a, b = pair.check()
-    return float((a - b).abs().max() / b.abs().max())
+    scale = b.abs().max()
+    rows = (a - b).abs().amax(-1) / scale
+    return float(rows.max()), int((rows > 1e-4).sum()), rows.numel()
 
 
 def _status(field: str) -> int | None:
@@ -408,7 +412,9 @@ def main() -> None:
 
 def _row(row) -> str:
     name, n, diff, t, mem = row
-    cells = [LABELS[name], str(n), f"{diff:.1e}", f"{t['ours'] * 1e3:.1f}",
+    worst, off, total = diff
+    agree = f"{worst:.1e}" + (f" ({off}/{total} rows)" if off else "")
+    cells = [LABELS[name], str(n), agree, f"{t['ours'] * 1e3:.1f}",
              f"{t['peer'] * 1e3:.1f}", f"{t['ratio']:.2f}"]  # fmt: skip
     if mem:
         got = [mem[s].get("added") for s in ("ours", "peer")]

@@ -117,6 +117,40 @@ COVERAGE = (
     "{repeated_attention}",
     "{entropy}",
 )
+ERASURE = "{{erasure.{0}.share_flipped}} / {{erasure.{0}.fraction_removed_when_flipped}}"
+RATIONALE_SEED0 = (  # docs/explanation.md, the rationale table's seed-0 column (attnkit explain)
+    ("attention on the cues (`attention_correctness`)", "{attention_correctness}"),
+    ("most-weighted word is a cue", "{argmax_on_rationale}"),
+    ("uniform-weights accuracy drop", "{uniform_ablation_drop}"),
+    ("Kendall τ(attention, gradient)", "{agreement.gradient.kendall_tau}"),
+    ("Kendall τ(attention, input × gradient)", "{agreement.input_x_gradient.kendall_tau}"),
+    ("Kendall τ(attention, integrated gradients)", "{agreement.integrated_gradients.kendall_tau}"),
+    ("Kendall τ(attention, leave-one-out)", "{agreement.leave_one_out.kendall_tau}"),
+    ("top-3 overlap(attention, gradient)", "{agreement.gradient.top_3_overlap}"),
+    ("top-3 overlap(attention, leave-one-out)", "{agreement.leave_one_out.top_3_overlap}"),
+    ("gold recall at \\|gold\\|: attention", "{rationale.attention}"),
+    ("gold recall: gradient", "{rationale.gradient}"),
+    ("gold recall: input × gradient", "{rationale.input_x_gradient}"),
+    ("gold recall: integrated gradients", "{rationale.integrated_gradients}"),
+    ("gold recall: leave-one-out", "{rationale.leave_one_out}"),
+    (
+        "permuted weights: median output change (TVD)",
+        "{counterfactual.permuted_median_output_change}",
+    ),
+    ("uniform weights: output change (TVD)", "{counterfactual.uniform_output_change}"),
+    (
+        "adversarial weights: JSD at output change < ε (max ln 2 = 0.693)",
+        "{counterfactual.adversarial_jsd}",
+    ),
+    (
+        "share of examples with adversarial JSD > ln 2 / 2",
+        "{counterfactual.share_adversarial_jsd_above_half_max}",
+    ),
+    ("erasure by attention: decisions flipped / fraction removed", ERASURE.format("attention")),
+    ("erasure by gradient", ERASURE.format("gradient")),
+    ("erasure by leave-one-out", ERASURE.format("leave_one_out")),
+    ("erasure by random order", ERASURE.format("random")),
+)
 QUICK_COVERAGE = "`attnkit run dates --quick --threads 1 --compare attention=default,coverage`"
 LM_QUICK = (
     ("default", "default (learned table, GPT)"),
@@ -152,11 +186,12 @@ import attnkit as ak
 torch.manual_seed(0)
 score = ak.scores.Additive(64, 64, 64)
 q, k, v = (torch.randn(1, 8192, 64) for _ in range(3))
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 start = time.perf_counter()
 out = ak.attention(q, k, v, score=score, chunk_size=256)
 seconds = time.perf_counter() - start
-mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-print("FIGURE " + json.dumps({"seconds": seconds, "mib": mib}))
+mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # the whole process's peak
+print("FIGURE " + json.dumps({"seconds": seconds, "mib": mib, "added_mib": mib - before}))
 """
 
 FIGURES: tuple[Figure, ...] = (
@@ -361,16 +396,53 @@ FIGURES: tuple[Figure, ...] = (
                 "docs/explanation.md",
                 "attnkit explain runs/rationale # about {time} s: explanation.json + report.html",
             ),
-            Site(
-                "docs/explanation.md",
-                "| trained adversary: attention JSD / output change / same prediction | {adv_jsd} / {adv_tvd} / {adv_same} |",
+            *(
+                Site("docs/explanation.md", f"| {label} | {cell}" + f" | {other}" * 3 + " |\n")
+                for label, cell in RATIONALE_SEED0
+                for other in ["{_} / {_}" if " / " in cell else "{_}"]
             ),
         ),
-        keys={
-            "adv_jsd": "wiegreffe.adversary.attention_jsd",
-            "adv_tvd": "wiegreffe.adversary.output_tvd",
-            "adv_same": "wiegreffe.adversary.same_prediction",
-        },
+    ),
+    *(
+        Figure(
+            f"rationale-s{seed}",
+            ("run", "rationale", "--seed", str(seed)),
+            (),
+        )
+        for seed in (1, 2)
+    ),
+    Figure(
+        "rationale-explain-seeds",
+        ("explain", "<run:rationale>", "--other-seeds", "<run:rationale-s1>", "<run:rationale-s2>"),
+        (
+            Site(
+                "docs/explanation.md",
+                "| trained adversary: attention JSD / output change / same prediction"
+                " | {wiegreffe_pinter.adversary_jsd} / {wiegreffe_pinter.adversary_output_change}"
+                " / {wiegreffe_pinter.adversary_agreement} |",
+            ),
+            *(
+                Site("docs/explanation.md", f"| {label} | {{{key}}} | {{_}} | {{_}} |\n")
+                for label, key in (
+                    (
+                        "item-wise MLP, uniform pooling: accuracy",
+                        "wiegreffe_pinter.frozen_mlp_accuracy.uniform",
+                    ),
+                    (
+                        "item-wise MLP, its own attention",
+                        "wiegreffe_pinter.frozen_mlp_accuracy.learned",
+                    ),
+                    (
+                        "item-wise MLP, the model's attention frozen",
+                        "wiegreffe_pinter.frozen_mlp_accuracy.model",
+                    ),
+                    (
+                        "item-wise MLP, the adversary's attention frozen",
+                        "wiegreffe_pinter.frozen_mlp_accuracy.adversary",
+                    ),
+                )
+            ),
+        ),
     ),
     # --- --compare tables of experiments.md at the quick budget ---
     *(
@@ -795,17 +867,16 @@ class Measurer:
                 return {**result, "error": result["output"][-400:]}
             reported = json.loads(line[-1][len("FIGURE ") :])
             values = {"time": reported.get("seconds", result["seconds"])}
-            if "mib" in reported:
-                values["mib"] = reported["mib"]
+            values.update({k: v for k, v in reported.items() if k != "seconds"})
             result["values"] = values
         else:
             command = list(argv)
             if command[0] == "explain":
-                target = command[1]
-                if target.startswith("<run:"):
-                    prior = next(f for f in FIGURES if f.name == target[5:-1])
-                    self._measure(prior.argv)
-                    command[1] = str(self.runs / _slug(prior.argv))
+                for i, word in enumerate(command):
+                    if word.startswith("<run:"):  # a run of another row, made first
+                        prior = next(f for f in FIGURES if f.name == word[5:-1])
+                        self._measure(prior.argv)
+                        command[i] = str(self.runs / _slug(prior.argv))
             else:
                 command = [*_with_threads(argv), "--out", str(out)]
             result = _spawn(_attnkit() + command, ROOT)
@@ -813,9 +884,13 @@ class Measurer:
                 return {**result, "error": result["output"][-400:]}
             values = {"time": result["seconds"], "mib": result["mib"]}
             run_dir = Path(command[1]) if command[0] == "explain" else out
-            name = "explanation.json" if command[0] == "explain" else "metrics.json"
-            if (run_dir / name).is_file():
-                values.update(_flatten(json.loads((run_dir / name).read_text())))
+            for name in (
+                ("metrics.json", "explanation.json")
+                if command[0] == "explain"
+                else ("metrics.json",)
+            ):
+                if (run_dir / name).is_file():
+                    values.update(_flatten(json.loads((run_dir / name).read_text())))
             result["values"] = values
         result["values"]["time_min"] = result["values"]["time"] / 60
         result.pop("output", None)

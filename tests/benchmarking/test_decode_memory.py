@@ -90,13 +90,16 @@ def test_table_gives_ratios_against_mha_at_the_same_context():
     results = [
         # N = 1024: gqa holds a quarter of the cache and decodes 1.5 times as fast
         {"form": "gqa", "n": 1024, "cache_bytes": 1 * mib, "cached_tokens": 1024,
-         "peak_bytes": 13 * mib, "base_bytes": 10 * mib, "step_seconds": 0.002},
+         "peak_bytes": 13 * mib, "base_bytes": 10 * mib, "step_seconds": 0.002,
+         "decode_peak_bytes": 12 * mib, "base_rss_bytes": 10 * mib},
         {"form": "mha", "n": 1024, "cache_bytes": 4 * mib, "cached_tokens": 1024,
-         "peak_bytes": 18 * mib, "base_bytes": 10 * mib, "step_seconds": 0.003},
+         "peak_bytes": 18 * mib, "base_bytes": 10 * mib, "step_seconds": 0.003,
+         "decode_peak_bytes": 19 * mib, "base_rss_bytes": 11 * mib},
         {"form": "retention", "n": 1024, "error": "over the 900 s limit"},
-        # N = 4096 without an mha cell: no ratios
+        # N = 4096 without an mha cell (no ratios) and without a decoding peak
         {"form": "gqa", "n": 4096, "cache_bytes": 4 * mib, "cached_tokens": 4096,
-         "peak_bytes": 20 * mib, "base_bytes": 10 * mib, "step_seconds": 0.004},
+         "peak_bytes": 20 * mib, "base_bytes": 10 * mib, "step_seconds": 0.004,
+         "decode_peak_bytes": None, "base_rss_bytes": None},
     ]  # fmt: skip
     rows = _rows(dm.table(results, S))
     assert [(r[0], r[1]) for r in rows] == [
@@ -106,10 +109,12 @@ def test_table_gives_ratios_against_mha_at_the_same_context():
         ("4096", "gqa"),
     ]
     mha, gqa, failed, alone = rows
-    assert mha[2:] == ["4.00", "4,096", "1.00", "8.0", "1.00", "333.3", "1.00"]
-    assert gqa[2:] == ["1.00", "1,024", "0.25", "3.0", "0.38", "500.0", "1.50"]
-    assert "over the 900 s limit" in failed[7] and failed[2] == "—"
-    assert alone[4] == alone[6] == alone[8] == "—"
+    assert mha[2:] == ["4.00", "4,096", "1.00", "8.0", "1.00", "8.0", "1.00", "333.3", "1.00"]
+    assert gqa[2:] == ["1.00", "1,024", "0.25", "2.0", "0.25", "3.0", "0.38", "500.0", "1.50"]
+    assert len(failed) == len(mha) and "over the 900 s limit" in failed[9]
+    assert set(failed[2:9]) == {"—"}
+    assert alone[5] == alone[6] == alone[8] == alone[10] == "—"
+    assert alone[4] == "—" and alone[9] == "250.0"
 
 
 def test_main_refuses_unknown_forms_and_bad_contexts():

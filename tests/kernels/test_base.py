@@ -25,13 +25,16 @@ def _call(**kw) -> Call:
         "align": ak.alignments.Softmax(),
     }
     base.update(kw)
-    shape = torch.Size((2, 3, 5))
-    return Call(shape=shape, **base)
+    m = 1 if base["q"] is None else base["q"].shape[-2]
+    return Call(shape=torch.Size((2, m, base["k"].shape[-2])), **base)
 
 
 def test_available_lists_the_kernels_by_priority():
     names = kernels.available()
-    assert names[:3] == ["sdpa", "chunked", "dense"]
+    assert names.index("sdpa") < names.index("chunked") < names.index("dense")
+    assert [kernels.get(n).priority for n in names] == sorted(
+        (kernels.get(n).priority for n in names), reverse=True
+    )
     assert kernels.get("dense").priority < kernels.get("chunked").priority
 
 
@@ -73,11 +76,36 @@ def test_every_kernel_agrees_with_dense_when_forced():
         torch.testing.assert_close(out, ref)
 
 
-def test_registering_twice_is_an_error():
-    with pytest.raises(ValueError, match="already registered"):
-        kernels.register(kernels.get("dense"))
-    with pytest.raises(TypeError, match="Kernel instance"):
-        kernels.register(dense.Dense)  # type: ignore[arg-type]
+@pytest.fixture
+def sandbox():
+    """Kernels registered inside a test leave the registry as it was."""
+    table = kernels.REGISTRY.snapshot()
+    yield
+    kernels.REGISTRY.restore(table)
+
+
+def test_kernels_live_in_the_shared_registry():
+    from attnkit.registry import Registry
+
+    assert isinstance(kernels.REGISTRY, Registry) and kernels.REGISTRY in Registry.instances
+    assert kernels.REGISTRY.get("dense") is dense.Dense
+    assert dense.Dense.registered_name == "dense"
+    assert isinstance(kernels.REGISTRY.build("dense"), dense.Dense)
+    with pytest.raises(ValueError, match=r"unknown kernel 'dnse'; did you mean 'dense'"):
+        kernels.REGISTRY.get("dnse")
+
+
+def test_registering_twice(sandbox):
+    kernels.register(kernels.get("dense"))  # the same definition again: silent
+    kernels.register(dense.Dense)
+    assert kernels.get("dense").name == "dense"
+    other = type("Dense", (Kernel,), {"name": "dense", "priority": 0, "__module__": "elsewhere"})
+    with pytest.raises(ValueError, match="kernel 'dense' is already registered"):
+        kernels.register(other)
+    with pytest.raises(TypeError, match="Kernel subclass or instance"):
+        kernels.register(dense.attend)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="must set priority to an int"):
+        kernels.register(type("NoPriority", (Kernel,), {"name": "no-priority"}))
 
 
 class _Counting(Kernel):
@@ -85,32 +113,147 @@ class _Counting(Kernel):
 
     name = "test-counting"
     priority = 99
+    needs_dot_product_score = True
     calls = 0
 
-    def reasons_not_supported(self, call: Call) -> list[str]:
-        return [] if call.score.dot_product_form else ["only dot-product scores"]
-
     def prefers(self, call: Call) -> bool:
-        return call.k.shape[-2] == 7  # only for N = 7, so the rest of the suite is unaffected
+        return call.k.shape[-2] == 7  # only for N = 7
 
     def attend(self, call: Call):
         type(self).calls += 1
         return kernels.get("dense").attend(call)
 
 
-def test_a_new_kernel_plugs_in_without_editing_attnkit():
-    kernel = _Counting()
-    kernels.register(kernel)
-    try:
-        q = torch.randn(1, 2, 4)
-        ak.attention(q, torch.randn(1, 7, 4))  # automatic: highest priority that prefers it
-        assert _Counting.calls == 1
-        ak.attention(q, torch.randn(1, 5, 4))
-        assert _Counting.calls == 1
-        with pytest.raises(ValueError, match="only dot-product scores"):
-            ak.attention(q, q, score=ak.scores.Additive(4, 4, 3), kernel="test-counting")
-    finally:
-        kernels.base._KERNELS.pop(kernel.name)
+def test_a_new_kernel_plugs_in_without_editing_attnkit(sandbox):
+    kernels.register(_Counting())
+    q = torch.randn(1, 2, 4)
+    ak.attention(q, torch.randn(1, 7, 4))  # automatic: highest priority that prefers it
+    assert _Counting.calls == 1
+    ak.attention(q, torch.randn(1, 5, 4))
+    assert _Counting.calls == 1
+    with pytest.raises(ValueError, match="Additive score is not in dot-product form"):
+        ak.attention(q, q, score=ak.scores.Additive(4, 4, 3), kernel="test-counting")
+
+
+def _probe(**capabilities) -> Kernel:
+    """An unregistered kernel with the given capabilities (the others at their defaults)."""
+    return type("Probe", (Kernel,), {"name": "probe", "priority": -1, **capabilities})()
+
+
+def _learned_entmax():
+    return ak.alignments.Entmax(1.5, learnable=True)
+
+
+def _key_mixing():
+    return ak.scores.Convolutional(4)
+
+
+# (capability, value that refuses, value that accepts, what the call uses, the reason's words)
+CAPABILITIES = [
+    ("supports_dtypes", frozenset({torch.float64}), None, {}, "takes float64 inputs, not float32"),
+    ("supports_devices", frozenset({"cuda"}), None, {}, "runs on cuda, not on cpu"),
+    ("max_tokens", 4, 5, {}, "at most 4 queries and keys, got M = 3, N = 5"),
+    (
+        "needs_dot_product_score",
+        True,
+        False,
+        {"score": ak.scores.Additive(4, 4, 3)},
+        "the Additive score is not in dot-product form",
+    ),
+    (
+        "supports_multi_dimensional",
+        False,
+        True,
+        {"score": ak.scores.Additive(4, 4, 3, d_out=4)},
+        "does not evaluate multi-dimensional scores",
+    ),
+    (
+        "needs_softmax",
+        True,
+        False,
+        {"align": ak.alignments.Sparsemax()},
+        "the Sparsemax alignment is not softmax with a constant temperature",
+    ),
+    (
+        "needs_streaming_alignment",
+        True,
+        False,
+        {"align": ak.alignments.Hard()},
+        "the Hard alignment does not implement the streaming protocol",
+    ),
+    (
+        "masks_key_mixing_scores",
+        False,
+        True,
+        {"q": None, "score": _key_mixing(), "mask": torch.ones(5, dtype=torch.bool)},
+        "score Convolutional mixes neighbouring keys",
+    ),
+    ("returns_weights", False, True, {"need_weights": True}, "does not return the weights"),
+    ("accepts_mask", False, True, {"mask": torch.ones(5, dtype=torch.bool)}, "takes no mask"),
+    ("accepts_bias", False, True, {"bias": torch.zeros(3, 5)}, "takes no bias"),
+    (
+        "accepts_block_mask",
+        False,
+        True,
+        {"block_mask": "causal"},
+        "takes no block mask (block masks and score_mod run on the chunked",
+    ),
+    (
+        "accepts_score_mod",
+        False,
+        True,
+        {"score_mod": lambda e, b, h, i, j: e},
+        "takes no score_mod (score_mod runs on the chunked",
+    ),
+    ("accepts_dropout", False, True, {"dropout": 0.25}, "does not apply dropout (dropout=0.25)"),
+    ("accepts_chunk_size", False, True, {"chunk_size": 2}, "chunk_size is not an argument"),
+]
+
+
+@pytest.mark.parametrize("capability", CAPABILITIES, ids=[c[0] for c in CAPABILITIES])
+def test_each_unmet_capability_gives_one_reason(capability):
+    attr, refuses, accepts, kw, words = capability
+    kw = dict(kw)
+    if kw.get("block_mask") == "causal":
+        from attnkit import patterns as pt
+
+        kw["q"] = torch.randn(2, 5, 4)
+        kw["block_mask"] = pt.block_mask(pt.causal(), 5)
+    call = _call(**kw)
+    reasons = _probe(**{attr: refuses}).reasons_not_supported(call)
+    assert len(reasons) == 1 and words in reasons[0], reasons
+    assert _probe(**{attr: accepts}).reasons_not_supported(call) == []
+    if kw:  # a call that does not use the capability is not refused for it
+        assert _probe(**{attr: refuses}).reasons_not_supported(_call()) == []
+
+
+def test_score_mod_on_a_multi_dimensional_score_is_refused_by_every_kernel():
+    call = _call(score=ak.scores.Additive(4, 4, 3, d_out=4), score_mod=lambda e, b, h, i, j: e)
+    for name in kernels.available():
+        kernel = kernels.get(name)
+        reasons = kernel.reasons_not_supported(call)
+        assert reasons
+        if kernel.accepts_score_mod and kernel.supports_multi_dimensional:
+            assert any("single-dimensional" in r for r in reasons)
+    assert any("single-dimensional" in r for r in kernels.get("dense").reasons_not_supported(call))
+    with pytest.raises(ValueError, match=r"no registered kernel can evaluate this call.*'dense'"):
+        ak.attention(call.q, call.k, score=call.score, score_mod=call.score_mod)
+
+
+def test_extra_reasons_follow_the_capability_reasons():
+    class Picky(Kernel):
+        name = "picky"
+        priority = 0
+        returns_weights = False
+
+        def extra_reasons(self, call: Call) -> list[str]:
+            return ["odd key count"] if call.k.shape[-2] % 2 else []
+
+    reasons = Picky().reasons_not_supported(_call(need_weights=True))
+    assert reasons == [
+        "the picky kernel does not return the weights (need_weights=True)",
+        "odd key count",
+    ]
 
 
 class NormalisedSigmoid(Streaming, Alignment):

@@ -23,8 +23,12 @@ Every cell (form, N) runs in a fresh Python (``python -m attnkit.benchmarking.de
   by N: bytes held per token of context;
 - **peak above base**: the process's peak resident memory (``ru_maxrss``) at the end, less its
   peak before the context was read (interpreter, torch, the layer): the cache plus whatever the
-  reading and the decoding steps held at once (a cache that grows by concatenation holds the old
-  and the new tensor during each step);
+  reading of the context and the decoding steps held at once;
+- **decoding peak above base**: the same over the decoding steps alone (Linux: after the
+  context, free heap memory is returned with ``malloc_trim`` and the peak is reset through
+  ``/proc/self/clear_refs``; then ``VmHWM`` less ``VmRSS`` before the context): the cache plus
+  what one step holds at once (a cache that grows by concatenation holds the old and the new
+  tensors during each step);
 - **tokens/s**: 1 / the median time of one decoding step (``time.perf_counter`` around each of
   the ``new_tokens`` steps, after ``warmup`` steps). A step changes the cache, so the steps are
   timed one by one in sequence rather than repeated on the same state; the median resists the
@@ -41,6 +45,7 @@ same run.
 
 from __future__ import annotations
 
+import ctypes
 import json
 import math
 import statistics
@@ -150,6 +155,30 @@ def _decoder(form: str, layer: torch.nn.Module, cache) -> Callable[[torch.Tensor
     return lambda x: layer(x, cache=cache)
 
 
+def _status(field: str) -> int | None:
+    """``VmRSS`` or ``VmHWM`` of this process in bytes (None where /proc is not there)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def _reset_peak() -> bool:
+    """Return free heap memory to the system and reset this process's peak resident memory
+    (``VmHWM``) to the current one; False where that is not possible."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except (OSError, AttributeError):
+        return False
+    return True
+
+
 def run_cell(case: dict) -> dict:
     """One (form, N) cell in this process: cache bytes after the context, peak resident memory
     above the base, tokens/s of the decoding steps (see the module docstring)."""
@@ -163,8 +192,10 @@ def run_cell(case: dict) -> dict:
         cache = _cache(form, s)
         tokens = torch.randn(1, s.warmup + s.new_tokens, s.d_model)
         base = peak_rss()
+        rss = _status("VmRSS")
         fill(form, layer, cache, n, s)
         cache_bytes = cache.nbytes
+        reset = rss is not None and _reset_peak()
         step = _decoder(form, layer, cache)
         times = []
         for i in range(s.warmup + s.new_tokens):
@@ -180,6 +211,8 @@ def run_cell(case: dict) -> dict:
         "peak_bytes": peak_rss(),
         "base_bytes": base,
         "step_seconds": statistics.median(times),
+        "decode_peak_bytes": _status("VmHWM") if reset else None,
+        "base_rss_bytes": rss if reset else None,
     }
 
 
@@ -188,6 +221,12 @@ def _ratio(x: float | None, ref: float | None) -> str:
         return "—"
     r = x / ref
     return f"{r:.3f}" if r < 0.1 else f"{r:.2f}"
+
+
+def _decoding_peak(r: dict) -> int | None:
+    if r.get("decode_peak_bytes") is None or r.get("base_rss_bytes") is None:
+        return None
+    return r["decode_peak_bytes"] - r["base_rss_bytes"]
 
 
 def table(results: Sequence[dict], s: Sizes, threads: int = 1) -> str:
@@ -205,32 +244,39 @@ def table(results: Sequence[dict], s: Sizes, threads: int = 1) -> str:
         f"{s.kv_rank}, d_h^R = {s.rope_dim}; streaming with {s.sinks} sinks + a window of "
         f"{s.window}; linear family with one {d_h} × {d_h} state per head. After the context, "
         f"{s.new_tokens} tokens decoded one at a time ({s.warmup} more before them, not timed). "
-        "Cache: bytes of the cache's tensors after the context, per token of context; peak: "
-        "the process's peak resident memory above its base, in a fresh process per cell; "
+        "Cache: bytes of the cache's tensors after the context, per token of context; peaks: "
+        "the process's peak resident memory above its base before the context, over the "
+        "decoding steps alone and over the whole cell, in a fresh process per cell; "
         "tokens/s: 1 / median step time. Ratios: against MHA at the same N.",
         "",
-        "| N | form | cache (MiB) | cache bytes / token | vs MHA | peak above base (MiB) "
-        "| vs MHA | decode (tokens/s) | vs MHA |",
-        "|---:|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| N | form | cache (MiB) | cache bytes / token | vs MHA | decoding peak above base "
+        "(MiB) | vs MHA | peak above base, context + decoding (MiB) | vs MHA "
+        "| decode (tokens/s) | vs MHA |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for n in contexts:
         ref = by.get(("mha", n), {})
         ref_cache = ref.get("cache_bytes")
         ref_peak = None if "peak_bytes" not in ref else ref["peak_bytes"] - ref["base_bytes"]
+        ref_decoding = _decoding_peak(ref)
         ref_rate = 1 / ref["step_seconds"] if ref.get("step_seconds") else None
         for form in forms:
             r = by.get((form, n))
             if r is None:
                 continue
             if "error" in r:
-                lines.append(f"| {n} | {form} | — | — | — | — | — | — ({r['error']}) | — |")
+                cells = " | ".join(["—"] * 7)
+                lines.append(f"| {n} | {form} | {cells} | — ({r['error']}) | — |")
                 continue
             peak = r["peak_bytes"] - r["base_bytes"]
             rate = 1 / r["step_seconds"]
             per_token = r["cache_bytes"] / n
+            decoding = _decoding_peak(r)
+            shown = "—" if decoding is None else f"{decoding / 2**20:.1f}"
             lines.append(
                 f"| {n} | {form} | {r['cache_bytes'] / 2**20:.2f} | {per_token:,.0f} "
-                f"| {_ratio(r['cache_bytes'], ref_cache)} | {peak / 2**20:.1f} "
+                f"| {_ratio(r['cache_bytes'], ref_cache)} | {shown} "
+                f"| {_ratio(decoding, ref_decoding)} | {peak / 2**20:.1f} "
                 f"| {_ratio(peak, ref_peak)} | {rate:.1f} | {_ratio(rate, ref_rate)} |"
             )
     return "\n".join(lines)

@@ -109,10 +109,14 @@ def feature_attention(fq: Tensor, fk: Tensor, v: Tensor, keep: Tensor | None = N
         context (…, M, d_v).
     """
     fk, v = _drop(fk, keep), _drop(v, keep)
-    kv = torch.einsum("...nm,...nd->...md", fk, v)
+    kv = fk.transpose(-1, -2) @ v
     num = fq @ kv
-    den = (fq * fk.sum(-2, keepdim=True)).sum(-1, keepdim=True)
-    return _divide(num, den)
+    den = fq @ fk.sum(-2).unsqueeze(-1)  # (…, M, 1)
+    ok = den != 0
+    out = num * torch.where(ok, 1 / torch.where(ok, den, 1), 0)  # one pass over (…, M, d_v)
+    if not bool(ok.all()):  # a row with no kernel mass: context 0 whatever num holds
+        out = torch.where(ok, out, 0)
+    return out
 
 
 FeatureMap = Callable[..., Tensor]

@@ -129,6 +129,9 @@ def segment_means(x: Tensor, m: int, keep: Tensor | None = None) -> tuple[Tensor
         landmarks (…, m, d) (0 where empty) and ``present`` (…, m, 1), True where non-empty.
     """
     n = x.shape[-2]
+    if keep is None and n % m == 0:  # segments of n/m rows: a mean over a reshape
+        present = torch.ones(m, 1, dtype=torch.bool, device=x.device)
+        return x.unflatten(-2, (m, n // m)).mean(-2), present
     if keep is None:
         keep = torch.ones(n, 1, dtype=torch.bool, device=x.device)
     keep = keep.broadcast_to(*keep.shape[:-2], n, 1)
@@ -242,9 +245,11 @@ def landmark_attention(
     k = zero_rows(k.to(work), key_keep).broadcast_to(*lead, n, k.shape[-1])
     v = zero_rows(v.to(work), key_keep)
     ql, q_present, kl, k_present = landmarks(q, k, query_keep, key_keep)
-    kp = k_present.transpose(-1, -2)
+    # every landmark non-empty (the usual case): no mask to apply to the factors
+    q_present = None if bool(q_present.all()) else q_present
+    kp = None if bool(k_present.all()) else k_present.transpose(-1, -2)
     f = part.align(score(q, kl), _both(query_keep, kp)).weights
-    a = part.align(score(ql, kl), q_present & kp).weights
+    a = part.align(score(ql, kl), _both(q_present, kp)).weights
     b = part.align(score(ql, k), _both(q_present, key_row)).weights
     z = part.pseudo_inverse(a)
     context = f @ (z @ (b @ v))

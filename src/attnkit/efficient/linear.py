@@ -178,14 +178,10 @@ class LinearAttention(nn.Module):
         if self.causal:
             check_causal(q, k, who)
         keep = kz.key_mask(mask, torch.Size((*lead, q.shape[-2], k.shape[-2])), who)
-        if isinstance(self.phi, (EluPlusOne, ReLUFeatures)):  # elementwise: rows by chunks
-            return attend_inputs(self, self._phi, self._phi, q, k, v, keep, need_weights,
-                                 m=q.shape[-1])  # fmt: skip
+        # Elementwise maps (…, L, d) are the inputs' size: formed whole, they cost no more
+        # memory than the inputs and no recomputation in the backward pass.
         fq, fk = self.features(q), self.features(k)
         return attend(self, fq, fk, v, keep, need_weights)
-
-    def _phi(self, x: Tensor) -> Tensor:
-        return self.phi(x)
 
     def step(
         self, q: Tensor, k: Tensor, v: Tensor, state: tuple[Tensor, Tensor] | None = None

@@ -59,8 +59,8 @@ class NystromAttention(LandmarkAttention):
 
     @staticmethod
     def score(x: Tensor, y: Tensor) -> Tensor:
-        """Scaled dot products x yᵀ/√d."""
-        return x @ y.transpose(-1, -2) / x.shape[-1] ** 0.5
+        """Scaled dot products x yᵀ/√d (x scaled: (P, d) multiplications, not (P, R))."""
+        return (x * x.shape[-1] ** -0.5) @ y.transpose(-1, -2)
 
     @classmethod
     def example(cls):

@@ -141,8 +141,7 @@ class Kernel:
         if self.supports_dtypes is not None and dtype not in self.supports_dtypes:
             listed = _listed(str(d).removeprefix("torch.") for d in self.supports_dtypes)
             reasons.append(
-                f"the {name} kernel takes {listed} inputs, not "
-                f"{str(dtype).removeprefix('torch.')}"
+                f"the {name} kernel takes {listed} inputs, not {str(dtype).removeprefix('torch.')}"
             )
         if self.max_tokens is not None:
             m, n = call.shape[-2], call.shape[-1]
@@ -289,12 +288,11 @@ def register(kernel: K | type[K]) -> K | type[K]:
 
 
 def _check_declared(cls: type[Kernel]) -> None:
-    for attr, kind in (("name", str), ("priority", int)):
+    for attr, kind, words in (("name", str, "a str"), ("priority", int, "an int")):
         value = getattr(cls, attr, None)
         if not isinstance(value, kind) or isinstance(value, bool):
             raise TypeError(
-                f"kernel class {cls.__qualname__} must set {attr} to a {kind.__name__}, "
-                f"got {value!r}"
+                f"kernel class {cls.__qualname__} must set {attr} to {words}, got {value!r}"
             )
 
 

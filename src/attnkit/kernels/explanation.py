@@ -6,9 +6,9 @@ as a table::
 
     >>> print(ak.kernels.explain(q, k, v, align="sparsemax"))
     kernel 'dense' evaluates this call (automatic selection, by priority)
-      sdpa     (priority 30)  not supported: the Sparsemax alignment is not softmax with ...
-      chunked  (priority 20)  supported, not preferred: automatic selection takes it for ...
-      dense    (priority 0)   chosen
+      sdpa     (priority 30)   not supported: the Sparsemax alignment is not softmax with ...
+      chunked  (priority 20)   supported, but taken automatically only for a block mask, ...
+      dense    (priority 0)    chosen
 """
 
 from __future__ import annotations
@@ -191,9 +191,6 @@ def explain(
         prefers = None if reasons else candidate.prefers(call)
         why = candidate.not_preferred_reason(call) if prefers is False else ""
         verdicts.append(Verdict(name, candidate.priority, reasons, prefers, why))
-        if chosen is None and not reasons:
-            if forced is None and prefers:
-                chosen = name
-        if forced == name and not reasons:
+        if not reasons and (forced == name or (forced is None and prefers and chosen is None)):
             chosen = name
     return Explanation(chosen, forced, tuple(verdicts))

@@ -98,26 +98,21 @@ class Flex(Kernel):
 
     name = "flex"
     priority = 5
+    needs_dot_product_score = True
+    supports_multi_dimensional = False
+    needs_softmax = True
+    returns_weights = False
+    accepts_mask = False  # fold a mask into the mask function
+    accepts_bias = False  # fold a bias into the score_mod
+    accepts_dropout = False
+    preference = 'when named (kernel="flex"): its first call per shape compiles for seconds'
 
-    def reasons_not_supported(self, call: Call) -> list[str]:
-        reasons = []
+    def extra_reasons(self, call: Call) -> list[str]:
         if not available():
             return ["this torch has no torch.nn.attention.flex_attention"]
+        reasons = []
         if call.block_mask is None or call.block_mask.mask_mod is None:
             reasons.append("the flex kernel takes a block mask built from a mask function")
-        if call.need_weights:
-            reasons.append("FlexAttention does not return the weights (need_weights=True)")
-        if call.dropout > 0.0:
-            reasons.append(f"the flex kernel does not apply dropout (dropout={call.dropout})")
-        if not call.score.dot_product_form or call.score.multi_dimensional:
-            reasons.append(f"the {type(call.score).__name__} score is not in dot-product form")
-        if call.align.softmax_temperature() is None:
-            reasons.append(
-                f"the {type(call.align).__name__} alignment is not softmax with a constant "
-                "temperature"
-            )
-        if call.mask is not None or call.bias is not None:
-            reasons.append("the flex kernel takes no mask= or bias= (fold them into the patterns)")
         if call.q is None or call.q.dim() != 4 or call.k.dim() != 4 or call.v.dim() != 4:
             reasons.append("the flex kernel takes q, k, v of shape (B, H, L, d)")
         elif len({call.q.dtype, call.k.dtype, call.v.dtype}) != 1:

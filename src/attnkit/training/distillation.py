@@ -3,8 +3,9 @@ the teacher's weights serving as soft gold.
 
 Per matched (layer, head), the loss is KL(teacher ‖ student) = Σ_j t_ij (log t_ij − log s_ij),
 averaged over query rows (as MiniLM, Wang et al. 2020, on the last layer), or the mean
-squared error between the maps (as TinyBERT, Jiao et al. 2020, over uniformly mapped layers). It is added to the student's task loss. Rows where the teacher has no mass (fully
-masked) do not count.
+squared error between the maps (as TinyBERT, Jiao et al. 2020, over uniformly mapped layers).
+It is added to the student's task loss. Rows where the teacher has no mass (fully masked) do
+not count.
 
 :func:`attention_distillation_loss` takes the weights; :func:`distill` runs teacher and student
 on the same inputs, pairs their attention modules (:mod:`attnkit.training.weight_matching`) and

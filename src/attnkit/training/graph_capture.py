@@ -14,6 +14,7 @@ weights of one head of one layer, differentiably.
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -28,11 +29,12 @@ from attnkit.multihead import MultiHeadAttention
 __all__ = ["attention_modules", "capture_weights", "stack_head_weights"]
 
 
-def _takes_need_weights(module: nn.Module) -> bool:
-    if isinstance(module, (MultiHeadAttention, Attention)):
+@functools.cache
+def _takes_need_weights(cls: type[nn.Module]) -> bool:
+    if issubclass(cls, (MultiHeadAttention, Attention)):
         return True
     try:
-        params = inspect.signature(module.forward).parameters
+        params = inspect.signature(cls.forward).parameters
     except (TypeError, ValueError):
         return False
     need = params.get("need_weights")
@@ -47,11 +49,19 @@ def attention_modules(model: nn.Module) -> dict[str, nn.Module]:
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
     found: dict[str, nn.Module] = {}
-    for name, module in model.named_modules():
-        if any(outer == "" or name.startswith(outer + ".") for outer in found):
-            continue
-        if _takes_need_weights(module):
+    seen: set[int] = set()
+
+    def walk(module: nn.Module, name: str) -> None:
+        if id(module) in seen:  # a shared module is recorded under its first name
+            return
+        seen.add(id(module))
+        if _takes_need_weights(type(module)):
             found[name] = module
+            return
+        for child_name, child in module.named_children():
+            walk(child, f"{name}.{child_name}" if name else child_name)
+
+    walk(model, "")
     return found
 
 
@@ -120,8 +130,10 @@ def stack_head_weights(
             f"stack must hold its layers in a ModuleList `layers` (a TransformerEncoder or "
             f"TransformerDecoder), got {type(stack).__name__}"
         )
-    if isinstance(layer, bool) or not isinstance(layer, int) or not -len(layers) <= layer < len(
-        layers
+    if (
+        isinstance(layer, bool)
+        or not isinstance(layer, int)
+        or not -len(layers) <= layer < len(layers)
     ):
         raise ValueError(f"layer must be an int in [-{len(layers)}, {len(layers)}), got {layer!r}")
     part = getattr(layers[layer], attention, None)

@@ -41,8 +41,7 @@ def _parents(parents: object, weights: Tensor) -> Tensor:
     bad = (parents < -1) | (parents >= n)
     if bool(bad.any()):
         raise ValueError(
-            f"parents must be key indices in [0, {n}) or −1 (no parent), got "
-            f"{int(parents[bad][0])}"
+            f"parents must be key indices in [0, {n}) or −1 (no parent), got {int(parents[bad][0])}"
         )
     return parents.long()
 

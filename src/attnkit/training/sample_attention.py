@@ -10,9 +10,10 @@ robust to mislabelled support samples.
 :class:`SampleAttention` holds one learned query q_c per class in a learned key space; sample s
 of class c scores e_cs = −‖q_c − W x_s‖ (Euclidean score, Galassi Table IV) and the weights are
 a softmax over the samples labelled c only. The class prototype is the weighted mean
-p_c = Σ_s a_cs x_s. :meth:`SampleAttention.prototype_loss` trains it with a bounded loss of each sample's distance
-to its (noisy) class's prototype: the clean majority of a class pulls the prototype — and so
-the attention — towards itself, and samples that do not look like their class lose weight.
+p_c = Σ_s a_cs x_s. :meth:`SampleAttention.prototype_loss` trains it with a bounded loss of
+each sample's distance to its (noisy) class's prototype: the clean majority of a class pulls
+the prototype — and so the attention — towards itself, and samples that do not look like their
+class lose weight.
 """
 
 from __future__ import annotations
