@@ -17,9 +17,11 @@ Pairs (B=1, H=4, d=64, float32, CPU, one thread by default):
   ``LSHAttention`` with ``attend_across_buckets=False, allow_duplicate_attention=False`` (the
   exact attention over the union of the rounds that we compute): the output check draws the
   peer's random rotations from a seeded generator and gives us the same rotations.
-- sliding window |i − j| ≤ 256 (attnkit's block-sparse kernel with the window's block mask) vs
-  ``local-attention`` ``LocalAttention(window_size=256, look_backward=1, look_forward=1,
-  exact_windowsize=True)`` without rotary embeddings.
+- sliding window |i − j| ≤ 256 vs ``local-attention`` ``LocalAttention(window_size=256,
+  look_backward=1, look_forward=1, exact_windowsize=True)`` without rotary embeddings, two
+  ways: ``window``, :func:`attnkit.efficient.sliding_window.sliding_window_attention` (blocks
+  of queries against their band of keys); ``window-block``, ``attnkit.attention`` with the
+  window's block mask (the general block-sparse kernel).
 - linear attention (elu + 1) vs a plain PyTorch implementation (:func:`plain_linear`).
 
 Time: for each N, both sides in one process, paired repeats (ours then the peer, the order
@@ -63,6 +65,7 @@ from attnkit.efficient import (
     NystromAttention,
     Performer,
 )
+from attnkit.efficient.sliding_window import sliding_window_attention
 
 B, H, D = 1, 4, 64
 MiB = float(1 << 20)
@@ -74,6 +77,7 @@ PEERS = {
     "lsh1": "reformer_pytorch",
     "lsh2": "reformer_pytorch",
     "window": "local_attention",
+    "window-block": "local_attention",
     "linear": None,
 }
 WINDOW = 256
@@ -217,7 +221,7 @@ def _lsh(n: int, rounds: int) -> Pair:
     return Pair(lambda: ours(qk, None, v).context, run_peer, [qk, v], check)
 
 
-def _window(n: int) -> Pair:
+def _window(n: int, kernel: str = "banded") -> Pair:
     from local_attention import LocalAttention
 
     peer = LocalAttention(WINDOW, look_backward=1, look_forward=1, exact_windowsize=True)
@@ -225,7 +229,9 @@ def _window(n: int) -> Pair:
     q, k, v = _qkv(n)
 
     def ours():
-        return ak.attention(q, k, v, block_mask=bm).context
+        if kernel == "block-sparse":
+            return ak.attention(q, k, v, block_mask=bm).context
+        return sliding_window_attention(q, k, v, WINDOW)
 
     def check():
         with torch.no_grad():
@@ -252,6 +258,7 @@ BUILDERS: dict[str, Callable[[int], Pair]] = {
     "lsh1": lambda n: _lsh(n, 1),
     "lsh2": lambda n: _lsh(n, 2),
     "window": _window,
+    "window-block": lambda n: _window(n, "block-sparse"),
     "linear": _linear,
 }
 LABELS = {
@@ -260,7 +267,8 @@ LABELS = {
     "nystrom": "Nyström vs nystrom-attention",
     "lsh1": "LSH 1 hash vs reformer-pytorch",
     "lsh2": "LSH 2 hashes vs reformer-pytorch",
-    "window": "sliding window vs local-attention",
+    "window": "sliding window (banded) vs local-attention",
+    "window-block": "sliding window (block-sparse kernel) vs local-attention",
     "linear": "linear (elu+1) vs plain PyTorch",
 }
 

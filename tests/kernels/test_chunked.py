@@ -306,3 +306,27 @@ def test_only_score_mods_of_the_form_e_plus_f_are_read_as_additive():
         assert chunked._additive(mod), name
     for name, mod in other.items():
         assert chunked._additive(mod) is None, name
+
+
+def test_fused_block_sparse_with_a_temperature_bias_and_score_mod():
+    g = torch.Generator().manual_seed(14)
+    q, k, v = (torch.randn(2, 3, 37, 8, generator=g, dtype=torch.float64) for _ in range(3))
+    pattern = ak.patterns.sliding_window(8, causal=True)
+    bm = ak.patterns.block_mask(pattern, 37, block_q=8, block_k=8)
+    allowed = ak.patterns.dense(pattern, 37, 37)
+    bias = torch.randn(37, 37, generator=g, dtype=torch.float64)
+    mod, slopes = _alibi(3)
+    pos = torch.arange(37, dtype=torch.float64)
+    shift = slopes.view(3, 1, 1) * (pos[None, :] - pos[:, None])
+    align = ak.alignments.Softmax(temperature=2.5)
+    for kwargs, extra in [({}, None), ({"bias": bias}, bias), ({"score_mod": mod}, shift)]:
+        with _fused_spy() as spy:
+            out = ak.attention(q, k, v, align=align, block_mask=bm, **kwargs).context
+        assert spy.call_count == 1
+        e = q @ k.transpose(-1, -2) / 8**0.5 + (0 if extra is None else extra)
+        w = torch.softmax((e / 2.5).masked_fill(~allowed, float("-inf")), -1)
+        torch.testing.assert_close(out, w @ v, atol=1e-10, rtol=1e-10)
+    both = ak.attention(q, k, v, align=align, block_mask=bm, bias=bias, score_mod=mod).context
+    e = q @ k.transpose(-1, -2) / 8**0.5 + bias + shift
+    w = torch.softmax((e / 2.5).masked_fill(~allowed, float("-inf")), -1)
+    torch.testing.assert_close(both, w @ v, atol=1e-10, rtol=1e-10)

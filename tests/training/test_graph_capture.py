@@ -29,7 +29,7 @@ def test_attention_modules_names_the_outermost_attention_parts():
     ]
     mha = ak.MultiHeadAttention(8, 2)
     assert attention_modules(mha) == {"": mha}
-    with pytest.raises(TypeError, match="model must be an nn.Module"):
+    with pytest.raises(TypeError, match=r"model must be an nn\.Module"):
         attention_modules("encoder")
 
 

@@ -54,7 +54,7 @@ def test_loss_on_one_head_trains_only_what_that_head_depends_on():
     [
         (torch.zeros(2, 3), TypeError, "parents must be an integer tensor"),
         (torch.zeros(2, 4, dtype=torch.long), ValueError, r"shape \(2, 3\)"),
-        (torch.full((2, 3), 5), ValueError, r"key indices in \[0, 5\) or −1, got 5"),
+        (torch.full((2, 3), 5), ValueError, r"key indices in \[0, 5\) or −1 \(no parent\), got 5"),
         (torch.full((2, 3), -2), ValueError, "got -2"),
     ],
 )

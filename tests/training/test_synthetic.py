@@ -40,5 +40,5 @@ def test_errors(call, match):
 
 
 def test_generator_type_is_checked():
-    with pytest.raises(TypeError, match="generator must be a torch.Generator"):
+    with pytest.raises(TypeError, match=r"generator must be a torch\.Generator"):
         signal_sequences(2, 4, generator=0)

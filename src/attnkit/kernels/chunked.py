@@ -743,16 +743,22 @@ def _sparse_fused(plan: _Plan, q, k, v, bias, score: Score, align: Alignment) ->
                 rows_any = allowed.any(-1)
             attn_mask = None
             if bias is not None or plan.score_mod is not None:
-                add = torch.zeros((), dtype=dtype)
-                if bias is not None:
-                    b = _rows(bias, q0, q1, keys)
-                    add = add + (b if inv_t == 1.0 else b * inv_t)
-                if plan.score_mod is not None:
-                    width = keys.k1 - keys.k0 if keys.idx is None else keys.idx.numel()
-                    zero = torch.zeros((*lead, q1 - q0, width), dtype=dtype)
-                    f = apply_score_mod(plan.score_mod, zero, q0, keys.positions(zero.device))
-                    add = add + (f if inv_t == 1.0 else f * inv_t)
-                attn_mask = add if allowed is None else torch.where(allowed, add, neg)
+                width = keys.k1 - keys.k0 if keys.idx is None else keys.idx.numel()
+                rows = (*lead, q1 - q0, width)
+                base = torch.zeros((), dtype=dtype) if bias is None else _rows(bias, q0, q1, keys)
+                if plan.score_mod is not None:  # bias + f in one pass (f = score_mod(0) - 0)
+                    base = base.to(dtype).expand(rows)
+                    add = apply_score_mod(plan.score_mod, base, q0, keys.positions(base.device))
+                    if inv_t != 1.0:
+                        add.mul_(inv_t)  # a fresh tensor: score_mod is e + f
+                else:
+                    add = base if inv_t == 1.0 else base * inv_t
+                if allowed is None:
+                    attn_mask = add
+                elif plan.score_mod is not None:
+                    attn_mask = add.masked_fill_(~allowed, float("-inf"))
+                else:
+                    attn_mask = torch.where(allowed, add, neg)
             elif allowed is not None:
                 attn_mask = piece.additive.get(dtype) if piece.allowed is allowed else None
                 if attn_mask is None:
