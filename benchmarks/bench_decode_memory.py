@@ -3,6 +3,7 @@ absorbed), StreamingLLM's sinks + window cache and the gated linear-attention fa
 layer, after contexts of 1k to 32k tokens; ratios against MHA in the same run.
 
     python benchmarks/bench_decode_memory.py [--quick] [--contexts 1024 4096] [--forms mha gqa]
+        [--rounds 2]
 
 Each (form, N) cell runs in a fresh process (its peak resident memory is its own); see
 :mod:`attnkit.benchmarking.decode_memory`.
@@ -29,6 +30,9 @@ if __name__ == "__main__":
         "--forms", nargs="+", default=list(decode_memory.FORMS), choices=decode_memory.FORMS
     )
     parser.add_argument("--timeout", type=float, default=900, help="seconds per cell")
+    parser.add_argument(
+        "--rounds", type=int, default=1, help="runs of every cell; the fastest is shown"
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     print(f"Machine: {machine()}")
@@ -40,6 +44,7 @@ if __name__ == "__main__":
         forms=args.forms,
         contexts=args.contexts,
         timeout=args.timeout,
+        rounds=args.rounds,
     )
     print(report)
     print(f"\nLoad average at the end: {os.getloadavg()}")

@@ -298,7 +298,7 @@ def time_pair(pair: Pair, repeats: int) -> dict:
     ours, peer, ratios = [], [], []
     for r in range(repeats):
         t = {}
-        for side in (("ours", "peer") if r % 2 == 0 else ("peer", "ours")):
+        for side in ("ours", "peer") if r % 2 == 0 else ("peer", "ours"):
             fn = pair.ours if side == "ours" else pair.peer
             start = time.perf_counter()
             _step(fn, pair.leaves)

@@ -492,7 +492,7 @@ FIGURES: tuple[Figure, ...] = (
         Figure(
             f"pairs-quick-{attention}",
             ("run", "pairs", "--quick", "--compare", "attention=decomposable,parallel,nested"),
-            (Site(EXP, row(label, "{accuracy}", "{alignment}")),),
+            (Site(EXP, row(label, "{accuracy}", "{alignment_accuracy}")),),
             run=f"attention-{attention}",
         )
         for attention, label in (

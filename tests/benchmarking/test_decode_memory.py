@@ -122,3 +122,26 @@ def test_main_refuses_unknown_forms_and_bad_contexts():
         dm.main(quick=True, forms=["mha", "flash"])
     with pytest.raises(ValueError, match="contexts"):
         dm.main(quick=True, contexts=[0])
+
+
+def test_main_keeps_each_cells_fastest_round(monkeypatch):
+    calls = []
+
+    def fake(case, timeout, module):  # mha: slow then fast; gqa: fails then runs
+        calls.append((case["form"], case["n"]))
+        first = calls.count((case["form"], case["n"])) == 1
+        if case["form"] == "gqa" and first:
+            return {"error": "exit 1: killed"}
+        seconds = 0.004 if first else 0.002
+        return {"cache_bytes": 2**20, "cached_tokens": 8, "peak_bytes": 2, "base_bytes": 1,
+                "step_seconds": seconds, "decode_peak_bytes": 2, "base_rss_bytes": 1}  # fmt: skip
+
+    monkeypatch.setattr("attnkit.benchmarking.timing.in_subprocess", fake)
+    seen = []
+    rows = _rows(dm.main(quick=True, forms=["mha", "gqa"], contexts=[8], rounds=2,
+                         progress=seen.append))  # fmt: skip
+    assert calls == [("mha", 8), ("gqa", 8)] * 2 and len(seen) == 4
+    assert [r[1] for r in rows] == ["mha", "gqa"]
+    assert rows[0][9] == rows[1][9] == "500.0"  # 1 / 0.002 s: the faster round
+    with pytest.raises(ValueError, match="rounds"):
+        dm.main(quick=True, rounds=0)

@@ -153,9 +153,9 @@ def test_rfa_by_chunks_equals_its_whole_feature_maps_and_learns_sigma(monkeypatc
 
 
 @pytest.mark.parametrize("feature_map", ["elu+1", "relu"])
-def test_linear_attention_by_chunks_equals_its_whole_feature_maps(monkeypatch, feature_map):
-    monkeypatch.setattr(kz, "CHUNK_ELEMENTS", 16 * 6)  # 16-row chunks of N = 33
-    monkeypatch.setattr(kz, "WHOLE_BYTES", 0)  # by chunks even at this size
+def test_linear_attention_equals_its_whole_feature_maps(monkeypatch, feature_map):
+    # elementwise maps are the inputs' size: formed whole whatever WHOLE_BYTES says
+    monkeypatch.setattr(kz, "WHOLE_BYTES", 0)
     q, k, v, _ = _inputs(10, lead_q=(2,), lead_kv=(2,), m_rows=33, n=33, d=6, dv=3)
     part = LinearAttention(feature_map)
     mask = masks.from_lengths(torch.tensor([33, 14]), 33)
@@ -202,3 +202,22 @@ def test_causal_rows_are_untouched_by_a_non_finite_later_key_or_value(chunk, bad
     out = kz.causal_feature_attention(fq, fk_bad, v_bad, chunk_size=chunk)
     torch.testing.assert_close(out[:, :t], ref[:, :t])
     torch.testing.assert_close(kz.causal_feature_attention(fq, fk, v, chunk_size=chunk), ref)
+
+
+def test_zero_denominators_give_zero_context_and_finite_gradients():
+    """ReLU features that vanish for a query (φ(q) = 0): context 0 and gradients 0 for that
+    row, the other rows as the plain ratio (Katharopoulos eq. 5)."""
+    g = torch.Generator().manual_seed(4)
+    fq = torch.rand(2, 5, 3, generator=g, dtype=D)
+    fq[:, 1] = 0
+    fq.requires_grad_()
+    fk = torch.rand(2, 6, 3, generator=g, dtype=D, requires_grad=True)
+    v = torch.randn(2, 6, 4, generator=g, dtype=D, requires_grad=True)
+    out = kz.feature_attention(fq, fk, v)
+    s = fq @ fk.transpose(-1, -2)
+    ref = s / s.sum(-1, keepdim=True) @ v
+    assert (out[:, 1] == 0).all()
+    keep = torch.tensor([True, False, True, True, True])
+    torch.testing.assert_close(out[:, keep], ref[:, keep])
+    out.sum().backward()
+    assert torch.isfinite(fq.grad).all() and torch.isfinite(fk.grad).all()

@@ -23,6 +23,22 @@ def test_segment_means_are_the_means_of_consecutive_segments():
     torch.testing.assert_close(got, x)
 
 
+def test_segment_means_with_and_without_a_mask_agree():
+    """The unmasked means (a reshape when m divides L) equal the masked computation with every
+    row kept; when m does not divide L, row r goes to segment ⌊r·m/L⌋."""
+    x = torch.randn(2, 3, 12, 5, dtype=D)
+    everything = torch.ones(12, 1, dtype=torch.bool)
+    for m in (1, 3, 4, 12, 5):
+        fast, present = segment_means(x, m)
+        slow, present_slow = segment_means(x, m, everything)
+        torch.testing.assert_close(fast, slow)
+        assert torch.equal(present.broadcast_to(present_slow.shape), present_slow)
+    got, _ = segment_means(x, 5)
+    segment = torch.arange(12) * 5 // 12
+    ref = torch.stack([x[..., segment == s, :].mean(-2) for s in range(5)], -2)
+    torch.testing.assert_close(got, ref)
+
+
 def test_padded_rows_are_removed_wherever_they_are():
     x = torch.randn(10, 3, dtype=D)
     keep = torch.tensor([1, 0, 1, 1, 0, 1, 1, 0, 1, 1], dtype=torch.bool)[:, None]

@@ -87,6 +87,41 @@ def test_equals_attention_over_the_union_of_the_rounds(buckets, rounds, chunk):
     assert_same_forward_backward(lambda: part(q, k, v).context, lambda: ref_out, [q, k, v])
 
 
+@pytest.mark.parametrize("shared", [False, True])
+@pytest.mark.parametrize("rounds", [1, 2, 3])
+@pytest.mark.parametrize("m, n", [(24, 24), (22, 22), (16, 21), (21, 16)])
+def test_unmasked_path_equals_the_general_one(shared, rounds, m, n):
+    """Without mask, bias or weights the rounds run through one node each; the general path
+    (taken when the weights are asked for) gives the same context and gradients, also when
+    the chunks do not divide the queries (padded slots) and M ≠ N."""
+    if shared and m != n:
+        return
+    q, k, v = _inputs(m=m, n=n, d=6, dv=3, seed=rounds)
+    part = LSHAttention(6, 4, rounds, 4, seed=2).to(D).eval()
+    key = None if shared else k
+    assert_same_forward_backward(
+        lambda: part(q, key, v).context,
+        lambda: part(q, key, v, need_weights=True).context,
+        [q, k, v],
+        atol=1e-12,
+        rtol=1e-10,
+    )
+
+
+def test_unmasked_path_second_derivatives_and_non_finite_values():
+    q, k, v = _inputs(m=12, n=12, d=6, dv=3, seed=7)
+    part = LSHAttention(6, 2, 2, 4, seed=3).to(D).eval()
+    q, k, v = (x.detach()[:1].requires_grad_() for x in (q, k, v))
+    assert torch.autograd.gradgradcheck(lambda q, k, v: part(q, k, v).context, (q, k, v))
+    # a NaN value: the rows that give it weight 0 stay finite, as on the general path
+    bad = v.detach().clone()
+    bad[0, 5] = torch.nan
+    out = part(q, k, bad).context
+    ref = part(q, k, bad, need_weights=True).context
+    assert torch.equal(torch.isnan(out), torch.isnan(ref))
+    torch.testing.assert_close(out.nan_to_num(0.0), ref.nan_to_num(0.0))
+
+
 def test_shared_qk_excludes_self_unless_alone_and_padding_sorts_last():
     q, _, v = _inputs(m=9, n=9)
     mask = ak.masks.from_lengths(torch.tensor([9, 6]), 9)

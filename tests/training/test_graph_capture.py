@@ -110,3 +110,13 @@ def test_stack_head_weights_errors(kwargs, error, match):
 def test_stack_head_weights_needs_a_stack():
     with pytest.raises(TypeError, match="stack must hold its layers"):
         stack_head_weights(ak.MultiHeadAttention(8, 2), torch.randn(1, 3, 8), layer=0)
+
+
+def test_a_failed_call_does_not_stop_the_recording():
+    mha = ak.MultiHeadAttention(8, 2)
+    with capture_weights(mha) as records:
+        with pytest.raises(ValueError, match="has 7 features"):
+            mha(torch.randn(1, 3, 7))
+        mha(torch.randn(1, 3, 8))
+    (calls,) = records.values()
+    assert len(calls) == 1

@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 
+import attnkit as ak
 from attnkit.evaluation import capture
 from attnkit.training.sample_attention import SampleAttention
 
@@ -21,20 +22,21 @@ def test_weights_prototypes_and_sample_weights():
     with capture(attention) as records:
         out = attention(x, labels)
     assert out.weights.shape == (4, 7) and out.prototypes.shape == (4, 3)
+    weights, sample_weights = out.weights.detach(), out.sample_weights.detach()
     for c in range(4):
         members = (labels == c).nonzero().flatten().tolist()
         keys = (x @ attention.key.weight.T).detach()
         query = attention.queries[c].detach()
         scores = [-float((query - keys[s]).norm()) for s in members]
         expected = torch.tensor(scores).softmax(0) if members else torch.zeros(0)
-        torch.testing.assert_close(out.weights[c, members].detach(), expected)
+        torch.testing.assert_close(weights[c, members], expected)
         outside = [s for s in range(7) if s not in members]
-        assert out.weights[c, outside].abs().sum() == 0
-        proto = sum((float(out.weights[c, s]) * x[s] for s in members), torch.zeros(3))
+        assert weights[c, outside].abs().sum() == 0
+        proto = sum((float(weights[c, s]) * x[s] for s in members), torch.zeros(3))
         torch.testing.assert_close(out.prototypes[c].detach(), proto)
         for s in members:
-            assert float(out.sample_weights[s]) == pytest.approx(
-                float(out.weights[c, s]) * len(members), rel=1e-5
+            assert float(sample_weights[s]) == pytest.approx(
+                float(weights[c, s]) * len(members), rel=1e-5
             )
     assert set(records) == {"attention"}  # the weights go through the core's capture hook
 
@@ -93,3 +95,12 @@ def test_mislabelled_samples_get_low_weight():
     # ranking by weight separates the planted samples (AUROC)
     auroc = (weights[~noisy][:, None] > weights[noisy][None]).float().mean()
     assert float(auroc) > 0.95
+
+
+def test_describe_reads_a_learned_query_per_class():
+    row = ak.describe(SampleAttention(3, 2))
+    assert (row.query_type, row.query_multiplicity, row.scoring) == (
+        "Self-Attentive",
+        "Capsule-Based",
+        "Similarity",
+    )

@@ -195,6 +195,7 @@ def run_cell(case: dict) -> dict:
         rss = _status("VmRSS")
         fill(form, layer, cache, n, s)
         cache_bytes = cache.nbytes
+        context_peak = peak_rss()  # before the reset, which also resets ru_maxrss
         reset = rss is not None and _reset_peak()
         step = _decoder(form, layer, cache)
         times = []
@@ -208,7 +209,7 @@ def run_cell(case: dict) -> dict:
         "n": n,
         "cache_bytes": cache_bytes,
         "cached_tokens": len(cache),
-        "peak_bytes": peak_rss(),
+        "peak_bytes": max(context_peak, peak_rss()),
         "base_bytes": base,
         "step_seconds": statistics.median(times),
         "decode_peak_bytes": _status("VmHWM") if reset else None,
@@ -289,29 +290,41 @@ def main(
     forms: Sequence[str] = FORMS,
     contexts: Sequence[int] | None = None,
     timeout: float = 900,
+    rounds: int = 1,
 ) -> str:
-    """Run every (form, N) cell in a fresh process and return the table as markdown."""
+    """Run every (form, N) cell in a fresh process and return the table as markdown.
+
+    With ``rounds`` > 1 every cell runs that many times (all cells once, then again), and the
+    table shows, for each cell, the round with the fastest decoding steps: the one least
+    disturbed by other work on a shared machine."""
     from attnkit.benchmarking.timing import in_subprocess
 
     unknown = [f for f in forms if f not in FORMS]
     if unknown:
         raise ValueError(f"forms: unknown {unknown}, expected some of {list(FORMS)}")
+    if not isinstance(rounds, int) or rounds < 1:
+        raise ValueError(f"rounds must be a positive integer, got {rounds!r}")
     s = sizes(quick)
     if contexts is not None:
         bad = [n for n in contexts if not isinstance(n, int) or n < 1]
         if bad:
             raise ValueError(f"contexts must be positive integers, got {bad}")
         s = Sizes(**{**asdict(s), "contexts": tuple(contexts)})
-    results = []
-    for n in s.contexts:
-        for form in forms:
-            progress(f"{form} N={n}")
-            case = {"form": form, "n": n, "sizes": asdict(s), "threads": threads}
-            out = in_subprocess(case, timeout, module="attnkit.benchmarking.decode_memory")
-            results.append({"form": form, "n": n, **out})
-            if "error" in out:
-                progress(f"{form} N={n}: {out['error']}")
-    return table(results, s, threads)
+    best: dict[tuple[str, int], dict] = {}
+    for round_ in range(rounds):
+        for n in s.contexts:
+            for form in forms:
+                case = {"form": form, "n": n, "sizes": asdict(s), "threads": threads}
+                out = in_subprocess(case, timeout, module="attnkit.benchmarking.decode_memory")
+                progress(f"round {round_ + 1}: {json.dumps({'form': form, 'n': n, **out})}")
+                kept = best.get((form, n))
+                if (
+                    kept is None
+                    or "error" in kept
+                    or ("error" not in out and out["step_seconds"] < kept["step_seconds"])
+                ):
+                    best[form, n] = {"form": form, "n": n, **out}
+    return table(list(best.values()), s, threads)
 
 
 if __name__ == "__main__":

@@ -32,7 +32,7 @@ class EluPlusOne(nn.Module):
     """φ(x) = elu(x) + 1 (Katharopoulos eq. 7): positive, with gradients everywhere."""
 
     def forward(self, x: Tensor) -> Tensor:
-        return F.elu(x) + 1
+        return F.elu(x).add_(1)  # elu's backward reads its input, so its output can take the 1
 
 
 class ReLUFeatures(nn.Module):
@@ -224,14 +224,23 @@ def attend_inputs(
     the (…, N, m) maps never formed) once the maps are over :data:`kernelized.WHOLE_BYTES`; the
     whole maps for smaller ones, the causal form or the weights."""
     lead = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
-    size = lead.numel() * max(q.shape[-2], k.shape[-2]) * m * q.element_size()
-    if part.causal or need_weights or hooks.listening() or size <= kz.WHOLE_BYTES:
+    if whole_maps(part, q, k, v, need_weights, m):
         return attend(part, phi_q(q, *params), phi_k(k, *params), v, keep, need_weights)
     chunk = kz.chunk_rows(lead, m)
     context = kz.chunked_feature_attention(
         phi_q, phi_k, q, k, v, keep, params=params, chunk_size=chunk
     )
     return HeadOutput(context, None)
+
+
+def whole_maps(
+    part: nn.Module, q: Tensor, k: Tensor, v: Tensor, need_weights: bool, m: int
+) -> bool:
+    """Whether :func:`attend_inputs` forms the whole (…, L, m) maps: causal, weights asked for
+    or listened to, or maps of at most :data:`kernelized.WHOLE_BYTES`."""
+    lead = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
+    size = lead.numel() * max(q.shape[-2], k.shape[-2]) * m * q.element_size()
+    return part.causal or need_weights or hooks.listening() or size <= kz.WHOLE_BYTES
 
 
 def attend(

@@ -516,7 +516,5 @@ def _round_grads(ctx, qs, ks, vs, d_out, d_lse):
             outs.append(torch.where(has.squeeze(-1), lse, 0))
             grads.append(d_lse)
         wanted = [x for x in inputs if x.requires_grad]
-        found = iter(
-            torch.autograd.grad(outs, wanted, grads, create_graph=True, allow_unused=True)
-        )
+        found = iter(torch.autograd.grad(outs, wanted, grads, create_graph=True, allow_unused=True))
     return [next(found) if x.requires_grad else None for x in inputs]

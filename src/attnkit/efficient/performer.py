@@ -38,7 +38,14 @@ from torch import Tensor, nn
 from attnkit import arguments, masks
 from attnkit import taxonomy as tx
 from attnkit.efficient import kernelized as kz
-from attnkit.efficient.linear import attend_inputs, causal_rows, check_causal, refuse_bias
+from attnkit.efficient.linear import (
+    attend,
+    attend_inputs,
+    causal_rows,
+    check_causal,
+    refuse_bias,
+    whole_maps,
+)
 from attnkit.efficient.lsh import HeadOutput, check_head_inputs
 from attnkit.mechanisms import REGISTRY, example_tensor
 
@@ -154,7 +161,7 @@ class Performer(nn.Module):
             return self._relu_features(x)
         if is_query:
             return self._query_features(x)
-        return self._shifted(x, self._key_shift(x, keep, x.shape[-2]))
+        return self._key_features(x, keep)
 
     def _relu_features(self, x: Tensor) -> Tensor:
         return torch.relu(x @ self.omega.to(x.dtype).T) / math.sqrt(self.n_features)
@@ -166,13 +173,24 @@ class Performer(nn.Module):
         return wx - (x * x).sum(-1, keepdim=True) / 2
 
     def _query_features(self, x: Tensor) -> Tensor:
-        # a per-row constant cancels in each query's normalisation
-        logits = self._logits(x)
-        shift = logits.amax(-1, keepdim=True)
-        return torch.exp(logits - shift.detach()) / math.sqrt(self.n_features)
+        # A per-row constant cancels in each query's normalisation: −‖x‖²/2 is one, so only
+        # ω·x is formed, less its row maximum (and with 1/√m as log √m in the exponent).
+        wx = (x * self.d**-0.25) @ self.omega.to(x.dtype).T
+        shift = wx.amax(-1, keepdim=True).detach() + 0.5 * math.log(self.n_features)
+        return wx.sub_(shift).exp_()
 
     def _shifted(self, x: Tensor, shift: Tensor) -> Tensor:
-        return torch.exp(self._logits(x) - shift) / math.sqrt(self.n_features)
+        return self._logits(x).sub_(shift + 0.5 * math.log(self.n_features)).exp_()
+
+    def _key_features(self, x: Tensor, keep: Tensor | None) -> Tensor:
+        """φ(k) of all the keys at once, with the keys' stabiliser of :meth:`_key_shift` taken
+        from the same logits (formed once)."""
+        logits = self._logits(x)
+        with torch.no_grad():
+            real = logits if keep is None else torch.where(keep, logits, -torch.inf)
+            shift = real.amax((-1, -2), keepdim=True)
+            shift = torch.where(torch.isfinite(shift), shift, 0)
+        return logits.sub_(shift + 0.5 * math.log(self.n_features)).exp_()
 
     @torch.no_grad()
     def _key_shift(self, k: Tensor, keep: Tensor | None, chunk: int) -> Tensor:
@@ -218,6 +236,10 @@ class Performer(nn.Module):
         m = self.n_features
         if self.kernel == "relu":
             phi_q = phi_k = self._relu_features
+        elif whole_maps(self, q, k, v, need_weights, m):  # logits of the keys formed once
+            return attend(
+                self, self._query_features(q), self._key_features(k, keep), v, keep, need_weights
+            )
         else:
             phi_q = self._query_features
             shift = self._key_shift(k, keep, kz.chunk_rows(torch.Size(lead), m))

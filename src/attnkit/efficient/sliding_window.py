@@ -142,8 +142,7 @@ def sliding_window_attention(
             key_mask = key_mask.broadcast_to(*lead, n).reshape(-1, n)
         except RuntimeError:
             raise ValueError(
-                f"key_mask of shape {tuple(key_mask.shape)} does not broadcast to "
-                f"{(*lead, n)}"
+                f"key_mask of shape {tuple(key_mask.shape)} does not broadcast to {(*lead, n)}"
             ) from None
     size = min(size, max(n - 1, 0))
     flat = [x.broadcast_to(*lead, n, x.shape[-1]).reshape(-1, n, x.shape[-1]) for x in (q, k, v)]

@@ -733,8 +733,9 @@ def _sparse_fused(plan: _Plan, q, k, v, bias, score: Score, align: Alignment) ->
             keys = piece.keys
             allowed, rows_any = piece.allowed, piece.rows_any
             causal = piece.causal
-            if causal and (plan.mask is not None or bias is not None or plan.score_mod is not None):
-                # the triangle as a mask, beside the call's own mask or additive terms
+            if causal and plan.mask is not None:
+                # the triangle as a mask, beside the call's own mask (an additive mask alone
+                # goes with the causal evaluation)
                 base = torch.ones(q1 - q0, q1 - q0, dtype=torch.bool, device=qb.device)
                 allowed, causal = (base.triu() if piece.flip else base.tril()), False
             if plan.mask is not None:  # the call's own mask: every piece is masked
@@ -767,8 +768,9 @@ def _sparse_fused(plan: _Plan, q, k, v, bias, score: Score, align: Alignment) ->
                         piece.additive[dtype] = attn_mask
             kb, vb = keys.take(kp, -2), keys.take(v, -2)
             if causal and piece.flip:  # key ≥ query is key' ≤ query' on reversed positions
+                flipped = None if attn_mask is None else attn_mask.flip(-2, -1)
                 out, lse = _fused_piece(
-                    qb.flip(-2), kb.flip(-2), vb.flip(-2), None, True, scale * inv_t
+                    qb.flip(-2), kb.flip(-2), vb.flip(-2), flipped, True, scale * inv_t
                 )
                 out, lse = out.flip(-2), lse.flip(-1)
             else:

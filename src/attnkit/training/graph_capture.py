@@ -72,7 +72,9 @@ def capture_weights(model: nn.Module) -> Iterator[dict[str, list[Tensor]]]:
     one entry per call, **with their graph**: a loss on them trains the model.
 
     Multi-head modules give (B, …, H, M, N). A module called on unbatched inputs, which calls
-    itself on a batch of one, is recorded once (the outer call).
+    itself on a batch of one, is recorded once (the outer call). As under
+    :func:`attnkit.hooks.listen`, a call that would otherwise run on SDPA runs on a kernel that
+    returns weights: the same attention, rounded differently (≈1e-7 in float32).
     """
     modules = attention_modules(model)
     records: dict[str, list[Tensor]] = {}
@@ -95,7 +97,9 @@ def capture_weights(model: nn.Module) -> Iterator[dict[str, list[Tensor]]]:
     try:
         for name, module in modules.items():
             handles.append(module.register_forward_pre_hook(before, with_kwargs=True))
-            handles.append(module.register_forward_hook(after(name), with_kwargs=True))
+            handles.append(
+                module.register_forward_hook(after(name), with_kwargs=True, always_call=True)
+            )
         yield records
     finally:
         for handle in handles:

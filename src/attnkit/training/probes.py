@@ -67,12 +67,19 @@ class AttentionProbe(nn.Module):
 
     Args:
         features: the number of features per pair, 2K.
+        device, dtype: the coefficients'.
     """
 
-    def __init__(self, features: int) -> None:
+    def __init__(
+        self,
+        features: int,
+        *,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
         super().__init__()
         arguments.positive_int(features, "features")
-        self.coefficients = nn.Linear(features, 1, bias=False)
+        self.coefficients = nn.Linear(features, 1, bias=False, device=device, dtype=dtype)
         nn.init.zeros_(self.coefficients.weight)
 
     def forward(self, features: Tensor, mask: Tensor | None = None) -> Tensor:
@@ -113,7 +120,7 @@ def fit_probe(
     arguments.positive_int(steps, "steps")
     lr = arguments.finite_float(lr, "lr", positive=True)
     features = features.detach()
-    probe = AttentionProbe(features.shape[-1]).to(features.dtype)
+    probe = AttentionProbe(features.shape[-1], device=features.device, dtype=features.dtype)
     rows = targets >= 0
     if not bool(rows.any()):
         raise ValueError("targets name no related token (all −1): nothing to fit")

@@ -74,7 +74,8 @@ class SampleAttention(nn.Module):
         nn.init.normal_(self.key.weight, std=0.01)
 
     def taxonomy_tags(self) -> list:
-        return [tx.QueryMultiplicity.MULTI_HEAD]
+        # a learned query (Brauwers eq. 34) per class, as capsule-based attention (Sec. 3.3.2)
+        return [tx.QueryType.SELF_ATTENTIVE, tx.QueryMultiplicity.CAPSULE_BASED]
 
     def _check(self, x: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]:
         x = checks.floating(x, "x", "(S, features)", min_dim=2)
