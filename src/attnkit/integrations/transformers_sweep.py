@@ -455,7 +455,8 @@ def to_markdown(rows: list[Row]) -> str:
     """The rows as a markdown table, then a count per status."""
     lines = ["| model type | class | kind | status | detail |", "|---|---|---|---|---|"]
     for r in rows:
-        detail = r.detail.replace("|", "\\|")
+        # brackets would read as markdown link references (the docs build checks those)
+        detail = r.detail.replace("|", "\\|").replace("[", "\\[").replace("]", "\\]")
         lines.append(f"| {r.model_type} | {r.model_class} | {r.kind} | {r.status} | {detail} |")
     counts: dict[str, int] = {}
     for r in rows:

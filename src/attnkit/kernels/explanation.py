@@ -150,8 +150,9 @@ def explain(
     Args:
         q: the queries, as for :func:`attnkit.attention`; or a validated :class:`Call` (then
             give no other argument but ``kernel``).
-        k, v, score, align, mask, bias, need_weights, chunk_size, dropout, kernel, block_mask,
-            score_mod: as for :func:`attnkit.attention` (validated the same way).
+        k: and every other argument (``v``, ``score``, ``align``, ``mask``, ``bias``,
+            ``need_weights``, ``chunk_size``, ``dropout``, ``kernel``, ``block_mask``,
+            ``score_mod``): as for :func:`attnkit.attention`, validated the same way.
 
     Returns:
         :class:`Explanation`; ``print`` it for a table of every kernel's verdict.
