@@ -28,8 +28,9 @@ Time: for each N, both sides in one process, paired repeats (ours then the peer,
 alternating), after warm-up; reported as medians and the median of the per-pair ratios. On a
 shared, loaded machine the absolute times drift; the paired ratio is what counts. Memory: each
 (pair, side, N) cell in a fresh Python process, which imports both packages, builds both sides,
-runs one warm-up step at N = 256 (one-time costs: lazy imports), then records the peak resident
-memory of the measured step (VmHWM, reset just before it) above the resident memory before it.
+runs one warm-up step at N = 256 (one-time costs: lazy imports), then, three times, gives freed
+heap memory back (``malloc_trim``), resets the peak (VmHWM) and runs a step: the median of the
+step's peak resident memory above the resident memory before it.
 
 A peer that is not installed is skipped with a line saying so (``pip install -e .[peers]``).
 
@@ -41,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import ctypes
 import importlib
 import json
 import os
@@ -345,10 +347,20 @@ def _reset_peak() -> bool:
     return _status("VmHWM") is not None
 
 
-def memory_cell(name: str, side: str, n: int, threads: int) -> dict:
+def _trim() -> None:
+    """Give freed heap memory back to the system (glibc), so that the resident memory before a
+    step counts only live memory and the step's growth above it is its own."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
+def memory_cell(name: str, side: str, n: int, threads: int, repeats: int = 3) -> dict:
     """One (pair, side, N) cell in this process: the peak resident memory of a step above the
-    resident memory just before it, after a warm-up step at N = 256 (lazy imports, one-time
-    set-up). The peak is reset before the step where Linux allows (VmHWM), else ru_maxrss."""
+    resident memory just before it (freed heap memory given back first), after a warm-up step
+    at N = 256 (lazy imports, one-time set-up); the median of ``repeats`` steps. The peak is
+    reset before each step where Linux allows (VmHWM), else ru_maxrss (one step)."""
     torch.set_num_threads(threads)
     torch.manual_seed(0)
     warm = BUILDERS[name](256)
@@ -356,13 +368,19 @@ def memory_cell(name: str, side: str, n: int, threads: int) -> dict:
     del warm
     pair = BUILDERS[name](n)
     fn = pair.ours if side == "ours" else pair.peer
-    if _reset_peak():
+    if not _reset_peak():
+        _trim()
+        base = peak_rss()
+        _step(fn, pair.leaves)
+        return {"added": peak_rss() - base, "base": base}
+    added = []
+    for _ in range(repeats):
+        _trim()
+        _reset_peak()
         base = _status("VmRSS")
         _step(fn, pair.leaves)
-        return {"added": _status("VmHWM") - base, "base": base}
-    base = peak_rss()
-    _step(fn, pair.leaves)
-    return {"added": peak_rss() - base, "base": base}
+        added.append(_status("VmHWM") - base)
+    return {"added": statistics.median(added), "base": base}
 
 
 def memory(name: str, side: str, n: int, threads: int) -> dict:

@@ -125,7 +125,7 @@ class Linformer(nn.Module):
         keep = None if key_keep is None else key_keep.transpose(-1, -2)  # (…, N, 1)
         pk = self.project(zero_rows(k, keep), self.e_proj)
         pv = self.project(zero_rows(v, keep), self.e_proj if self.f_proj is None else self.f_proj)
-        scores = q @ pk.transpose(-1, -2) / math.sqrt(q.shape[-1])
+        scores = (q * q.shape[-1] ** -0.5) @ pk.transpose(-1, -2)  # scale (M, d), not (M, k)
         # A query that may attend no key (padding, or no real key at all) attends nothing.
         weights = self.align(scores, query_keep).weights
         context = weights @ pv
