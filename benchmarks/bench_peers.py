@@ -28,7 +28,7 @@ Time: for each N, both sides in one process, paired repeats (ours then the peer,
 alternating), after warm-up; reported as medians and the median of the per-pair ratios. On a
 shared, loaded machine the absolute times drift; the paired ratio is what counts. Memory: each
 (pair, side, N) cell in a fresh Python process, which imports both packages, builds both sides,
-runs one warm-up step at N = 256 (one-time costs: lazy imports), then, three times, gives freed
+runs one warm-up step at N = 256 (one-time costs: lazy imports), then, five times, gives freed
 heap memory back (``malloc_trim``), resets the peak (VmHWM) and runs a step: the median of the
 step's peak resident memory above the resident memory before it.
 
@@ -41,6 +41,7 @@ A peer that is not installed is skipped with a line saying so (``pip install -e 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import ctypes
 import importlib
@@ -350,13 +351,11 @@ def _reset_peak() -> bool:
 def _trim() -> None:
     """Give freed heap memory back to the system (glibc), so that the resident memory before a
     step counts only live memory and the step's growth above it is its own."""
-    try:
+    with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
 
 
-def memory_cell(name: str, side: str, n: int, threads: int, repeats: int = 3) -> dict:
+def memory_cell(name: str, side: str, n: int, threads: int, repeats: int = 5) -> dict:
     """One (pair, side, N) cell in this process: the peak resident memory of a step above the
     resident memory just before it (freed heap memory given back first), after a warm-up step
     at N = 256 (lazy imports, one-time set-up); the median of ``repeats`` steps. The peak is
