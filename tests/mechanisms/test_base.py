@@ -16,6 +16,7 @@ from attnkit import mechanisms
 from attnkit.efficient.kernelized import KernelNormalized
 from attnkit.efficient.landmarks import GaussianKernel, LandmarkAttention
 from attnkit.efficient.linear import EluPlusOne, ReLUFeatures
+from attnkit.efficient.resa import ReinforcedSequenceSampler
 from attnkit.efficient.synthesizer import (
     DenseSynthetic,
     DotProductLogits,
@@ -31,6 +32,8 @@ from attnkit.sparse_trainable import BlockCompression, LightningIndexer, MeanCom
 
 # Public nn.Module classes in the mechanism packages that are not mechanisms, and why.
 NOT_MECHANISMS = {
+    ReinforcedSequenceSampler: "the token sampler inside reinforced self-attention (registered "
+    "'resa'); it selects tokens and attends nothing",
     QueryTagged: "a taxonomy tag around any module; its calls pass through unchanged",
     KernelNormalized: "an alignment (kernel values normalised over keys), a part of the kernelized "
     "mechanisms, which are registered",

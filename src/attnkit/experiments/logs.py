@@ -69,6 +69,7 @@ class RunLog:
         self._writer = None
         if not enabled:
             return
+        run_dir.mkdir(parents=True, exist_ok=True)
         self.steps_path, self.epochs_path = run_dir / "steps.csv", run_dir / "epochs.csv"
         done = epoch * steps_per_epoch + step
         fields, rows = _kept_rows(self.steps_path, lambda r: int(r["global_step"]) <= done)

@@ -337,7 +337,8 @@ def select(call: Call, kernel: str | None = None) -> Kernel:
         reasons = candidate.reasons_not_supported(call)
         if not reasons:
             if candidate.prefers(call):
-                if LOG.isEnabledFor(logging.DEBUG):
+                # the logger is not traced by torch.compile: log only when running eagerly
+                if not torch.compiler.is_compiling() and LOG.isEnabledFor(logging.DEBUG):
                     LOG.debug("kernel %r chosen%s", name, _skipped_text(call, skipped))
                 return candidate
             skipped.append((candidate, None))
