@@ -28,7 +28,7 @@ from attnkit.alignments import Softmax
 from attnkit.kernels.base import guarded_sum
 from attnkit.mechanisms import REGISTRY, example_tensor
 
-__all__ = ["HeadOutput", "LSHAttention", "check_head_inputs"]
+__all__ = ["HeadOutput", "LSHAttention", "broadcast_shapes", "check_head_inputs"]
 
 _SELF_PENALTY = 1e5  # Reformer: a position attends to itself only when nothing else is there
 
@@ -56,6 +56,21 @@ class HeadOutput(NamedTuple):
         return {} if self.weights is None else {"weights": self.weights}
 
 
+def broadcast_shapes(*shapes: torch.Size | tuple[int, ...]) -> torch.Size:
+    """The broadcast of the shapes, as ``torch.broadcast_shapes`` (RuntimeError when they do not
+    broadcast), in plain Python: ``torch.broadcast_shapes`` imports torch's symbolic-shape
+    machinery (and sympy, some 40 MiB) on its first call."""
+    rank = max((len(s) for s in shapes), default=0)
+    out = [1] * rank
+    for shape in shapes:
+        for i, size in enumerate(shape, rank - len(shape)):
+            if size != 1:
+                if out[i] not in (1, size):
+                    raise RuntimeError(f"shapes {[tuple(s) for s in shapes]} do not broadcast")
+                out[i] = size
+    return torch.Size(out)
+
+
 def check_head_inputs(
     q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, bias: Tensor | None, who: str
 ) -> torch.Size:
@@ -78,7 +93,7 @@ def check_head_inputs(
     if k.shape[-2] == 0:
         raise ValueError(f"{who}: the key set is empty (k of shape {tuple(k.shape)})")
     try:
-        lead = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
+        lead = broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
     except RuntimeError:
         raise ValueError(
             f"{who}: batch dims of q {tuple(q.shape)}, k {tuple(k.shape)} and v "
@@ -90,7 +105,7 @@ def check_head_inputs(
         if not isinstance(bias, Tensor) or not bias.is_floating_point():
             raise TypeError(f"{who}: bias must be a floating tensor, got {bias!r:.60}")
         try:
-            if torch.broadcast_shapes(bias.shape, shape) != shape:
+            if broadcast_shapes(bias.shape, shape) != shape:
                 raise RuntimeError
         except RuntimeError:
             raise ValueError(
@@ -224,7 +239,11 @@ class LSHAttention(nn.Module):
         rot = self.rotations
         if self.training:
             rot = torch.randn(rot.shape, device=rot.device, dtype=rot.dtype)
-        context, weights = self._attend(qz, kz, vz, maskz, biasz, rot, shared, need_weights)
+        if qz.shape[0] == 0:  # an empty batch: nothing to hash (shapes of 0 elements are ambiguous)
+            context = qz.new_zeros(0, m, v.shape[-1])
+            weights = qz.new_zeros(0, m, n) if need_weights or hooks.listening() else None
+        else:
+            context, weights = self._attend(qz, kz, vz, maskz, biasz, rot, shared, need_weights)
         context = context.reshape(*lead, m, v.shape[-1])
         if weights is not None:
             weights = weights.reshape(*lead, m, n)
