@@ -41,6 +41,7 @@ from torch import Tensor
 from attnkit import masks
 from attnkit import taxonomy as tx
 from attnkit.alignments import Alignment, AlignOutput
+from attnkit.efficient.lsh import broadcast_shapes
 from attnkit.kernels.base import guarded_sum
 
 __all__ = [
@@ -311,7 +312,7 @@ def causal_feature_attention(
     """Causal kernelized attention by block prefix sums (Katharopoulos eqs. 8-9): query i sees
     keys j ≤ i. Shapes as :func:`feature_attention` with M = N."""
     fk, v = _drop(fk, keep), _drop(v, keep)
-    lead = torch.broadcast_shapes(fq.shape[:-2], fk.shape[:-2], v.shape[:-2])
+    lead = broadcast_shapes(fq.shape[:-2], fk.shape[:-2], v.shape[:-2])
     n, m, dv = fq.shape[-2], fq.shape[-1], v.shape[-1]
     c = min(chunk_size, n)
     pad = -n % c

@@ -22,7 +22,7 @@ from torch import Tensor, nn
 from attnkit import arguments, hooks, masks
 from attnkit import taxonomy as tx
 from attnkit.efficient import kernelized as kz
-from attnkit.efficient.lsh import HeadOutput, check_head_inputs
+from attnkit.efficient.lsh import HeadOutput, broadcast_shapes, check_head_inputs
 from attnkit.mechanisms import REGISTRY, example_tensor
 
 __all__ = ["FEATURE_MAPS", "EluPlusOne", "LinearAttention", "ReLUFeatures", "make_feature_map"]
@@ -223,7 +223,7 @@ def attend_inputs(
     features: non-causal context by chunks of rows (:func:`kernelized.chunked_feature_attention`,
     the (…, N, m) maps never formed) once the maps are over :data:`kernelized.WHOLE_BYTES`; the
     whole maps for smaller ones, the causal form or the weights."""
-    lead = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
+    lead = broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
     if whole_maps(part, q, k, v, need_weights, m):
         return attend(part, phi_q(q, *params), phi_k(k, *params), v, keep, need_weights)
     chunk = kz.chunk_rows(lead, m)
@@ -238,7 +238,7 @@ def whole_maps(
 ) -> bool:
     """Whether :func:`attend_inputs` forms the whole (…, L, m) maps: causal, weights asked for
     or listened to, or maps of at most :data:`kernelized.WHOLE_BYTES`."""
-    lead = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
+    lead = broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
     size = lead.numel() * max(q.shape[-2], k.shape[-2]) * m * q.element_size()
     return part.causal or need_weights or hooks.listening() or size <= kz.WHOLE_BYTES
 

@@ -17,6 +17,7 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from attnkit import arguments
+from attnkit.efficient.lsh import broadcast_shapes
 
 __all__ = ["sliding_window_attention"]
 
@@ -75,26 +76,38 @@ class _Banded(torch.autograd.Function):
         d = qs.shape[-1]
         g = torch.nn.functional.pad(grad, (0, 0, 0, blocks * c - n)).view(z, blocks, c, -1)
         delta = (g * out.view_as(g)).sum(-1, keepdim=True)
-        de = (g @ vw.transpose(-1, -2)).sub_(delta).mul_(p)  # softmax backward on the tile
-        dq = (de @ kw).view(z, blocks * c, d)[:, :n] * d**-0.5
-        dkw = de.transpose(-1, -2) @ qs  # (Z, C, W, d)
-        dvw = p.transpose(-1, -2) @ g
-        return dq, _overlap_add(dkw, size, n, c, length), _overlap_add(dvw, size, n, c, length),\
-            None, None, None  # fmt: skip
+        width = p.shape[-1]
+        if width % c:  # windows that are not whole blocks: the whole (Z, C, W, ·) products
+            de = (g @ vw.transpose(-1, -2)).sub_(delta).mul_(p)  # softmax backward
+            dq = (de @ kw).view(z, blocks * c, d)[:, :n] * d**-0.5
+            dk = _overlap_add(de.transpose(-1, -2) @ qs, size, n, c, length)
+            dv = _overlap_add(p.transpose(-1, -2) @ g, size, n, c, length)
+            return dq, dk, dv, None, None, None
+        # block by block of the window (each product the size of the inputs, not W/c times)
+        segments = [slice(s * c, (s + 1) * c) for s in range(width // c)]
+        de = torch.empty_like(p)
+        for seg in segments:
+            torch.matmul(g, vw[:, :, seg].transpose(-1, -2), out=de[..., seg])
+        de.sub_(delta).mul_(p)  # softmax backward on the tile
+        dq = torch.zeros_like(qs)
+        dk = qs.new_zeros(z, length, d)
+        dv = g.new_zeros(z, length, g.shape[-1])
+        for s, seg in enumerate(segments):
+            rows = slice(s * c, s * c + blocks * c)
+            dq += de[..., seg] @ kw[:, :, seg]
+            dk[:, rows] += (de[..., seg].transpose(-1, -2) @ qs).view(z, blocks * c, d)
+            dv[:, rows] += (p[..., seg].transpose(-1, -2) @ g).view(z, blocks * c, -1)
+        dq = dq.view(z, blocks * c, d)[:, :n] * d**-0.5
+        return dq, dk[:, size : size + n], dv[:, size : size + n], None, None, None
 
 
 def _overlap_add(windows: Tensor, size: int, n: int, step: int, length: int) -> Tensor:
     """The gradient of :func:`_windows`: each window's rows added back at their positions."""
     z, blocks, width, e = windows.shape
     out = windows.new_zeros(z, length, e)
-    if width % step == 0:  # the windows are whole blocks: add them block by block
-        for s in range(width // step):
-            part = windows[:, :, s * step : (s + 1) * step].reshape(z, blocks * step, e)
-            out[:, s * step : s * step + blocks * step] += part
-    else:
-        index = (torch.arange(blocks, device=windows.device)[:, None] * step
-                 + torch.arange(width, device=windows.device)).flatten()  # fmt: skip
-        out.index_add_(1, index, windows.reshape(z, blocks * width, e))
+    index = (torch.arange(blocks, device=windows.device)[:, None] * step
+             + torch.arange(width, device=windows.device)).flatten()  # fmt: skip
+    out.index_add_(1, index, windows.reshape(z, blocks * width, e))
     return out[:, size : size + n]
 
 
@@ -134,7 +147,7 @@ def sliding_window_attention(
             f"got q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}"
         )
     n = q.shape[-2]
-    lead = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
+    lead = broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
     if key_mask is not None:
         if not isinstance(key_mask, Tensor) or key_mask.dtype != torch.bool:
             raise TypeError(f"key_mask must be a boolean tensor (…, N), got {key_mask!r:.60}")
