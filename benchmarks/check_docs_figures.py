@@ -545,7 +545,12 @@ FIGURES: tuple[Figure, ...] = (
     Figure(
         "kernels-n256",
         ("python", N256),
-        (Site("docs/kernels.md", "compiles the additive tile with `torch.compile` (inductor), which takes several seconds (about\n{time} s on 2 quiet cores"),),
+        (
+            Site(
+                "docs/kernels.md",
+                "compiles the additive tile with `torch.compile` (inductor), which takes several seconds (about\n{time} s on 2 quiet cores",
+            ),
+        ),
     ),
     Figure(
         "readme-additive-8192",
