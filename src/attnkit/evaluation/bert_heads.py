@@ -30,7 +30,7 @@ from torch import Tensor, nn
 
 from attnkit.evaluation.agreement import kendall_tau, mean_defined, top_k_overlap
 from attnkit.evaluation.capture import capture
-from attnkit.evaluation.heads import PruningCurve
+from attnkit.evaluation.heads import PruningCurve, masking_drops
 from attnkit.evaluation.importance import (
     gradient,
     input_x_gradient,
@@ -335,17 +335,7 @@ def _ones(model: nn.Module, dtype: torch.dtype = torch.float32) -> dict[str, Ten
 def head_importance_by_masking(model: nn.Module, metric: Callable[[], float]) -> dict[str, Tensor]:
     """``metric()`` (higher is better) with every head minus ``metric()`` with head h of layer
     ``name`` masked: name -> (H,) float64; positive when the head helps."""
-    base = float(metric())
-    out = {}
-    for name, gate in _ones(model).items():
-        drops = []
-        for h in range(gate.numel()):
-            g = gate.clone()
-            g[h] = 0
-            with head_gates(model, {name: g}):
-                drops.append(base - float(metric()))
-        out[name] = torch.tensor(drops, dtype=torch.float64)
-    return out
+    return masking_drops(_ones(model), lambda gates: head_gates(model, gates), metric)
 
 
 def head_importance_by_gradient(model: nn.Module, loss: Callable[[], Tensor]) -> dict[str, Tensor]:

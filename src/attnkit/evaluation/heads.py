@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -83,14 +84,25 @@ def _ones(model: nn.Module, dtype: torch.dtype = torch.float32) -> dict[str, Ten
 def head_importance_by_masking(model: nn.Module, metric: Callable[[], float]) -> dict[str, Tensor]:
     """``metric()`` (higher is better, e.g. accuracy on a held-out set) with all heads minus
     ``metric()`` with head h of layer ``name`` masked: name -> (H,). Positive: the head helps."""
+    return masking_drops(_ones(model), lambda gates: head_gates(model, gates), metric)
+
+
+def masking_drops(
+    ones: Mapping[str, Tensor],
+    gated: Callable[[Mapping[str, Tensor]], Any],
+    metric: Callable[[], float],
+) -> dict[str, Tensor]:
+    """``metric()`` minus ``metric()`` with one head gated off at a time: for every layer name of
+    ``ones`` (its (H,) gates of 1) -> (H,) float64. ``gated(gates)`` is the context manager that
+    applies gates to the model (attnkit layers here, Hugging Face layers in ``bert_heads``)."""
     base = float(metric())
     out = {}
-    for name, gate in _ones(model).items():
+    for name, gate in ones.items():
         drops = []
         for h in range(gate.numel()):
             g = gate.clone()
             g[h] = 0
-            with head_gates(model, {name: g}):
+            with gated({name: g}):
                 drops.append(base - float(metric()))
         out[name] = torch.tensor(drops, dtype=torch.float64)
     return out
