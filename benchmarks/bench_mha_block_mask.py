@@ -14,13 +14,20 @@ Ratios: time / (density × unmasked time), where density is the share of 128 × 
 block mask visits (≈ 1 means the cost follows the density), and dense-mask time / auto time.
 
     python benchmarks/bench_mha_block_mask.py [--n 8192] [--windows 128,512,2048]
-        [--threads 1] [--forward-only] [--repeats 3]
+        [--threads 1] [--forward-only] [--repeats 3] [--paired]
+
+``--paired`` times unmasked, block mask and auto interleaved (unmasked, block, auto, then the
+reverse order, ``--repeats`` rounds after a warm-up) and reports the median of the per-round
+ratios time / (density × unmasked time), which a machine shared with other jobs moves less than
+a ratio of medians taken minutes apart. The dense-mask column is left out there.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import statistics
+import time
 
 import torch
 
@@ -42,6 +49,47 @@ def _step(mha, x, backward: bool, **kw):
     return run
 
 
+def _paired(mha, x, n: int, windows: list[int], passes: list[bool], repeats: int) -> None:
+    """Unmasked, block mask and auto interleaved per round; medians of per-round ratios."""
+    print(
+        "| window | pass | density | block mask (s) | auto (s) | unmasked (s) "
+        "| block mask / (density × unmasked) | auto / (density × unmasked) | load |"
+    )
+    print("|---:|---|---:|---:|---:|---:|---:|---:|---:|")
+    for backward in passes:
+        for w in windows:
+            bm = pt.block_mask(pt.sliding_window(w), n)
+            auto_mask = ak.masks.window(n, n, w)
+            steps = {
+                "unmasked": _step(mha, x, backward),
+                "block": _step(mha, x, backward, block_mask=bm),
+                "auto": _step(mha, x, backward, mask=auto_mask),
+            }
+            for run in steps.values():
+                run()
+            times: dict[str, list[float]] = {name: [] for name in steps}
+            for i in range(repeats):
+                order = list(steps) if i % 2 == 0 else list(steps)[::-1]
+                for name in order:
+                    start = time.perf_counter()
+                    steps[name]()
+                    times[name].append(time.perf_counter() - start)
+            d = bm.density
+            ratio = {
+                name: statistics.median(
+                    t / (d * u) for t, u in zip(times[name], times["unmasked"], strict=True)
+                )
+                for name in ("block", "auto")
+            }
+            med = {name: statistics.median(t) for name, t in times.items()}
+            print(
+                f"| {w} | {'fwd+bwd' if backward else 'fwd'} | {d:.3f} | {med['block']:.3f} | "
+                f"{med['auto']:.3f} | {med['unmasked']:.3f} | {ratio['block']:.2f} | "
+                f"{ratio['auto']:.2f} | {os.getloadavg()[0]:.1f} |",
+                flush=True,
+            )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--n", type=int, default=8192)
@@ -49,6 +97,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--forward-only", action="store_true")
+    parser.add_argument("--paired", action="store_true", help="interleaved, no dense mask")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
@@ -59,6 +108,11 @@ def main() -> None:
     load = os.getloadavg()[0]
     print(f"Machine: {machine()}; load average {load:.1f} at the start\n")
     print(f"MultiHeadAttention(E={e}, H={h}), B=1, N={n}, float32, blocks 128 x 128\n")
+    if args.paired:
+        windows = [int(s) for s in args.windows.split(",")]
+        _paired(mha, x, n, windows, passes, args.repeats)
+        print(f"\nload average {os.getloadavg()[0]:.1f} at the end")
+        return
     print(
         "| window | pass | density | block mask (s) | auto (s) | dense mask (s) | unmasked (s) "
         "| block mask / (density × unmasked) | auto / (density × unmasked) "

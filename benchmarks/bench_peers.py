@@ -21,7 +21,8 @@ Pairs (B=1, H=4, d=64, float32, CPU, one thread by default):
   look_backward=1, look_forward=1, exact_windowsize=True)`` without rotary embeddings, two
   ways: ``window``, :func:`attnkit.efficient.sliding_window.sliding_window_attention` (blocks
   of queries against their band of keys); ``window-block``, ``attnkit.attention`` with the
-  window's block mask (the general block-sparse kernel).
+  window's block mask and automatic kernel selection, what a layer built with
+  ``pattern=patterns.sliding_window(w)`` runs (the chunked kernel's block-sparse path).
 - linear attention (elu + 1) vs a plain PyTorch implementation (:func:`plain_linear`).
 
 Time: for each N, both sides in one process, paired repeats (ours then the peer, the order
@@ -232,7 +233,7 @@ def _window(n: int, kernel: str = "banded") -> Pair:
     q, k, v = _qkv(n)
 
     def ours():
-        if kernel == "block-sparse":
+        if kernel == "block-mask":
             return ak.attention(q, k, v, block_mask=bm).context
         return sliding_window_attention(q, k, v, WINDOW)
 
@@ -261,7 +262,7 @@ BUILDERS: dict[str, Callable[[int], Pair]] = {
     "lsh1": lambda n: _lsh(n, 1),
     "lsh2": lambda n: _lsh(n, 2),
     "window": _window,
-    "window-block": lambda n: _window(n, "block-sparse"),
+    "window-block": lambda n: _window(n, "block-mask"),
     "linear": _linear,
 }
 LABELS = {
@@ -271,7 +272,7 @@ LABELS = {
     "lsh1": "LSH 1 hash vs reformer-pytorch",
     "lsh2": "LSH 2 hashes vs reformer-pytorch",
     "window": "sliding window (banded) vs local-attention",
-    "window-block": "sliding window (block-sparse kernel) vs local-attention",
+    "window-block": "sliding window (attnkit.attention, block mask) vs local-attention",
     "linear": "linear (elu+1) vs plain PyTorch",
 }
 

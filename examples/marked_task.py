@@ -38,11 +38,11 @@ def make(n: int, generator: torch.Generator) -> tuple[Tensor, Tensor, Tensor]:
 class MarkedModel(nn.Module):
     """Token + mark embeddings, one learned query, softmax attention, a linear classifier."""
 
-    def __init__(self, d_model: int) -> None:
+    def __init__(self, embed_dim: int) -> None:
         super().__init__()
-        self.token, self.mark = nn.Embedding(VOCAB, d_model), nn.Embedding(2, d_model)
-        self.query = nn.Parameter(torch.randn(d_model) / d_model**0.5)
-        self.out = nn.Linear(d_model, VOCAB)
+        self.token, self.mark = nn.Embedding(VOCAB, embed_dim), nn.Embedding(2, embed_dim)
+        self.query = nn.Parameter(torch.randn(embed_dim) / embed_dim**0.5)
+        self.out = nn.Linear(embed_dim, VOCAB)
 
     def forward(self, tokens: Tensor, marks: Tensor) -> tuple[Tensor, Tensor]:
         h = self.token(tokens) + self.mark(marks)  # (B, L, d)

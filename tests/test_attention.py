@@ -8,7 +8,7 @@ from unittest import mock
 
 import pytest
 import torch
-from factories import ALIGNMENTS, SCORES, Dims, build_attention, inputs
+from registered_parts import ALIGNMENTS, SCORES, Dims, build_attention, inputs
 
 import attnkit as ak
 
@@ -266,3 +266,79 @@ def test_a_mostly_empty_dense_mask_runs_block_sparse_and_equals_the_dense_result
     assert all(torch.isfinite(g).all() for g in grads)
     for a, b in zip(grads, ref_grads, strict=True):
         torch.testing.assert_close(a, b)
+
+
+def _softmax_reference(q, k, v, allowed):
+    """Scaled-dot softmax attention row by row over the allowed keys only (eqs. 2-4)."""
+    out = torch.zeros(*q.shape[:-1], v.shape[-1], dtype=q.dtype)
+    for idx in itertools.product(*(range(s) for s in q.shape[:-1])):
+        *lead, m = idx
+        keys = allowed[(*lead, m)].nonzero().flatten()
+        e = k[(*lead, keys)] @ q[idx] / q.shape[-1] ** 0.5
+        out[idx] = torch.softmax(e, -1) @ v[(*lead, keys)]
+    return out
+
+
+def test_key_padding_excludes_the_masked_keys_by_construction():
+    """A mask the same for every query: masked keys and values become zeros in the call (no look
+    at their content), the kernels are told so, and NaN there reaches nothing."""
+    from attnkit.attention import prepare_call
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 3, 6, 4, generator=g, dtype=torch.float64) for _ in range(3))
+    k[1, :, 4:] = float("nan")
+    v[1, :, 4:] = float("inf")
+    mask = ak.masks.from_lengths(torch.tensor([6, 4]), 6)[:, None]  # (B, 1, 1, N)
+    call = prepare_call(q, k, v, mask=mask)
+    assert call.masked_finite
+    assert (call.k[1, :, 4:] == 0).all() and (call.v[1, :, 4:] == 0).all()
+    torch.testing.assert_close(call.k[0], k[0])
+    assert ak.kernels.explain(call).chosen == "sdpa"
+    want = _softmax_reference(q, k, v, mask.expand(2, 3, 6, 6))
+    torch.testing.assert_close(ak.attention(q, k, v, mask=mask).context, want)
+    dense = ak.attention(q, k, v, mask=mask, kernel="dense").context
+    torch.testing.assert_close(dense, want)
+
+
+def test_the_scores_at_masked_positions_are_returned_as_they_are():
+    g = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(2, 5, 4, generator=g, dtype=torch.float64) for _ in range(3))
+    mask = ak.masks.from_lengths(torch.tensor([5, 2]), 5)
+    out = ak.attention(q, k, v, mask=mask, need_weights=True)
+    torch.testing.assert_close(out.scores, q @ k.transpose(-1, -2) / 2.0)
+
+
+def test_a_per_query_mask_over_non_finite_keys_is_guarded_by_the_kernel():
+    """A causal mask hides a later NaN key from the earlier queries only: the call cannot clear
+    it, so SDPA (which would let it through) is passed over and the rows stay exact."""
+    from attnkit.attention import prepare_call
+
+    g = torch.Generator().manual_seed(2)
+    q, k, v = (torch.randn(1, 5, 4, generator=g, dtype=torch.float64) for _ in range(3))
+    k[0, 4], v[0, 3] = float("nan"), float("inf")
+    causal = ak.masks.causal(5)
+    call = prepare_call(q, k, v, mask=causal)
+    assert not call.masked_finite
+    assert "not finite" in " ".join(ak.kernels.explain(call).why_not("sdpa"))
+    out = ak.attention(q, k, v, mask=causal).context
+    want = _softmax_reference(q[:, :3], k, v, causal[:3].expand(1, 3, 5))
+    torch.testing.assert_close(out[:, :3], want)  # rows that cannot see the non-finite keys
+    assert not torch.isfinite(out[:, 3:]).any()  # rows that see them: not finite, as unmasked
+    clean = prepare_call(q, k.nan_to_num(), v.nan_to_num(posinf=0.0), mask=causal)
+    assert clean.masked_finite  # looked at once: finite, the kernels need not look again
+
+
+def test_inputs_stated_finite_are_neither_looked_at_nor_cleared(monkeypatch):
+    from attnkit.attention import prepare_call
+
+    q, k, v = (torch.randn(2, 5, 4) for _ in range(3))
+    mask = ak.masks.from_lengths(torch.tensor([5, 2]), 5)
+    looked = []
+    isfinite = torch.isfinite
+    monkeypatch.setattr(torch, "isfinite", lambda x: looked.append(x.shape) or isfinite(x))
+    with ak.trust.trusted(finite=True):
+        call = prepare_call(q, k, v, mask=mask & ak.masks.causal(5))
+        out = ak.attention(q, k, v, mask=mask).context
+    assert call.masked_finite and call.k is k and call.v is v
+    assert looked == []
+    torch.testing.assert_close(out, _softmax_reference(q, k, v, mask.expand(2, 5, 5)))

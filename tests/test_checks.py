@@ -66,8 +66,8 @@ BAD_CALLS = [
     ("Additive d_k=-1", lambda: sc.Additive(4, -1, 4), ValueError, r"d_k must be a positive int, got -1"),
     ("Additive d_out=0", lambda: sc.Additive(4, 4, 4, d_out=0), ValueError, r"d_out must be a positive int or None, got 0"),
     ("Additive d_w float", lambda: sc.Additive(4, 4, 4.0), ValueError, r"d_w must be a positive int, got 4.0"),
-    ("Additive heads=0", lambda: sc.Additive(4, 4, 4, heads=0), ValueError, r"heads must be a positive int or None, got 0"),
-    ("Additive heads=True", lambda: sc.Additive(4, 4, 4, heads=True), ValueError, r"heads must be a positive int or None, got True"),
+    ("Additive num_heads=0", lambda: sc.Additive(4, 4, 4, num_heads=0), ValueError, r"num_heads must be a positive int or None, got 0"),
+    ("Additive num_heads=True", lambda: sc.Additive(4, 4, 4, num_heads=True), ValueError, r"num_heads must be a positive int or None, got True"),
     ("activation not a name", lambda: sc.Additive(4, 4, 4, activation=3), TypeError, r"activation must be a name .* or a callable, got 3"),
     ("Concat d_w=0", lambda: sc.Concat(4, 4, 0), ValueError, r"d_w must be a positive int, got 0"),
     ("Deep depth=0", lambda: sc.Deep(4, 4, 4, depth=0), ValueError, r"depth must be a positive int, got 0"),
@@ -85,7 +85,7 @@ BAD_CALLS = [
     ("Cosine eps=nan", lambda: sc.Cosine(eps=float("nan")), ValueError, r"eps must be finite, got nan"),
     ("Cosine eps='a'", lambda: sc.Cosine(eps="a"), TypeError, r"eps must be a real number, got 'a'"),
     ("HeadwiseLinear d_in=True", lambda: HeadwiseLinear(True, 3), ValueError, r"d_in must be a positive int, got True"),
-    ("HeadwiseLinear heads=True", lambda: HeadwiseLinear(2, 3, heads=True), ValueError, r"heads must be a positive int or None, got True"),
+    ("HeadwiseLinear num_heads=True", lambda: HeadwiseLinear(2, 3, num_heads=True), ValueError, r"num_heads must be a positive int or None, got True"),
     ("Local window=True", lambda: al.Local(True), ValueError, r"window must be an int >= 0, got True"),
     ("Local d_q=0", lambda: al.Local(1, "predictive", d_q=0), ValueError, r"d_q must be a positive int, got 0"),
     ("Local d_q for monotonic", lambda: al.Local(1, d_q=4), TypeError, r"d_q and d_p are for position='predictive'"),
@@ -131,7 +131,7 @@ BAD_CALLS = [
     ("encoder layer d_ff=0", lambda: TransformerEncoderLayer(8, 2, d_ff=0), ValueError, r"d_ff must be a positive int, got 0"),
     ("encoder layer d_ff=-1", lambda: TransformerEncoderLayer(8, 2, d_ff=-1), ValueError, r"d_ff must be a positive int, got -1"),
     ("decoder layer d_ff=0", lambda: TransformerDecoderLayer(8, 2, d_ff=0), ValueError, r"d_ff must be a positive int, got 0"),
-    ("encoder layer d_model=0", lambda: TransformerEncoderLayer(0, 2), ValueError, r"d_model must be a positive int, got 0"),
+    ("encoder layer embed_dim=0", lambda: TransformerEncoderLayer(0, 2), ValueError, r"embed_dim must be a positive int, got 0"),
     ("encoder layer dropout=2", lambda: TransformerEncoderLayer(8, 2, dropout=2.0), ValueError, r"dropout must be in \[0, 1\), got 2.0"),
     ("encoder layers=-1", lambda: TransformerEncoder(-1, 8, 2), ValueError, r"layers must be a positive int, got -1"),
     ("encoder layers=0", lambda: TransformerEncoder(0, 8, 2), ValueError, r"layers must be a positive int, got 0"),
@@ -248,7 +248,7 @@ THREE_WAYS = [
         [
             (lambda: ak.attention(q_(2, 3, 4), q_(2, 6, 4), score=sc.General(4, 4, device="meta")), r"the score \(General\) has W.weight on meta but q is on cpu"),
             (lambda: ak.Attention(sc.General(4, 4, device="meta"))(q_(2, 3, 4), q_(2, 6, 4)), r"the score \(General\) has W.weight on meta but q is on cpu"),
-            (lambda: _heads_mha(sc.General(2, 2, heads=2, device="meta"))(q_(2, 3, 4)), r"has (attention\.)?score.W.weight on meta but query is on cpu"),
+            (lambda: _heads_mha(sc.General(2, 2, num_heads=2, device="meta"))(q_(2, 3, 4)), r"has (attention\.)?score.W.weight on meta but query is on cpu"),
         ],
     ),
     (
@@ -257,7 +257,7 @@ THREE_WAYS = [
         [
             (lambda: ak.attention(q_(2, 3, 4), q_(2, 6, 4), score=sc.Additive(4, 4, 5, dtype=torch.float64)), r"the score \(Additive\) has W1.weight of dtype torch.float64 but q has torch.float32"),
             (lambda: ak.Attention(sc.Additive(4, 4, 5, dtype=torch.float64))(q_(2, 3, 4), q_(2, 6, 4)), r"the score \(Additive\) has W1.weight of dtype torch.float64"),
-            (lambda: _heads_mha(sc.Additive(2, 2, 5, heads=2, dtype=torch.float64))(q_(2, 3, 4)), r"has (attention\.)?score.W1.weight of dtype torch.float64 but query has torch.float32"),
+            (lambda: _heads_mha(sc.Additive(2, 2, 5, num_heads=2, dtype=torch.float64))(q_(2, 3, 4)), r"has (attention\.)?score.W1.weight of dtype torch.float64 but query has torch.float32"),
         ],
     ),
     (
@@ -282,9 +282,9 @@ THREE_WAYS = [
         "a per-head score given a batch without a head dim",
         ValueError,
         [
-            (lambda: ak.attention(q_(2, 3, 4), q_(2, 6, 4), score=sc.General(4, 4, heads=2)), r"General score was built with heads=2: q must be \(B, …, H, L, d\).*got shape \(2, 3, 4\)"),
-            (lambda: ak.Attention(sc.Additive(4, 4, 5, heads=2))(q_(2, 3, 4), q_(2, 6, 4)), r"Additive score was built with heads=2: q must be .*\(2, 3, 4\)"),
-            (lambda: _heads_mha(sc.General(2, 2, heads=3))(q_(2, 3, 4)), r"General score was built with heads=3: q must be .*\(2, 2, 3, 2\)"),
+            (lambda: ak.attention(q_(2, 3, 4), q_(2, 6, 4), score=sc.General(4, 4, num_heads=2)), r"General score was built with num_heads=2: q must be \(B, …, H, L, d\).*got shape \(2, 3, 4\)"),
+            (lambda: ak.Attention(sc.Additive(4, 4, 5, num_heads=2))(q_(2, 3, 4), q_(2, 6, 4)), r"Additive score was built with num_heads=2: q must be .*\(2, 3, 4\)"),
+            (lambda: _heads_mha(sc.General(2, 2, num_heads=3))(q_(2, 3, 4)), r"General score was built with num_heads=3: q must be .*\(2, 2, 3, 2\)"),
         ],
     ),
     (

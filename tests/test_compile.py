@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from factories import ALIGNMENTS, SCORES, Dims
+from registered_parts import ALIGNMENTS, SCORES, Dims
 
 import attnkit as ak
 from attnkit.transformer import TransformerEncoderLayer

@@ -69,7 +69,7 @@ def test_memory_cache_projects_the_memory_once():
 
 
 def _score(name, d, heads):
-    return ak.scores.Location(d, 8, heads=heads) if name == "location" else name
+    return ak.scores.Location(d, 8, num_heads=heads) if name == "location" else name
 
 
 CAUSAL_SAFE = [s for s in ak.scores.available() if not ak.scores.REGISTRY.get(s).mixes_keys]
@@ -143,13 +143,16 @@ def _slot_parts():
         "performer": {"d": 4},
         "rfa": {"d": 4},
         "fmm": {"bandwidth": 2},
-        "kernel_rpe_fft": {"max_len": 8, "heads": 2},
+        "kernel_rpe_fft": {"max_len": 8, "num_heads": 2},
     }
     for name, kw in causal.items():  # causal by a constructor flag, not by a mask
         built[name + " (causal)"] = (ak.mechanisms.build(name, causal=True, **kw), 1)
     built["fast_weight"] = (ak.mechanisms.build("fast_weight"), 1)  # causal by construction
-    built["adaptive_span"] = (ak.mechanisms.build("adaptive_span", n_heads=2, max_span=3), 0)
-    random_forms = [sy.RandomSynthetic(8, heads=2), sy.FactorizedRandomSynthetic(8, 2, heads=2)]
+    built["adaptive_span"] = (ak.mechanisms.build("adaptive_span", num_heads=2, max_span=3), 0)
+    random_forms = [
+        sy.RandomSynthetic(8, num_heads=2),
+        sy.FactorizedRandomSynthetic(8, 2, num_heads=2),
+    ]
     built["synthesizer"] = (ak.mechanisms.build("synthesizer", components=random_forms), 0)
     return built
 
@@ -198,3 +201,25 @@ def test_a_cache_of_the_wrong_type_is_refused(name):
     mha = ak.MultiHeadAttention(8, 2)
     with pytest.raises(TypeError, match=rf"^{name} must be an attnkit.kv_cache.* got dict"):
         mha(torch.randn(1, 1, 8), **{name: {}})
+
+
+class _NoDecoding(ak.HeadAttention):
+    """A part that declares key masks and nothing about decoding (the base's default)."""
+
+    mask_forms = frozenset({"key"})
+
+
+def test_a_layer_cache_reads_the_part_and_refuses_one_that_does_not_declare_decoding():
+    mha = ak.MultiHeadAttention(8, 2, attention=_NoDecoding())
+    for cache in (LayerCache(), KVCache(2)[1]):
+        with pytest.raises(
+            ValueError,
+            match=r"^LayerCache of MultiHeadAttention: attention part _NoDecoding does not "
+            r"declare decodes_with_cache = True",
+        ):
+            cache.claim(mha)
+        with pytest.raises(ValueError, match="_NoDecoding does not declare decodes_with_cache"):
+            mha(torch.randn(1, 1, 8), cache=cache)
+        ak.MultiHeadAttention(8, 2)(torch.randn(1, 1, 8), cache=cache)  # still nobody's
+        assert len(cache) == 1
+    LayerCache().claim(torch.nn.Linear(2, 2))  # a layer without an attention part: nothing to read

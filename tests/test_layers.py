@@ -9,7 +9,7 @@ from attnkit.layers import HeadwiseLinear, resolve_activation
 @pytest.mark.parametrize("inner_dims", [1, 2])
 def test_headwise_equals_linear_per_head(inner_dims):
     torch.manual_seed(0)
-    layer = HeadwiseLinear(5, 3, heads=4)
+    layer = HeadwiseLinear(5, 3, num_heads=4)
     shape = (2, 4, 6, 5) if inner_dims == 1 else (2, 4, 6, 7, 5)
     x = torch.randn(*shape)
     y = layer(x, inner_dims=inner_dims)
@@ -26,7 +26,7 @@ def test_column_slice_uses_part_of_the_weight_without_bias():
 
 def test_missing_head_dim_is_reported():
     with pytest.raises(ValueError, match="head dimension of size 4"):
-        HeadwiseLinear(5, 3, heads=4)(torch.randn(2, 3, 6, 5))
+        HeadwiseLinear(5, 3, num_heads=4)(torch.randn(2, 3, 6, 5))
 
 
 def test_activation_lookup():

@@ -106,7 +106,7 @@ def test_sdpa_dispatch_and_dense_path_agree():
 def _score_for(name: str):
     d = E // H
     if name == "location":
-        return ak.scores.Location(d, 16, heads=H)
+        return ak.scores.Location(d, 16, num_heads=H)
     return name
 
 
@@ -273,7 +273,7 @@ def test_cache_step_by_step_equals_one_causal_pass(kv_heads):
         mha(x[:, :1], mask=masks.causal(1, 6), cache=cache)  # 7 keys with this one
 
 
-class _Recorder(nn.Module):
+class _Recorder(ak.HeadAttention):
     """An attention part that records the keywords it is called with (plain averaging)."""
 
     decodes_with_cache = True  # declared, so that MultiHeadAttention passes it a cache
@@ -397,7 +397,7 @@ def test_a_per_head_block_mask_lines_up_with_batch_and_heads():
     def pattern(bi, h, q_idx, kv_idx):  # each (batch, head) its own window
         return (q_idx - kv_idx).abs() <= bi + 2 * h
 
-    bm = pt.block_mask(pattern, n, batch=b, heads=H, block_q=16, block_k=16)
+    bm = pt.block_mask(pattern, n, batch=b, num_heads=H, block_q=16, block_k=16)
     dense = torch.stack(
         [torch.stack([ak.masks.window(n, n, bi + 2 * h) for h in range(H)]) for bi in range(b)]
     )  # (B, H, N, N)
@@ -444,7 +444,7 @@ def test_a_pattern_decodes_through_its_rows():
     torch.testing.assert_close(whole, plain(x, mask=pt.dense(pattern, n, n)).context)
 
 
-class _NoMatrix(nn.Module):
+class _NoMatrix(ak.HeadAttention):
     """A per-head part without a score matrix (it declares nothing)."""
 
     def forward(self, q, k, v, *, mask=None, bias=None, need_weights=False):
@@ -475,3 +475,25 @@ def test_block_masks_and_score_mods_that_cannot_be_honoured_are_refused():
         ak.MultiHeadAttention(E, H, attention=_NoMatrix(), score_mod=_alibi_like)
     with pytest.raises(TypeError, match="pattern must be callable"):
         ak.MultiHeadAttention(E, H, pattern="window")
+
+
+def test_an_unbatched_decode_reuses_its_memory_projections():
+    """memory_cache with an unbatched query (M, E) and memory (N, E): the projections of the
+    memory are made once and reused at the next step, as for a batched call."""
+    torch.manual_seed(0)
+    mha = ak.MultiHeadAttention(E, H).eval()
+    memory = torch.randn(5, E)
+    steps = torch.randn(2, 1, E)
+    cache = ak.kv_cache.MemoryCache()
+    with mock.patch.object(mha, "_project", wraps=mha._project) as project:
+        outs = [mha(x, memory, memory, memory_cache=cache).context for x in steps]
+    assert project.call_count == 1  # the second step projects its query only
+    for x, out in zip(steps, outs, strict=True):
+        torch.testing.assert_close(out, mha(x[None], memory[None], memory[None]).context[0])
+
+
+def test_a_mask_on_another_device_is_refused_at_the_door():
+    mha = ak.MultiHeadAttention(E, H)
+    x = torch.randn(2, 5, E)
+    with pytest.raises(ValueError, match="mask is on meta but query is on cpu"):
+        mha(x, mask=torch.ones(5, 5, dtype=torch.bool, device="meta"))

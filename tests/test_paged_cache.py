@@ -4,7 +4,6 @@ and leaving) equals the layer run on that sequence alone, in float64."""
 
 import pytest
 import torch
-from torch import nn
 
 import attnkit as ak
 from attnkit import masks
@@ -250,11 +249,26 @@ def test_a_ragged_batch_refuses_a_scheme_that_reads_absolute_positions():
 
 
 def test_a_part_with_its_own_state_is_refused():
-    layer = nn.Module()
-    layer.attention = nn.Module()
-    layer.attention.takes_cache = True
-    with pytest.raises(ValueError, match="keeps its own decoding state"):
+    part = ak.mechanisms.REGISTRY.get("retention").for_heads(
+        embed_dim=E, num_heads=H, head_dim=E // H, max_len=8
+    )
+    layer = ak.MultiHeadAttention(E, H, attention=part)
+    with pytest.raises(ValueError, match="Retention, a part that declares takes_cache = True"):
         PagedKVCache(1)[0].claim(layer)
+
+
+def test_a_part_that_does_not_declare_decoding_is_refused():
+    class NoDecoding(ak.HeadAttention):
+        mask_forms = frozenset({"key"})
+
+    cache = PagedKVCache(1)
+    with pytest.raises(
+        ValueError,
+        match=r"^PagedLayerCache of MultiHeadAttention: attention part NoDecoding does not "
+        r"declare decodes_with_cache = True",
+    ):
+        cache[0].claim(ak.MultiHeadAttention(E, H, attention=NoDecoding()))
+    cache[0].claim(_mha())  # the refused layer did not claim it
 
 
 def test_a_decoder_lm_decodes_equal_lengths_as_with_its_own_cache():

@@ -187,7 +187,7 @@ def test_bad_arguments_are_named():
     with pytest.raises(ValueError, match="total_layers = 3"):
         QANetEncoderBlock(4, 2, num_convs=2, total_layers=3)
     block = QANetEncoderBlock(4, 2, num_convs=1, kernel_size=3)
-    with pytest.raises(ValueError, match=r"x must be \(B, N, D\) with D = d_model = 4"):
+    with pytest.raises(ValueError, match=r"x must be \(B, N, D\) with D = embed_dim = 4"):
         block(torch.randn(2, 5, 3))
     with pytest.raises(ValueError, match=r"mask must be \(B, N\) or \(B, 1, N\)"):
         block(torch.randn(2, 5, 4), torch.ones(2, 4, dtype=torch.bool))

@@ -77,3 +77,45 @@ def test_unknown_and_missing_arguments():
 def test_non_string_name():
     with pytest.raises(TypeError, match="name must be a str"):
         ak.scores.build(3)
+
+
+def test_a_renamed_part_names_its_new_name():
+    reg = Registry("thing")
+    reg.register("new_name")(type("A", (), {}))
+    reg.renamed["old-name"] = "new_name"
+    with pytest.raises(ValueError, match=r"thing 'old-name' is now 'new_name'"):
+        reg.get("old-name")
+    with pytest.raises(ValueError, match="is now 'draw_read'"):
+        ak.mechanisms.REGISTRY.build("draw-read", hidden_size=4, height=5, width=5, glimpse=2)
+    assert ak.mechanisms.REGISTRY.get("draw_read") is ak.vision.DRAWRead
+
+
+def test_build_names_the_new_spelling_of_a_renamed_keyword():
+    reg = Registry("thing")
+
+    @reg.register("layer")
+    @ak.arguments.renamed(heads="num_heads")
+    class Layer:
+        def __init__(self, num_heads: int) -> None:
+            self.num_heads = num_heads
+
+    with pytest.raises(TypeError, match=r"thing 'layer': `heads` is now `num_heads`"):
+        reg.build("layer", heads=2)
+    assert reg.build("layer", num_heads=2).num_heads == 2
+
+
+def test_part_names_are_snake_case():
+    import re
+
+    import attnkit.vision  # noqa: F401  (registers its parts)
+    from attnkit.kernels.base import REGISTRY as kernels
+    from attnkit.positions.base import REGISTRY as positions
+
+    pattern = re.compile(r"[a-z][a-z0-9_]*")
+    # task names are command-line words (kv-recall) and keep their hyphens
+    part_registries = [ak.scores.REGISTRY, ak.alignments.REGISTRY, ak.mechanisms.REGISTRY]
+    part_registries += [positions, kernels]
+    assert "draw_read" in ak.mechanisms.REGISTRY.available()
+    for registry in part_registries:
+        bad = [name for name in registry.available() if not pattern.fullmatch(name)]
+        assert not bad, f"{registry.kind} names not in snake_case: {bad}"

@@ -28,14 +28,14 @@ E, H, D, MAX_LEN = 8, 2, 4, 8
 # Parts whose constructor needs arguments the sizes cannot give, and the landmark and low-rank
 # parts with fewer landmarks / projected rows than tokens (so that they approximate).
 SPECIAL = {
-    "adaptive_span": lambda: ak.mechanisms.build("adaptive_span", n_heads=H, max_span=3),
+    "adaptive_span": lambda: ak.mechanisms.build("adaptive_span", num_heads=H, max_span=3),
     "synthesizer": lambda: ak.mechanisms.build(
-        "synthesizer", components=[sy.RandomSynthetic(MAX_LEN, heads=H)]
+        "synthesizer", components=[sy.RandomSynthetic(MAX_LEN, num_heads=H)]
     ),
     "nystrom": lambda: ak.mechanisms.build("nystrom", num_landmarks=3),
     "soft": lambda: ak.mechanisms.build("soft", num_landmarks=3),
     "skyformer": lambda: ak.mechanisms.build("skyformer", num_landmarks=3),
-    "linformer": lambda: ak.mechanisms.build("linformer", max_len=MAX_LEN, k=3, heads=H),
+    "linformer": lambda: ak.mechanisms.build("linformer", max_len=MAX_LEN, k=3, num_heads=H),
 }
 # Parts that are causal by a constructor flag (or by construction), not by a mask.
 CAUSAL = {
@@ -45,7 +45,7 @@ CAUSAL = {
     "rfa (causal, gated)": lambda: ak.mechanisms.build("rfa", d=D, causal=True, gate=True),
     "fmm (causal)": lambda: ak.mechanisms.build("fmm", bandwidth=2, causal=True),
     "kernel_rpe_fft (causal)": lambda: ak.mechanisms.build(
-        "kernel_rpe_fft", max_len=MAX_LEN, heads=H, causal=True
+        "kernel_rpe_fft", max_len=MAX_LEN, num_heads=H, causal=True
     ),
     "fast_weight": lambda: ak.mechanisms.build("fast_weight"),
 }
@@ -350,9 +350,10 @@ def test_float32_agrees_with_float64_and_bfloat16_is_finite(name, case, data):
     assert torch.isfinite(out16).all(), f"{name}/{scheme}: bfloat16 not finite"
 
 
-class _Recorder(torch.nn.Module):
+class _Recorder(ak.HeadAttention):
     """A part that declares ``mixes_queries`` and records the mask it is given."""
 
+    mask_forms = frozenset({"key", "padding", "causal", "full"})
     mixes_queries = True
     decodes_with_cache = True
 

@@ -11,9 +11,11 @@ import attnkit as ak
 from attnkit.positions import Positioned, PositionScheme
 
 
-class MeanOfValues(nn.Module):
+class MeanOfValues(ak.HeadAttention):
     """A per-head attention part that is not score → align → sum: every query gets the mean of
     the allowed values (uniform weights computed here, not by an alignment)."""
+
+    mask_forms = frozenset({"key", "padding", "causal", "full"})
 
     def forward(self, q, k, v, *, mask=None, bias=None, need_weights=False):
         n = k.shape[-2]
@@ -91,15 +93,15 @@ def test_attention_slot_default_is_score_align():
 def test_attention_slot_refuses_what_it_cannot_use():
     with pytest.raises(ValueError, match=r"either attention= .* or score=/align="):
         ak.MultiHeadAttention(8, 2, score="general", attention=MeanOfValues())
-    with pytest.raises(TypeError, match=r"attention must be an nn\.Module"):
+    with pytest.raises(TypeError, match=r"attention must be an attnkit\.HeadAttention"):
         ak.MultiHeadAttention(8, 2, attention=lambda q, k, v: q)
 
-    class NoMask(nn.Module):
-        def forward(self, q, k, v):
+    class Plain(nn.Module):  # the old protocol, capabilities unknown
+        def forward(self, q, k, v, *, mask=None, bias=None, need_weights=False):
             return ak.AttentionOutput(v)
 
-    with pytest.raises(TypeError, match="lacks mask, bias, need_weights"):
-        ak.MultiHeadAttention(8, 2, attention=NoMask())
+    with pytest.raises(TypeError, match=r"plain nn\.Module: derive it from attnkit\.HeadAttention"):
+        ak.MultiHeadAttention(8, 2, attention=Plain())
 
 
 def test_position_slot_bias_scheme_equals_the_explicit_bias():

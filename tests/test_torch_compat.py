@@ -365,14 +365,14 @@ def test_errors_name_the_argument():
         ours(x, x, x, need_weights=1)
     with pytest.raises(ValueError, match="add_bias_kv"):
         TorchMultiheadAttention(
-            E, H, add_bias_kv=True, score=ak.scores.Location(E // H, 8, heads=H)
+            E, H, add_bias_kv=True, score=ak.scores.Location(E // H, 8, num_heads=H)
         )
     with pytest.raises(ValueError, match="add_zero_attn"):
         TorchMultiheadAttention(
             E, H, add_zero_attn=True, align=ak.alignments.build("local", window=2)
         )
 
-    class MixesQueries(nn.Module):
+    class MixesQueries(ak.HeadAttention):
         mixes_queries = True
 
         def forward(self, q, k, v, *, mask=None, bias=None, need_weights=False):

@@ -162,3 +162,27 @@ def test_block_mask_and_score_mod_reach_every_layer():
         dec(x, mask=pt.dense(pattern, n, n), score_mod=soft_cap),
     )
     assert not torch.allclose(dec(x, score_mod=soft_cap), dec(x))
+
+
+@pytest.mark.parametrize(
+    ("cls", "lead"),
+    [
+        (TransformerEncoderLayer, ()),
+        (TransformerDecoderLayer, ()),
+        (ak.TransformerEncoder, (1,)),
+        (ak.TransformerDecoder, (1,)),
+        (ak.Transformer, ()),
+    ],
+)
+def test_sizes_are_spelt_embed_dim_and_num_heads(cls, lead):
+    """DESIGN 8: ``embed_dim`` and ``num_heads``; the old keywords name the new ones."""
+    extra = {"encoder_layers": 1, "decoder_layers": 1} if cls is ak.Transformer else {}
+    built = cls(*lead, embed_dim=8, num_heads=2, d_ff=16, **extra)
+    layer = built.encoder.layers[0] if cls is ak.Transformer else built
+    layer = layer.layers[0] if hasattr(layer, "layers") else layer
+    assert layer.self_attention.module.num_heads == 2
+    assert layer.ff[0].in_features == 8
+    with pytest.raises(TypeError, match=rf"^{cls.__name__}: `d_model` is now `embed_dim`$"):
+        cls(*lead, d_model=8, num_heads=2, **extra)
+    with pytest.raises(TypeError, match=rf"^{cls.__name__}: `heads` is now `num_heads`$"):
+        cls(*lead, 8, heads=2, **extra)

@@ -19,6 +19,7 @@ from attnkit import (
 )
 from attnkit.attention import Attention, attention
 from attnkit.encoder_decoder import Transformer
+from attnkit.head import HeadAttention
 from attnkit.kv_cache import KVCache
 from attnkit.multihead import MultiHeadAttention
 from attnkit.output import AttentionOutput
@@ -46,6 +47,7 @@ def __getattr__(name: str):
 __all__ = [
     "Attention",
     "AttentionOutput",
+    "HeadAttention",
     "KVCache",
     "MultiHeadAttention",
     "TorchMultiheadAttention",

@@ -4,11 +4,19 @@ A bool is not accepted where an int is meant (``True`` is an int to Python, not 
 float must be finite unless stated otherwise. Parts validate their own arguments before they
 build sub-layers, so an error names the argument the caller wrote (``d_w``), not a sub-layer's
 (``d_out``).
+
+:func:`renamed` keeps the one spelling of sizes in public signatures (``embed_dim``,
+``num_heads``, ``head_dim``, ``num_kv_heads``, ``max_len``): a call that still writes an older
+keyword (``d_model=``, ``heads=``) raises TypeError naming the new one.
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
 import math
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 __all__ = [
     "boolean",
@@ -17,8 +25,11 @@ __all__ = [
     "optional_positive_int",
     "positive_int",
     "probability",
+    "renamed",
     "sizes",
 ]
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 def _is_int(value: object) -> bool:
@@ -84,3 +95,67 @@ def sizes(**named: object) -> None:
     """Check that every keyword value is a positive int (feature sizes, counts)."""
     for name, value in named.items():
         positive_int(value, name)
+
+
+def renamed(**old_to_new: str) -> Callable[[F], F]:
+    """A decorator that refuses keywords spelt the old way, naming the new spelling.
+
+    Put on a function, a method or a class (its ``__init__`` is wrapped). A call that passes an
+    old keyword raises ``TypeError`` such as ``"TransformerEncoderLayer: `heads` is now
+    `num_heads`"``; positional calls and the new keywords pass through untouched, and
+    :func:`inspect.signature` still shows the wrapped signature.
+
+    Args:
+        **old_to_new: each old keyword mapped to the parameter that replaces it; the new name
+            must be a parameter of the wrapped callable.
+
+    Raises:
+        TypeError: at decoration, if a new name is not a str, if an old name is still a
+            parameter of the wrapped callable or a new one is not.
+
+    Example:
+        >>> @renamed(d_model="embed_dim")
+        ... def width(embed_dim: int) -> int:
+        ...     return embed_dim
+        >>> width(embed_dim=8), width(8)
+        (8, 8)
+    """
+    for old, new in old_to_new.items():
+        if not isinstance(new, str) or not new.isidentifier():
+            raise TypeError(f"renamed: the new name for {old!r} must be an identifier, got {new!r}")
+
+    def decorate(target: F) -> F:
+        if isinstance(target, type):
+            target.__init__ = _refusing(target.__init__, old_to_new)  # type: ignore[misc]
+            return target
+        return _refusing(target, old_to_new)  # type: ignore[return-value]
+
+    return decorate
+
+
+def _refusing(fn: Callable[..., Any], old_to_new: dict[str, str]) -> Callable[..., Any]:
+    """``fn`` wrapped so that a keyword in ``old_to_new`` (or in an earlier wrapping's table)
+    raises TypeError; the table is kept on the wrapper as ``__renamed__``."""
+    params = inspect.signature(fn).parameters
+    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    for old, new in old_to_new.items():
+        if old in params:
+            raise TypeError(f"renamed: {fn.__qualname__} still takes {old!r}; rename it {new!r}")
+        if new not in params and not takes_any:
+            raise TypeError(f"renamed: {fn.__qualname__} has no parameter {new!r} (for {old!r})")
+    earlier = dict(getattr(fn, "__renamed__", {}))
+    table = {**earlier, **old_to_new}
+    base = getattr(fn, "__renamed_wrapped__", fn)
+    is_init = fn.__name__ == "__init__"
+
+    @functools.wraps(base)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        for key in kwargs:
+            if key in table:
+                who = type(args[0]).__name__ if is_init and args else base.__qualname__
+                raise TypeError(f"{who}: `{key}` is now `{table[key]}`")
+        return base(*args, **kwargs)
+
+    wrapper.__renamed__ = table  # type: ignore[attr-defined]
+    wrapper.__renamed_wrapped__ = base  # type: ignore[attr-defined]
+    return wrapper

@@ -10,38 +10,74 @@ import dataclasses
 from typing import ClassVar
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from attnkit import checks, hooks, kernels, trust
 from attnkit.alignments import Alignment
+from attnkit.head import HeadAttention
 from attnkit.kernels.base import Call
 from attnkit.kernels.block_mask import BlockMask, ScoreMod, from_dense_auto
 from attnkit.kernels.chunked import DENSE_LIMIT
 from attnkit.output import AttentionOutput
 from attnkit.scores import Score
+from attnkit.scores.base import check_heads
 
 __all__ = ["DENSE_LIMIT", "Attention", "AttentionOutput", "attention"]
 
 
-def _without_dead_keys(call: Call) -> Call:
-    """Zero the keys and values that no query may attend, when one of them is not finite.
+def _all_finite(x: Tensor) -> bool:
+    """Whether every element of ``x`` is finite: one reduction (a NaN or an infinity makes the
+    sum non-finite; only a sum that overflows needs the element-wise look)."""
+    x = x.detach()
+    return bool(torch.isfinite(x.sum())) or bool(torch.isfinite(x).all())
+
+
+def _dead_keys(mask: Tensor) -> Tensor:
+    """(…, N, 1): True for the keys that no query row may attend (a mask of rank < 2 is the same
+    for every row)."""
+    keep = mask.any(dim=-2) if mask.dim() >= 2 else mask
+    return ~keep.unsqueeze(-1) if keep.dim() else ~keep
+
+
+def _zero_dead_keys(call: Call, k: bool = True, v: bool = True) -> Call:
+    """The call with the keys and values that no query may attend set to zero."""
+    dead = _dead_keys(call.mask)  # type: ignore[arg-type]
+    zero = call.k.new_zeros(())
+    return dataclasses.replace(
+        call,
+        k=torch.where(dead, zero, call.k) if k else call.k,
+        v=torch.where(dead, zero, call.v) if v else call.v,
+    )
+
+
+def _exclude_masked(call: Call) -> Call:
+    """The call whose masked keys and values cannot reach anything, with
+    :attr:`Call.masked_finite` set where that is established (kernels then do not look).
 
     A masked position's content must not influence anything: not the scores of other keys, not
     the context (0·NaN is NaN), not the gradients. (A score that mixes neighbouring keys takes
-    the mask itself and reads a masked key as zeros, per query row.)
+    the mask itself and reads a masked key as zeros, per query row.) In order:
+
+    - inputs stated finite by the door (``attnkit.trust.trusted(finite=True)``): nothing to do;
+    - a mask the same for every query, (…, 1, N) — key padding, and every step of decoding —
+      with no block mask and no weights asked for: the masked keys and values are set to zero
+      by construction (one ``torch.where`` each; the values are not read on the host);
+    - otherwise (masks that differ per query, or weights asked for, whose raw scores at masked
+      positions are returned as they are): keys and values are looked at once; when one is not
+      finite, the keys and values masked for every query are set to zero and the kernel guards
+      the rest per row.
     """
     if call.mask is None or torch.compiler.is_compiling():
         return call  # (a data-dependent check would break a compiled graph)
-    k_ok, v_ok = bool(torch.isfinite(call.k).all()), bool(torch.isfinite(call.v).all())
+    if trust.inputs_finite():
+        return dataclasses.replace(call, masked_finite=True)
+    per_key = call.mask.dim() < 2 or call.mask.shape[-2] == 1
+    if per_key and call.block_mask is None and not call.need_weights:
+        return dataclasses.replace(_zero_dead_keys(call), masked_finite=True)
+    k_ok, v_ok = _all_finite(call.k), _all_finite(call.v)
     if k_ok and v_ok:
-        return call
-    # (…, N, 1): masked for every query row (a mask of rank < 2 is the same for every row)
-    keep = call.mask.any(dim=-2) if call.mask.dim() >= 2 else call.mask
-    dead = ~keep.unsqueeze(-1) if keep.dim() else ~keep
-    zero = torch.zeros((), dtype=call.k.dtype)
-    k = call.k if k_ok else torch.where(dead, zero, call.k)
-    v = call.v if v_ok else torch.where(dead, zero, call.v)
-    return dataclasses.replace(call, k=k, v=v)
+        return dataclasses.replace(call, masked_finite=True)
+    return _zero_dead_keys(call, k=not k_ok, v=not v_ok)
 
 
 def attention(
@@ -138,17 +174,12 @@ def prepare_call(
     align_mod = checks.resolve_alignment(align)
     if v is None:
         v = k
-    # The per-head call of a layer that checked its parameters needs no second walk over them.
-    shape = checks.validate(
-        q,
-        k,
-        v,
-        score_part,
-        mask=mask,
-        bias=bias,
-        align=align_mod,
-        check_parts=not trust.is_trusted(),
-    )
+    if trust.is_trusted():
+        # The per-head call of a layer that validated its inputs, mask and bias at its door and
+        # shaped them itself: only what that door cannot know about this part is checked.
+        shape = _trusted_shape(q, k, v, score_part)
+    else:
+        shape = checks.validate(q, k, v, score_part, mask=mask, bias=bias, align=align_mod)
     if not isinstance(need_weights, bool):
         raise TypeError(f"need_weights must be a bool, got {need_weights!r}")
     if isinstance(dropout, bool) or not isinstance(dropout, (int, float)):
@@ -182,10 +213,27 @@ def prepare_call(
         block_mask=block_mask,
         score_mod=score_mod,
     )
-    call = _without_dead_keys(call)
+    call = _exclude_masked(call)
     if kernel is None:
         call = _block_sparse(call)
     return call
+
+
+def _trusted_shape(q: Tensor | None, k: Tensor, v: Tensor, score: Score) -> torch.Size:
+    """The scores' shape (B, …, M, N) of a call made inside :func:`attnkit.trust.trusted`.
+
+    The door (e.g. :meth:`attnkit.MultiHeadAttention.forward`) checked the tensors, the mask and
+    the bias and shaped q, k and v itself; what it cannot know is whether this score suits them
+    (its head count and, for a multi-dimensional score, d_out) and whether any key is left."""
+    check_heads(score, q, k)
+    if k.shape[-2] == 0:
+        raise ValueError(f"k has no keys (N = 0, shape {tuple(k.shape)}); attention needs N >= 1")
+    if score.multi_dimensional and score.d_out != v.shape[-1]:
+        raise ValueError(
+            f"the multi-dimensional score gives d_out = {score.d_out} scores per key but v has "
+            f"d_v = {v.shape[-1]} features (shape {tuple(v.shape)}); they must match (eq. 30)"
+        )
+    return checks.scores_shape(q, k)
 
 
 def _block_sparse(call: Call) -> Call:
@@ -207,7 +255,7 @@ def _block_sparse(call: Call) -> Call:
     return dataclasses.replace(call, mask=None, block_mask=block_mask)
 
 
-class Attention(nn.Module):
+class Attention(HeadAttention):
     """The general attention module: a score part and an alignment part (Brauwers Fig. 2).
 
     Args:
@@ -223,6 +271,11 @@ class Attention(nn.Module):
     kernel=None, block_mask=None, score_mod=None)``
     returns an :class:`AttentionOutput`; see :func:`attention`.
     """
+
+    # capabilities (attnkit.head.HeadAttention)
+    causal_form: ClassVar[bool] = True
+    accepts_bias: ClassVar[bool] = True
+    mask_forms: ClassVar[frozenset[str]] = frozenset({"key", "padding", "causal", "full"})
 
     # Every query attends over the keys it is given; MultiHeadAttention also checks the score
     # and the alignment (one that mixes keys or reads query positions may still refuse).

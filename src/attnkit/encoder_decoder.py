@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from attnkit import arguments
 from attnkit.kernels.block_mask import BlockMask, ScoreMod
 from attnkit.kv_cache import KVCache
 from attnkit.multihead import MultiHeadAttention
@@ -17,12 +18,13 @@ from attnkit.transformer import TransformerDecoder, TransformerEncoder
 __all__ = ["Transformer"]
 
 
+@arguments.renamed(d_model="embed_dim", heads="num_heads")
 class Transformer(nn.Module):
     """Encoder stack over the source, decoder stack over the target with cross-attention to the
     encoder output. Defaults as the paper's base model and ``torch.nn.Transformer``.
 
     Args:
-        d_model, heads, d_ff: model size, heads, feed-forward size.
+        embed_dim, num_heads, d_ff: model size, number of heads, feed-forward size.
         encoder_layers, decoder_layers: depth of each stack (≥ 1).
         final_norm: a LayerNorm after each stack's last layer (as ``torch.nn.Transformer``,
             which always has one).
@@ -35,8 +37,8 @@ class Transformer(nn.Module):
 
     def __init__(
         self,
-        d_model: int = 512,
-        heads: int = 8,
+        embed_dim: int = 512,
+        num_heads: int = 8,
         *,
         encoder_layers: int = 6,
         decoder_layers: int = 6,
@@ -46,10 +48,10 @@ class Transformer(nn.Module):
     ) -> None:
         super().__init__()
         self.encoder = TransformerEncoder(
-            encoder_layers, d_model, heads, d_ff, final_norm=final_norm, **layer
+            encoder_layers, embed_dim, num_heads, d_ff, final_norm=final_norm, **layer
         )
         self.decoder = TransformerDecoder(
-            decoder_layers, d_model, heads, d_ff, final_norm=final_norm, **layer
+            decoder_layers, embed_dim, num_heads, d_ff, final_norm=final_norm, **layer
         )
 
     def forward(
@@ -65,7 +67,7 @@ class Transformer(nn.Module):
         src_score_mod: ScoreMod | None = None,
         tgt_score_mod: ScoreMod | None = None,
     ) -> Tensor:
-        """src (B, N, d_model), tgt (B, M, d_model) -> (B, M, d_model). Masks are boolean,
+        """src (B, N, embed_dim), tgt (B, M, embed_dim) -> (B, M, embed_dim). Masks are boolean,
         True = may attend (attnkit's convention; the opposite of torch's padding masks):
         ``src_mask`` (B, 1, N) from :func:`attnkit.masks.from_lengths` or (B, N, N);
         ``tgt_mask`` (B, 1, M) for target padding or (B, M, M), combined with the causal mask;
@@ -91,7 +93,7 @@ class Transformer(nn.Module):
         block_mask: BlockMask | None = None,
         score_mod: ScoreMod | None = None,
     ) -> Tensor:
-        """The encoder output (memory), (B, N, d_model); ``block_mask`` and ``score_mod`` reach
+        """The encoder output (memory), (B, N, embed_dim); ``block_mask`` and ``score_mod`` reach
         every encoder layer's self-attention."""
         return self.encoder(src, src_mask, block_mask=block_mask, score_mod=score_mod)
 

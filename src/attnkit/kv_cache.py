@@ -18,7 +18,10 @@ keys and values are computed once and kept in the layer's :class:`MemoryCache`
 answered from a stale projection.
 
 A cache belongs to one layer: the first layer that uses it claims it, and another layer that is
-given it is refused (it would attend over the first layer's keys).
+given it is refused (it would attend over the first layer's keys). When a layer claims a cache,
+the cache reads what the layer's attention part declares (:class:`attnkit.HeadAttention`) and
+refuses a part that does not declare ``decodes_with_cache`` (:meth:`LayerCache.check_part`),
+naming the part and the reason.
 """
 
 from __future__ import annotations
@@ -29,8 +32,16 @@ import torch
 from torch import Tensor, nn
 
 from attnkit import arguments
+from attnkit.head import HeadAttention
 
-__all__ = ["KVCache", "LayerCache", "MemoryCache"]
+__all__ = ["KVCache", "LayerCache", "MemoryCache", "attention_part"]
+
+
+def attention_part(layer: nn.Module) -> HeadAttention | None:
+    """The per-head attention part in ``layer``'s attention slot (``layer.attention``), or
+    None when the layer holds none."""
+    part = getattr(layer, "attention", None)
+    return part if isinstance(part, HeadAttention) else None
 
 
 class _Owned:
@@ -104,6 +115,20 @@ class LayerCache(_Owned):
     def __len__(self) -> int:
         """N, the number of cached positions."""
         return 0 if self.k is None else self.k.shape[-2]
+
+    def claim(self, layer: nn.Module) -> None:
+        """Bind this cache to ``layer`` on its first use, after :meth:`check_part` accepted the
+        layer's attention part; raise ValueError when another layer owns it."""
+        if self._owner is None:
+            self.check_part(attention_part(layer), layer)
+        super().claim(layer)
+
+    def check_part(self, part: HeadAttention | None, layer: nn.Module) -> None:
+        """Raise ValueError, naming the part and the reason, when ``part`` (the attention part
+        of ``layer``, None if it holds none) cannot decode with this cache: by default, when
+        it does not declare ``decodes_with_cache`` (:meth:`attnkit.HeadAttention.refusal`)."""
+        if part is not None:
+            part.check_supported(f"{type(self).__name__} of {type(layer).__name__}", cache=True)
 
     def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Add the keys (…, H_kv, M, d) and values (…, H_kv, M, d_v) of M new positions; return

@@ -39,8 +39,10 @@ def resolve_activation(act: str | Callable[[Tensor], Tensor]) -> Callable[[Tenso
         ) from None
 
 
+@arguments.renamed(heads="num_heads")
 class HeadwiseLinear(nn.Module):
-    """``y = W x + b`` with, when ``heads`` is set, one independent (W, b) per attention head.
+    """``y = W x + b`` with, when ``num_heads`` is set (kept as ``heads``), one independent
+    (W, b) per attention head.
 
     Shapes: without heads, x (…, d_in) -> (…, d_out). With heads H, x (…, H, *inner, d_in) where
     ``inner`` is ``inner_dims`` dimensions (1 for (M, d), 2 for (M, N, d)) -> (…, H, *inner, d_out).
@@ -52,7 +54,7 @@ class HeadwiseLinear(nn.Module):
         d_in: int,
         d_out: int,
         *,
-        heads: int | None = None,
+        num_heads: int | None = None,
         bias: bool = True,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
@@ -60,10 +62,10 @@ class HeadwiseLinear(nn.Module):
         super().__init__()
         arguments.positive_int(d_in, "d_in")
         arguments.positive_int(d_out, "d_out")
-        arguments.optional_positive_int(heads, "heads")
+        arguments.optional_positive_int(num_heads, "num_heads")
         arguments.boolean(bias, "bias")
-        self.d_in, self.d_out, self.heads = d_in, d_out, heads
-        lead = () if heads is None else (heads,)
+        self.d_in, self.d_out, self.heads = d_in, d_out, num_heads
+        lead = () if num_heads is None else (num_heads,)
         kw = {"device": device, "dtype": dtype}
         self.weight = nn.Parameter(torch.empty(*lead, d_out, d_in, **kw))
         self.bias = nn.Parameter(torch.empty(*lead, d_out, **kw)) if bias else None
@@ -102,4 +104,4 @@ class HeadwiseLinear(nn.Module):
         return y.reshape(*lead, *inner, self.d_out)
 
     def extra_repr(self) -> str:
-        return f"d_in={self.d_in}, d_out={self.d_out}, heads={self.heads}"
+        return f"d_in={self.d_in}, d_out={self.d_out}, num_heads={self.heads}"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -10,6 +12,7 @@ from attnkit import arguments, checks, inputs, layer_patterns, masks, slots, tru
 from attnkit import taxonomy as tx
 from attnkit.alignments import Alignment
 from attnkit.attention import Attention
+from attnkit.head import HeadAttention
 from attnkit.kernels.block_mask import BlockMask, MaskMod, ScoreMod
 from attnkit.kv_cache import LayerCache, MemoryCache
 from attnkit.output import AttentionOutput
@@ -18,6 +21,72 @@ from attnkit.scores import REGISTRY as SCORES
 from attnkit.scores import Score
 
 __all__ = ["MultiHeadAttention"]
+
+# A position scheme's term on the values (Shaw et al.'s a^V): weights (…, H, M, N) -> (…, H, M, d).
+ValueTerm = Callable[[Tensor], Tensor]
+
+
+class _NoCache:
+    """The cache strategy of a call without a cache: the keys and values are the call's own."""
+
+    offset = 0  # positions before the queries
+    decoding = False  # a step after cached positions
+    cache: LayerCache | None = None  # what a part that ``takes_cache`` is given
+
+    def bind(self, layer: nn.Module) -> None:
+        """Bind the cache to ``layer`` (a cache belongs to the layer that used it first)."""
+
+    def project(
+        self, layer: MultiHeadAttention, query: Tensor, key: Tensor, value: Tensor
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """The per-head q (…, H, M, d), k and v (…, H_kv, N, d) of this call."""
+        return layer._project_heads(query, key, value)
+
+    def extend(self, k: Tensor, v: Tensor, new: int) -> tuple[Tensor, Tensor, int]:
+        """The keys and values the queries attend, given this call's ``new`` ones, and the
+        position of the first of them."""
+        return k, v, 0
+
+
+class _KVCached(_NoCache):
+    """A :class:`attnkit.kv_cache.LayerCache`: the new keys and values are appended and the
+    queries sit after the cached positions. A :class:`attnkit.linear_family.RecurrentCache`
+    keeps a state instead, which the part reads (``takes_cache``); its keys are the new ones."""
+
+    decoding = True
+
+    def __init__(self, cache: LayerCache) -> None:
+        self.cache = cache
+        self.offset = len(cache)
+
+    def bind(self, layer: nn.Module) -> None:
+        self.cache.claim(layer)
+
+    def extend(self, k: Tensor, v: Tensor, new: int) -> tuple[Tensor, Tensor, int]:
+        k, v = self.cache.append(k, v)  # cached before the position scheme (see kv_cache)
+        return k, v, self.offset + new - k.shape[-2]
+
+
+class _MemoryCached(_NoCache):
+    """A :class:`attnkit.kv_cache.MemoryCache`: the projections of a fixed memory, made on the
+    first call and reused while the caller passes the same ``key`` and ``value`` tensors."""
+
+    def __init__(self, memory: MemoryCache, key: Tensor, value: Tensor) -> None:
+        self.memory, self.key, self.value = memory, key, value
+
+    def bind(self, layer: nn.Module) -> None:
+        self.memory.claim(layer)
+
+    def project(
+        self, layer: MultiHeadAttention, query: Tensor, key: Tensor, value: Tensor
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        memory = self.memory
+        if memory.holds(self.key, self.value):
+            q = layer._split_heads(layer._project_query(query))
+            return q, memory.k, memory.v  # type: ignore[return-value]
+        q, k, v = layer._project_heads(query, key, value)
+        memory.store(self.key, self.value, k, v)
+        return q, k, v
 
 
 class MultiHeadAttention(nn.Module):
@@ -34,7 +103,7 @@ class MultiHeadAttention(nn.Module):
         head_dim: d, each head's size (default E/H). Giving it makes the head size independent
             of E and H ("fixed multi-head attention", Bhojanapalli et al. 2020): the heads
             concatenate to H·d and W^O maps H·d back to E.
-        score: a score module built for per-head inputs (usually with ``heads=num_heads``), or a
+        score: a score module built for per-head inputs (usually with ``num_heads=num_heads``), or a
             registered name, built by the score's ``for_heads(E/H, H)``: d_q = d_k = d_w = E/H
             and one parameter set per head where the score has parameters (the location score
             needs max_len and is passed as a module).
@@ -79,7 +148,7 @@ class MultiHeadAttention(nn.Module):
         dropout: float = 0.0,
         num_kv_heads: int | None = None,
         head_dim: int | None = None,
-        attention: nn.Module | None = None,
+        attention: HeadAttention | None = None,
         position: str | PositionScheme | None = None,
         pattern: MaskMod | None = None,
         score_mod: ScoreMod | None = None,
@@ -257,6 +326,41 @@ class MultiHeadAttention(nn.Module):
         """
         key = query if key is None else key
         value = key if value is None else value
+        step = self._validate(
+            query, key, value, mask, bias, need_weights, cache, memory_cache, block_mask, score_mod
+        )
+        if query.dim() == 2:  # unbatched: the per-head parts take (B, …, H, L, d)
+            query_b = query.unsqueeze(0)
+            key_b = query_b if key is query else key.unsqueeze(0)  # self-attention stays so
+            value_b = key_b if value is key else value.unsqueeze(0)
+            mask, bias = (None if t is None else t.unsqueeze(0) for t in (mask, bias))
+            out = self._attend(
+                query_b, key_b, value_b, step, mask, bias, need_weights, block_mask, score_mod
+            )
+            return out.map(lambda t: t.squeeze(0))
+        return self._attend(
+            query, key, value, step, mask, bias, need_weights, block_mask, score_mod
+        )
+
+    # The steps of a call: validation at the door (once), then — on inputs taken as given — the
+    # projections, the cache strategy, the position scheme and the per-head part's call.
+
+    def _validate(
+        self,
+        query: Tensor,
+        key: Tensor,
+        value: Tensor,
+        mask: Tensor | None,
+        bias: Tensor | None,
+        need_weights: bool,
+        cache: LayerCache | None,
+        memory_cache: MemoryCache | None,
+        block_mask: BlockMask | None,
+        score_mod: ScoreMod | None,
+    ) -> _NoCache:
+        """Every check of a call, made once, before anything is computed; returns the call's
+        cache strategy, bound to this layer. The steps after it take their inputs as given, and
+        the per-head part is called inside :func:`attnkit.trust.trusted`."""
         arguments.boolean(need_weights, "need_weights")
         for name, given, kind in (
             ("cache", cache, LayerCache),
@@ -267,6 +371,41 @@ class MultiHeadAttention(nn.Module):
                     f"{name} must be an attnkit.kv_cache.{kind.__name__} or None, got "
                     f"{type(given).__name__}"
                 )
+        self._check_inputs(query, key, value)
+        if not trust.is_trusted():  # (a model's entry point checked its parameters)
+            checks.part_matches(self, "MultiHeadAttention", "query", query)
+        cached = 0 if cache is None else len(cache)
+        layer_patterns.check_call(
+            block_mask, score_mod, query, cached=cached, has_pattern=self.pattern is not None
+        )
+        layer_patterns.check_part(
+            self.attention,
+            block_mask=block_mask is not None,
+            score_mod=score_mod is not None,
+            what="MultiHeadAttention.forward",
+        )
+        if mask is not None and mask.dim() > query.dim() + 1:
+            raise ValueError(
+                f"mask of shape {tuple(mask.shape)} has too many dims for query "
+                f"{tuple(query.shape)}: use (…, M, N) or (…, H, M, N)"
+            )
+        if cache is not None:
+            self._check_cacheable()
+            if memory_cache is not None:
+                raise ValueError("pass cache= (self-attention) or memory_cache= (a fixed memory)")
+        self._check_mask_and_bias(query, key, mask, bias, cached)
+        if cache is not None:
+            step: _NoCache = _KVCached(cache)
+        elif memory_cache is not None:
+            step = _MemoryCached(memory_cache, key, value)
+        else:
+            step = _NoCache()
+        step.bind(self)
+        return step
+
+    def _check_inputs(self, query: Tensor, key: Tensor, value: Tensor) -> None:
+        """query (…, M, E), key (…, N, kdim) and value (…, N, vdim): tensors of one dtype on one
+        device, whose batch dims broadcast."""
         for name, x, d in (
             ("query", query, self.embed_dim),
             ("key", key, self.kdim),
@@ -295,69 +434,71 @@ class MultiHeadAttention(nn.Module):
                 f"batch dims of query {tuple(query.shape)} and key {tuple(key.shape)} do not "
                 "broadcast"
             ) from None
-        if not trust.is_trusted():  # (a model's entry point checked its parameters)
-            checks.part_matches(self, "MultiHeadAttention", "query", query)
-        cached = 0 if cache is None else len(cache)
-        layer_patterns.check_call(
-            block_mask, score_mod, query, cached=cached, has_pattern=self.pattern is not None
-        )
-        layer_patterns.check_part(
-            self.attention,
-            block_mask=block_mask is not None,
-            score_mod=score_mod is not None,
-            what="MultiHeadAttention.forward",
-        )
-        if query.dim() == 2:  # unbatched: the per-head parts take (B, …, H, L, d)
-            unbatched = [None if t is None else t.unsqueeze(0) for t in (mask, bias)]
-            out = self(
-                query.unsqueeze(0),
-                key.unsqueeze(0),
-                value.unsqueeze(0),
-                mask=unbatched[0],
-                bias=unbatched[1],
-                need_weights=need_weights,
-                cache=cache,
-                memory_cache=memory_cache,
-                block_mask=block_mask,
-                score_mod=score_mod,
-            )
-            return AttentionOutput(*(None if t is None else t.squeeze(0) for t in out))
-        if mask is not None and mask.dim() > query.dim() + 1:
-            raise ValueError(
-                f"mask of shape {tuple(mask.shape)} has too many dims for query "
-                f"{tuple(query.shape)}: use (…, M, N) or (…, H, M, N)"
-            )
-        offset = cached
-        if cache is not None:
-            self._check_cacheable()
-            if memory_cache is not None:
-                raise ValueError("pass cache= (self-attention) or memory_cache= (a fixed memory)")
-            cache.claim(self)
-        if memory_cache is not None:
-            memory_cache.claim(self)
-        self._check_mask_and_bias(query, key, mask, bias, offset)
-        if memory_cache is not None and memory_cache.holds(key, value):
-            q = self._split_heads(self._project_query(query))
-            k, v = memory_cache.k, memory_cache.v
-        else:
-            q, k, v = self._project(query, key, value)
-            q, k, v = (self._split_heads(t, h) for t, h in zip((q, k, v), self._heads, strict=True))
-            if memory_cache is not None:
-                memory_cache.store(key, value, k, v)
-        if cache is not None:
-            k, v = cache.append(k, v)  # cached before the position scheme (see kv_cache)
-        if self.num_kv_heads != self.num_heads:  # head h reads key/value head h // group
-            group = self.num_heads // self.num_kv_heads
-            k, v = k.repeat_interleave(group, dim=-3), v.repeat_interleave(group, dim=-3)
-        # the keys are the last k.shape[-2] of the offset + M positions (all of them, unless the
-        # cache keeps a state instead of keys: attnkit.linear_family.RecurrentCache)
-        k_offset = offset + key.shape[-2] - k.shape[-2] if cache is not None else 0
+
+    def _attend(
+        self,
+        query: Tensor,
+        key: Tensor,
+        value: Tensor,
+        step: _NoCache,
+        mask: Tensor | None,
+        bias: Tensor | None,
+        need_weights: bool,
+        block_mask: BlockMask | None,
+        score_mod: ScoreMod | None,
+    ) -> AttentionOutput:
+        """Eqs. 38-40 on validated, batched inputs: project, extend by the cache, place by the
+        position scheme, attend per head, concatenate the heads and project them back."""
+        q, k, v = step.project(self, query, key, value)
+        k, v, k_offset = step.extend(k, v, key.shape[-2])
+        k, v = self._share_kv_heads(k, v)
+        q, k, bias, value_term = self._place(q, k, bias, query, step.offset, k_offset)
+        mask, sparse = self._head_mask(mask, query, key, q, k, step, block_mask, score_mod)
+        out = self._call_part(q, k, v, mask, bias, need_weights, value_term, step, sparse)
+        context = out.context.transpose(-2, -3).flatten(-2)
+        return out._replace(context=self.out_proj(context))
+
+    def _project_heads(
+        self, query: Tensor, key: Tensor, value: Tensor
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """q (…, H, M, d), k (…, H_kv, N, d), v (…, H_kv, N, d): Q W^Q, K W^K, V W^V by head."""
+        q, k, v = self._project(query, key, value)
+        kv_heads = self.num_kv_heads
+        return self._split_heads(q), self._split_heads(k, kv_heads), self._split_heads(v, kv_heads)
+
+    def _share_kv_heads(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Grouped-query attention: head h reads key/value head h // (H / H_kv)."""
+        if self.num_kv_heads == self.num_heads:
+            return k, v
+        group = self.num_heads // self.num_kv_heads
+        return k.repeat_interleave(group, dim=-3), v.repeat_interleave(group, dim=-3)
+
+    def _place(
+        self, q: Tensor, k: Tensor, bias: Tensor | None, query: Tensor, offset: int, k_offset: int
+    ) -> tuple[Tensor, Tensor, Tensor | None, ValueTerm | None]:
+        """The position scheme on the queries (after ``offset`` earlier positions) and the keys
+        (the first at ``k_offset``): q and k as it rewrites them, the caller's bias per head plus
+        the scheme's, and the scheme's value term (a function of the weights) if it has one."""
         positioned = self.position(q, k, q_offset=offset, k_offset=k_offset)
-        q, k, position_bias = positioned.q, positioned.k, positioned.bias
         bias = self._per_head(bias, query)
-        if position_bias is not None:
-            bias = position_bias if bias is None else bias + position_bias
-        value_term = positioned.values  # a scheme acting on the values needs the weights
+        if positioned.bias is not None:
+            bias = positioned.bias if bias is None else bias + positioned.bias
+        return positioned.q, positioned.k, bias, positioned.values
+
+    def _head_mask(
+        self,
+        mask: Tensor | None,
+        query: Tensor,
+        key: Tensor,
+        q: Tensor,
+        k: Tensor,
+        step: _NoCache,
+        block_mask: BlockMask | None,
+        score_mod: ScoreMod | None,
+    ) -> tuple[Tensor | None, dict]:
+        """The per-head mask and the ``block_mask`` / ``score_mod`` keywords of the part's call:
+        the caller's mask per head, the layer's pattern (its rows when decoding) and the query
+        rows of padding cleared for a part whose queries share computation."""
         mask = self._per_head(mask, query)
         mask, sparse = layer_patterns.arguments(
             self.pattern,
@@ -367,52 +508,64 @@ class MultiHeadAttention(nn.Module):
             mask,
             q.shape[-2],
             k.shape[-2],
-            offset=offset,
-            decoding=cache is not None,
+            offset=step.offset,
+            decoding=step.decoding,
             device=q.device,
         )
-        if mask is not None and key is query and getattr(self.attention, "mixes_queries", False):
+        if mask is not None and key is query and self.attention.mixes_queries:
             mask = _pad_queries(mask, query.shape[-2])
+        return mask, sparse
+
+    def _call_part(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        mask: Tensor | None,
+        bias: Tensor | None,
+        need_weights: bool,
+        value_term: ValueTerm | None,
+        step: _NoCache,
+        sparse: dict,
+    ) -> AttentionOutput:
+        """The per-head part on q, k, v (B, …, H, L, d), refused first if it does not declare
+        what the call needs; the position scheme's value term is added to its context."""
+        part = self.attention
+        part.check_supported(
+            "MultiHeadAttention.forward", mask=mask, m=q.shape[-2], bias=bias is not None
+        )
         kwargs = {
             "mask": mask,
             "bias": bias,
             "need_weights": need_weights or value_term is not None,
-            **({"q_offset": offset} if getattr(self.attention, "takes_q_offset", False) else {}),
-            **({"cache": cache} if getattr(self.attention, "takes_cache", False) else {}),
+            **({"q_offset": step.offset} if part.takes_q_offset else {}),
+            **({"cache": step.cache} if part.takes_cache else {}),
             **sparse,
         }
-        if type(self.attention) is Attention:
-            # q, k, v, mask and bias were validated above and shaped here: the score ×
-            # alignment call below need not check them again.
-            with trust.trusted():
-                out = self.attention(q, k, v, **kwargs)
-        else:
-            out = self.attention(q, k, v, **kwargs)
-        if value_term is not None:
-            if out.weights is None:
-                raise TypeError(
-                    f"position scheme {type(self.position).__name__} adds a value term from the "
-                    f"weights, but attention part {type(self.attention).__name__} returned none"
-                )
-            out = out._replace(context=out.context + value_term(out.weights))
-            if not need_weights:
-                out = out._replace(weights=None, scores=None)
-        context = out.context.transpose(-2, -3).flatten(-2)
-        return out._replace(context=self.out_proj(context))
+        # q, k, v, mask and bias were validated at the door and shaped here: the part takes them
+        # as given (attnkit.trust; attnkit.head.check_head_inputs reads only their sizes).
+        with trust.trusted():
+            out = part(q, k, v, **kwargs)
+        if value_term is None:
+            return out
+        if out.weights is None:
+            raise TypeError(
+                f"position scheme {type(self.position).__name__} adds a value term from the "
+                f"weights, but attention part {type(self.attention).__name__} returned none"
+            )
+        out = out._replace(context=out.context + value_term(out.weights))
+        if not need_weights:
+            out = out._replace(weights=None, scores=None)
+        return out
 
     def _check_cacheable(self) -> None:
         """Refuse a KV cache where a step could not equal the whole sequence: an attention part
         decodes with a cache only when it declares so (``decodes_with_cache``: a step whose
         queries attend over all cached keys equals those rows of the causal pass)."""
         part = self.attention
-        if not getattr(part, "decodes_with_cache", False):
-            raise ValueError(
-                f"attention part {type(part).__name__} does not declare decodes_with_cache = "
-                "True: attending over the cached keys step by step is not known to equal its "
-                "causal pass (a part that approximates over the whole sequence, e.g. with "
-                "landmarks, projections, hashing or sorting, gives other results per step); "
-                "call without cache="
-            )
+        reason = part.refusal(cache=True)
+        if reason is not None:
+            raise ValueError(reason)
         score = getattr(part, "score", None)
         if getattr(score, "mixes_keys", False):
             raise ValueError(
@@ -428,10 +581,6 @@ class MultiHeadAttention(nn.Module):
                 "position m, which a decoding step with a KV cache (queries after the cached "
                 "keys) is not; call without cache="
             )
-
-    @property
-    def _heads(self) -> tuple[int, int, int]:
-        return (self.num_heads, self.num_kv_heads, self.num_kv_heads)
 
     def _check_mask_and_bias(
         self,
@@ -452,6 +601,8 @@ class MultiHeadAttention(nn.Module):
             shape = torch.Size((*lead, self.num_heads, m, n) if per_head else (*lead, m, n))
             if name == "mask":
                 masks.check(x, shape)
+                if x.device != query.device:
+                    raise ValueError(f"mask is on {x.device} but query is on {query.device}")
                 continue
             x = checks.tensor(x, "bias", min_dim=0)
             if x.dtype != query.dtype:

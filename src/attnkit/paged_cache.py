@@ -55,6 +55,7 @@ import torch
 from torch import Tensor, nn
 
 from attnkit import arguments
+from attnkit.head import HeadAttention
 from attnkit.kv_cache import KVCache, LayerCache
 from attnkit.positions.alibi import ALiBi
 from attnkit.positions.music import MusicRelative
@@ -205,14 +206,20 @@ class PagedLayerCache(LayerCache):
         return max(self._cache._lengths.values(), default=0)
 
     def claim(self, layer: nn.Module) -> None:
-        part = getattr(layer, "attention", None)
-        if getattr(part, "takes_cache", False):
-            raise ValueError(
-                f"a PagedLayerCache holds keys and values; {type(layer).__name__} holds "
-                f"{type(part).__name__}, which keeps its own decoding state: use its own cache"
-            )
         super().claim(layer)
         self._refusal = _translation_invariant(layer)
+
+    def check_part(self, part: HeadAttention | None, layer: nn.Module) -> None:
+        """Refuse a part that does not declare ``decodes_with_cache`` (see
+        :meth:`attnkit.kv_cache.LayerCache.check_part`) or that keeps its own decoding state
+        (``takes_cache``): these pages hold keys and values."""
+        super().check_part(part, layer)
+        if part is not None and part.takes_cache:
+            raise ValueError(
+                f"a PagedLayerCache holds keys and values; {type(layer).__name__} holds "
+                f"{type(part).__name__}, a part that declares takes_cache = True (it keeps its "
+                "own decoding state): use its own cache"
+            )
 
     def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Write the new keys (B, H_kv, M, d) and values (B, H_kv, M, d_v) of the step, row b

@@ -43,38 +43,40 @@ def survival_probability(layer: int, total: int, last: float) -> float:
     return 1.0 - layer / total * (1.0 - last)
 
 
+@arguments.renamed(d_model="embed_dim")
 class DepthwiseSeparableConv(nn.Module):
     """ReLU(pointwise(depthwise(x))) over the sequence: x (B, N, D) → (B, N, D), 'same' padding
     (``kernel_size`` odd)."""
 
-    def __init__(self, d_model: int, kernel_size: int, *, device=None, dtype=None) -> None:
+    def __init__(self, embed_dim: int, kernel_size: int, *, device=None, dtype=None) -> None:
         super().__init__()
-        arguments.positive_int(d_model, "d_model")
+        arguments.positive_int(embed_dim, "embed_dim")
         arguments.positive_int(kernel_size, "kernel_size")
         if kernel_size % 2 == 0:
             raise ValueError(f"kernel_size must be odd (same-length output), got {kernel_size}")
         kw = {"device": device, "dtype": dtype}
         self.depthwise = nn.Conv1d(
-            d_model,
-            d_model,
+            embed_dim,
+            embed_dim,
             kernel_size,
             padding=kernel_size // 2,
-            groups=d_model,
+            groups=embed_dim,
             bias=False,
             **kw,
         )
-        self.pointwise = nn.Conv1d(d_model, d_model, 1, **kw)
+        self.pointwise = nn.Conv1d(embed_dim, embed_dim, 1, **kw)
 
     def forward(self, x: Tensor) -> Tensor:
         return torch.relu(self.pointwise(self.depthwise(x.transpose(1, 2)))).transpose(1, 2)
 
 
+@arguments.renamed(d_model="embed_dim", heads="num_heads")
 class QANetEncoderBlock(nn.Module):
     """One QANet encoder block (module docstring): positions, ``num_convs`` convolutions,
     self-attention, feed-forward, each a pre-norm residual sublayer with layer dropout.
 
     Args:
-        d_model: D. heads: H of the self-attention (dividing D).
+        embed_dim: D. num_heads: H of the self-attention (dividing D).
         num_convs: c, the convolutions (4 in QANet's embedding encoder, 2 in its model encoder).
         kernel_size: k, the convolution width (odd; 7 in the paper).
         d_ff: hidden size of the feed-forward network (default D).
@@ -90,8 +92,8 @@ class QANetEncoderBlock(nn.Module):
 
     def __init__(
         self,
-        d_model: int,
-        heads: int,
+        embed_dim: int,
+        num_heads: int,
         *,
         num_convs: int = 4,
         kernel_size: int = 7,
@@ -106,7 +108,7 @@ class QANetEncoderBlock(nn.Module):
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
-        self.d_model = arguments.positive_int(d_model, "d_model")
+        self.embed_dim = arguments.positive_int(embed_dim, "embed_dim")
         arguments.positive_int(num_convs, "num_convs")
         arguments.nonnegative_int(layer_offset, "layer_offset")
         count = num_convs + 2
@@ -121,22 +123,22 @@ class QANetEncoderBlock(nn.Module):
         if last > 1.0:
             raise ValueError(f"survival_last must be in (0, 1], got {survival_last!r}")
         kw = {"device": device, "dtype": dtype}
-        d_ff = d_model if d_ff is None else arguments.positive_int(d_ff, "d_ff")
+        d_ff = embed_dim if d_ff is None else arguments.positive_int(d_ff, "d_ff")
         self.convs = nn.ModuleList(
-            DepthwiseSeparableConv(d_model, kernel_size, **kw) for _ in range(num_convs)
+            DepthwiseSeparableConv(embed_dim, kernel_size, **kw) for _ in range(num_convs)
         )
-        self.attention = MultiHeadAttention(d_model, heads, score, align, **kw)
+        self.attention = MultiHeadAttention(embed_dim, num_heads, score, align, **kw)
         self.ff = nn.Sequential(
-            nn.Linear(d_model, d_ff, **kw), nn.ReLU(), nn.Linear(d_ff, d_model, **kw)
+            nn.Linear(embed_dim, d_ff, **kw), nn.ReLU(), nn.Linear(d_ff, embed_dim, **kw)
         )
-        self.norms = nn.ModuleList(nn.LayerNorm(d_model, **kw) for _ in range(count))
+        self.norms = nn.ModuleList(nn.LayerNorm(embed_dim, **kw) for _ in range(count))
         self.survival = tuple(
             survival_probability(layer_offset + i + 1, total, last) for i in range(count)
         )
         self.drop = nn.Dropout(arguments.probability(dropout, "dropout"))
 
     def extra_repr(self) -> str:
-        return f"d_model={self.d_model}, survival={tuple(round(p, 4) for p in self.survival)}"
+        return f"embed_dim={self.embed_dim}, survival={tuple(round(p, 4) for p in self.survival)}"
 
     def _residual(self, i: int, x: Tensor, f) -> Tensor:
         """x + f(LN(x)) with layer dropout: kept with probability p_l in training (skipped
@@ -152,14 +154,15 @@ class QANetEncoderBlock(nn.Module):
         """x (B, N, D); mask (B, N) or (B, 1, N) boolean, True = a real position (None: all
         real). Returns (B, N, D), zeros at padded positions."""
         x = inputs.tensor(x, "x", min_dim=3)
-        if x.dim() != 3 or x.shape[-1] != self.d_model:
+        if x.dim() != 3 or x.shape[-1] != self.embed_dim:
             raise ValueError(
-                f"x must be (B, N, D) with D = d_model = {self.d_model}, got shape {tuple(x.shape)}"
+                f"x must be (B, N, D) with D = embed_dim = {self.embed_dim}, "
+                f"got shape {tuple(x.shape)}"
             )
         keep = _padding(mask, x)
         n = x.shape[1]
         positions = torch.arange(n, device=x.device, dtype=torch.float64)
-        x = x + sinusoid_table(positions, self.d_model).to(x.dtype)
+        x = x + sinusoid_table(positions, self.embed_dim).to(x.dtype)
         real = None if keep is None else keep[..., None]  # (B, N, 1)
 
         def zero_padding(t: Tensor) -> Tensor:  # where, not a product: padding may hold NaN
@@ -194,20 +197,21 @@ def _padding(mask: object, x: Tensor) -> Tensor | None:
     return mask
 
 
+@arguments.renamed(d_model="embed_dim", heads="num_heads")
 class QANetEncoder(nn.Module):
     """A stack of :class:`QANetEncoderBlock` whose sublayers are numbered through the whole
     stack, so that the survival probability decays linearly from the first sublayer of the first
     block to p_L at the last sublayer of the last block (Yu et al.).
 
     Args:
-        blocks: the number of blocks. d_model, heads and the keywords: as the block.
+        blocks: the number of blocks. embed_dim, num_heads and the keywords: as the block.
     """
 
     def __init__(
         self,
         blocks: int,
-        d_model: int,
-        heads: int,
+        embed_dim: int,
+        num_heads: int,
         *,
         num_convs: int = 4,
         kernel_size: int = 7,
@@ -225,8 +229,8 @@ class QANetEncoder(nn.Module):
         per_block = num_convs + 2
         self.blocks = nn.ModuleList(
             QANetEncoderBlock(
-                d_model,
-                heads,
+                embed_dim,
+                num_heads,
                 num_convs=num_convs,
                 kernel_size=kernel_size,
                 d_ff=d_ff,

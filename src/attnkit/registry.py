@@ -16,7 +16,8 @@ class Registry(Generic[T]):
 
     ``build(name, **kw)`` binds ``kw`` against the class signature first, so a misspelt or missing
     argument raises ``TypeError`` naming it, and an unknown name raises ``ValueError`` listing the
-    options and the closest match.
+    options and the closest match. ``renamed`` maps a name that a part was registered under
+    before to its name now: asking for the old one raises ``ValueError`` naming the new one.
     """
 
     # Every registry made, so that a sandbox (a documentation example, a test) can put all of
@@ -26,6 +27,7 @@ class Registry(Generic[T]):
     def __init__(self, kind: str) -> None:
         self.kind = kind
         self._table: dict[str, type[T]] = {}
+        self.renamed: dict[str, str] = {}
         Registry.instances.add(self)
 
     def snapshot(self) -> dict[str, type[T]]:
@@ -68,6 +70,10 @@ class Registry(Generic[T]):
         try:
             return self._table[name]
         except KeyError:
+            if name in self.renamed:
+                raise ValueError(
+                    f"{self.kind} {name!r} is now {self.renamed[name]!r}; use the new name"
+                ) from None
             close = difflib.get_close_matches(name, self._table, n=1)
             hint = f"; did you mean {close[0]!r}?" if close else ""
             raise ValueError(
@@ -78,7 +84,10 @@ class Registry(Generic[T]):
         cls = self.get(name)
         signature = inspect.signature(cls)
         params = signature.parameters
+        moved = getattr(getattr(cls, "__init__", None), "__renamed__", {})
         for key in kwargs:
+            if key in moved and key not in params:
+                raise TypeError(f"{self.kind} {name!r}: `{key}` is now `{moved[key]}`")
             if key not in params:
                 close = difflib.get_close_matches(key, params, n=1)
                 hint = f" (did you mean {close[0]!r}?)" if close else ""

@@ -28,19 +28,19 @@ __all__ = [
 
 class _FeedForward(nn.Sequential):
     def __init__(
-        self, d_model: int, d_ff: int | None, dropout: float, activation: nn.Module, **kw: Any
+        self, embed_dim: int, d_ff: int | None, dropout: float, activation: nn.Module, **kw: Any
     ) -> None:
-        d_ff = 4 * d_model if d_ff is None else arguments.positive_int(d_ff, "d_ff")
+        d_ff = 4 * embed_dim if d_ff is None else arguments.positive_int(d_ff, "d_ff")
         if not isinstance(activation, nn.Module):
             raise TypeError(
                 f"activation must be an nn.Module (e.g. torch.nn.GELU()), got "
                 f"{type(activation).__name__}"
             )
         super().__init__(
-            nn.Linear(d_model, d_ff, **kw),
+            nn.Linear(embed_dim, d_ff, **kw),
             activation,
             nn.Dropout(dropout),
-            nn.Linear(d_ff, d_model, **kw),
+            nn.Linear(d_ff, embed_dim, **kw),
         )
 
     def forward(self, x: Tensor) -> Tensor:
@@ -56,11 +56,11 @@ def _identity(x: Tensor) -> Tensor:
 
 
 def _heads(
-    d_model: int, heads: int, score: Any, align: Any, dropout: float, query: str, **kw: Any
+    embed_dim: int, num_heads: int, score: Any, align: Any, dropout: float, query: str, **kw: Any
 ) -> QueryTagged:
     """A multi-head attention part, tagged with where its queries come from; ``kw`` holds
     device and dtype, and for self-attention the attention and position slots."""
-    mha = MultiHeadAttention(d_model, heads, score, align, dropout=dropout, **kw)
+    mha = MultiHeadAttention(embed_dim, num_heads, score, align, dropout=dropout, **kw)
     return QueryTagged(mha, query)
 
 
@@ -70,8 +70,8 @@ class _Block(nn.Module):
 
     def __init__(
         self,
-        d_model: int,
-        heads: int,
+        embed_dim: int,
+        num_heads: int,
         d_ff: int | None = None,
         *,
         score: Any = "scaled_dot",
@@ -89,8 +89,8 @@ class _Block(nn.Module):
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
-        arguments.positive_int(d_model, "d_model")
-        arguments.positive_int(heads, "heads")
+        arguments.positive_int(embed_dim, "embed_dim")
+        arguments.positive_int(num_heads, "num_heads")
         arguments.probability(dropout, "dropout")
         self.norm_first = arguments.boolean(norm_first, "norm_first")
         kw = {"device": device, "dtype": dtype}
@@ -102,11 +102,11 @@ class _Block(nn.Module):
         }
         sizes = {"num_kv_heads": num_kv_heads, "head_dim": head_dim}
         self.self_attention = _heads(
-            d_model, heads, score, align, dropout, "self-attentive", **sizes, **slots, **kw
+            embed_dim, num_heads, score, align, dropout, "self-attentive", **sizes, **slots, **kw
         )
-        self._build(d_model, heads, score, align, dropout, {**kw, **sizes})
+        self._build(embed_dim, num_heads, score, align, dropout, {**kw, **sizes})
         activation = nn.ReLU() if activation is None else activation
-        self.ff = _FeedForward(d_model, d_ff, dropout, activation, **kw)
+        self.ff = _FeedForward(embed_dim, d_ff, dropout, activation, **kw)
         self.drop = nn.Dropout(dropout)
 
     def _sublayer(self, x: Tensor, norm: nn.Module, f: Callable[[Tensor], Tensor]) -> Tensor:
@@ -117,16 +117,19 @@ class _Block(nn.Module):
             return x + drop(f(norm(x)))
         return norm(x + drop(f(x)))
 
-    def _build(self, d_model: int, heads: int, score: Any, align: Any, dropout: float, kw) -> None:
+    def _build(
+        self, embed_dim: int, num_heads: int, score: Any, align: Any, dropout: float, kw
+    ) -> None:
         raise NotImplementedError
 
 
+@arguments.renamed(d_model="embed_dim", heads="num_heads")
 class TransformerEncoderLayer(_Block):
     """x = Norm(x + SelfAttention(x)); x = Norm(x + FF(x)) (post-norm, Vaswani et al.), or with
     ``norm_first=True`` x = x + SelfAttention(Norm(x)); x = x + FF(Norm(x)) (pre-norm).
 
     ``score``/``align`` are passed to :class:`attnkit.MultiHeadAttention` (names or modules);
-    ``d_ff`` (a positive int) is the feed-forward size, 4·d_model by default; ``activation`` the
+    ``d_ff`` (a positive int) is the feed-forward size, 4·embed_dim by default; ``activation`` the
     feed-forward's nonlinearity (an nn.Module, ReLU by default); ``num_kv_heads`` and
     ``head_dim`` as :class:`attnkit.MultiHeadAttention` (grouped-query heads, head size);
     ``device`` and ``dtype`` are the parameters'. The self-attention's slots (DESIGN 7):
@@ -138,9 +141,11 @@ class TransformerEncoderLayer(_Block):
     self-attention's per-head scores (see :class:`attnkit.MultiHeadAttention`).
     """
 
-    def _build(self, d_model: int, heads: int, score: Any, align: Any, dropout: float, kw) -> None:
+    def _build(
+        self, embed_dim: int, num_heads: int, score: Any, align: Any, dropout: float, kw
+    ) -> None:
         kw = {"device": kw["device"], "dtype": kw["dtype"]}
-        self.norm1, self.norm2 = nn.LayerNorm(d_model, **kw), nn.LayerNorm(d_model, **kw)
+        self.norm1, self.norm2 = nn.LayerNorm(embed_dim, **kw), nn.LayerNorm(embed_dim, **kw)
 
     def forward(
         self,
@@ -150,7 +155,7 @@ class TransformerEncoderLayer(_Block):
         block_mask: BlockMask | None = None,
         score_mod: ScoreMod | None = None,
     ) -> Tensor:
-        """x (B, N, d_model); mask as :meth:`attnkit.MultiHeadAttention.forward`: (B, 1, N) from
+        """x (B, N, embed_dim); mask as :meth:`attnkit.MultiHeadAttention.forward`: (B, 1, N) from
         :func:`attnkit.masks.from_lengths`, (B, N, N) or (N, N); True = may attend.
         ``block_mask`` (over N × N) and ``score_mod`` reach the self-attention (see
         :meth:`attnkit.MultiHeadAttention.forward`)."""
@@ -161,6 +166,7 @@ class TransformerEncoderLayer(_Block):
         return self._sublayer(x, self.norm2, self.ff)
 
 
+@arguments.renamed(d_model="embed_dim", heads="num_heads")
 class TransformerDecoderLayer(_Block):
     """Causal self-attention, then cross-attention to the encoder output (the decoder states
     are basic queries), then feed-forward; each with residual and norm (post-norm, or pre-norm
@@ -171,8 +177,8 @@ class TransformerDecoderLayer(_Block):
 
     def __init__(
         self,
-        d_model: int,
-        heads: int,
+        embed_dim: int,
+        num_heads: int,
         d_ff: int | None = None,
         *,
         cross_attention: bool = True,
@@ -180,17 +186,19 @@ class TransformerDecoderLayer(_Block):
     ) -> None:
         # Read by _build, which the shared constructor calls.
         self._with_cross = arguments.boolean(cross_attention, "cross_attention")
-        super().__init__(d_model, heads, d_ff, **layer)
+        super().__init__(embed_dim, num_heads, d_ff, **layer)
 
-    def _build(self, d_model: int, heads: int, score: Any, align: Any, dropout: float, kw) -> None:
+    def _build(
+        self, embed_dim: int, num_heads: int, score: Any, align: Any, dropout: float, kw
+    ) -> None:
         self.cross_attention = (
-            _heads(d_model, heads, score, align, dropout, "basic", **kw)
+            _heads(embed_dim, num_heads, score, align, dropout, "basic", **kw)
             if self._with_cross
             else None
         )
         kw = {"device": kw["device"], "dtype": kw["dtype"]}
         count = 3 if self._with_cross else 2
-        self.norms = nn.ModuleList([nn.LayerNorm(d_model, **kw) for _ in range(count)])
+        self.norms = nn.ModuleList([nn.LayerNorm(embed_dim, **kw) for _ in range(count)])
 
     def forward(
         self,
@@ -205,8 +213,8 @@ class TransformerDecoderLayer(_Block):
         score_mod: ScoreMod | None = None,
     ) -> Tensor:
         """Args:
-        x: (B, M, d_model) decoder states.
-        memory: (B, N, d_model) encoder output (None without cross-attention).
+        x: (B, M, embed_dim) decoder states.
+        memory: (B, N, embed_dim) encoder output (None without cross-attention).
         mask: the self-attention's mask, True = may attend, combined with the causal mask:
             (B, 1, M) from :func:`attnkit.masks.from_lengths` for target padding, or
             (B, M, M) / (M, M); with a cache, over all cached + M keys.
@@ -253,7 +261,7 @@ class TransformerDecoderLayer(_Block):
         return self._sublayer(x, self.norms[-1], self.ff)
 
 
-def _final_norm(final_norm: bool | None, d_model: int, layer: dict) -> nn.LayerNorm | None:
+def _final_norm(final_norm: bool | None, embed_dim: int, layer: dict) -> nn.LayerNorm | None:
     """A LayerNorm after the last layer: by default only for pre-norm stacks, whose residual
     stream is otherwise never normalised (post-norm layers end with a norm already)."""
     if final_norm is None:
@@ -261,9 +269,10 @@ def _final_norm(final_norm: bool | None, d_model: int, layer: dict) -> nn.LayerN
     if not arguments.boolean(final_norm, "final_norm"):
         return None
     kw = {k: layer[k] for k in ("device", "dtype") if k in layer}
-    return nn.LayerNorm(d_model, **kw)
+    return nn.LayerNorm(embed_dim, **kw)
 
 
+@arguments.renamed(d_model="embed_dim", heads="num_heads")
 class TransformerEncoder(nn.Module):
     """A stack of ``layers`` ≥ 1 encoder layers; each layer is one hop over the refined
     features. ``layer`` holds :class:`TransformerEncoderLayer`'s keyword arguments (``score``,
@@ -277,8 +286,8 @@ class TransformerEncoder(nn.Module):
     def __init__(
         self,
         layers: int,
-        d_model: int,
-        heads: int,
+        embed_dim: int,
+        num_heads: int,
         d_ff: int | None = None,
         *,
         final_norm: bool | None = None,
@@ -287,9 +296,9 @@ class TransformerEncoder(nn.Module):
         super().__init__()
         arguments.positive_int(layers, "layers")
         self.layers = nn.ModuleList(
-            [TransformerEncoderLayer(d_model, heads, d_ff, **layer) for _ in range(layers)]
+            [TransformerEncoderLayer(embed_dim, num_heads, d_ff, **layer) for _ in range(layers)]
         )
-        self.norm = _final_norm(final_norm, d_model, layer)
+        self.norm = _final_norm(final_norm, embed_dim, layer)
 
     def taxonomy_tags(self) -> list:
         return [tx.QueryMultiplicity.MULTI_HOP] if len(self.layers) > 1 else []
@@ -302,13 +311,14 @@ class TransformerEncoder(nn.Module):
         block_mask: BlockMask | None = None,
         score_mod: ScoreMod | None = None,
     ) -> Tensor:
-        """x (B, N, d_model); mask, block_mask and score_mod as
+        """x (B, N, embed_dim); mask, block_mask and score_mod as
         :meth:`TransformerEncoderLayer.forward` (the same for every layer)."""
         for layer in self.layers:
             x = layer(x, mask, block_mask=block_mask, score_mod=score_mod)
         return x if self.norm is None else self.norm(x)
 
 
+@arguments.renamed(d_model="embed_dim", heads="num_heads")
 class TransformerDecoder(nn.Module):
     """A stack of ``layers`` ≥ 1 decoder layers (causal self-attention, cross-attention to the
     encoder output unless ``cross_attention=False``, feed-forward); keyword arguments as
@@ -317,8 +327,8 @@ class TransformerDecoder(nn.Module):
     def __init__(
         self,
         layers: int,
-        d_model: int,
-        heads: int,
+        embed_dim: int,
+        num_heads: int,
         d_ff: int | None = None,
         *,
         final_norm: bool | None = None,
@@ -327,9 +337,9 @@ class TransformerDecoder(nn.Module):
         super().__init__()
         arguments.positive_int(layers, "layers")
         self.layers = nn.ModuleList(
-            [TransformerDecoderLayer(d_model, heads, d_ff, **layer) for _ in range(layers)]
+            [TransformerDecoderLayer(embed_dim, num_heads, d_ff, **layer) for _ in range(layers)]
         )
-        self.norm = _final_norm(final_norm, d_model, layer)
+        self.norm = _final_norm(final_norm, embed_dim, layer)
 
     def taxonomy_tags(self) -> list:
         return [tx.QueryMultiplicity.MULTI_HOP] if len(self.layers) > 1 else []
@@ -350,7 +360,7 @@ class TransformerDecoder(nn.Module):
         block_mask: BlockMask | None = None,
         score_mod: ScoreMod | None = None,
     ) -> Tensor:
-        """x (B, M, d_model); the rest as :meth:`TransformerDecoderLayer.forward`, with
+        """x (B, M, embed_dim); the rest as :meth:`TransformerDecoderLayer.forward`, with
         ``cache`` a :class:`attnkit.kv_cache.KVCache` from :meth:`new_cache` (one slot per
         layer): each call appends x's positions, so decoding feeds one new token at a time."""
         if cache is not None and (not isinstance(cache, KVCache) or len(cache) != len(self.layers)):

@@ -66,7 +66,7 @@ def test_the_bias_peaks_at_the_predicted_centre():
 
 def test_per_head_predictors_in_multihead_attention():
     torch.manual_seed(2)
-    align = al.PredictedWindow(4, heads=2, dtype=torch.float64)
+    align = al.PredictedWindow(4, num_heads=2, dtype=torch.float64)
     mha = ak.MultiHeadAttention(8, 2, align=align, dtype=torch.float64)
     assert align.W_p.weight.shape == (2, 4, 4)
     out = mha(rand(2, 5, 8, seed=3, grad=False), need_weights=True)

@@ -73,7 +73,7 @@ def _scores(mha, x):
 
 def test_the_query_is_split_with_the_heads():
     torch.manual_seed(2)
-    local = al.Local(1, "predictive", d_q=3, heads=2, dtype=torch.float64)
+    local = al.Local(1, "predictive", d_q=3, num_heads=2, dtype=torch.float64)
     align = al.PerHead([local, al.Softmax()], counts=[2, 1])
     e, q = rand(2, 3, 4, 5, seed=3), rand(2, 3, 4, 3, seed=4)
     w = align(e, query=q).weights

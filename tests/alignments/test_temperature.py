@@ -62,7 +62,7 @@ def test_the_temperature_stays_within_its_bounds_and_sharpens():
 
 def test_per_head_predictors_in_multihead_attention():
     torch.manual_seed(2)
-    align = al.QueryTemperature(4, heads=2, dtype=torch.float64)
+    align = al.QueryTemperature(4, num_heads=2, dtype=torch.float64)
     mha = ak.MultiHeadAttention(8, 2, align=align, dtype=torch.float64)
     x = rand(2, 5, 8, seed=3, grad=False)
     out = mha(x, need_weights=True)

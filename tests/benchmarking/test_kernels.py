@@ -79,3 +79,18 @@ def test_failed_skipped_and_zero_time_cells_are_not_divided(monkeypatch):
     assert row[7] == row[8] == "-"
     table = kernels.sdpa_table(1, 1, 16, lambda msg: None)
     assert table.splitlines()[-1].split("|")[3].strip() == "n/a"
+
+
+def test_additive_paired_reports_a_ratio_per_round(monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: fn)  # no compilation cost
+    table = kernels.additive_paired(32, repeats=2, d_w=8)
+    lines = table.splitlines()
+    assert lines[0] == "### Additive attention, chunked/dense in alternation (N=32)"
+    assert "load average after each round" in lines[2]
+    dense, chunked, ratio, rounds = (c.strip() for c in lines[-1].split("|")[1:-1])
+    per_round = [float(r) for r in rounds.split(", ")]
+    assert len(per_round) == 2 and all(r > 0 for r in per_round)
+    assert min(per_round) <= float(ratio) <= max(per_round)
+    assert float(dense) >= 0 and float(chunked) >= 0

@@ -95,7 +95,7 @@ def test_in_multi_head_attention_and_errors():
     part = AdaptiveSpanAttention(2, 6)
     mha = ak.MultiHeadAttention(8, 2, attention=part)
     assert mha(torch.randn(2, 7, 8), need_weights=True).weights.shape == (2, 2, 7, 7)
-    with pytest.raises(ValueError, match=r"n_heads=2\) needs q"):
+    with pytest.raises(ValueError, match=r"num_heads=2\) needs q"):
         part(*(torch.randn(2, 3, 5, 4) for _ in range(3)))
     with pytest.raises(ValueError, match="ramp must be > 0"):
         AdaptiveSpanAttention(2, 6, ramp=0.0)
@@ -113,7 +113,7 @@ def test_auxiliary_loss_is_the_weighted_sum_of_spans_and_joins_the_slot_from_a_r
     assert AdaptiveSpanAttention(2, 8).span_penalty == 2e-6  # the paper's lambda
     # attnkit run fills S from the task's longest input
     built = build_slot_attention("adaptive_span", head_dim=8, num_heads=4, max_len=33)
-    assert (built.n_heads, built.max_span) == (4, 33)
+    assert (built.num_heads, built.max_span) == (4, 33)
 
 
 def test_step_by_step_decoding_with_a_kv_cache_equals_the_causal_sequence():
@@ -175,7 +175,7 @@ def test_dynamic_span_is_eq_4_and_5_with_the_span_from_the_query_forward_and_gra
         for h in range(2):
             for t in range(9):
                 z[b, h, t] = 6 * torch.sigmoid(part.span_weight[h] @ q[b, h, t] + part.span_bias[h])
-    torch.testing.assert_close(out.spans, z)
+    torch.testing.assert_close(part.spans(q), z)
     ref, ref_w = _span_loop(q, k, v, z, 1.5, 1, mask, bias)
     torch.testing.assert_close(out.context, ref)
     torch.testing.assert_close(out.weights, ref_w)
@@ -247,7 +247,7 @@ def _mode_task(part, steps=150):
         inp, x, y, _ = batch(32)
         h = proj(inp)[:, None]
         out = part(h, h, x[:, None], mask=causal)
-        loss = (out.context[:, 0] - y).square().mean() + 1e-3 * out.spans.mean()
+        loss = (out.context[:, 0] - y).square().mean() + 1e-3 * part.spans(h).mean()
         opt.zero_grad()
         loss.backward()
         opt.step()
@@ -255,7 +255,7 @@ def _mode_task(part, steps=150):
     with torch.no_grad():
         h = proj(inp)[:, None]
         out = part(h, h, x[:, None], mask=causal)
-    spans = out.spans[:, 0].mean(-1)
+        spans = part.spans(h)[:, 0].mean(-1)
     error = (out.context[:, 0] - y).square().mean()
     return float(spans[local[:, 0, 0]].mean()), float(spans[~local[:, 0, 0]].mean()), float(error)
 

@@ -45,5 +45,5 @@ def test_alpha_is_learned_per_head():
 def test_bad_arguments_are_refused():
     with pytest.raises(ValueError, match="alpha"):
         AdaptivelySparseAttention(2, alpha=1.0)
-    with pytest.raises(ValueError, match=r"n_heads=2\) needs q"):
+    with pytest.raises(ValueError, match=r"num_heads=2\) needs q"):
         AdaptivelySparseAttention(2)(*(torch.randn(2, 3, 4, 4) for _ in range(3)))

@@ -66,8 +66,9 @@ def test_near_field_is_banded_softmax():
     out = part(q, k, v, need_weights=True)
     torch.testing.assert_close(out.context, _near(q, k, v, 2))
     band = (torch.arange(9)[:, None] - torch.arange(9)).abs() <= 2
-    assert (out.near[..., ~band] == 0).all()
-    torch.testing.assert_close(out.near.sum(-1), torch.ones(2, 9, dtype=D))
+    near = out.extra["near"]
+    assert (near[..., ~band] == 0).all()
+    torch.testing.assert_close(near.sum(-1), torch.ones(2, 9, dtype=D))
 
 
 @pytest.mark.parametrize(("m", "n"), [(4, 9), (13, 9), (2, 40)])

@@ -54,6 +54,33 @@ def test_non_causal_equals_the_loop_with_a_padding_mask():
     torch.testing.assert_close(out, _loop(q, k, v, _phi, keep=keep), atol=1e-12, rtol=1e-10)
 
 
+def test_unmasked_elu_path_equals_the_loop_forward_and_gradients():
+    """Without a mask the elu + 1 context is one autograd node with its own backward (the map's
+    derivative read from the map); it must match the loop's autograd, also for inputs at and
+    far below 0, and match float64 gradcheck."""
+    q, k, v = (x.requires_grad_() for x in _inputs(7, m=6, n=8))
+    with torch.no_grad():
+        q[0, 0, 0, :2] = torch.tensor([0.0, -30.0])
+        k[1, 2, 3, :2] = torch.tensor([-40.0, 0.0])
+    part = LinearAttention()
+    assert part._fused(q, k, v)
+    out = part(q, k, v).context
+    ref = _loop(q, k, v, _phi)
+    torch.testing.assert_close(out, ref, atol=1e-12, rtol=1e-10)
+    r = torch.randn_like(out)
+    got = torch.autograd.grad((out * r).sum(), (q, k, v))
+    want = torch.autograd.grad((ref * r).sum(), (q, k, v))
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-12, rtol=1e-10)
+    small = [x[:1, :1, :4].detach().clone().requires_grad_() for x in (q, k, v)]
+    assert torch.autograd.gradcheck(lambda *x: part(*x).context, small)
+    # broadcast leading dims, a listener and the causal form take the general path
+    assert not part._fused(q[:1], k, v)
+    assert not LinearAttention(causal=True)._fused(q, k, v)
+    with ak.hooks.listen():
+        assert not part._fused(q, k, v)
+
+
 @pytest.mark.parametrize("chunk_size", [1, 4, 64])
 def test_causal_equals_the_loop_the_step_loop_and_the_fast_weight_update(chunk_size):
     q, k, v = _inputs(1)

@@ -57,13 +57,13 @@ def test_identity_projections_with_k_equal_n_give_softmax_attention():
 @pytest.mark.parametrize("heads", [None, 3])
 def test_matches_the_papers_equation(heads):
     q, k, v = _qkv(1, m=4, n=5)
-    part = Linformer(7, 3, heads=heads).to(D)
+    part = Linformer(7, 3, num_heads=heads).to(D)
     ref = _reference(q, k, v, part.e_proj.detach(), part.f_proj.detach())
     torch.testing.assert_close(part(q, k, v).context, ref)
 
 
 def test_per_head_projections_differ_and_shared_kv_uses_one_matrix():
-    part = Linformer(5, 2, heads=3)
+    part = Linformer(5, 2, num_heads=3)
     assert part.e_proj.shape == (3, 2, 5) and not torch.equal(part.e_proj[0], part.e_proj[1])
     shared = Linformer(5, 2, share_kv=True).to(D)
     assert shared.f_proj is None and len(list(shared.parameters())) == 1
@@ -91,7 +91,7 @@ def test_padded_queries_get_zero_and_mha_slot_works():
     out = part(q, k, v, mask=mask, need_weights=True)
     assert (out.context[1, 4:] == 0).all() and (out.weights[1, 4:] == 0).all()
     torch.testing.assert_close(out.context[1:, :4], part(q[1:, :4], k[1:, :4], v[1:, :4]).context)
-    mha = ak.MultiHeadAttention(8, 2, attention=Linformer(10, 4, heads=2)).to(D)
+    mha = ak.MultiHeadAttention(8, 2, attention=Linformer(10, 4, num_heads=2)).to(D)
     x = torch.randn(2, 10, 8, dtype=D)
     assert mha(x, x, x).context.shape == (2, 10, 8)
 
@@ -106,8 +106,8 @@ def test_refuses_causal_masks_bias_and_long_inputs():
     q, k, v = _qkv(5, lead=(1,), n=7)
     with pytest.raises(ValueError, match=r"max_len=6\) got 7 keys"):
         part(q, k, v)
-    with pytest.raises(ValueError, match=r"heads=2\) needs inputs"):
-        Linformer(7, 3, heads=2).to(D)(q, k, v)
+    with pytest.raises(ValueError, match=r"num_heads=2\) needs inputs"):
+        Linformer(7, 3, num_heads=2).to(D)(q, k, v)
 
 
 @pytest.mark.slow

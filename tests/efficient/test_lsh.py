@@ -234,12 +234,3 @@ def test_bad_arguments_are_refused():
         part(q, q, q, mask=torch.ones(3, 5, dtype=torch.bool))
     with pytest.raises(TypeError, match="mask"):
         part(q, q, q, mask=torch.ones(5, 5))
-
-
-def test_broadcast_shapes_is_torchs():
-    from attnkit.efficient.lsh import broadcast_shapes
-
-    for shapes in [((2, 1), (3,)), ((), (4,)), ((1, 2, 3), (2, 1)), ((0,), (1,)), ((5, 1), (1, 0))]:
-        assert broadcast_shapes(*shapes) == torch.broadcast_shapes(*shapes)
-    with pytest.raises(RuntimeError, match="do not broadcast"):
-        broadcast_shapes((2,), (3,))

@@ -80,6 +80,30 @@ def test_segment_mean_landmarks_match_the_papers_equation():
     assert (out.context - ak.attention(q, k, v).context).abs().max() > 1e-3  # an approximation
 
 
+def test_fused_path_equals_the_equation_and_the_explicit_factors():
+    """Without mask or weights the two softmax factors are never formed (fused softmax
+    attention over the landmarks): the same context as the paper's equation and as the path
+    that forms them (need_weights=True), and the same gradients as the latter."""
+    q, k, v = (x.requires_grad_() for x in _qkv(5, lead=(2, 3), m=12, n=16))
+    part = NystromAttention(4, iterations=30)
+    out = part(q, k, v)
+    assert out.extra is None  # the factors were never formed
+    for b in range(2):
+        for h in range(3):
+            torch.testing.assert_close(out.context[b, h], _reference(q[b, h], k[b, h], v[b, h], 4))
+    explicit = part(q, k, v, need_weights=True)
+    assert set(explicit.named_weights()) == {"to_landmarks", "from_landmarks"}
+    torch.testing.assert_close(out.context, explicit.context, atol=1e-12, rtol=1e-10)
+    r = torch.randn_like(out.context)
+    got = torch.autograd.grad((out.context * r).sum(), (q, k, v))
+    want = torch.autograd.grad((explicit.context * r).sum(), (q, k, v))
+    for a, w in zip(got, want, strict=True):
+        torch.testing.assert_close(a, w, atol=1e-10, rtol=1e-8)
+    with ak.hooks.listen() as reports:  # a listener gets the factors
+        part(q, k, v)
+    assert {r.name for r in reports} == {"to_landmarks", "from_landmarks"}
+
+
 def test_padding_equals_truncation_and_padded_queries_get_zero():
     q, k, v = _qkv(3, n=8)
     part = NystromAttention(3)

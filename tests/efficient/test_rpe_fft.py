@@ -52,7 +52,7 @@ def _reference(part, q, k, v, keep=None, causal=False, q_offset=0):
 
 
 def _part(causal=False):
-    part = RelativeKernelAttention(10, heads=2, causal=causal).double()
+    part = RelativeKernelAttention(10, num_heads=2, causal=causal).double()
     with torch.no_grad():
         part.rel_bias.copy_(2 * _x(2, 19, seed=3))
     return part
@@ -107,7 +107,7 @@ def test_zero_bias_is_plain_kernelized_attention():
 
 
 def test_inside_multi_head_attention_and_bad_inputs():
-    mha = ak.MultiHeadAttention(8, 2, attention=RelativeKernelAttention(16, heads=2))
+    mha = ak.MultiHeadAttention(8, 2, attention=RelativeKernelAttention(16, num_heads=2))
     x = torch.randn(2, 10, 8)
     assert mha(x, mask=ak.masks.from_lengths(torch.tensor([10, 6]), 10)).context.shape == x.shape
     part = RelativeKernelAttention(4).double()
@@ -117,7 +117,7 @@ def test_inside_multi_head_attention_and_bad_inputs():
     with pytest.raises(ValueError, match="varies over queries"):
         part(q[:, :3], q[:, :3], q[:, :3], mask=ak.masks.causal(3))
     with pytest.raises(ValueError, match=r"needs inputs \(B, 2, L, d\)"):
-        RelativeKernelAttention(8, heads=2).double()(q, q, q)
+        RelativeKernelAttention(8, num_heads=2).double()(q, q, q)
     with pytest.raises(ValueError, match="bias"):
         part(q[:, :3], q[:, :3], q[:, :3], bias=torch.zeros(3, 3, dtype=torch.float64))
 

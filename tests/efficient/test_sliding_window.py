@@ -64,3 +64,20 @@ def test_bad_arguments_are_refused_and_one_derivative_only():
     (grad,) = torch.autograd.grad(out.sum(), q, create_graph=True)
     with pytest.raises(RuntimeError):
         torch.autograd.grad(grad.sum(), q)
+
+
+def test_scale_sets_the_scores_factor():
+    q, k, v = _inputs(40, seed=7)
+    allowed = pt.dense(pt.sliding_window(6), 40, 40)
+
+    def reference():
+        e = (q @ k.transpose(-1, -2) * 0.3).masked_fill(~allowed, float("-inf"))
+        return torch.softmax(e, -1) @ v
+
+    assert_same_forward_backward(
+        lambda: sliding_window_attention(q, k, v, 6, scale=0.3), reference, [q, k, v]
+    )
+    with pytest.raises(ValueError, match="scale must be finite"):
+        sliding_window_attention(q, k, v, 6, scale=float("inf"))
+    with pytest.raises(TypeError, match="scale must be a real number"):
+        sliding_window_attention(q, k, v, 6, scale="0.3")

@@ -49,7 +49,7 @@ def _attend_loop(logit, v, allowed):
 
 def test_dense_synthesizer_equals_the_paper_loop():
     q, k, v = _inputs()
-    dense = DenseSynthetic(3, max_len=7, d_hidden=6, heads=2).double()
+    dense = DenseSynthetic(3, max_len=7, d_hidden=6, num_heads=2).double()
     lengths = torch.tensor([5, 3])
     mask = ak.masks.from_lengths(lengths, 5)[:, None]  # (B, 1, 1, N)
     got = Synthesizer([dense])(q, k, v, mask=mask).context
@@ -73,7 +73,7 @@ def test_dense_synthesizer_equals_the_paper_loop():
 
 def test_factorized_dense_pairs_every_factor_entry_once():
     q, k, _ = _inputs(m=4, n=6)
-    part = FactorizedDenseSynthetic(3, a=2, b=3, heads=2).double()
+    part = FactorizedDenseSynthetic(3, a=2, b=3, num_heads=2).double()
     logits = part(q, k)
     for h in range(2):
 
@@ -91,7 +91,7 @@ def test_factorized_dense_pairs_every_factor_entry_once():
 
 def test_random_synthesizer_ignores_the_inputs_and_uses_R():
     q, k, v = _inputs(m=4, n=5)
-    part = RandomSynthetic(6, heads=2).double()
+    part = RandomSynthetic(6, num_heads=2).double()
     out = Synthesizer([part])(q, k, v, need_weights=True)
     r = part.r.detach()
     for b in range(2):
@@ -105,7 +105,7 @@ def test_random_synthesizer_ignores_the_inputs_and_uses_R():
 def test_fixed_random_is_a_buffer_and_factorized_random_is_low_rank():
     fixed = RandomSynthetic(5, learned=False)
     assert not list(fixed.parameters()) and "r" in dict(fixed.named_buffers())
-    low = FactorizedRandomSynthetic(6, rank=2, heads=3).double()
+    low = FactorizedRandomSynthetic(6, rank=2, num_heads=3).double()
     r = low.matrix().detach()
     for h in range(3):
         for i in range(6):
@@ -121,7 +121,7 @@ def test_mixture_with_synthetic_weight_zeroed_is_dot_product_attention():
     q, k, v = _inputs(m=5, n=5, d=4)
     causal = ak.masks.causal(5, 5)
     mix = Synthesizer(
-        [DenseSynthetic(4, 8, heads=2), RandomSynthetic(8, heads=2), DotProductLogits()],
+        [DenseSynthetic(4, 8, num_heads=2), RandomSynthetic(8, num_heads=2), DotProductLogits()],
         mixture=[0.0, 0.0, 1.0],
     ).double()
     got = mix(q, k, v, mask=causal).context
@@ -133,7 +133,7 @@ def test_mixture_with_synthetic_weight_zeroed_is_dot_product_attention():
 
             torch.testing.assert_close(got[b, h], _attend_loop(logit, v[b, h], causal))
     # and the weights are a true mixture otherwise: logits = Σ α_c logits_c
-    half = Synthesizer([RandomSynthetic(8, heads=2), DotProductLogits()], [0.25, 0.75]).double()
+    half = Synthesizer([RandomSynthetic(8, num_heads=2), DotProductLogits()], [0.25, 0.75]).double()
     w = half(q, k, v, need_weights=True).weights
     logits = 0.25 * half.components[0](q, k) + 0.75 * half.components[1](q, k)
     torch.testing.assert_close(w, torch.softmax(logits, -1))
@@ -142,7 +142,9 @@ def test_mixture_with_synthetic_weight_zeroed_is_dot_product_attention():
 def test_causal_mask_on_synthetic_logits():
     q, k, v = _inputs(m=6, n=6)
     v.requires_grad_()
-    part = Synthesizer([DenseSynthetic(3, 6, heads=2), RandomSynthetic(6, heads=2)]).double()
+    part = Synthesizer(
+        [DenseSynthetic(3, 6, num_heads=2), RandomSynthetic(6, num_heads=2)]
+    ).double()
     out = part(q, k, v, mask=ak.masks.causal(6, 6), need_weights=True)
     assert (out.weights.triu(1) == 0).all()
     torch.testing.assert_close(out.weights.sum(-1), torch.ones(2, 2, 6, dtype=D))
@@ -154,7 +156,7 @@ def test_in_the_attention_slot_of_multihead_attention():
     torch.manual_seed(0)
     x = torch.randn(2, 5, 8, dtype=D)
     mha = ak.MultiHeadAttention(8, 2, dtype=D)
-    parts = [DenseSynthetic(4, 5, heads=2), DotProductLogits()]
+    parts = [DenseSynthetic(4, 5, num_heads=2), DotProductLogits()]
     synth = ak.MultiHeadAttention(8, 2, attention=Synthesizer(parts, [0.0, 1.0]), dtype=D)
     synth.attention.double()
     synth.load_state_dict(mha.state_dict(), strict=False)
@@ -170,11 +172,11 @@ def test_in_the_attention_slot_of_multihead_attention():
 def test_clear_errors():
     q, k, v = _inputs(m=5, n=5)
     with pytest.raises(ValueError, match="max_len"):
-        Synthesizer([DenseSynthetic(3, 4, heads=2)]).double()(q, k, v)
+        Synthesizer([DenseSynthetic(3, 4, num_heads=2)]).double()(q, k, v)
     with pytest.raises(ValueError, match="max_len"):
-        Synthesizer([RandomSynthetic(4, heads=2)]).double()(q, k, v)
-    with pytest.raises(ValueError, match="heads=3"):
-        Synthesizer([RandomSynthetic(8, heads=3)]).double()(q, k, v)
+        Synthesizer([RandomSynthetic(4, num_heads=2)]).double()(q, k, v)
+    with pytest.raises(ValueError, match="num_heads=3"):
+        Synthesizer([RandomSynthetic(8, num_heads=3)]).double()(q, k, v)
     with pytest.raises(ValueError, match="mixture"):
         Synthesizer([DotProductLogits(), DotProductLogits()], [0.5, 0.6])
     with pytest.raises(TypeError, match="components"):
@@ -188,7 +190,7 @@ def test_kv_cached_decoding_equals_one_causal_pass():
     so decoding token by token with a cache (keys 0 … t) equals the causal pass. (The random
     forms index query rows too, which the attention slot does not place: see the module.)"""
     torch.manual_seed(2)
-    parts = [DenseSynthetic(4, 6, heads=2), DotProductLogits()]
+    parts = [DenseSynthetic(4, 6, num_heads=2), DotProductLogits()]
     mha = ak.MultiHeadAttention(8, 2, attention=Synthesizer(parts), dtype=D)
     mha.attention.double()
     x = torch.randn(2, 6, 8, dtype=D)
@@ -199,7 +201,7 @@ def test_kv_cached_decoding_equals_one_causal_pass():
 
 
 def test_random_form_reads_the_rows_of_the_queries_positions():
-    r = RandomSynthetic(6, heads=2)
+    r = RandomSynthetic(6, num_heads=2)
     q, k, _ = _inputs(m=2, n=5)
     torch.testing.assert_close(r(q.float(), k.float(), q_offset=3), r.r[:, 3:5, :5])
     with pytest.raises(ValueError, match="q_offset"):
@@ -210,8 +212,8 @@ def test_random_form_reads_the_rows_of_the_queries_positions():
 
 def test_step_by_step_decoding_with_a_kv_cache_equals_the_causal_sequence():
     torch.manual_seed(0)
-    parts = [RandomSynthetic(8, heads=2), FactorizedRandomSynthetic(8, 2, heads=2)]
-    part = Synthesizer([*parts, DenseSynthetic(4, 8, heads=2), DotProductLogits()])
+    parts = [RandomSynthetic(8, num_heads=2), FactorizedRandomSynthetic(8, 2, num_heads=2)]
+    part = Synthesizer([*parts, DenseSynthetic(4, 8, num_heads=2), DotProductLogits()])
     mha = ak.MultiHeadAttention(8, 2, attention=part).double().eval()
     x = torch.randn(2, 6, 8, dtype=D)
     whole = mha(x, x, x, mask=ak.masks.causal(6)).context

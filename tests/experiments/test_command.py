@@ -35,7 +35,7 @@ BAD = [
     (["run", "dates", "--lr", "inf"], "lr must be a finite number > 0, got inf"),
     (["run", "dates", "--supervise-attention", "nan"], "supervise_attention must be a finite"),
     (["run", "dates", "--seed", str(2**64)], "seed must be an int in [0, 2**32)"),
-    (["run", "digits", "--supervise-attention", "1"], "needs gold alignments"),
+    (["run", "listops", "--supervise-attention", "1"], "needs gold alignments"),
     (["run", "dates", "--compare", "depth=1,2"], "unknown key 'depth'"),
     (["run", "dates", "--compare", "score"], "--compare must be KEY=V1,V2"),
     (["run", "dates", "--compare", "score=dot,nope"], "unknown score 'nope'"),

@@ -36,7 +36,7 @@ BAD = [
     ({"lr": 0.0}, "lr must be a finite number > 0"),
     ({"supervise_attention": math.nan}, "supervise_attention must be a finite number >= 0"),
     ({"supervise_attention": -1.0}, "supervise_attention must be a finite number >= 0"),
-    ({"task": "digits", "supervise_attention": 1.0}, "needs gold alignments"),
+    ({"task": "listops", "supervise_attention": 1.0}, "needs gold alignments"),
     ({"n_train": 36000, "n_test": 1000}, "exceeds the 36525 distinct dates"),
     ({"epochs": "3"}, "epochs must be int or null, got str '3'"),
     ({"quick": 1}, "quick must be bool, got int 1"),

@@ -24,7 +24,7 @@ from attnkit.integrations import transformers as hf
 transformers.logging.set_verbosity_error()
 
 HEADS, HEAD_DIM = 4, 4
-ADDITIVE = {"name": "additive", "d_q": HEAD_DIM, "d_k": HEAD_DIM, "d_w": 6, "heads": HEADS}
+ADDITIVE = {"name": "additive", "d_q": HEAD_DIM, "d_k": HEAD_DIM, "d_w": 6, "num_heads": HEADS}
 LEARNED_T = {"name": "softmax", "temperature": 0.7, "learnable": True}
 
 

@@ -10,7 +10,7 @@ from unittest import mock
 
 import pytest
 import torch
-from factories import ALIGNMENTS, SCORES, Dims
+from registered_parts import ALIGNMENTS, SCORES, Dims
 from torch import nn
 
 import attnkit as ak
@@ -85,7 +85,10 @@ def test_only_the_needed_tiles_are_visited():
         return ak.scores.ScaledDot.pairwise(score, qp, kp, key_offset)
 
     q = torch.randn(1, n, 4, requires_grad=True)
-    with mock.patch.object(score, "pairwise", side_effect=pairwise):
+    with (
+        mock.patch.object(chunked, "_FLASH_BACKWARD", None),  # the tiled path
+        mock.patch.object(score, "pairwise", side_effect=pairwise),
+    ):
         out = ak.attention(q, q, score=score, block_mask=bm)
         forward = sum(areas)
         out.context.sum().backward()
@@ -120,7 +123,7 @@ def test_mask_mod_over_batch_and_heads():
     def padded_causal(b, h, i, j):
         return (j <= i) & (j < lengths[b]) & ((h == 0) | (j >= i - 1))
 
-    bm = pt.block_mask(padded_causal, 10, batch=2, heads=3, block_q=4, block_k=4)
+    bm = pt.block_mask(padded_causal, 10, batch=2, num_heads=3, block_q=4, block_k=4)
     q, k, v = (torch.randn(2, 3, 10, 8, dtype=torch.float64) for _ in range(3))
     i, j = torch.arange(10)[:, None], torch.arange(10)[None]
     b = torch.arange(2)[:, None, None, None]
@@ -268,6 +271,7 @@ def test_tiles_of_grouped_query_blocks_stay_within_the_tile_budget():
         torch.randn(1, n, 4, generator=g, dtype=torch.float64, requires_grad=True) for _ in range(3)
     )
     with (
+        mock.patch.object(chunked, "_FLASH_BACKWARD", None),  # the tiled path
         mock.patch.object(chunked, "TILE_ELEMENTS", budget),
         mock.patch.object(score, "pairwise", side_effect=pairwise),
     ):

@@ -8,7 +8,7 @@ from unittest import mock
 
 import pytest
 import torch
-from factories import ALIGNMENTS, SCORES, Dims
+from registered_parts import ALIGNMENTS, SCORES, Dims
 
 import attnkit as ak
 from attnkit.kernels import chunked, dense
@@ -84,7 +84,7 @@ def test_chunked_equals_dense_float32(score, align):
 
 def test_heads_and_broadcast_batch_dims():
     torch.manual_seed(0)
-    s = ak.scores.Additive(4, 4, 5, heads=3).double()
+    s = ak.scores.Additive(4, 4, 5, num_heads=3).double()
     q = torch.randn(2, 3, 6, 4, dtype=torch.float64, requires_grad=True)
     k = torch.randn(1, 3, 9, 4, dtype=torch.float64, requires_grad=True)  # broadcast over B
     v = torch.randn(1, 3, 9, 2, dtype=torch.float64, requires_grad=True)
@@ -204,6 +204,7 @@ SPARSE = {
     "causal": ak.patterns.causal(),
     "window": ak.patterns.sliding_window(5),
     "window of a block": ak.patterns.sliding_window(8),
+    "wide window": ak.patterns.sliding_window(24),
     "causal window": ak.patterns.sliding_window(9, causal=True),
     "document": ak.patterns.packed(torch.tensor([0, 7, 8, 30, 45])),
     "bigbird": ak.patterns.bigbird(3, 45, global_positions=(2,), random_blocks=1, block=8),
@@ -237,15 +238,21 @@ def test_fused_block_sparse_equals_the_masked_reference(name, blocks):
             out = ak.attention(q, k, v, block_mask=bm, **kwargs).context
         assert spy.call_count == 1, kwargs
         torch.testing.assert_close(out, ref, atol=1e-10, rtol=1e-10)
-        # the tiled path (gradients on) gives the same
+        # the tiled path (gradients on, the fused backward off) gives the same
         qg = q.clone().requires_grad_()
-        tiled = ak.attention(qg, k, v, block_mask=bm, **kwargs).context
+        with mock.patch.object(chunked, "_FLASH_BACKWARD", None):
+            tiled = ak.attention(qg, k, v, block_mask=bm, **kwargs).context
         torch.testing.assert_close(tiled.detach(), ref, atol=1e-10, rtol=1e-10)
-    if name in ("causal", "window of a block") and blocks == (8, 8):
-        # its triangular tiles were evaluated causally (key ≥ query on reversed positions)
+    if name == "causal" and blocks == (8, 8):
+        # its diagonal tiles were evaluated causally
         pieces = [p for _, _, ps in chunked._SCHEDULES[id(bm)][1] for p in ps]
         assert any(p.causal for p in pieces)
-        assert any(p.flip for p in pieces) == (name == "window of a block")
+        assert not any(p.flip for p in pieces)
+    if name == "window of a block" and blocks == (8, 8):
+        # a narrow band: one masked call per group of rows, no merge
+        assert all(
+            len(ps) == 1 and ps[0].allowed is not None for _, _, ps in chunked._SCHEDULES[id(bm)][1]
+        )
 
 
 def test_fused_block_sparse_float32_and_a_repeated_block_mask():
@@ -330,3 +337,203 @@ def test_fused_block_sparse_with_a_temperature_bias_and_score_mod():
     e = q @ k.transpose(-1, -2) / 8**0.5 + bias + shift
     w = torch.softmax((e / 2.5).masked_fill(~allowed, float("-inf")), -1)
     torch.testing.assert_close(both, w @ v, atol=1e-10, rtol=1e-10)
+
+
+# ---- block-sparse training through the fused kernel's backward --------------------------------
+
+
+def _grad_spy():
+    return mock.patch.object(chunked, "_sparse_fused_grad", side_effect=chunked._sparse_fused_grad)
+
+
+def _outputs_and_grads(fn, inputs, grad):
+    leaves = [x.detach().clone().requires_grad_() for x in inputs]
+    out = fn(*leaves)
+    out.backward(grad)
+    return [out.detach()] + [x.grad for x in leaves]
+
+
+@pytest.mark.parametrize("blocks", [(8, 8), (5, 7)])
+@pytest.mark.parametrize("name", list(SPARSE))
+def test_fused_backward_equals_the_gradients_of_the_masked_reference(name, blocks):
+    g = torch.Generator().manual_seed(21)
+    q, k, v = (torch.randn(2, 3, 45, 8, generator=g, dtype=torch.float64) for _ in range(3))
+    q[0, 1, 10] += 1e4  # rows and keys ±1e4 away from the rest
+    k[1, 2, 20] -= 1e4
+    grad = torch.randn(2, 3, 45, 8, generator=g, dtype=torch.float64)
+    bm = ak.patterns.block_mask(SPARSE[name], 45, block_q=blocks[0], block_k=blocks[1])
+    allowed = ak.patterns.dense(SPARSE[name], 45, 45)
+    bias = torch.randn(45, 45, generator=g, dtype=torch.float64)
+    padding = torch.rand(2, 1, 45, 45, generator=g) > 0.2
+    mod, slopes = _alibi(3)
+    pos = torch.arange(45, dtype=torch.float64)
+    shift = slopes.view(3, 1, 1) * (pos[None, :] - pos[:, None])
+    cases = [
+        ({}, lambda q, k, v: _reference(q, k, v, allowed)),
+        ({"bias": bias}, lambda q, k, v: _reference(q, k, v, allowed, bias)),
+        ({"mask": padding}, lambda q, k, v: _reference(q, k, v, allowed & padding)),
+        ({"score_mod": mod}, lambda q, k, v: _reference(q, k, v, allowed, shift=shift)),
+        (
+            {"mask": padding, "score_mod": mod},
+            lambda q, k, v: _reference(q, k, v, allowed & padding, shift=shift),
+        ),
+    ]
+    for kwargs, reference in cases:
+        with _grad_spy() as spy:
+            got = _outputs_and_grads(
+                lambda q, k, v, kw=kwargs: ak.attention(q, k, v, block_mask=bm, **kw).context,
+                (q, k, v),
+                grad,
+            )
+        assert spy.call_count == 1, kwargs
+        want = _outputs_and_grads(reference, (q, k, v), grad)
+        for a, b in zip(got, want, strict=True):
+            torch.testing.assert_close(a, b, atol=1e-9, rtol=1e-9)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fused_backward_in_low_precision(dtype):
+    # float32 takes the fused backward; bfloat16 the tiled one (the fused kernel's CPU path is
+    # float32 / float64 here); both against the float64 reference.
+    g = torch.Generator().manual_seed(22)
+    q, k, v = (torch.randn(1, 2, 150, 16, generator=g, dtype=torch.float64) for _ in range(3))
+    grad = torch.randn(1, 2, 150, 16, generator=g, dtype=torch.float64)
+    pattern = ak.patterns.sliding_window(20, causal=True)
+    bm = ak.patterns.block_mask(pattern, 150, block_q=32, block_k=32)
+    allowed = ak.patterns.dense(pattern, 150, 150)
+    with _grad_spy() as spy:
+        got = _outputs_and_grads(
+            lambda q, k, v: ak.attention(q, k, v, block_mask=bm).context,
+            [x.to(dtype) for x in (q, k, v)],
+            grad.to(dtype),
+        )
+    assert spy.call_count == (1 if dtype == torch.float32 else 0)
+    want = _outputs_and_grads(lambda q, k, v: _reference(q, k, v, allowed), (q, k, v), grad)
+    tol = 1e-5 if dtype == torch.float32 else 5e-2
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a.double(), b, atol=tol, rtol=tol)
+
+
+def test_fused_backward_is_not_taken_for_gradients_it_does_not_give():
+    g = torch.Generator().manual_seed(23)
+    q, k, v = (torch.randn(1, 40, 8, generator=g, dtype=torch.float64) for _ in range(3))
+    bm = ak.patterns.block_mask(ak.patterns.causal(), 40, block_q=8, block_k=8)
+    allowed = ak.patterns.dense(ak.patterns.causal(), 40, 40)
+    bias = torch.randn(40, 40, generator=g, dtype=torch.float64, requires_grad=True)
+    with _grad_spy() as spy:
+        out = ak.attention(q.requires_grad_(), k, v, block_mask=bm, bias=bias).context
+    assert spy.call_count == 0  # a bias gradient: the tiled path
+    out.sum().backward()
+    ref_bias = bias.detach().clone().requires_grad_()
+    _reference(q.detach(), k, v, allowed, ref_bias).sum().backward()
+    torch.testing.assert_close(bias.grad, ref_bias.grad)
+
+
+def test_narrow_bands_are_evaluated_in_rows_with_their_keys_cut():
+    g = torch.Generator().manual_seed(24)
+    n, w = 300, 20
+    q, k, v = (torch.randn(2, 2, n, 8, generator=g, dtype=torch.float64) for _ in range(3))
+    pattern = ak.patterns.sliding_window(w)
+    bm = ak.patterns.block_mask(pattern, n, block_q=32, block_k=32)
+    with _fused_spy() as spy:
+        out = ak.attention(q, k, v, block_mask=bm).context
+    assert spy.call_count == 1
+    torch.testing.assert_close(out, _reference(q, k, v, ak.patterns.dense(pattern, n, n)))
+    rows = []
+    for r0, r1, pieces in chunked._SCHEDULES[id(bm)][1]:
+        assert len(pieces) == 1 and r1 - r0 <= chunked._BAND_ROWS
+        # the keys the rows may attend, and no other
+        assert (pieces[0].keys.k0, pieces[0].keys.k1) == (max(0, r0 - w), min(n, r1 + w))
+        rows.append((r0, r1))
+    assert rows[0][0] == 0 and rows[-1][1] == n
+    assert all(a[1] == b[0] for a, b in itertools.pairwise(rows))
+
+
+def test_wide_bands_evaluate_their_triangular_tiles_causally():
+    g = torch.Generator().manual_seed(25)
+    n = 200
+    q, k, v = (torch.randn(1, 1, n, 8, generator=g, dtype=torch.float64) for _ in range(3))
+    grad = torch.randn(1, 1, n, 8, generator=g, dtype=torch.float64)
+    pattern = ak.patterns.sliding_window(48)  # 5 full tiles and 2 triangular ones per row
+    bm = ak.patterns.block_mask(pattern, n, block_q=16, block_k=16)
+    allowed = ak.patterns.dense(pattern, n, n)
+    mod, slopes = _alibi(1)
+    pos = torch.arange(n, dtype=torch.float64)
+    shift = slopes.view(1, 1, 1) * (pos[None, :] - pos[:, None])
+    for kwargs, extra in [({}, None), ({"score_mod": mod}, shift)]:
+        # (more keys than a narrow band's: not one masked range)
+        with mock.patch.object(chunked, "_NARROW_KEYS", 16 * 6):
+            got = _outputs_and_grads(
+                lambda q, k, v, kw=kwargs: (
+                    ak.attention(q, k, v, block_mask=bm, kernel="chunked", **kw).context
+                ),
+                (q, k, v),
+                grad,
+            )
+        want = _outputs_and_grads(
+            lambda q, k, v, s=extra: _reference(q, k, v, allowed, shift=s), (q, k, v), grad
+        )
+        for a, b in zip(got, want, strict=True):
+            torch.testing.assert_close(a, b, atol=1e-10, rtol=1e-10)
+    pieces = [p for _, _, ps in chunked._SCHEDULES[id(bm)][1] for p in ps]
+    assert any(p.flip for p in pieces) and any(p.causal and not p.flip for p in pieces)
+
+
+def test_relative_score_mods_are_read_from_their_offsets():
+    slopes = torch.tensor([0.5, 0.25])
+    relative = {
+        "alibi": lambda e, b, h, i, j: e + slopes[h] * (j - i).to(e.dtype),
+        "constant": lambda e, b, h, i, j: e + 2.0,
+        "distance": lambda e, b, h, i, j: (i - j).abs().to(e.dtype) + e,
+    }
+    other = {
+        "query position": lambda e, b, h, i, j: e + i.to(e.dtype),
+        "gated offset": lambda e, b, h, i, j: e + ((j - i) * (i > 1)).to(e.dtype),
+        "cap": lambda e, b, h, i, j: 5 * torch.tanh(e / 5),
+    }
+    for name, mod in relative.items():
+        assert chunked._relative(mod), name
+    for name, mod in other.items():
+        assert not chunked._relative(mod), name
+    # f is evaluated once per call (at every offset), not once per tile, and gives the same
+    g = torch.Generator().manual_seed(26)
+    q, k, v = (torch.randn(1, 2, 77, 8, generator=g, dtype=torch.float64) for _ in range(3))
+    bm = ak.patterns.block_mask(ak.patterns.causal(), 77, block_q=16, block_k=16)
+    allowed = ak.patterns.dense(ak.patterns.causal(), 77, 77)
+    pos = torch.arange(77, dtype=torch.float64)
+    for name, extra in [
+        ("alibi", slopes.double().view(2, 1, 1) * (pos[None, :] - pos[:, None])),
+        ("distance", (pos[:, None] - pos[None, :]).abs()),
+        ("query position", pos[:, None].expand(77, 77)),
+    ]:
+        with mock.patch.object(
+            chunked, "apply_score_mod", side_effect=chunked.apply_score_mod
+        ) as spy:
+            out = ak.attention(q, k, v, block_mask=bm, score_mod=relative.get(name) or other[name])
+        assert (spy.call_count == 1) == (name in relative), name
+        torch.testing.assert_close(out.context, _reference(q, k, v, allowed, shift=extra))
+
+
+def test_a_dense_mask_turned_into_a_block_mask_keeps_its_schedule_without_keeping_the_mask():
+    import gc
+    import weakref
+
+    g = torch.Generator().manual_seed(27)
+    n = 1024  # 8 blocks of 128 a side: converted
+    q, k, v = (torch.randn(1, 2, n, 8, generator=g, dtype=torch.float64) for _ in range(3))
+    mask = ak.masks.window(n, n, 100)
+    before = len(chunked._DENSE_SCHEDULES)
+    first = ak.attention(q, k, v, mask=mask).context
+    kept = len(chunked._DENSE_SCHEDULES)
+    assert kept == before + 1
+    again = ak.attention(q, k, v, mask=mask).context
+    assert len(chunked._DENSE_SCHEDULES) == kept  # read from the kept schedule
+    torch.testing.assert_close(again, first)
+    torch.testing.assert_close(first, _reference(q, k, v, mask))
+    mask[5, :] = False  # changed in place: read again
+    changed = ak.attention(q, k, v, mask=mask).context
+    torch.testing.assert_close(changed, _reference(q, k, v, mask))
+    gone = weakref.ref(mask)
+    del mask
+    gc.collect()
+    assert gone() is None

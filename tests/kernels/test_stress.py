@@ -20,9 +20,9 @@ import itertools
 
 import pytest
 import torch
-from factories import ALIGNMENTS, SCORES, Dims, registered
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from registered_parts import ALIGNMENTS, SCORES, Dims, registered
 
 import attnkit as ak
 from attnkit.kernels import Call, get

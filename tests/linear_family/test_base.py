@@ -163,3 +163,22 @@ def test_the_alignment_keeps_the_scores_where_allowed():
     mask = torch.tensor([[True, False], [True, True]])
     torch.testing.assert_close(lf.UnnormalizedWeights()(s, mask).weights, s * mask)
     assert lf.UnnormalizedWeights()(s).weights is s and not lf.UnnormalizedWeights.normalized
+
+
+def test_a_recurrent_cache_reads_the_part_and_refuses_one_that_does_not_declare_decoding():
+    class StateWithoutDecoding(ak.HeadAttention):  # reads a cache, does not claim a step is exact
+        mask_forms = frozenset({"key"})
+        takes_cache = True
+
+    mha = ak.MultiHeadAttention(E, H, attention=StateWithoutDecoding())
+    cache = lf.RecurrentCache()
+    with pytest.raises(
+        ValueError,
+        match=r"^RecurrentCache of MultiHeadAttention: attention part StateWithoutDecoding does "
+        r"not declare decodes_with_cache = True",
+    ):
+        cache.claim(mha)
+    with pytest.raises(ValueError, match="holds no attention part that does not declare takes_c"):
+        cache.claim(torch.nn.Module())
+    _mha("retention")(_x(1, 2), cache=cache)  # the refused layers did not claim it
+    assert len(cache) == 2

@@ -63,5 +63,5 @@ def test_refusals():
         QKNormAttention(4, norm="batch")
     with pytest.raises(ValueError, match=r"head_dim=4"):
         QKNormAttention(4)(torch.randn(1, 3, 5), torch.randn(1, 3, 5), torch.randn(1, 3, 5))
-    with pytest.raises(TypeError, match=r"attention must be an nn\.Module"):
+    with pytest.raises(TypeError, match=r"attention must be an attnkit\.HeadAttention"):
         QKNormAttention(4, attention="softmax")

@@ -13,9 +13,9 @@ from torch import nn
 
 import attnkit as ak
 from attnkit import mechanisms
+from attnkit.efficient.feature_maps import EluPlusOne, ReLUFeatures
 from attnkit.efficient.kernelized import KernelNormalized
 from attnkit.efficient.landmarks import GaussianKernel, LandmarkAttention
-from attnkit.efficient.linear import EluPlusOne, ReLUFeatures
 from attnkit.efficient.resa import ReinforcedSequenceSampler
 from attnkit.efficient.synthesizer import (
     DenseSynthetic,

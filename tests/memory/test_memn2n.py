@@ -34,7 +34,7 @@ def test_position_encoding_matches_the_formula():
 def _reference(model, story, query, mask, query_mask):
     """The forward pass from the paper, one example and one memory at a time, with the tied
     matrices written out per scheme (A^k, C^k, B, W, H, T_A^k, T_C^k)."""
-    hops, tying, d = model.hops, model.tying, model.d
+    hops, tying, d = model.hops, model.tying, model.embed_dim
     e = [t.detach() for t in model.embeddings]
     tt = None if model.temporal is None else [t.detach() for t in model.temporal]
     if tying == "adjacent":  # A^{k+1} = C^k, B = A^1, W = C^K (Sec. 2.2)

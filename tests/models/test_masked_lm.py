@@ -55,7 +55,7 @@ def test_loss_is_cross_entropy_over_the_chosen_positions():
 
 def test_reads_both_directions_and_padding_changes_nothing():
     torch.manual_seed(0)
-    model = MaskedLM(12, 8, d_model=16, heads=2, layers=1, dtype=torch.float64).eval()
+    model = MaskedLM(12, 8, embed_dim=16, num_heads=2, layers=1, dtype=torch.float64).eval()
     tokens = torch.randint(0, 12, (2, 6))
     emb = model.embed(tokens).detach().requires_grad_()
     pos = model.pos(torch.arange(6))
@@ -80,7 +80,7 @@ def test_errors():
             keep=torch.ones(2, 4, dtype=torch.bool),
         )
     with pytest.raises(ValueError, match="max_len"):
-        MaskedLM(5, 4, d_model=8, heads=2, layers=1)(torch.zeros(1, 6, dtype=torch.long))
+        MaskedLM(5, 4, embed_dim=8, num_heads=2, layers=1)(torch.zeros(1, 6, dtype=torch.long))
 
 
 @pytest.mark.slow
@@ -90,7 +90,7 @@ def test_learns_to_fill_in_a_counting_sequence():
     steps (about 0.96 at 600 steps, 0.99 at 800 when measured)."""
     torch.manual_seed(0)
     g = torch.Generator().manual_seed(0)
-    model = MaskedLM(11, 10, d_model=32, heads=2, layers=2, d_ff=64, norm_first=True)
+    model = MaskedLM(11, 10, embed_dim=32, num_heads=2, layers=2, d_ff=64, norm_first=True)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
 
     def batch(n):

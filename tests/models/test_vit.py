@@ -38,7 +38,7 @@ def test_patch_embedding_equals_a_loop_over_patches():
 
 def test_class_token_and_positions_feed_the_encoder():
     torch.manual_seed(0)
-    vit = ViT(4, 2, 1, classes=3, d_model=8, heads=2, layers=1, dtype=D)
+    vit = ViT(4, 2, 1, classes=3, embed_dim=8, num_heads=2, layers=1, dtype=D)
     images = torch.randn(2, 1, 4, 4, dtype=D)
     out = vit(images)
     z = vit.patch(images)
@@ -53,7 +53,7 @@ def test_class_token_and_positions_feed_the_encoder():
 
 
 def test_errors_name_the_sizes():
-    vit = ViT(8, 4, 1, classes=2, d_model=8, heads=2, layers=1)
+    vit = ViT(8, 4, 1, classes=2, embed_dim=8, num_heads=2, layers=1)
     with pytest.raises(ValueError, match="8×8"):
         vit(torch.randn(2, 1, 12, 12))
     with pytest.raises(ValueError, match=r"\(B, 1, H, W\)"):
@@ -80,7 +80,7 @@ def test_vit_learns_which_quadrant_holds_the_square():
     torch.manual_seed(0)
     x, y = _quadrant_data(512, 0)
     xt, yt = _quadrant_data(256, 1)
-    vit = ViT(8, 4, 1, classes=4, d_model=16, heads=2, layers=1, d_ff=32)
+    vit = ViT(8, 4, 1, classes=4, embed_dim=16, num_heads=2, layers=1, d_ff=32)
     with torch.no_grad():  # unit-scale initial positions (ViT's 0.02 needs far more steps)
         vit.pos.normal_()
     opt = torch.optim.Adam(vit.parameters(), lr=1e-2)

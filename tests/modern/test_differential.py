@@ -125,7 +125,7 @@ def test_equals_a_loop_over_heads_from_eqs_1_to_3():
             rms = diff.pow(2).mean(-1, keepdim=True).add(part.eps).sqrt()
             torch.testing.assert_close(out.context[b, h], (1 - part.lambda_init) * diff / rms)
             torch.testing.assert_close(out.weights[b, h, :, :n], a1 - lam * a2)
-            torch.testing.assert_close(out.maps[b, h, 0, :, :n], a1)
+            torch.testing.assert_close(out.extra["maps"][b, h, 0, :, :n], a1)
     assert (out.weights[1, :, :, 2:] == 0).all()
 
 

@@ -93,3 +93,21 @@ def test_bad_arguments_name_themselves():
         StreamingCache(4, 0)
     with pytest.raises(ValueError, match="sinks"):
         StreamingCache(-1, 4)
+
+
+def test_a_part_that_does_not_declare_decoding_is_refused():
+    class NoDecoding(ak.HeadAttention):
+        mask_forms = frozenset({"key"})
+
+    mha = ak.MultiHeadAttention(16, 2, attention=NoDecoding())
+    cache = StreamingCache(SINKS, WINDOW)
+    with pytest.raises(
+        ValueError,
+        match=r"^StreamingCache of MultiHeadAttention: attention part NoDecoding does not "
+        r"declare decodes_with_cache = True",
+    ):
+        cache.claim(mha)
+    with pytest.raises(ValueError, match="NoDecoding does not declare decodes_with_cache"):
+        mha(_tokens(1).float(), cache=cache)
+    _mha()(_tokens(3), cache=cache)  # the refused layer did not claim it
+    assert len(cache) == 3

@@ -32,7 +32,9 @@ def test_per_item_prefixes_and_block_sparse_evaluation():
     for b in range(2):
         assert torch.equal(mask[b], _loop(int(lengths[b]), 9))
     dense = ak.attention(q, k, v, mask=mask[:, None]).context
-    bm = patterns.block_mask(patterns.prefix_lm(lengths), 9, batch=2, heads=1, block_q=4, block_k=4)
+    bm = patterns.block_mask(
+        patterns.prefix_lm(lengths), 9, batch=2, num_heads=1, block_q=4, block_k=4
+    )
     torch.testing.assert_close(ak.attention(q, k, v, block_mask=bm).context, dense)
 
 

@@ -52,6 +52,30 @@ def test_bad_offsets_are_refused_by_every_scheme(name, offsets, error, message):
 
 @pytest.mark.parametrize("name", ["sinusoidal", "learned"])
 def test_absolute_embeddings_refuse_a_negative_offset(name):
-    embed = ak.positions.build(name, d_model=4, **({"max_len": 8} if name == "learned" else {}))
+    embed = ak.positions.build(name, embed_dim=4, **({"max_len": 8} if name == "learned" else {}))
     with pytest.raises(ValueError, match=r"offset"):
         embed(torch.randn(1, 3, 4), offset=-1)
+
+
+@pytest.mark.parametrize("name", ak.positions.available())
+def test_every_scheme_has_an_example_that_acts_on_its_inputs(name):
+    cls = ak.positions.REGISTRY.get(name)
+    scheme = cls.example()
+    if cls.absolute:  # width 8
+        x = torch.randn(1, 3, 8)
+        assert scheme(x).shape == x.shape
+        return
+    q, k = torch.randn(1, 2, 3, 4), torch.randn(1, 2, 5, 4)  # 2 heads of 4
+    out = scheme(q, k)
+    assert out.q.shape == q.shape and out.k.shape == k.shape
+    by_keyword = cls.for_heads(head_dim=4, num_heads=2, embed_dim=8, max_len=16)
+    assert repr(by_keyword) == repr(cls.for_heads(4, 2))
+
+
+def test_sizes_a_scheme_needs_are_named():
+    with pytest.raises(TypeError, match=r"position scheme 't5' needs num_heads"):
+        ak.positions.REGISTRY.get("t5").for_heads(4)
+    with pytest.raises(TypeError, match="not a per-head scheme"):
+        ak.positions.REGISTRY.get("learned").for_heads(head_dim=4, num_heads=2, max_len=8)
+    learned = ak.positions.REGISTRY.get("learned").for_model(6, max_len=9)
+    assert learned.weight.shape == (9, 6)

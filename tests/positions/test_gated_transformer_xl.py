@@ -160,10 +160,10 @@ def test_learns_to_recall_from_the_previous_segment():
 def test_bad_arguments_are_named():
     with pytest.raises(TypeError, match="gate_bias"):
         GRUGate(4, gate_bias="2")
-    with pytest.raises(ValueError, match="d_model = 6 is not divisible by heads = 4"):
+    with pytest.raises(ValueError, match="embed_dim = 6 is not divisible by num_heads = 4"):
         GatedTransformerXLLayer(6, 4)
     layer = GatedTransformerXLLayer(8, 2)
-    with pytest.raises(ValueError, match=r"h must be \(B, M, D\) with D = d_model = 8"):
+    with pytest.raises(ValueError, match=r"h must be \(B, M, D\) with D = embed_dim = 8"):
         layer(torch.randn(2, 3, 6))
     with pytest.raises(ValueError, match=r"memory must be \(B, P, D\)"):
         layer(torch.randn(2, 3, 8), torch.randn(3, 4, 8))

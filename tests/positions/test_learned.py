@@ -32,8 +32,8 @@ def test_errors_and_registry():
     pe = Learned(4, max_len=6)
     with pytest.raises(ValueError, match="max_len = 6"):
         pe(torch.randn(1, 4, 4), offset=3)
-    with pytest.raises(ValueError, match="d_model"):
+    with pytest.raises(ValueError, match="embed_dim = 4"):
         pe(torch.randn(1, 4, 5))
-    assert isinstance(ak.positions.build("learned", d_model=4), Learned)
+    assert isinstance(ak.positions.build("learned", embed_dim=4), Learned)
     with pytest.raises(TypeError, match="absolute embedding"):
         ak.MultiHeadAttention(8, 2, position="learned")

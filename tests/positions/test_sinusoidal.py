@@ -37,9 +37,9 @@ def test_gradcheck():
 def test_errors_and_registry():
     with pytest.raises(ValueError, match="even"):
         Sinusoidal(5)
-    with pytest.raises(ValueError, match="d_model"):
+    with pytest.raises(ValueError, match="embed_dim = 4"):
         Sinusoidal(4)(torch.randn(2, 3, 6))
-    assert isinstance(ak.positions.build("sinusoidal", d_model=4), Sinusoidal)
+    assert isinstance(ak.positions.build("sinusoidal", embed_dim=4), Sinusoidal)
     with pytest.raises(TypeError, match="absolute embedding"):
         ak.MultiHeadAttention(8, 2, position="sinusoidal")
     with pytest.raises(TypeError, match="absolute embedding"):

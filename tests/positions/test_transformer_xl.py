@@ -128,7 +128,7 @@ BAD_CALLS = [
         "x of another width",
         lambda: _stack()(torch.randn(1, 2, 5)),
         ValueError,
-        r"x must be \(B, M, D\) with D = d_model = 4, got shape \(1, 2, 5\)",
+        r"x must be \(B, M, D\) with D = embed_dim = 4, got shape \(1, 2, 5\)",
     ),
     (
         "layer: memory of another width",

@@ -14,7 +14,7 @@ D = torch.float64
 
 
 def _loop(mod, x, z, allowed):
-    k_heads, dh = mod.heads, mod.d_head
+    k_heads, dh = mod.num_heads, mod.head_dim
     wq, wk, wv = (w.weight.detach() for w in (mod.query, mod.key, mod.value))
     b, m, _ = x.shape
     n = z.shape[1]
@@ -55,7 +55,7 @@ def _loop(mod, x, z, allowed):
 
 def test_gated_heads_equal_the_paper_loop_on_a_graph():
     torch.manual_seed(0)
-    mod = GatedHeadAttention(4, 5, heads=3, d_head=2, d_m=3, d_out=6, dtype=D)
+    mod = GatedHeadAttention(4, 5, num_heads=3, head_dim=2, d_m=3, d_out=6, dtype=D)
     x, z = torch.randn(2, 4, 4, dtype=D), torch.randn(2, 5, 5, dtype=D)
     adjacency = torch.rand(2, 4, 5) < 0.5
     adjacency[0, 1] = False  # a node without neighbours
@@ -68,7 +68,7 @@ def test_gated_heads_equal_the_paper_loop_on_a_graph():
 
 def test_closed_gates_leave_only_the_query_path():
     torch.manual_seed(1)
-    mod = GatedHeadAttention(4, 4, heads=2, d_head=3, d_m=2, dtype=D)
+    mod = GatedHeadAttention(4, 4, num_heads=2, head_dim=3, d_m=2, dtype=D)
     with torch.no_grad():
         mod.gate.weight.zero_()
         mod.gate.bias.fill_(-1e4)  # σ → 0: every head silenced
@@ -79,7 +79,7 @@ def test_closed_gates_leave_only_the_query_path():
 
 
 def test_errors():
-    mod = GatedHeadAttention(4, 5, heads=2, d_head=3, d_m=4)
+    mod = GatedHeadAttention(4, 5, num_heads=2, head_dim=3, d_m=4)
     with pytest.raises(ValueError, match=r"z must be \(B, L, 5\)"):
         mod(torch.randn(2, 3, 4), torch.randn(2, 6, 4))
     with pytest.raises(ValueError, match="batch"):

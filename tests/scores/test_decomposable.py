@@ -73,7 +73,7 @@ def test_direction_task_needs_separate_networks():
 
 def test_dot_form_heads_and_registry():
     torch.manual_seed(0)
-    s = Decomposable(4, 4, 3, heads=2).double()
+    s = Decomposable(4, 4, 3, num_heads=2).double()
     q, k = rand(1, 2, 3, 4, seed=1), rand(1, 2, 5, 4, seed=2)
     qp, kp, scale = s.dot_form(q, k)
     torch.testing.assert_close(scale * qp @ kp.transpose(-1, -2), s(q, k))

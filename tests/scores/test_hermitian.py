@@ -79,7 +79,7 @@ def test_swapping_roles_conjugates():
 
 def test_dot_form_and_heads():
     torch.manual_seed(0)
-    score = Hermitian(4, 3, heads=2, dtype=torch.float64)
+    score = Hermitian(4, 3, num_heads=2, dtype=torch.float64)
     q, k = rand(1, 2, 3, 4, seed=1), rand(1, 2, 5, 4, seed=2)
     qp, kp, scale = score.dot_form(q, k)
     torch.testing.assert_close(scale * qp @ kp.transpose(-1, -2), score(q, k))
@@ -178,7 +178,7 @@ def test_direction_task_needs_the_directed_score():
 
 def test_directed_heads_dot_form_and_registry():
     torch.manual_seed(0)
-    score = DirectedHermitian(4, 3, heads=2, dtype=torch.float64)
+    score = DirectedHermitian(4, 3, num_heads=2, dtype=torch.float64)
     q, k = rand(1, 2, 3, 4, seed=1), rand(1, 2, 5, 4, seed=2)
     qp, kp, scale = score.dot_form(q, k)
     torch.testing.assert_close(scale * qp @ kp.transpose(-1, -2), score(q, k))

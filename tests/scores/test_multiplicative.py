@@ -71,7 +71,7 @@ def test_activated_general(act):
 @pytest.mark.parametrize("cls", [sc.General, sc.BiasedGeneral, sc.ActivatedGeneral])
 def test_per_head_parameters_equal_one_score_per_head(cls):
     torch.manual_seed(0)
-    heads = cls(5, 4, heads=3).double()
+    heads = cls(5, 4, num_heads=3).double()
     q, k = rand(2, 3, 4, 5, seed=1, grad=False), rand(2, 3, 6, 4, seed=2, grad=False)
     e = heads(q, k)
     for h in range(3):

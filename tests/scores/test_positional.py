@@ -61,7 +61,7 @@ def test_convolutional(width):
 
 def test_convolutional_heads_equal_one_score_per_head():
     torch.manual_seed(0)
-    heads = sc.Convolutional(4, width=3, heads=2).double()
+    heads = sc.Convolutional(4, width=3, num_heads=2).double()
     k = rand(2, 2, 6, 4, seed=2, grad=False)
     e = heads(None, k)
     assert e.shape == (2, 2, 1, 6)
@@ -99,7 +99,7 @@ def test_convolutional_under_a_mask_reads_masked_keys_as_zeros():
 
 def test_convolutional_heads_under_a_mask_equal_one_score_per_head():
     torch.manual_seed(0)
-    heads = sc.Convolutional(4, width=2, heads=2).double()
+    heads = sc.Convolutional(4, width=2, num_heads=2).double()
     with torch.no_grad():
         heads.b.copy_(torch.tensor([0.3, -0.2]))
     k = rand(2, 2, 6, 4, seed=2, grad=False)

@@ -29,7 +29,7 @@ def _index_loop(module, q, k):
         for s in range(k.shape[-2]):
             ks = wk @ k[s]
             total = 0.0
-            for j in range(ix.heads):
+            for j in range(ix.num_heads):
                 qj = wq[j * dh : (j + 1) * dh] @ q[t]
                 total = total + (ww[j] @ q[t]) * torch.relu(qj @ ks)
             out[t, s] = total

@@ -1,5 +1,7 @@
 """The task registry and the contract every registered task keeps."""
 
+import math
+
 import pytest
 import torch
 
@@ -81,3 +83,74 @@ def test_unused_keys_are_run_keys_with_reasons_and_are_recorded_unset(name, atte
         assert getattr(config, key) is None
     for key in {"score", "align"} - set(unused):
         assert getattr(config, key) is not None
+
+
+def test_gold_alignment_is_derived_from_the_gold_method():
+    for name in tasks.available():
+        cls = tasks.get(name)
+        assert cls.gold_alignment == (cls.gold is not Task.gold), name
+        if cls.gold_alignment:
+            assert cls.supervised_weights is not Task.supervised_weights, name
+    with pytest.raises(TypeError, match="declares gold_alignment = True but does not implement"):
+        type("Flagged", (Task,), {"gold_alignment": True})
+    with pytest.raises(TypeError, match=r"implements gold.*but not supervised_weights"):
+        type("Half", (Task,), {"gold": lambda self, split, index: None})
+
+
+def _kl_by_rows(weights, gold):
+    """KL(gold ‖ weights) from its definition, one row at a time (float64): the gold row
+    normalised, Σ g log(g / a) over its support, averaged over the rows with gold."""
+    w = weights.detach().double().reshape(-1, weights.shape[-1])
+    g = gold.double().expand(weights.shape).reshape(-1, weights.shape[-1])
+    total, rows = 0.0, 0
+    for a, r in zip(w.tolist(), g.tolist(), strict=True):
+        mass = sum(r)
+        if mass > 0:
+            pairs = zip(r, a, strict=True)
+            total += sum(x / mass * math.log(x / mass / y) for x, y in pairs if x > 0)
+            rows += 1
+    return total / rows
+
+
+SUPERVISED = {"babi", "babi-counting", "babi-yes-no", "copy", "dates", "digits", "kv-recall",
+              "mqar", "pairs", "rationale"}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", sorted(SUPERVISED))
+def test_the_base_adds_the_supervision_once(name):
+    """loss(λ) − loss(0) = λ · KL(gold ‖ weights), the KL computed here from its definition."""
+    torch.manual_seed(0)
+    plain = tasks.get(name)(RunConfig(task=name, **SMALL).resolved())
+    supervised = tasks.get(name)(RunConfig(task=name, supervise_attention=0.5, **SMALL).resolved())
+    model = plain.build_model()
+    index = torch.tensor([2, 0, 3])
+    weights = supervised.supervised_weights(model, "train", index)
+    gold = supervised.gold("train", index)
+    assert gold.dtype == torch.bool or not bool((gold < 0).any())
+    assert torch.broadcast_shapes(gold.shape, weights.shape) == weights.shape
+    expected = plain.loss(model, index).detach() + 0.5 * _kl_by_rows(weights, gold)
+    torch.testing.assert_close(
+        supervised.loss(model, index).detach(), expected, rtol=1e-5, atol=1e-6
+    )
+
+
+def test_the_supervised_tasks_are_the_tasks_with_gold():
+    from attnkit.experiments.config import supervision_support
+
+    support = supervision_support()
+    assert {n for n, accepted in support.items() if accepted} == SUPERVISED
+    assert set(support) == {n for n in tasks.available() if tasks.get(n).gold_alignment}
+
+
+def test_the_experiments_guide_lists_the_supervision_of_every_task_with_gold():
+    import re
+    from pathlib import Path
+
+    from attnkit.experiments.config import supervision_support
+
+    text = (Path(__file__).parents[2] / "docs" / "experiments.md").read_text(encoding="utf-8")
+    section = text.split("### Attention supervision", 1)[1].split("\n### ", 1)[0]
+    listed = {}
+    for task, accepted in re.findall(r"^\| `([^`]+)` \| ([^|]*) \|", section, re.M):
+        listed[task] = tuple(re.findall(r"`([^`]+)`", accepted))
+    assert listed == supervision_support()

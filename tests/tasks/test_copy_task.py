@@ -75,3 +75,35 @@ def test_the_lstm_baseline_has_no_memory_and_learns_the_trained_lengths(task_nam
     after = task.evaluate(model, "test")
     assert set(after) == set(task.metrics)
     assert after["bit_errors"] < 0.8 * before  # it learns something without memory
+
+
+def test_gold_addressing_writes_input_t_at_location_t_and_reads_it_back_at_output_t():
+    config = RunConfig(task="copy", n_train=16, n_test=12, batch_size=4, d_model=8).resolved()
+    task = tasks.get("copy")(config)
+    x, _, _ = task.splits["test"]
+    gold = task.gold("test", torch.arange(12))
+    steps = x.shape[1]
+    assert gold.shape == (12, 2 * steps, 1, 16)
+    for i in range(12):
+        n = next(t for t in range(steps) if x[i, t, WIDTH] == 1)  # the delimiter
+        expected = torch.zeros(2 * steps, 16, dtype=torch.bool)
+        for t in range(n):
+            expected[t, t] = True  # write weighting of input step t
+            expected[steps + n + 1 + t, t] = True  # read weighting of output step t
+        assert torch.equal(gold[i, :, 0], expected)
+
+
+def test_supervision_moves_the_addressing_towards_the_gold():
+    from supervision_runs import kl_to_gold
+
+    start, plain, supervised = kl_to_gold(
+        "copy", steps=12, n_eval=16, n_train=128, n_test=16, batch_size=8, d_model=16
+    )
+    assert supervised < plain and supervised < 0.8 * start
+
+
+def test_supervision_of_the_lstm_baseline_is_refused():
+    from attnkit.experiments.config import ConfigError
+
+    with pytest.raises(ConfigError, match="no memory and no attention to supervise"):
+        RunConfig(task="copy", attention="lstm", supervise_attention=1.0).resolved()

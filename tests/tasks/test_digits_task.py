@@ -96,3 +96,27 @@ def test_ram_attention_correctness_counts_glimpse_centres_inside_the_box():
         for cell, (r, c) in enumerate(model.ram.centres.tolist()):
             assert bool(inside[n, cell]) == (top <= r < top + h and left <= c < left + w)
     assert inside.sum(-1).tolist() == [2 * 2, 2 * 3]  # centres at 3, 10, 17, 24, 30, 37, 44
+
+
+def test_gold_is_the_cells_overlapping_the_box_and_supervision_moves_attention_there():
+    config = RunConfig(task="digits", n_train=16, n_test=10, batch_size=4, d_model=8).resolved()
+    task = tasks.get("digits")(config)
+    boxes = task.data.splits["test"]["boxes"]
+    cell = task.data.canvas / GRID
+    gold = task.gold("test", torch.arange(10))
+    for i in range(10):
+        top, left, h, w = (float(v) for v in boxes[i])
+        for r in range(GRID):
+            for c in range(GRID):
+                overlaps = (r * cell < top + h and (r + 1) * cell > top) and (
+                    c * cell < left + w and (c + 1) * cell > left
+                )
+                assert bool(gold[i, r * GRID + c]) == overlaps
+    from supervision_runs import kl_to_gold
+
+    start, plain, supervised = kl_to_gold(
+        "digits", steps=12, n_eval=32, n_train=96, n_test=32, batch_size=16, d_model=16, lr=2e-2
+    )
+    assert supervised < plain and supervised < 0.8 * start
+    with pytest.raises(ConfigError, match="supervise the default model"):
+        RunConfig(task="digits", attention="vit", supervise_attention=1.0).resolved()

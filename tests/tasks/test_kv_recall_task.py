@@ -82,3 +82,32 @@ def test_compare_attention_reports_accuracy_time_and_memory(tmp_path, capsys):
         cells = [c.strip() for c in row.split("|")[2:-2]]
         assert all(float(c) >= 0 for c in cells)
     assert (out / "attention-linear" / "cost.json").is_file()
+
+
+def test_gold_is_the_pair_holding_the_queried_key():
+    config = RunConfig(task="kv-recall", n_train=16, n_test=20, batch_size=4, seq_len=12).resolved()
+    task = tasks.get("kv-recall")(config)
+    tokens, _ = task.splits["test"]
+    gold = task.gold("test", torch.arange(20))
+    assert gold.shape == (20, 1, 12)
+    for i in range(20):
+        key = int(tokens[i, -1, 0])
+        expected = [int(tokens[i, p, 0]) == key and p < 11 for p in range(12)]
+        assert gold[i, 0].tolist() == expected
+
+
+def test_supervision_moves_the_readout_attention_to_the_queried_pair():
+    from supervision_runs import kl_to_gold
+
+    start, plain, supervised = kl_to_gold(
+        "kv-recall", steps=40, n_train=256, n_test=64, batch_size=32, d_model=16, seq_len=16,
+        lr=1e-2,
+    )  # fmt: skip
+    assert supervised < plain and supervised < 0.8 * start
+
+
+def test_supervision_needs_full_attention_and_one_process_per_sequence():
+    with pytest.raises(ConfigError, match="attention 'performer' does not give them"):
+        RunConfig(task="kv-recall", attention="performer", supervise_attention=1.0).resolved()
+    with pytest.raises(ConfigError, match="with context_parallel 2"):
+        RunConfig(task="kv-recall", context_parallel=2, supervise_attention=1.0).resolved()

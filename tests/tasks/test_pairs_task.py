@@ -83,3 +83,25 @@ def test_parallel_co_attention_takes_the_run_score_as_co_compatibility():
     ).resolved()  # fmt: skip
     model = tasks.get("pairs")(config).build_model()
     assert isinstance(model.pair.affinity, ak.scores.Hermitian)
+
+
+def test_gold_is_each_hypothesis_tokens_copy_and_supervision_moves_alpha_to_it():
+    config = RunConfig(task="pairs", n_train=16, n_test=30, batch_size=4, d_model=8).resolved()
+    task = tasks.get("pairs")(config)
+    d = task.splits["test"]
+    gold = task.gold("test", torch.arange(30))
+    for i in range(30):
+        for j in range(3):
+            for p in range(8):
+                copy = bool(d["hypothesis_mask"][i, j] and d["premise_mask"][i, p]) and int(
+                    d["hypothesis"][i, j]
+                ) == int(d["premise"][i, p])
+                assert bool(gold[i, j, p]) == copy
+    from supervision_runs import kl_to_gold
+
+    start, plain, supervised = kl_to_gold(
+        "pairs", steps=25, n_train=256, n_test=64, batch_size=32, d_model=16
+    )
+    assert supervised < plain and supervised < 0.8 * start
+    with pytest.raises(ConfigError, match="supervise the decomposable mechanism"):
+        RunConfig(task="pairs", attention="nested", supervise_attention=1.0).resolved()

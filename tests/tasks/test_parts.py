@@ -1,47 +1,79 @@
-"""Parts from names: every score gets exactly its listed sizes, and nothing is guessed."""
+"""Parts from names: each registered part builds itself at the model's sizes (its class's
+``for_heads``), and what the sizes cannot give is refused by name, never guessed."""
 
 import pytest
 import torch
+from torch import nn
 
 import attnkit as ak
+from attnkit.registry import Registry
 from attnkit.tasks import parts
 
 
-def test_every_registered_score_is_usable_or_refused_by_name():
+@pytest.fixture
+def registries():
+    """Every registry as it was before the test (a test may register parts)."""
+    saved = [(r, r.snapshot()) for r in list(Registry.instances)]
+    yield
+    for registry, table in saved:
+        registry.restore(table)
+
+
+def test_every_registered_score_is_built_by_its_class():
+    assert parts.usable_scores() == ak.scores.available()
     for name in ak.scores.available():
-        if name in parts.usable_scores():
-            score = parts.build_score(name, d_q=6, d_k=6, d_w=5, max_len=9)
-            assert score.registered_name == name
-        else:
-            with pytest.raises(ValueError, match=f"score {name!r} is registered but"):
-                parts.build_score(name, d_q=6, d_k=6, d_w=5, max_len=9)
+        score = parts.build_score(name, head_dim=6, max_len=9)
+        assert score.registered_name == name and score.heads is None
+        per_head = parts.build_score(name, head_dim=6, max_len=9, num_heads=2)
+        # a score with parameters holds one set per head; one without has nothing to split
+        assert per_head.heads == 2 or not list(per_head.parameters()), name
 
 
-def test_sizes_reach_the_score():
-    additive = parts.build_score("additive", d_q=6, d_k=7, d_w=5, max_len=9)
+def test_sizes_and_overrides_reach_the_score():
+    additive = parts.build_score("additive", head_dim=6, max_len=9)
+    assert (additive.d_q, additive.d_k, additive.d_w) == (6, 6, 6)
+    additive = parts.build_score("additive", head_dim=6, max_len=9, d_k=7, d_w=5)
     assert (additive.d_q, additive.d_k, additive.d_w) == (6, 7, 5)
-    location = parts.build_score("location", d_q=6, d_k=6, d_w=5, max_len=9)
+    location = parts.build_score("location", head_dim=6, max_len=9)
     assert location.max_len == 9 and location.d_q == 6
+    with pytest.raises(TypeError, match="score 'dot' got an unexpected argument 'd_w'"):
+        parts.build_score("dot", head_dim=6, max_len=9, d_w=5)
 
 
-def test_a_score_missing_from_the_table_is_refused(monkeypatch):
-    monkeypatch.delitem(parts.SCORE_SIZES, "general")
-    with pytest.raises(ValueError, match="add it to SCORE_SIZES"):
-        parts.build_score("general", d_q=4, d_k=4, d_w=4, max_len=4)
-    assert "general" not in parts.usable_scores()
+def test_a_score_needing_what_no_size_gives_is_refused_by_name(registries):
+    @ak.scores.REGISTRY.register("needs_width")
+    class NeedsWidth(ak.scores.Dot):
+        size_arguments = {"d": "head_dim"}  # noqa: RUF012
+
+        def __init__(self, d: int, width: int) -> None:
+            super().__init__()
+
+    with pytest.raises(TypeError, match="score 'needs_width' needs the argument 'width'"):
+        parts.build_score("needs_width", head_dim=4, max_len=4)
+    assert parts.build_score("needs_width", head_dim=4, max_len=4, width=3).registered_name == (
+        "needs_width"
+    )
 
 
 def test_unknown_names_name_the_closest():
     with pytest.raises(ValueError, match="did you mean 'additive'"):
-        parts.build_score("additve", d_q=4, d_k=4, d_w=4, max_len=4)
+        parts.build_score("additve", head_dim=4, max_len=4)
     with pytest.raises(ValueError, match="did you mean 'softmax'"):
         parts.build_alignment("softmx", 4)
 
 
-def test_an_alignment_that_needs_arguments_is_refused_clearly(monkeypatch):
-    monkeypatch.delitem(parts.ALIGNMENT_ARGUMENTS, "local")
-    with pytest.raises(ValueError, match="alignment 'local' cannot be built by attnkit run"):
-        parts.build_alignment("local", 4)
+def test_alignments_are_built_by_their_class_and_refused_clearly(registries):
+    local = parts.build_alignment("local", 6)
+    assert (local.position, local.window, local.W_p.d_in) == ("predictive", 2, 6)
+    assert parts.build_alignment("query_temperature", 6, num_heads=2).predictor.heads == 2
+
+    @ak.alignments.REGISTRY.register("needs_scale")
+    class NeedsScale(ak.alignments.Softmax):
+        def __init__(self, scale: float) -> None:
+            super().__init__()
+
+    with pytest.raises(ValueError, match=r"'needs_scale' cannot be built by attnkit run.*'scale'"):
+        parts.build_alignment("needs_scale", 4)
 
 
 @pytest.mark.parametrize("align", ak.alignments.available())
@@ -76,10 +108,42 @@ def test_build_slot_attention_refuses_what_it_cannot_build():
         parts.build_slot_attention("nope", head_dim=8, num_heads=2, max_len=16)
 
 
-def test_a_mechanism_needing_an_argument_nothing_makes_is_refused(monkeypatch):
-    monkeypatch.delitem(parts.SLOT_ARGUMENTS, "synthesizer")
-    with pytest.raises(ValueError, match="needs the argument 'components'"):
-        parts.build_slot_attention("synthesizer", head_dim=8, num_heads=2, max_len=16)
+class _PlainPart(nn.Module):
+    """A per-head part that is not an attnkit.head.HeadAttention (no for_heads)."""
+
+    def __init__(self, d: int, n: int = 1, alpha: float = 1.0) -> None:
+        super().__init__()
+        self.d, self.n, self.alpha = d, n, alpha
+
+    def forward(self, q, k, v, *, mask=None, bias=None, need_weights=False):
+        return ak.attention(q, k, v, mask=mask, bias=bias, need_weights=need_weights)
+
+
+def test_a_part_without_for_heads_is_built_by_parameter_names(registries):
+    ak.mechanisms.available()
+    ak.mechanisms.REGISTRY.register("plain_part")(_PlainPart)
+    part = parts.build_slot_attention("plain_part", head_dim=8, num_heads=2, max_len=16)
+    assert (part.d, part.n, part.alpha) == (8, 16, 1.0)
+
+    class Needy(_PlainPart):
+        def __init__(self, d: int, alpha: float) -> None:
+            super().__init__(d, alpha=alpha)
+
+    ak.mechanisms.REGISTRY.register("needy_part")(Needy)
+    with pytest.raises(ValueError, match="'needy_part' needs the argument 'alpha'"):
+        parts.build_slot_attention("needy_part", head_dim=8, num_heads=2, max_len=16)
+
+
+def test_a_part_whose_for_heads_cannot_build_it_is_refused(registries):
+    class Refusing(_PlainPart):
+        @classmethod
+        def for_heads(cls, *, embed_dim, num_heads, head_dim, max_len, **overrides):
+            raise TypeError("Refusing.for_heads: the argument 'alpha' cannot be filled")
+
+    ak.mechanisms.available()
+    ak.mechanisms.REGISTRY.register("refusing_part")(Refusing)
+    with pytest.raises(ValueError, match="'refusing_part' cannot be built from the model's sizes"):
+        parts.build_slot_attention("refusing_part", head_dim=8, num_heads=2, max_len=16)
 
 
 @pytest.mark.parametrize("name", parts.slot_mechanisms())
@@ -97,4 +161,84 @@ def test_the_synthesizer_is_tays_dense_synthesizer_per_head():
     part = parts.build_slot_attention("synthesizer", head_dim=8, num_heads=2, max_len=16)
     (component,) = part.components
     assert isinstance(component, DenseSynthetic)
-    assert component.heads == 2 and component.max_len == 16
+    assert component.num_heads == 2 and component.max_len == 16
+
+
+NEW_SCORE = '''
+"""A score defined outside attnkit, registered in this one file and nowhere else."""
+
+import math
+
+import torch
+
+import attnkit as ak
+from attnkit import taxonomy as tx
+
+
+@ak.scores.REGISTRY.register("bilinear_one_file")
+class BilinearOneFile(ak.scores.Score):
+    """e_l = qᵀ W k_l / √d, one W per head."""
+
+    scoring = tx.Scoring.GENERAL
+    size_arguments = {"d": "head_dim", "heads": "num_heads"}
+
+    def __init__(self, d, *, heads=None, device=None, dtype=None):
+        super().__init__()
+        self.d, self.heads = d, heads
+        shape = (d, d) if heads is None else (heads, d, d)
+        self.W = torch.nn.Parameter(torch.randn(shape, device=device, dtype=dtype) / d)
+
+    def project_query(self, q):
+        return q @ self.W
+
+    def pairwise(self, qp, kp, key_offset=0):
+        return qp @ kp.transpose(-1, -2) / math.sqrt(self.d)
+'''
+
+
+def test_a_score_registered_in_one_file_reaches_run_the_contract_suites_and_the_kernels(
+    tmp_path, registries, monkeypatch
+):
+    import importlib.util
+    import sys
+
+    import registered_parts as rp
+
+    from attnkit import cli
+    from attnkit.kernels import chunked, dense
+
+    path = tmp_path / "bilinear_one_file.py"
+    path.write_text(NEW_SCORE)
+    spec = importlib.util.spec_from_file_location("bilinear_one_file", path)
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "bilinear_one_file", module)
+    spec.loader.exec_module(module)
+
+    # attnkit run --score NAME: the parser, the configuration check and a tiny run (without
+    # drawing the HTML report's figures, which take seconds and read no score)
+    from attnkit.experiments import runner
+
+    monkeypatch.setattr(runner, "write_report", lambda run_dir, *_, **__: run_dir / "report.html")
+    argv = ["run", "sort", "--score", "bilinear_one_file", "--out", str(tmp_path / "run")]
+    argv += ["--n-train", "32", "--n-test", "8", "--batch-size", "32", "--d-model", "8"]
+    argv += ["--epochs", "1", "--no-progress", "--threads", "1"]
+    assert cli.main(argv) == 0
+    assert '"score": "bilinear_one_file"' in (tmp_path / "run" / "config.json").read_text()
+
+    # the contract suites' parts: found by walking the registry, built by the class's example
+    assert "bilinear_one_file" in rp.score_examples()
+    att = rp.build_attention("bilinear_one_file", "softmax")
+    q, k, v = rp.inputs(requires_grad=True)
+    out = att(q, k, v, need_weights=True)
+    torch.testing.assert_close(out.weights.sum(-1), torch.ones(2, 3, dtype=torch.float64))
+    assert torch.autograd.gradcheck(lambda q, k, v: att(q, k, v).context, (q, k, v))
+
+    # the chunked kernel equals the dense one, and multi-head attention builds it per head
+    s = rp.score_examples()["bilinear_one_file"](rp.Dims()).double()
+    a = ak.alignments.Softmax()
+    ref = dense.attend(q, k, v, s, a, need_weights=True)
+    got = chunked.attend(q, k, v, s, a, need_weights=True, chunk_size=2)
+    torch.testing.assert_close(got.context, ref.context)
+    mha = ak.MultiHeadAttention(8, 2, score="bilinear_one_file")
+    assert mha.score.W.shape == (2, 4, 4)
+    assert mha(torch.randn(1, 5, 8)).context.shape == (1, 5, 8)

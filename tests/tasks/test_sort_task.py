@@ -69,3 +69,28 @@ def test_heatmaps_mark_the_sorted_order():
     for item, target in zip(maps, task.splits["test"][2][:2], strict=True):
         n = item["gold"].shape[0]
         assert item["gold"].argmax(-1).tolist() == target[:n].tolist()
+
+
+def test_gold_points_at_the_ith_smallest_number_and_supervision_is_refused():
+    config = RunConfig(task="sort", n_train=16, n_test=10, batch_size=4, d_model=8).resolved()
+    task = tasks.get("sort")(config)
+    x, keep, _ = task.splits["test"]
+    gold = task.gold("test", torch.arange(10))
+    for i in range(10):
+        n = int(keep[i].sum())
+        order = sorted(range(n), key=lambda j: float(x[i, j, 0]))
+        expected = torch.zeros(x.shape[1], x.shape[1], dtype=torch.bool)
+        for step, j in enumerate(order):
+            expected[step, j] = True
+        assert torch.equal(gold[i], expected)
+    # the pointer distribution is the output: KL(gold ‖ weights) is the objective's NLL
+    torch.manual_seed(0)
+    model = task.build_model()
+    index = torch.arange(4)
+    kl = task.supervision_loss(model, index, "test")
+    weights = task.supervised_weights(model, "test", index)
+    picked = [weights[i, s, j] for i in range(4) for s, j in enumerate(gold[i].int().argmax(-1))
+              if gold[i, s].any()]  # fmt: skip
+    torch.testing.assert_close(kl, -torch.stack(picked).log().mean())
+    with pytest.raises(ConfigError, match="pointer network's attention is its output"):
+        RunConfig(task="sort", supervise_attention=1.0).resolved()

@@ -210,3 +210,39 @@ def test_a_broken_entry_point_is_named_in_the_error(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match=r"entry point 'thing = ep_not_a_task:Thing'.*subclass"):
         tasks.get("thing")
     assert tasks.get("dates").__name__ == "DatesTask"  # the built-in tasks are unaffected
+
+
+GOLD_METHODS = """    def gold(self, split: str, index: Tensor) -> Tensor:
+        where = self.data[split][2][index]
+        return F.one_hot(where, LENGTH).bool()
+
+    def supervised_weights(self, model: nn.Module, split: str, index: Tensor) -> Tensor:
+        tokens, marks, _ = (t[index] for t in self.data[split])
+        return model(tokens, marks)[1]
+
+"""
+LOSS = "    def loss(self, model: nn.Module, index: Tensor) -> Tensor:\n"
+
+
+def test_a_task_of_ones_own_declares_gold_attention_by_the_same_two_methods(tmp_path):
+    objective = LOSS.replace("def loss", "def objective")
+    path = write_task(tmp_path, **{LOSS: GOLD_METHODS + objective})
+    config = _resolved(path, supervise_attention=1.0)
+    cls = tasks.get("marked")
+    assert cls.gold_alignment
+    user.check_task_run(cls, config)
+    task = cls(config)
+    torch.manual_seed(0)
+    model = task.build_model()
+    index = torch.arange(4)
+    weights = task.supervised_weights(model, "train", index).detach()
+    where = task.data["train"][2][index]
+    kl = -weights[torch.arange(4), where].log().mean()  # KL(one-hot ‖ a) = −log a_gold
+    torch.testing.assert_close(task.loss(model, index), task.objective(model, index) + kl)
+
+
+def test_a_task_with_gold_that_overrides_loss_is_refused(tmp_path):
+    path = write_task(tmp_path, **{LOSS: GOLD_METHODS + LOSS})
+    with pytest.raises(ValueError, match="defines objective, its own loss, and leaves loss"):
+        user.load_task_module(f"{path}:MarkedTask")
+    assert "marked" not in tasks.available()

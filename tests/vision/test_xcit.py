@@ -96,7 +96,7 @@ def test_masking_a_token_equals_removing_it():
 
 def test_bad_inputs_are_refused():
     module = CrossCovarianceAttention(6, 2)
-    with pytest.raises(ValueError, match="d_model=6"):
+    with pytest.raises(ValueError, match="embed_dim=6"):
         module(torch.randn(2, 5, 4))
     with pytest.raises(ValueError, match="key padding mask"):
         module(torch.randn(2, 5, 6), mask=torch.ones(2, 5, 5, dtype=torch.bool))

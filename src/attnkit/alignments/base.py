@@ -10,6 +10,7 @@ from torch import Tensor, nn
 from attnkit import taxonomy as tx
 from attnkit.alignments.streaming import Streaming
 from attnkit.registry import Registry
+from attnkit.sizing import Sized
 
 __all__ = [
     "REGISTRY",
@@ -72,7 +73,7 @@ def masked_log_softmax(scores: Tensor, mask: Tensor | None) -> Tensor:
     return torch.log_softmax(filled, dim=-1).masked_fill(~(mask & any_key), float("-inf"))
 
 
-class Alignment(nn.Module):
+class Alignment(Sized, nn.Module):
     """An alignment (distribution) function over the last dimension of the scores (…, M, N).
 
     ``forward(scores, mask=None, *, query=None) -> AlignOutput``. ``mask`` is boolean (True = may
@@ -90,7 +91,15 @@ class Alignment(nn.Module):
     - ``query_position_based``: takes row m of the scores to be the query at position m (a
       distance |m − n|, p_t = t), which a decoding step with a KV cache, whose queries sit
       after the cached keys, does not satisfy.
+
+    Built at given sizes by ``for_heads(head_dim, num_heads, **overrides)``
+    (:class:`attnkit.sizing.Sized`): an alignment without parameters takes none; one that reads
+    the query (a predicted position, temperature or window) declares ``size_arguments`` (its
+    query size is ``head_dim``). ``example()`` and ``examples()`` give the small instances the
+    contract tests run.
     """
+
+    part_kind: ClassVar[str] = "alignment"
 
     label: ClassVar[tx.AlignmentKind]
     normalized: bool = True

@@ -34,6 +34,7 @@ from attnkit import taxonomy as tx
 from attnkit.alignments.base import REGISTRY, Alignment, AlignOutput, masked_softmax
 from attnkit.alignments.sparse import Sparsemax
 from attnkit.alignments.streaming import Streaming, Tiles
+from attnkit.sizing import example_sizes
 
 __all__ = ["ConstrainedSoftmax", "ConstrainedSparsemax"]
 
@@ -361,6 +362,11 @@ class ConstrainedSoftmax(_Constrained):
     """
 
     label = tx.AlignmentKind.SOFT
+
+    @classmethod
+    def example(cls, **sizes: int | None) -> Alignment:
+        """A bound u = 1 on every key."""
+        return cls.for_heads(**example_sizes(cls.example_sizes, **sizes).for_heads(), upper=1.0)
 
     def _unbounded(self, scores: Tensor, mask: Tensor | None) -> Tensor | None:
         return masked_softmax(scores, mask)

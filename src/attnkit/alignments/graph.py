@@ -13,6 +13,7 @@ from torch import Tensor, nn
 from attnkit import inputs
 from attnkit import taxonomy as tx
 from attnkit.alignments.base import REGISTRY, Alignment, AlignOutput, centered, masked_softmax
+from attnkit.sizing import example_sizes
 
 __all__ = ["GraphLocal", "tree_distance"]
 
@@ -73,6 +74,18 @@ class GraphLocal(Alignment):
     position_based: ClassVar[bool] = True
     query_position_based: ClassVar[bool] = True  # |m − n|, or a distance laid out (M, N)
     label = tx.AlignmentKind.LOCAL
+
+    @classmethod
+    def example(cls, **sizes: int | None) -> Alignment:
+        """σ = 1.5."""
+        return cls.for_heads(**example_sizes(cls.example_sizes, **sizes).for_heads(), sigma=1.5)
+
+    @classmethod
+    def examples(cls, **sizes: int | None) -> dict[str, Alignment]:
+        """The example, and the hard window of radius 1 (σ = None)."""
+        s = example_sizes(cls.example_sizes, **sizes).for_heads()
+        window = cls.for_heads(**s, sigma=None, window=1.0)
+        return {"": cls.example(**sizes), "window": window}
 
     def __init__(
         self,

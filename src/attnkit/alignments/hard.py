@@ -16,6 +16,7 @@ from attnkit.alignments.base import (
     masked_log_softmax,
     masked_softmax,
 )
+from attnkit.sizing import example_sizes
 
 __all__ = ["Hard"]
 
@@ -42,6 +43,13 @@ class Hard(Alignment):
 
     stochastic: ClassVar[bool] = True
     label = tx.AlignmentKind.HARD
+
+    @classmethod
+    def examples(cls, **sizes: int | None) -> dict[str, Alignment]:
+        """The sampled one-hot, and its straight-through form at τ = 0.5."""
+        s = example_sizes(cls.example_sizes, **sizes).for_heads()
+        straight = cls.for_heads(**s, straight_through=True, tau=0.5)
+        return {"": cls.example(**sizes), "straight-through": straight}
 
     def __init__(
         self, *, straight_through: bool = False, tau: float = 1.0, sample_in_eval: bool = False

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 import torch
 from torch import Tensor
@@ -11,6 +11,7 @@ from attnkit import arguments, inputs
 from attnkit import taxonomy as tx
 from attnkit.alignments.base import REGISTRY, Alignment, AlignOutput, masked_softmax
 from attnkit.layers import HeadwiseLinear
+from attnkit.sizing import Sizes, build, example_sizes
 
 __all__ = ["Local"]
 
@@ -21,6 +22,7 @@ def _exact(dtype: torch.dtype) -> torch.dtype:
 
 
 @REGISTRY.register("local")
+@arguments.renamed(heads="num_heads")
 class Local(Alignment):
     """a_l = exp(e_l) / Σ_{j: |j−p| ≤ D} exp(e_j) for |l − p| ≤ D, else 0 (Brauwers eq. 27).
 
@@ -40,13 +42,46 @@ class Local(Alignment):
         gaussian: multiply by exp(−(l−p)²/2σ²), σ = D/2 (eq. 29), which makes p trainable.
             Defaults to True for predictive and False for monotonic (Luong's local-p and
             local-m). With the Gaussian the weights no longer sum to 1.
-        heads: one position predictor per head.
+        num_heads: one position predictor per head.
 
     A window that crosses an end of the sequence keeps the keys inside it (Luong et al.).
     """
 
     position_based: ClassVar[bool] = True
     label = tx.AlignmentKind.LOCAL
+
+    @classmethod
+    def for_heads(
+        cls,
+        head_dim: int,
+        num_heads: int | None = None,
+        *,
+        embed_dim: int | None = None,
+        max_len: int | None = None,
+        **overrides: Any,
+    ) -> Local:
+        """Luong's predictive local alignment (eq. 28) with a half-window of 2, its predictor
+        reading queries of ``head_dim`` features, one per head; ``overrides`` replace any of
+        these (``position="monotonic"`` takes no query size)."""
+        args = {"window": 2, "position": "predictive"} | overrides
+        if args["position"] == "predictive":
+            args = {"d_q": head_dim, "num_heads": num_heads} | args
+        sizes = Sizes(head_dim=head_dim, num_heads=num_heads, embed_dim=embed_dim, max_len=max_len)
+        return build(cls, sizes, args)
+
+    @classmethod
+    def examples(cls, **sizes: int | None) -> dict[str, Alignment]:
+        """Half-window 1: monotonic (p_t = t), with a Gaussian, and predictive (d_p = 3)."""
+        s = example_sizes(cls.example_sizes, **sizes).for_heads()
+        return {
+            "": cls.for_heads(**s, window=1, position="monotonic"),
+            "gaussian": cls.for_heads(**s, window=1, position="monotonic", gaussian=True),
+            "predictive": cls.for_heads(**s, window=1, d_p=3),
+        }
+
+    @classmethod
+    def example(cls, **sizes: int | None) -> Alignment:
+        return cls.examples(**sizes)[""]
 
     def __init__(
         self,
@@ -56,7 +91,7 @@ class Local(Alignment):
         d_q: int | None = None,
         d_p: int | None = None,
         gaussian: bool | None = None,
-        heads: int | None = None,
+        num_heads: int | None = None,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
@@ -85,7 +120,7 @@ class Local(Alignment):
         if position == "predictive":
             assert d_q is not None
             d_p = d_q if d_p is None else d_p
-            kw = {"heads": heads, "device": device, "dtype": dtype}
+            kw = {"num_heads": num_heads, "device": device, "dtype": dtype}
             self.W_p = HeadwiseLinear(d_q, d_p, bias=False, **kw)
             self.w_p = HeadwiseLinear(d_p, 1, bias=False, **kw)
 

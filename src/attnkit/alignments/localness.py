@@ -14,11 +14,13 @@ from attnkit import taxonomy as tx
 from attnkit.alignments.base import REGISTRY, Alignment, AlignOutput, centered, masked_softmax
 from attnkit.alignments.temperature import check_query
 from attnkit.layers import HeadwiseLinear
+from attnkit.sizing import example_sizes
 
 __all__ = ["PredictedWindow"]
 
 
 @REGISTRY.register("predicted_window")
+@arguments.renamed(heads="num_heads")
 class PredictedWindow(Alignment):
     """a_i = softmax(e_i + G_i), G_ij = −(j − P_i)² / (2σ_i²), σ_i = D_i / 2 (Yang et al. eq. 6).
 
@@ -30,26 +32,34 @@ class PredictedWindow(Alignment):
 
     Args:
         d_q: the query size; d_p: the hidden size of W_p (default d_q).
-        heads: one predictor per attention head (query (…, H, M, d_q)).
+        num_heads: one predictor per attention head (query (…, H, M, d_q)).
         device, dtype: of the predictors.
     """
 
     position_based: ClassVar[bool] = True
     label = tx.AlignmentKind.LOCAL
 
+    # for_heads: the predictor reads queries of head_dim features, one per head.
+    size_arguments: ClassVar[dict[str, str]] = {"d_q": "head_dim", "num_heads": "num_heads"}
+
+    @classmethod
+    def example(cls, **sizes: int | None) -> Alignment:
+        """A hidden layer of 3."""
+        return cls.for_heads(**example_sizes(cls.example_sizes, **sizes).for_heads(), d_p=3)
+
     def __init__(
         self,
         d_q: int,
         d_p: int | None = None,
         *,
-        heads: int | None = None,
+        num_heads: int | None = None,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
         arguments.positive_int(d_q, "d_q")
         d_p = d_q if d_p is None else arguments.positive_int(d_p, "d_p")
-        kw = {"heads": heads, "device": device, "dtype": dtype}
+        kw = {"num_heads": num_heads, "device": device, "dtype": dtype}
         self.W_p = HeadwiseLinear(d_q, d_p, bias=False, **kw)
         self.U = HeadwiseLinear(d_p, 2, bias=False, **kw)  # rows: U_p, U_d
 

@@ -11,6 +11,7 @@ from torch import Tensor, nn
 from attnkit import taxonomy as tx
 from attnkit.alignments.base import REGISTRY, Alignment, AlignOutput, masked_softmax
 from attnkit.alignments.streaming import Streaming, Tiles
+from attnkit.sizing import example_sizes
 
 __all__ = ["Softmax"]
 
@@ -33,6 +34,13 @@ class Softmax(Streaming, Alignment):
     stream_online: ClassVar[bool] = True
     stream_weights_are_correction: ClassVar[bool] = True
     label = tx.AlignmentKind.GLOBAL
+
+    @classmethod
+    def examples(cls, **sizes: int | None) -> dict[str, Alignment]:
+        """τ = 1, and a learned temperature starting at 0.7."""
+        s = example_sizes(cls.example_sizes, **sizes).for_heads()
+        learned = cls.for_heads(**s, temperature=0.7, learnable=True)
+        return {"": cls.example(**sizes), "learned-temperature": learned}
 
     def __init__(
         self,

@@ -17,6 +17,7 @@ from torch import Tensor, nn
 from attnkit import taxonomy as tx
 from attnkit.alignments.base import REGISTRY, Alignment, AlignOutput
 from attnkit.alignments.streaming import Streaming, Tiles
+from attnkit.sizing import example_sizes
 
 __all__ = ["Entmax", "Entmax15", "Sparsemax"]
 
@@ -233,6 +234,18 @@ class Entmax(_Sparse):
         n_iter: bisection steps, ≥ 1.
         device, dtype: of the learned ρ.
     """
+
+    @classmethod
+    def example(cls, **sizes: int | None) -> Alignment:
+        """α = 1.3 (found by bisection, unlike the exact 1.5 and 2)."""
+        return cls.for_heads(**example_sizes(cls.example_sizes, **sizes).for_heads(), alpha=1.3)
+
+    @classmethod
+    def examples(cls, **sizes: int | None) -> dict[str, Alignment]:
+        """The example, and a learned α starting at 1.8."""
+        s = example_sizes(cls.example_sizes, **sizes).for_heads()
+        learned = cls.for_heads(**s, alpha=1.8, learnable=True)
+        return {"": cls.example(**sizes), "learned-alpha": learned}
 
     def __init__(
         self,

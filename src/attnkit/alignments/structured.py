@@ -21,6 +21,7 @@ from torch import Tensor, nn
 from attnkit import inputs
 from attnkit import taxonomy as tx
 from attnkit.alignments.base import REGISTRY, Alignment, AlignOutput, masked_softmax
+from attnkit.sizing import example_sizes
 
 __all__ = ["Structured", "chain_marginals"]
 
@@ -115,6 +116,19 @@ class Structured(Alignment):
 
     position_based: ClassVar[bool] = True
     label = tx.AlignmentKind.SIGMOID
+
+    @classmethod
+    def example(cls, **sizes: int | None) -> Alignment:
+        """Two states with a learned 2 × 2 pairwise potential."""
+        pairwise = torch.tensor([[0.3, -0.5], [-0.2, 0.6]])
+        s = example_sizes(cls.example_sizes, **sizes).for_heads()
+        return cls.for_heads(**s, pairwise=pairwise)
+
+    @classmethod
+    def examples(cls, **sizes: int | None) -> dict[str, Alignment]:
+        """The example, and the normalized form."""
+        s = example_sizes(cls.example_sizes, **sizes).for_heads()
+        return {"": cls.example(**sizes), "normalized": cls.for_heads(**s, normalize=True)}
 
     def __init__(
         self,

@@ -4,6 +4,7 @@ attention temperature; Galassi IV-C): softer or harder attention as each query n
 from __future__ import annotations
 
 import math
+from typing import ClassVar
 
 import torch
 from torch import Tensor
@@ -12,6 +13,7 @@ from attnkit import arguments, inputs
 from attnkit import taxonomy as tx
 from attnkit.alignments.base import REGISTRY, Alignment, AlignOutput, centered, masked_softmax
 from attnkit.layers import HeadwiseLinear
+from attnkit.sizing import example_sizes
 
 __all__ = ["QueryTemperature", "check_query"]
 
@@ -33,6 +35,7 @@ def check_query(query: object, weight: Tensor, what: str) -> Tensor:
 
 
 @REGISTRY.register("query_temperature")
+@arguments.renamed(heads="num_heads")
 class QueryTemperature(Alignment):
     """a = softmax(e / τ(q)), τ(q) = λ^{tanh(wᵀq + b)} ∈ (1/λ, λ) (Lin et al. 2018, eq. τ = λ^β).
 
@@ -43,18 +46,26 @@ class QueryTemperature(Alignment):
     Args:
         d_q: the query size.
         base: λ > 1, the bound of the temperature.
-        heads: one predictor per attention head (query (…, H, M, d_q)).
+        num_heads: one predictor per attention head (query (…, H, M, d_q)).
         device, dtype: of the predictor.
     """
 
     label = tx.AlignmentKind.GLOBAL
+
+    # for_heads: the predictor reads queries of head_dim features, one per head.
+    size_arguments: ClassVar[dict[str, str]] = {"d_q": "head_dim", "num_heads": "num_heads"}
+
+    @classmethod
+    def example(cls, **sizes: int | None) -> Alignment:
+        """base = 3."""
+        return cls.for_heads(**example_sizes(cls.example_sizes, **sizes).for_heads(), base=3.0)
 
     def __init__(
         self,
         d_q: int,
         base: float = 2.0,
         *,
-        heads: int | None = None,
+        num_heads: int | None = None,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
@@ -65,7 +76,7 @@ class QueryTemperature(Alignment):
         if not (base > 1 and math.isfinite(base)):
             raise ValueError(f"base must be finite and > 1, got {base!r}")
         self.base = float(base)
-        self.predictor = HeadwiseLinear(d_q, 1, heads=heads, device=device, dtype=dtype)
+        self.predictor = HeadwiseLinear(d_q, 1, num_heads=num_heads, device=device, dtype=dtype)
 
     def temperature(self, query: Tensor) -> Tensor:
         """τ (…, M, 1) for the query (…, M, d_q)."""

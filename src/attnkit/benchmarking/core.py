@@ -3,6 +3,8 @@ scaled_dot. Forward + backward, float32."""
 
 from __future__ import annotations
 
+import os
+
 import torch
 from torch import nn
 
@@ -49,12 +51,12 @@ def versus_torch(b: int, n: int, e: int, h: int, min_run_time: float) -> str:
 
 def score_costs(b: int, n: int, e: int, h: int, min_run_time: float) -> str:
     d = e // h
-    special = {"location": lambda: ak.scores.Location(d, n, heads=h)}
     x = torch.randn(b, n, e, requires_grad=True)
 
     def time_score(name: str) -> float:
         torch.manual_seed(0)
-        score = special[name]() if name in special else name
+        # each score builds itself for H heads of size d over N keys (its class's for_heads)
+        score = ak.scores.REGISTRY.get(name).for_heads(d, h, max_len=n)
         mha = ak.MultiHeadAttention(e, h, score=score)
         return median_seconds(_fwd_bwd(mha, x), min_run_time=min_run_time)
 
@@ -82,7 +84,64 @@ def score_costs(b: int, n: int, e: int, h: int, min_run_time: float) -> str:
     return "\n".join(lines)
 
 
+def paired_ratios(
+    b: int, n: int, e: int, h: int, names: list[str], repeats: int = 5, base: str = "scaled_dot"
+) -> str:
+    """Each score's MultiHeadAttention time over ``base``'s, forward + backward, as the median
+    of per-round ratios: every round times ``base`` and then each score once, so that a change
+    in the machine's load during the run hits both sides of a ratio alike (a loaded machine
+    shifts absolute times far more than same-round ratios). The load average is printed beside
+    each round's figures. The first call of each score (it may compile tiles) is not timed."""
+    import statistics
+    import time
+
+    if repeats < 1:
+        raise ValueError(f"repeats must be a positive int, got {repeats!r}")
+    d = e // h
+    x = torch.randn(b, n, e, requires_grad=True)
+    steps = {}
+    for name in [base, *names]:
+        torch.manual_seed(0)
+        score = ak.scores.REGISTRY.get(name).for_heads(d, h, max_len=n)
+        steps[name] = _fwd_bwd(ak.MultiHeadAttention(e, h, score=score), x)
+        steps[name]()  # warm-up: compilation, allocator
+    times: dict[str, list[float]] = {name: [] for name in steps}
+    loads = []
+    for _ in range(repeats):
+        for name, step in steps.items():
+            t = time.perf_counter()
+            step()
+            times[name].append(time.perf_counter() - t)
+        loads.append(_load())
+    lines = [
+        f"### Scores relative to {base}: paired rounds",
+        "",
+        f"MultiHeadAttention, softmax, B={b}, N={n}, E={e}, heads={h}, float32, forward+backward, "
+        f"{torch.get_num_threads()} thread(s), {repeats} rounds; load average after each round: "
+        f"{', '.join(loads)}.",
+        "",
+        f"| score | median time (ms) | median ratio to {base} | ratios per round |",
+        "|---|---:|---:|---|",
+    ]
+    for name in names:
+        ratios = [a / r for a, r in zip(times[name], times[base], strict=True)]
+        lines.append(
+            f"| {name} | {statistics.median(times[name]) * 1e3:.0f} | "
+            f"{statistics.median(ratios):.2f} | {', '.join(f'{r:.2f}' for r in ratios)} |"
+        )
+    lines.append(f"| {base} | {statistics.median(times[base]) * 1e3:.0f} | 1.00 | |")
+    return "\n".join(lines)
+
+
 def main(quick: bool, score_batch: int = 2) -> str:
     if quick:
         return versus_torch(2, 128, 128, 4, 0.5) + "\n\n" + score_costs(1, 64, 64, 4, 0.2)
     return versus_torch(8, 512, 512, 8, 5.0) + "\n\n" + score_costs(score_batch, 512, 512, 8, 2.0)
+
+
+def _load() -> str:
+    """The 1-minute load average, "n/a" where the platform has none."""
+    try:
+        return f"{os.getloadavg()[0]:.2f}"
+    except (AttributeError, OSError):
+        return "n/a"

@@ -134,8 +134,8 @@ def main(
 
 def _tables(s: Sizes, progress: Callable[[str], None]) -> str:
     desc = (
-        f"DecoderLM d_model={s.d_model}, heads={s.heads}, layers={s.layers}, vocab={s.vocab}, "
-        f"batch 1, float32, greedy, {torch.get_num_threads()} threads"
+        f"DecoderLM embed_dim={s.d_model}, num_heads={s.heads}, layers={s.layers}, "
+        f"vocab={s.vocab}, batch 1, float32, greedy, {torch.get_num_threads()} threads"
     )
     lines = [
         "### Decoding: KV cache vs recomputation",
@@ -174,7 +174,8 @@ def _tables(s: Sizes, progress: Callable[[str], None]) -> str:
         "",
         "### Encoder–decoder: cross-attention memory cache",
         "",
-        f"attnkit.Transformer d_model={s.d_model}, heads={s.heads}, decoder layers={s.layers}, "
+        f"attnkit.Transformer embed_dim={s.d_model}, num_heads={s.heads}, "
+        f"decoder layers={s.layers}, "
         f"batch 1, float32, {torch.get_num_threads()} threads; {s.new_tokens} decoding steps "
         "with the self-attention KV cache over an encoder output of N positions.",
         "",

@@ -5,6 +5,7 @@ and torch's scaled_dot_product_attention; and the machine's matmul rate as the l
 from __future__ import annotations
 
 import math
+import os
 import time
 
 import torch
@@ -176,6 +177,12 @@ def tanh_table(n: int, progress, compile_tile: bool = True) -> str:
     x = torch.randn(1 << 24)
     out = torch.empty_like(x)
     limit = x.numel() / _best(lambda: torch.tanh(x, out=out))
+    rational = None
+    if compile_tile:
+        from attnkit.kernels import fast_tanh
+
+        fast = compiled.compile_tile(fast_tanh.tanh)
+        rational = x.numel() / _best(lambda: fast(x))
     d, d_w = 64, 64
     q, k, v = (torch.randn(1, n, d) for _ in range(3))
     score, soft = ak.scores.Additive(d, d, d_w), ak.alignments.Softmax()
@@ -218,9 +225,67 @@ def tanh_table(n: int, progress, compile_tile: bool = True) -> str:
         "| kernel | G tanh/s | fraction of torch.tanh's rate |",
         "|---|---:|---:|",
     ]
+    if rational is not None:
+        rows.insert(
+            0, ("rational tanh (attnkit.kernels.fast_tanh), compiled, 2^24 elements", rational)
+        )
     # three significant digits: a small quick run can be well under 0.01 G tanh/s
     lines += [f"| {name} | {r / 1e9:.3g} | {r / limit:.3g} |" for name, r in rows]
     return "\n".join(lines)
+
+
+def additive_paired(n: int, repeats: int = 3, d_w: int = 64) -> str:
+    """Chunked (compiled tiles) against dense additive attention, B=1, M=N=``n``, d=64,
+    forward + backward, timed in alternation in one process (dense, chunked, dense, ...): the
+    median of per-round ratios, with the load average after each round. Memory is not
+    compared here (see :func:`additive_table`, a fresh process per cell)."""
+    import statistics
+
+    from attnkit.kernels import compiled
+
+    if repeats < 1:
+        raise ValueError(f"repeats must be a positive int, got {repeats!r}")
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, n, 64, requires_grad=True) for _ in range(3))
+    score, soft = ak.scores.Additive(64, 64, d_w), ak.alignments.Softmax()
+
+    def step(kernel):
+        def run():
+            kernel.attend(q, k, v, score, soft).context.sum().backward()
+
+        return run
+
+    before = compiled.enabled()
+    compiled.set_enabled(True)
+    try:
+        ours, theirs = step(chunked), step(dense)
+        ours()  # compiles the tile
+        times: dict[str, list[float]] = {"dense": [], "chunked": []}
+        loads = []
+        for _ in range(repeats):
+            for name, fn in (("dense", theirs), ("chunked", ours)):
+                t = time.perf_counter()
+                fn()
+                times[name].append(time.perf_counter() - t)
+            loads.append(_load())
+    finally:
+        compiled.set_enabled(before)
+    ratios = [c / d for c, d in zip(times["chunked"], times["dense"], strict=True)]
+    return "\n".join(
+        [
+            f"### Additive attention, chunked/dense in alternation (N={n})",
+            "",
+            f"B=1, M=N={n}, d=64, d_w={d_w}, softmax, float32, forward+backward, "
+            f"{torch.get_num_threads()} thread(s); load average after each round: "
+            f"{', '.join(loads)}.",
+            "",
+            "| dense (ms, median) | chunked (ms, median) | median ratio | ratios per round |",
+            "|---:|---:|---:|---|",
+            f"| {statistics.median(times['dense']) * 1e3:.0f} | "
+            f"{statistics.median(times['chunked']) * 1e3:.0f} | {statistics.median(ratios):.3f} | "
+            f"{', '.join(f'{r:.3f}' for r in ratios)} |",
+        ]
+    )
 
 
 def main(quick: bool, progress=lambda msg: None) -> str:
@@ -241,3 +306,11 @@ def main(quick: bool, progress=lambda msg: None) -> str:
             tanh_table(2048, progress),
         ]
     return "\n\n".join(parts)
+
+
+def _load() -> str:
+    """The 1-minute load average, "n/a" where the platform has none."""
+    try:
+        return f"{os.getloadavg()[0]:.2f}"
+    except (AttributeError, OSError):
+        return "n/a"

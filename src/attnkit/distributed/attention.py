@@ -25,6 +25,7 @@ from attnkit.distributed.layout import check_layout
 from attnkit.distributed.positions import RingPositions, global_positions
 from attnkit.distributed.ring import reasons_not_supported, ring_attention
 from attnkit.distributed.transport import Ring
+from attnkit.head import HeadAttention
 from attnkit.kernels.block_mask import BlockMask, ScoreMod
 from attnkit.output import AttentionOutput
 from attnkit.positions import PositionScheme
@@ -33,7 +34,7 @@ from attnkit.scores import Score
 __all__ = ["RingAttention"]
 
 
-class RingAttention(nn.Module):
+class RingAttention(HeadAttention):
     """Score → align → weighted sum over a sequence split across the ranks of ``group``.
 
     Args:
@@ -54,6 +55,10 @@ class RingAttention(nn.Module):
     not offered. The parameters' gradients on each rank are its tokens' part: sum them over the
     group (``torch.distributed.all_reduce``) before the optimiser step.
     """
+
+    # capabilities (attnkit.head.HeadAttention)
+    causal_form: ClassVar[bool] = True
+    mask_forms: ClassVar[frozenset[str]] = frozenset({"key"})
 
     decodes_with_cache: ClassVar[bool] = False
 

@@ -6,12 +6,11 @@ from attnkit.efficient.adaptive_sparse import AdaptivelySparseAttention
 from attnkit.efficient.area import AreaAttention
 from attnkit.efficient.biblosa import BiBloSA, BiBloSAOutput
 from attnkit.efficient.fast_weights import FastWeightProgrammer
-from attnkit.efficient.fmm import FMMformer, FMMOutput
-from attnkit.efficient.landmarks import LandmarkOutput
+from attnkit.efficient.fmm import FMMformer
 from attnkit.efficient.linear import LinearAttention
 from attnkit.efficient.linformer import Linformer
 from attnkit.efficient.lite import LongShortRangeAttention, LongShortRangeOutput
-from attnkit.efficient.lsh import HeadOutput, LSHAttention
+from attnkit.efficient.lsh import LSHAttention
 from attnkit.efficient.luna import LunaAttention, LunaOutput
 from attnkit.efficient.nystrom import NystromAttention
 from attnkit.efficient.perceiver import PerceiverEncoder, PerceiverOutput
@@ -27,6 +26,7 @@ from attnkit.efficient.skyformer import Skyformer
 from attnkit.efficient.soft import SoftmaxFreeAttention
 from attnkit.efficient.synthesizer import Synthesizer
 from attnkit.efficient.tensorized import MultiLinearAttention
+from attnkit.output import HeadOutput
 
 __all__ = [
     "ISAB",
@@ -39,13 +39,11 @@ __all__ = [
     "BiBloSA",
     "BiBloSAOutput",
     "DynamicSpanAttention",
-    "FMMOutput",
     "FMMformer",
     "FastWeightProgrammer",
     "HeadOutput",
     "ISABOutput",
     "LSHAttention",
-    "LandmarkOutput",
     "LinearAttention",
     "Linformer",
     "LongShortRangeAttention",

@@ -19,7 +19,8 @@ added to the training loss to make spans no longer than needed
 The paper's *dynamic* span (its section 4, "Dynamic attention span") makes the span a function
 of the current input, z_t = S·σ(vᵀx_t + b): :class:`DynamicSpanAttention`, with x_t the query
 of the head at position t (the layer input seen through the head's query projection), one v and
-b per head, and the L1 penalty λ Σ_t z_t on the spans the call returns.
+b per head, and the L1 penalty λ Σ_t z_t on the spans of the call's queries
+(``part.span_loss(part.spans(q))``).
 
 Keys beyond z + R cost nothing: both parts evaluate attention in query blocks, each against the
 band of keys within W = ⌈max z + R⌉ of its queries (:func:`span_band_attention`), so the work is
@@ -32,7 +33,7 @@ causal mask).
 from __future__ import annotations
 
 import math
-from typing import ClassVar, NamedTuple
+from typing import ClassVar
 
 import torch
 from torch import Tensor, nn
@@ -40,27 +41,32 @@ from torch import Tensor, nn
 from attnkit import arguments, hooks, masks
 from attnkit import taxonomy as tx
 from attnkit.alignments import Alignment, Softmax
-from attnkit.efficient.lsh import HeadOutput, check_head_inputs
 from attnkit.efficient.span_band import span_band_attention, span_mask
+from attnkit.head import HeadAttention, check_head_inputs
 from attnkit.mechanisms import REGISTRY, example_tensor
+from attnkit.output import AttentionOutput
 
 __all__ = [
     "AdaptiveSpanAttention",
     "DynamicSpanAttention",
-    "DynamicSpanOutput",
     "span_band_attention",
     "span_mask",
 ]
 
 
-class _SpanPart(nn.Module):
+class _SpanPart(HeadAttention):
     """What the two span parts share: validation, the band evaluation and the report."""
+
+    # capabilities (attnkit.head.HeadAttention)
+    causal_form: ClassVar[bool] = True
+    accepts_bias: ClassVar[bool] = True
+    mask_forms: ClassVar[frozenset[str]] = frozenset({"key", "padding", "causal", "full"})
 
     decodes_with_cache: ClassVar[bool] = True  # a step equals its causal rows
     mask_inputs: ClassVar[dict[str, tuple[str, ...]]] = {"mask": ("k", "v")}
     takes_q_offset: ClassVar[bool] = True  # distances i − j need the queries' positions
 
-    n_heads: int
+    num_heads: int
     ramp: float
     block: int
     align: Alignment
@@ -72,9 +78,9 @@ class _SpanPart(nn.Module):
         arguments.boolean(need_weights, "need_weights")
         arguments.nonnegative_int(q_offset, "q_offset")
         check_head_inputs(q, k, v, mask, bias, who)
-        if q.dim() < 3 or q.shape[-3] != self.n_heads:
+        if q.dim() < 3 or q.shape[-3] != self.num_heads:
             raise ValueError(
-                f"{who}(n_heads={self.n_heads}) needs q (…, H={self.n_heads}, M, d), got "
+                f"{who}(num_heads={self.num_heads}) needs q (…, H={self.num_heads}, M, d), got "
                 f"{tuple(q.shape)}"
             )
 
@@ -112,12 +118,13 @@ def _penalty(span_penalty: object) -> float:
 
 
 @REGISTRY.register("adaptive_span")
+@arguments.renamed(n_heads="num_heads")
 class AdaptiveSpanAttention(_SpanPart):
     """Adaptive-span attention, a per-head part ``part(q, k, v, *, mask, bias, need_weights)``
     with q (B, …, H, M, d), k (B, …, H, N, d), v (B, …, H, N, d_v): one learned span per head.
 
     Args:
-        n_heads: H, the number of spans (the inputs' third-last dim).
+        num_heads: H, the number of spans (the inputs' third-last dim).
         max_span: S, the largest span.
         ramp: R > 0, the width of the mask's ramp.
         init: the initial span as a fraction of S, in [0, 1].
@@ -128,7 +135,7 @@ class AdaptiveSpanAttention(_SpanPart):
 
     def __init__(
         self,
-        n_heads: int,
+        num_heads: int,
         max_span: int,
         *,
         ramp: float = 4.0,
@@ -139,14 +146,14 @@ class AdaptiveSpanAttention(_SpanPart):
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
-        self.n_heads = arguments.positive_int(n_heads, "n_heads")
+        self.num_heads = arguments.positive_int(num_heads, "num_heads")
         self.max_span = arguments.positive_int(max_span, "max_span")
         self.ramp, self.block = _ramp_and_block(ramp, block)
         if isinstance(init, bool) or not isinstance(init, (int, float)) or not 0 <= init <= 1:
             raise ValueError(f"init must be a fraction of max_span in [0, 1], got {init!r}")
         self.span_penalty = _penalty(span_penalty)
         self.span_fraction = nn.Parameter(
-            torch.full((n_heads,), float(init), device=device, dtype=dtype)
+            torch.full((num_heads,), float(init), device=device, dtype=dtype)
         )
         self.align = Softmax()
 
@@ -157,7 +164,7 @@ class AdaptiveSpanAttention(_SpanPart):
         return cls(2, 4, ramp=2.0), (q, k, v), {"mask": mask}
 
     def extra_repr(self) -> str:
-        return f"n_heads={self.n_heads}, max_span={self.max_span}, ramp={self.ramp}"
+        return f"num_heads={self.num_heads}, max_span={self.max_span}, ramp={self.ramp}"
 
     @property
     def spans(self) -> Tensor:
@@ -183,47 +190,24 @@ class AdaptiveSpanAttention(_SpanPart):
         bias: Tensor | None = None,
         need_weights: bool = False,
         q_offset: int = 0,
-    ) -> HeadOutput:
+    ) -> AttentionOutput:
         """``q_offset``: the position of the first query (keys sit at 0 … N−1), e.g. the number
         of cached positions in incremental decoding."""
         self._check(q, k, v, mask, bias, need_weights, q_offset, "AdaptiveSpanAttention")
         spans = self.spans.to(q.dtype)[:, None]  # (H, 1): one span for every query of a head
         context, weights = self._attend(q, k, v, spans, mask, bias, need_weights, q_offset)
-        return HeadOutput(context, weights)
-
-
-class DynamicSpanOutput(NamedTuple):
-    """The attention-slot output of :class:`DynamicSpanAttention` and the spans it used.
-
-    Attributes:
-        context: (B, …, H, M, d_v).
-        weights: (B, …, H, M, N), only with ``need_weights=True``.
-        spans: (B, …, H, M), z_t of every query (differentiable: penalise it with
-            :meth:`DynamicSpanAttention.span_loss`).
-    """
-
-    context: Tensor
-    weights: Tensor | None = None
-    scores: Tensor | None = None
-    log_prob: Tensor | None = None
-    spans: Tensor | None = None
-
-    @property
-    def representation(self) -> Tensor:
-        return self.context
-
-    def named_weights(self) -> dict[str, Tensor]:
-        return {} if self.weights is None else {"weights": self.weights}
+        return AttentionOutput(context, weights)
 
 
 @REGISTRY.register("dynamic_span")
+@arguments.renamed(n_heads="num_heads")
 class DynamicSpanAttention(_SpanPart):
     """Dynamic-span attention (Sukhbaatar et al. section 4): the span of head h at query t is
     z_t = S·σ(v_hᵀ q_t + b_h), a per-head part ``part(q, k, v, *, mask, bias, need_weights)``
     with q (B, …, H, M, d), k (B, …, H, N, d), v (B, …, H, N, d_v).
 
     Args:
-        n_heads: H (the inputs' third-last dim); head_dim: d, the size of q.
+        num_heads: H (the inputs' third-last dim); head_dim: d, the size of q.
         max_span: S, the largest span.
         ramp: R > 0, the width of the mask's ramp.
         init: the initial span as a fraction of S, in (0, 1) (b = logit(init), v = 0).
@@ -233,7 +217,7 @@ class DynamicSpanAttention(_SpanPart):
 
     def __init__(
         self,
-        n_heads: int,
+        num_heads: int,
         head_dim: int,
         max_span: int,
         *,
@@ -245,7 +229,7 @@ class DynamicSpanAttention(_SpanPart):
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
-        self.n_heads = arguments.positive_int(n_heads, "n_heads")
+        self.num_heads = arguments.positive_int(num_heads, "num_heads")
         self.head_dim = arguments.positive_int(head_dim, "head_dim")
         self.max_span = arguments.positive_int(max_span, "max_span")
         self.ramp, self.block = _ramp_and_block(ramp, block)
@@ -253,8 +237,8 @@ class DynamicSpanAttention(_SpanPart):
             raise ValueError(f"init must be a fraction of max_span in (0, 1), got {init!r}")
         self.span_penalty = _penalty(span_penalty)
         kw = {"device": device, "dtype": dtype}
-        self.span_weight = nn.Parameter(torch.zeros(n_heads, head_dim, **kw))  # v_h
-        self.span_bias = nn.Parameter(torch.full((n_heads,), math.log(init / (1 - init)), **kw))
+        self.span_weight = nn.Parameter(torch.zeros(num_heads, head_dim, **kw))  # v_h
+        self.span_bias = nn.Parameter(torch.full((num_heads,), math.log(init / (1 - init)), **kw))
         self.align = Softmax()
 
     @classmethod
@@ -268,7 +252,7 @@ class DynamicSpanAttention(_SpanPart):
 
     def extra_repr(self) -> str:
         return (
-            f"n_heads={self.n_heads}, head_dim={self.head_dim}, max_span={self.max_span}, "
+            f"num_heads={self.num_heads}, head_dim={self.head_dim}, max_span={self.max_span}, "
             f"ramp={self.ramp}"
         )
 
@@ -279,7 +263,7 @@ class DynamicSpanAttention(_SpanPart):
 
     def span_loss(self, spans: Tensor) -> Tensor:
         """λ · Σ_t z_t averaged over the batch: the paper's L1 penalty on the spans a call
-        returned (``out.spans``)."""
+        used, ``part.spans(q)`` (the spans of a call's queries q, differentiable)."""
         return self.span_penalty * spans.reshape(spans.shape[0], -1).sum(-1).mean()
 
     def forward(
@@ -292,7 +276,7 @@ class DynamicSpanAttention(_SpanPart):
         bias: Tensor | None = None,
         need_weights: bool = False,
         q_offset: int = 0,
-    ) -> DynamicSpanOutput:
+    ) -> AttentionOutput:
         """``q_offset``: the position of the first query (keys sit at 0 … N−1)."""
         self._check(q, k, v, mask, bias, need_weights, q_offset, "DynamicSpanAttention")
         if q.shape[-1] != self.head_dim:
@@ -301,4 +285,4 @@ class DynamicSpanAttention(_SpanPart):
             )
         spans = self.spans(q)
         context, weights = self._attend(q, k, v, spans, mask, bias, need_weights, q_offset)
-        return DynamicSpanOutput(context, weights, spans=spans)
+        return AttentionOutput(context, weights)

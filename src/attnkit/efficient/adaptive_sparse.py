@@ -20,8 +20,9 @@ from attnkit import arguments, masks
 from attnkit import taxonomy as tx
 from attnkit.alignments import Entmax
 from attnkit.attention import Attention
-from attnkit.efficient.lsh import HeadOutput, check_head_inputs
+from attnkit.head import HeadAttention, check_head_inputs
 from attnkit.mechanisms import REGISTRY, example_tensor
+from attnkit.output import AttentionOutput
 
 __all__ = ["AdaptivelySparseAttention"]
 
@@ -29,47 +30,53 @@ __all__ = ["AdaptivelySparseAttention"]
 class _PerHeadEntmax(Entmax):
     """α-entmax with a learned α per head: ρ of shape (H, 1, 1), scores (…, H, M, N)."""
 
-    def __init__(self, n_heads: int, alpha: float, n_iter: int) -> None:
+    def __init__(self, num_heads: int, alpha: float, n_iter: int) -> None:
         super().__init__(alpha, learnable=True, n_iter=n_iter)
-        self.n_heads = n_heads
-        self.rho = nn.Parameter(self.rho.detach().repeat(n_heads).reshape(n_heads, 1, 1))
+        self.num_heads = num_heads
+        self.rho = nn.Parameter(self.rho.detach().repeat(num_heads).reshape(num_heads, 1, 1))
 
     def alpha_value(self) -> float:
         # the smallest α: the masked-key gap 1/(α − 1) + 1 it implies holds for every head
         return float(self.alpha.detach().min())
 
     def _map(self, scores: Tensor) -> Tensor:
-        if scores.dim() < 3 or scores.shape[-3] != self.n_heads:
+        if scores.dim() < 3 or scores.shape[-3] != self.num_heads:
             raise ValueError(
-                f"a per-head entmax with {self.n_heads} heads needs scores (…, H, M, N), got "
+                f"a per-head entmax with {self.num_heads} heads needs scores (…, H, M, N), got "
                 f"{tuple(scores.shape)}"
             )
         return super()._map(scores)
 
     def extra_repr(self) -> str:
-        return f"n_heads={self.n_heads}, n_iter={self.n_iter}"
+        return f"num_heads={self.num_heads}, n_iter={self.n_iter}"
 
 
 @REGISTRY.register("adaptive_sparse")
-class AdaptivelySparseAttention(nn.Module):
+@arguments.renamed(n_heads="num_heads")
+class AdaptivelySparseAttention(HeadAttention):
     """Scaled dot-product attention with α-entmax and a learned α per head, a per-head part
     ``part(q, k, v, *, mask, bias, need_weights)`` with q (B, …, H, M, d), k (B, …, H, N, d),
     v (B, …, H, N, d_v).
 
     Args:
-        n_heads: H.
+        num_heads: H.
         alpha: the initial α of every head, > 1 (1.5 is the paper's start).
         n_iter: bisection steps of entmax.
     """
+
+    # capabilities (attnkit.head.HeadAttention)
+    causal_form: ClassVar[bool] = True
+    accepts_bias: ClassVar[bool] = True
+    mask_forms: ClassVar[frozenset[str]] = frozenset({"key", "padding", "causal", "full"})
 
     decodes_with_cache: ClassVar[bool] = True  # a step equals its causal rows
 
     mask_inputs: ClassVar[dict[str, tuple[str, ...]]] = {"mask": ("k", "v")}
 
-    def __init__(self, n_heads: int, alpha: float = 1.5, *, n_iter: int = 50) -> None:
+    def __init__(self, num_heads: int, alpha: float = 1.5, *, n_iter: int = 50) -> None:
         super().__init__()
-        self.n_heads = arguments.positive_int(n_heads, "n_heads")
-        self.attention = Attention("scaled_dot", _PerHeadEntmax(n_heads, alpha, n_iter))
+        self.num_heads = arguments.positive_int(num_heads, "num_heads")
+        self.attention = Attention("scaled_dot", _PerHeadEntmax(num_heads, alpha, n_iter))
 
     @classmethod
     def example(cls):
@@ -97,13 +104,13 @@ class AdaptivelySparseAttention(nn.Module):
         mask: Tensor | None = None,
         bias: Tensor | None = None,
         need_weights: bool = False,
-    ) -> HeadOutput:
+    ) -> AttentionOutput:
         arguments.boolean(need_weights, "need_weights")
         check_head_inputs(q, k, v, mask, bias, "AdaptivelySparseAttention")
-        if q.dim() < 3 or q.shape[-3] != self.n_heads:
+        if q.dim() < 3 or q.shape[-3] != self.num_heads:
             raise ValueError(
-                f"AdaptivelySparseAttention(n_heads={self.n_heads}) needs q (…, H={self.n_heads},"
-                f" M, d), got {tuple(q.shape)}"
+                f"AdaptivelySparseAttention(num_heads={self.num_heads}) needs q "
+                f"(…, H={self.num_heads}, M, d), got {tuple(q.shape)}"
             )
         out = self.attention(q, k, v, mask=mask, bias=bias, need_weights=need_weights)
-        return HeadOutput(out.context, out.weights if need_weights else None)
+        return AttentionOutput(out.context, out.weights if need_weights else None)

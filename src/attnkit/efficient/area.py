@@ -16,13 +16,14 @@ from __future__ import annotations
 from typing import ClassVar
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from attnkit import arguments, masks
 from attnkit import taxonomy as tx
 from attnkit.attention import Attention
-from attnkit.efficient.lsh import HeadOutput, check_head_inputs
+from attnkit.head import HeadAttention, check_head_inputs
 from attnkit.mechanisms import REGISTRY, example_tensor
+from attnkit.output import AttentionOutput
 
 __all__ = ["AreaAttention", "areas"]
 
@@ -44,7 +45,7 @@ def areas(x: Tensor, max_area: int, reduce: str) -> Tensor:
 
 
 @REGISTRY.register("area")
-class AreaAttention(nn.Module):
+class AreaAttention(HeadAttention):
     """Area attention over runs of up to ``max_area`` adjacent keys, a per-head part
     ``part(q, k, v, *, mask, bias, need_weights)`` with q (B, …, M, d), k (B, …, N, d),
     v (B, …, N, d_v). The weights (B, …, M, A) are over the areas (see :func:`areas` for their
@@ -54,6 +55,10 @@ class AreaAttention(nn.Module):
     Args:
         max_area: S, the largest number of adjacent keys in one area.
     """
+
+    # capabilities (attnkit.head.HeadAttention)
+    causal_form: ClassVar[bool] = True
+    mask_forms: ClassVar[frozenset[str]] = frozenset({"key", "padding", "causal", "full"})
 
     decodes_with_cache: ClassVar[bool] = True  # a step equals its causal rows
 
@@ -86,7 +91,7 @@ class AreaAttention(nn.Module):
         mask: Tensor | None = None,
         bias: Tensor | None = None,
         need_weights: bool = False,
-    ) -> HeadOutput:
+    ) -> AttentionOutput:
         arguments.boolean(need_weights, "need_weights")
         check_head_inputs(q, k, v, mask, bias, "AreaAttention")
         if bias is not None:
@@ -108,4 +113,4 @@ class AreaAttention(nn.Module):
             mask=area_mask,
             need_weights=need_weights,
         )
-        return HeadOutput(out.context, out.weights if need_weights else None)
+        return AttentionOutput(out.context, out.weights if need_weights else None)

@@ -10,8 +10,9 @@ by the query's (Schlag et al. eqs. 1-3, with the normalisation of their eq. 4):
 
 Unrolled, y_t = Σ_{j≤t} v_j φ(k_j)·φ(q_t) / Σ_{j≤t} φ(k_j)·φ(q_t): causal linear attention
 (Katharopoulos eqs. 8-9), which the tests check. This module runs the update literally, one
-position at a time (O(N) sequential steps; :class:`attnkit.efficient.LinearAttention` with
-``causal=True`` computes the same by prefix sums in parallel).
+position at a time: O(N) sequential steps of O(d_v·m) each, O(N·d_v·m) memory for the backward
+(:class:`attnkit.efficient.LinearAttention` with ``causal=True`` computes the same by prefix
+sums in parallel).
 """
 
 from __future__ import annotations
@@ -24,15 +25,43 @@ from torch import Tensor, nn
 from attnkit import arguments, hooks, masks
 from attnkit import taxonomy as tx
 from attnkit.efficient import kernelized as kz
-from attnkit.efficient.linear import causal_rows, check_causal, make_feature_map, refuse_bias
-from attnkit.efficient.lsh import HeadOutput, check_head_inputs
+from attnkit.efficient.feature_maps import causal_rows, check_causal, make_feature_map, refuse_bias
+from attnkit.head import HeadAttention, check_head_inputs
 from attnkit.mechanisms import REGISTRY, example_tensor
+from attnkit.output import AttentionOutput
 
 __all__ = ["FastWeightProgrammer"]
 
 
+def _programme(fq: Tensor, fk: Tensor, v: Tensor) -> Tensor:
+    """The update of the module docstring, one position at a time, for φ(q), φ(k) (…, N, m) and
+    v (…, N, d_v) of one shape up to the last dim -> y (…, N, d_v).
+
+    Each step costs O(d_v·m) whatever N is: the inputs are split into their N rows once
+    (``unbind``, whose backward is one ``stack``; indexing row t in the loop would make the
+    backward of every step write a zero-filled (…, N, ·) gradient, O(N) per step), and the
+    outputs are joined once at the end. Autograd keeps each W_t for the backward of its read:
+    O(N·d_v·m) memory.
+    """
+    lead, m = fk.shape[:-2], fk.shape[-1]
+    if fk.shape[-2] == 0:
+        return v.new_zeros(v.shape)
+    wt = fk.new_zeros(*lead, m, v.shape[-1])  # Wᵀ (…, m, d_v)
+    z = fk.new_zeros(*lead, m, 1)
+    nums, dens = [], []
+    for q_t, k_t, v_t in zip(fq.unbind(-2), fk.unbind(-2), v.unbind(-2), strict=True):
+        k_col, q_row = k_t.unsqueeze(-1), q_t.unsqueeze(-2)
+        wt = torch.addcmul(wt, k_col, v_t.unsqueeze(-2))  # W_t = W_{t−1} + v_t ⊗ φ(k_t)
+        z = z + k_col  # z_t = z_{t−1} + φ(k_t)
+        nums.append(q_row @ wt)  # (W_t φ(q_t))ᵀ   (…, 1, d_v)
+        dens.append(q_row @ z)  # z_t · φ(q_t)   (…, 1, 1)
+    num, den = torch.cat(nums, -2), torch.cat(dens, -2)  # (…, N, d_v), (…, N, 1)
+    ok = den != 0
+    return torch.where(ok, num / torch.where(ok, den, 1), 0)
+
+
 @REGISTRY.register("fast_weight")
-class FastWeightProgrammer(nn.Module):
+class FastWeightProgrammer(HeadAttention):
     """The outer-product fast-weight update as a causal per-head part ``part(q, k, v, *, mask,
     bias, need_weights)`` with q, k (B, …, N, d), v (B, …, N, d_v) → context (B, …, N, d_v).
 
@@ -42,6 +71,10 @@ class FastWeightProgrammer(nn.Module):
     Masks: a key padding mask (…, 1, N) skips the update at padded positions; a mask varying
     over queries is refused (the programme is causal by construction). A bias is refused.
     """
+
+    # capabilities (attnkit.head.HeadAttention)
+    causal_form: ClassVar[bool] = True
+    mask_forms: ClassVar[frozenset[str]] = frozenset({"key"})
 
     decodes_with_cache: ClassVar[bool] = True  # a step equals its causal rows
 
@@ -75,7 +108,7 @@ class FastWeightProgrammer(nn.Module):
         bias: Tensor | None = None,
         need_weights: bool = False,
         q_offset: int = 0,
-    ) -> HeadOutput:
+    ) -> AttentionOutput:
         who = type(self).__name__
         rows = causal_rows(self, q, k, v, q_offset, mask=mask, bias=bias, need_weights=need_weights)
         if rows is not None:  # queries after a KV cache: the last rows of the causal sequence
@@ -91,19 +124,9 @@ class FastWeightProgrammer(nn.Module):
             fk = torch.where(keep, fk, torch.zeros((), dtype=fk.dtype))
             v = torch.where(keep, v, torch.zeros((), dtype=v.dtype))
         fq, fk, v = (x.broadcast_to(*lead, n, x.shape[-1]) for x in (fq, fk, v))
-        w = fk.new_zeros(*lead, v.shape[-1], fk.shape[-1])  # W (…, d_v, m)
-        z = fk.new_zeros(*lead, fk.shape[-1])
-        ys = []
-        for t in range(n):
-            w = w + v[..., t, :, None] * fk[..., t, None, :]  # W_t = W_{t−1} + v_t ⊗ φ(k_t)
-            z = z + fk[..., t, :]
-            num = (w @ fq[..., t, :, None]).squeeze(-1)
-            den = (z * fq[..., t, :]).sum(-1, keepdim=True)
-            ok = den != 0
-            ys.append(torch.where(ok, num / torch.where(ok, den, 1), 0))
-        context = torch.stack(ys, -2)
+        context = _programme(fq, fk, v)
         weights = None
         if need_weights or hooks.listening():
             weights = kz.dense_feature_weights(self.align, fq, fk, keep, causal=True)
             hooks.report(self, weights)
-        return HeadOutput(context, weights if need_weights else None)
+        return AttentionOutput(context, weights if need_weights else None)

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import ClassVar, NamedTuple
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -34,38 +34,14 @@ from attnkit import arguments, hooks, masks
 from attnkit import taxonomy as tx
 from attnkit.alignments import Softmax
 from attnkit.efficient import kernelized as kz
+from attnkit.efficient.feature_maps import causal_rows, check_causal, make_feature_map, refuse_bias
 from attnkit.efficient.landmarks import padding_masks, zero_rows
-from attnkit.efficient.linear import causal_rows, check_causal, make_feature_map, refuse_bias
-from attnkit.efficient.lsh import check_head_inputs
+from attnkit.head import HeadAttention, check_head_inputs
 from attnkit.kernels.base import guarded_sum
 from attnkit.mechanisms import REGISTRY, example_tensor
+from attnkit.output import AttentionOutput
 
-__all__ = ["FMMOutput", "FMMformer", "band_blocks"]
-
-
-class FMMOutput(NamedTuple):
-    """FMMformer's output: ``AttentionOutput``'s fields and the two fields' weights.
-
-    Attributes:
-        context: (B, …, M, d_v).
-        weights: (B, …, M, N) the blended w₁ D + w₂ L, only with ``need_weights=True``.
-        near: D (B, …, M, N), banded softmax weights, only with ``need_weights=True``.
-        far: L (B, …, M, N), linear-attention weights, only with ``need_weights=True``.
-    """
-
-    context: Tensor
-    weights: Tensor | None = None
-    scores: Tensor | None = None
-    log_prob: Tensor | None = None
-    near: Tensor | None = None
-    far: Tensor | None = None
-
-    @property
-    def representation(self) -> Tensor:
-        return self.context
-
-    def named_weights(self) -> dict[str, Tensor]:
-        return {k: w for k, w in (("near", self.near), ("far", self.far)) if w is not None}
+__all__ = ["FMMformer", "band_blocks"]
 
 
 class _NegatedEluPlusOne(nn.Module):
@@ -106,7 +82,7 @@ def _windows(x: Tensor, c: int, nb: int) -> Tensor:
 
 
 @REGISTRY.register("fmm")
-class FMMformer(nn.Module):
+class FMMformer(HeadAttention):
     """FMMformer attention, a per-head part ``part(q, k, v, *, mask, bias, need_weights)`` with
     q (B, …, M, d), k (B, …, N, d), v (B, …, N, d_v) → context (B, …, M, d_v); query i and key
     i are the same position (the band is over indices).
@@ -114,12 +90,16 @@ class FMMformer(nn.Module):
     Args:
         bandwidth: w, the near field's half-width (keys |i − j| ≤ w).
         feature_maps: the far field's feature maps, names in
-            :data:`attnkit.efficient.linear.FEATURE_MAPS`, ``"elu(-x)+1"`` (the paper's second
+            :data:`attnkit.efficient.feature_maps.FEATURE_MAPS`, ``"elu(-x)+1"`` (the paper's second
             map; ``("elu+1", "elu(-x)+1")`` is its rank-2 far field), or modules (r maps).
         causal: near field 0 ≤ i − j ≤ w and causal far field (needs M = N).
         near_weight, far_weight: initial w₁, w₂.
         chunk_size: block length of the causal far field's prefix sums.
     """
+
+    # capabilities (attnkit.head.HeadAttention)
+    causal_form: ClassVar[bool] = True
+    mask_forms: ClassVar[frozenset[str]] = frozenset({"key", "padding"})
 
     mask_inputs: ClassVar[dict[str, tuple[str, ...]]] = {"mask": ("k", "v")}
     # causal=True: queries after a KV cache are the last rows of the causal sequence
@@ -213,7 +193,10 @@ class FMMformer(nn.Module):
         bias: Tensor | None = None,
         need_weights: bool = False,
         q_offset: int = 0,
-    ) -> FMMOutput:
+    ) -> AttentionOutput:
+        """The context w₁ D V + w₂ L V; with ``need_weights=True`` also the weights, the blend
+        w₁ D + w₂ L (…, M, N), and the two fields' weights by name in ``extra``: ``near``, D
+        (banded softmax), and ``far``, L (linear attention), each (…, M, N)."""
         who = type(self).__name__
         rows = causal_rows(self, q, k, v, q_offset, mask=mask, bias=bias, need_weights=need_weights)
         if rows is not None:  # queries after a KV cache: the last rows of the causal sequence
@@ -246,5 +229,5 @@ class FMMformer(nn.Module):
             hooks.report(self, near_w, "near")
             hooks.report(self, far_w, "far")
         if not need_weights:
-            return FMMOutput(context)
-        return FMMOutput(context, blended, near=near_w, far=far_w)
+            return AttentionOutput(context)
+        return AttentionOutput(context, blended, extra={"near": near_w, "far": far_w})

@@ -41,7 +41,7 @@ from torch import Tensor
 from attnkit import masks
 from attnkit import taxonomy as tx
 from attnkit.alignments import Alignment, AlignOutput
-from attnkit.efficient.lsh import broadcast_shapes
+from attnkit.inputs import broadcast_shapes
 from attnkit.kernels.base import guarded_sum
 
 __all__ = [

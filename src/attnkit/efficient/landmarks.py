@@ -14,7 +14,7 @@ so that Ŝ V = F (A⁺ (B V)) costs O((M + N)·m·d + m³). When the landmarks a
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import ClassVar, NamedTuple
+from typing import ClassVar
 
 import torch
 from torch import Tensor, nn
@@ -22,47 +22,18 @@ from torch import Tensor, nn
 from attnkit import arguments, hooks, masks
 from attnkit import taxonomy as tx
 from attnkit.alignments import Alignment, AlignOutput
-from attnkit.efficient.lsh import check_head_inputs
+from attnkit.head import HeadAttention, check_head_inputs
+from attnkit.output import AttentionOutput
 
 __all__ = [
     "GaussianKernel",
     "LandmarkAttention",
-    "LandmarkOutput",
     "iterative_pinv",
     "landmark_attention",
     "newton_pinv",
     "padding_masks",
     "segment_means",
 ]
-
-
-class LandmarkOutput(NamedTuple):
-    """What the landmark mechanisms return: ``AttentionOutput``'s fields (for the attention slot
-    of :class:`attnkit.MultiHeadAttention`) and the two non-negative factors they compute.
-
-    Attributes:
-        context: (B, …, M, d_v).
-        weights: (B, …, M, N) the dense approximate matrix F A⁺ B, only with
-            ``need_weights=True``. A pseudo-inverse has entries of both signs, so these weights
-            may be negative (and rows need not sum to 1).
-        to_landmarks: F (B, …, M, m), queries against the landmark keys.
-        from_landmarks: B (B, …, m, N), landmark queries against the keys.
-    """
-
-    context: Tensor
-    weights: Tensor | None = None
-    scores: Tensor | None = None
-    log_prob: Tensor | None = None
-    to_landmarks: Tensor | None = None
-    from_landmarks: Tensor | None = None
-
-    @property
-    def representation(self) -> Tensor:
-        return self.context
-
-    def named_weights(self) -> dict[str, Tensor]:
-        named = {"to_landmarks": self.to_landmarks, "from_landmarks": self.from_landmarks}
-        return {k: w for k, w in named.items() if w is not None}
 
 
 class GaussianKernel(Alignment):
@@ -220,7 +191,7 @@ def landmark_attention(
     need_weights: bool,
     score: Callable[[Tensor, Tensor], Tensor],
     landmarks: Landmarks,
-) -> LandmarkOutput:
+) -> AttentionOutput:
     """The Nyström product Ŝ V = F (A⁺ (B V)) with F = align(score(Q, K̃)), A = align(score(Q̃,
     K̃)), B = align(score(Q̃, K)) (``part.align``; Xiong et al.), A⁺ by
     ``part.pseudo_inverse(A)``.
@@ -228,6 +199,12 @@ def landmark_attention(
     ``landmarks(q, k, query_keep (…, M, 1), key_keep (…, N, 1))`` returns (Q̃, present_q, K̃,
     present_k), present (…, m, 1). Padded queries and keys and empty landmarks are masked out of
     every factor; computed in at least float32 and returned in the inputs' dtype.
+
+    Returns:
+        AttentionOutput: the context; with ``need_weights=True`` the weights, the dense
+        approximation F A⁺ B (…, M, N), whose entries may be negative (A⁺ is a pseudo-inverse)
+        and whose rows need not sum to 1; and always the two non-negative factors by name in
+        ``extra``: ``to_landmarks`` F (…, M, m) and ``from_landmarks`` B (…, m, N).
     """
     who = type(part).__name__
     arguments.boolean(need_weights, "need_weights")
@@ -259,10 +236,11 @@ def landmark_attention(
     f, b = f.to(dtype), b.to(dtype)
     hooks.report(part, f, "to_landmarks")
     hooks.report(part, b, "from_landmarks")
-    return LandmarkOutput(context.to(dtype), dense, to_landmarks=f, from_landmarks=b)
+    factors = {"to_landmarks": f, "from_landmarks": b}
+    return AttentionOutput(context.to(dtype), dense, extra=factors)
 
 
-class LandmarkAttention(nn.Module):
+class LandmarkAttention(HeadAttention):
     """The per-head part shared by the three-factor landmark mechanisms (Nyströmformer, SOFT,
     Skyformer): ``part(q, k, v, *, mask, bias, need_weights)`` with q (B, …, M, d), k (B, …, N, d),
     v (B, …, N, d_v) → context (B, …, M, d_v), computed by :func:`landmark_attention`.
@@ -283,6 +261,9 @@ class LandmarkAttention(nn.Module):
         iterations: steps of the pseudo-inverse iteration.
         align: the alignment applied to each factor's scores.
     """
+
+    # capabilities (attnkit.head.HeadAttention)
+    mask_forms: ClassVar[frozenset[str]] = frozenset({"key", "padding"})
 
     mask_inputs: ClassVar[dict[str, tuple[str, ...]]] = {"mask": ("k", "v")}
     mixes_queries: ClassVar[bool] = True
@@ -323,7 +304,7 @@ class LandmarkAttention(nn.Module):
         mask: Tensor | None = None,
         bias: Tensor | None = None,
         need_weights: bool = False,
-    ) -> LandmarkOutput:
+    ) -> AttentionOutput:
         return landmark_attention(
             self,
             q,

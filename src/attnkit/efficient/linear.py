@@ -11,106 +11,85 @@ any module mapping (…, L, d) to non-negative features (…, L, m). Non-causal 
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Callable
 from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.autograd.function import once_differentiable
 
 from attnkit import arguments, hooks, masks
 from attnkit import taxonomy as tx
 from attnkit.efficient import kernelized as kz
-from attnkit.efficient.lsh import HeadOutput, broadcast_shapes, check_head_inputs
+from attnkit.efficient.feature_maps import (
+    FEATURE_MAPS,
+    EluPlusOne,
+    ReLUFeatures,
+    attend,
+    causal_rows,
+    check_causal,
+    make_feature_map,
+    refuse_bias,
+)
+from attnkit.head import HeadAttention, check_head_inputs
 from attnkit.mechanisms import REGISTRY, example_tensor
+from attnkit.output import AttentionOutput
 
 __all__ = ["FEATURE_MAPS", "EluPlusOne", "LinearAttention", "ReLUFeatures", "make_feature_map"]
 
 
-class EluPlusOne(nn.Module):
-    """φ(x) = elu(x) + 1 (Katharopoulos eq. 7): positive, with gradients everywhere."""
+class _EluLinear(torch.autograd.Function):
+    """Non-causal linear attention with φ = elu + 1 (Katharopoulos eqs. 5 and 7) as one node:
 
-    def forward(self, x: Tensor) -> Tensor:
-        return F.elu(x).add_(1)  # elu's backward reads its input, so its output can take the 1
+        out_i = Sᵀ φ(q_i) / den_i,   S = Σ_j φ(k_j) v_jᵀ (m × d_v),
+        den_i = φ(q_i)ᵀ s,   s = Σ_j φ(k_j).
 
+    The node keeps only the inputs (referenced, not copied), S, s and r = 1/den: the maps and
+    the output are freed after the forward pass, and the backward pass forms φ(q) again, uses
+    it, frees it, then does the same with φ(k), so at most two (…, L, m) maps are alive at once
+    besides the gradients. The derivative of the map is read from the map itself: φ'(x) = 1
+    for x > 0 and eˣ = φ(x) for x ≤ 0, that is min(φ(x), 1). With g = ∂L/∂out, g' = g r and
+    P = S g' (the (…, M, m) product ∂L/∂φ(q) needs anyway), g'_i · out_i = r_i φ(q_i) · P_i:
 
-class ReLUFeatures(nn.Module):
-    """φ(x) = max(x, 0): non-negative; a query whose features all vanish gets context 0."""
+        ∂L/∂den_i = −r_i φ(q_i) · P_i,   ∂L/∂φ(q_i) = P_i + (∂L/∂den_i) s,
+        ∂L/∂S = Σ_i φ(q_i) g'_iᵀ,   ∂L/∂s = Σ_i φ(q_i) ∂L/∂den_i,
+        ∂L/∂φ(k_j) = ∂L/∂S v_j + ∂L/∂s,   ∂L/∂v_j = (∂L/∂S)ᵀ φ(k_j).
+    """
 
-    def forward(self, x: Tensor) -> Tensor:
-        return F.relu(x)
+    @staticmethod
+    def forward(ctx, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        fk = F.elu(k).add_(1)
+        s = fk.sum(-2, keepdim=True)  # (…, 1, m)
+        kv = fk.transpose(-1, -2) @ v  # S (…, m, d_v)
+        del fk
+        fq = F.elu(q).add_(1)
+        den = fq @ s.transpose(-1, -2)  # (…, M, 1)
+        r = torch.where(den != 0, den.reciprocal(), 0)  # a row with no kernel mass gets 0
+        out = (fq @ kv).mul_(r)
+        ctx.save_for_backward(q, k, v, kv, s, r)
+        return out
 
-
-FEATURE_MAPS: dict[str, Callable[[], nn.Module]] = {"elu+1": EluPlusOne, "relu": ReLUFeatures}
-
-
-def make_feature_map(phi: str | nn.Module) -> nn.Module:
-    """A feature map from a name in :data:`FEATURE_MAPS` or a module."""
-    if isinstance(phi, nn.Module):
-        return phi
-    if isinstance(phi, str) and phi in FEATURE_MAPS:
-        return FEATURE_MAPS[phi]()
-    raise ValueError(
-        f"feature_map must be one of {sorted(FEATURE_MAPS)} or an nn.Module mapping (…, L, d) "
-        f"to non-negative features, got {phi!r}"
-    )
-
-
-def causal_rows(
-    part: nn.Module,
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    q_offset: int,
-    *,
-    mask: Tensor | None,
-    bias: Tensor | None,
-    need_weights: bool,
-):
-    """A causal part's output for queries at positions ``q_offset`` … ``q_offset`` + M − 1 of
-    the N = ``q_offset`` + M keys (decoding with a KV cache: the cached keys, then the new ones),
-    or None when there is nothing to do (``q_offset`` 0, or a non-causal part, for which a
-    query's position does not matter).
-
-    Causal kernelized attention answers row i from keys j ≤ i and its own query only, so the
-    queries are front-padded with zero rows to N, the whole causal sequence is evaluated, and
-    its last M rows are returned (weights too; parts report only those rows to listeners). The
-    cost is that of the whole sequence, O(N); :meth:`LinearAttention.step` carries the
-    recurrent state instead."""
-    offset = arguments.nonnegative_int(q_offset, "q_offset")
-    if offset == 0 or not getattr(part, "causal", False):
-        return None
-    m = q.shape[-2]
-    if m + offset != k.shape[-2]:
-        raise ValueError(
-            f"{type(part).__name__}(causal=True): queries at positions {offset} … {offset + m - 1} "
-            f"need {offset + m} keys (the cache's and the new ones), got k {tuple(k.shape)}"
-        )
-    q = F.pad(q, (0, 0, offset, 0))
-    if mask is not None and mask.dim() >= 2 and mask.shape[-2] == m and m > 1:
-        lead = mask.shape[:-2]
-        above = torch.ones(*lead, offset, mask.shape[-1], dtype=mask.dtype, device=mask.device)
-        mask = torch.cat([above, mask], dim=-2)
-    listening = hooks.listening()
-    reports: list[hooks.Report] = []
-    with hooks.listen(reports.append) if listening else contextlib.nullcontext():
-        out = part.forward(q, k, v, mask=mask, bias=bias, need_weights=need_weights)
-    for r in reports:
-        hooks.report(r.module, r.weights[..., -m:, :], r.name)
-    return type(out)(*(x[..., -m:, :] if isinstance(x, Tensor) else x for x in out))
-
-
-def check_causal(q: Tensor, k: Tensor, who: str) -> None:
-    if q.shape[-2] != k.shape[-2]:
-        raise ValueError(
-            f"{who}(causal=True) needs as many queries as keys (self-attention), got q "
-            f"{tuple(q.shape)} and k {tuple(k.shape)}"
-        )
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, g: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        q, k, v, kv, s, r = ctx.saved_tensors
+        fq = F.elu(q).add_(1)
+        gr = g * r
+        dkv = fq.transpose(-1, -2) @ gr  # ∂L/∂S (…, m, d_v)
+        dq = gr @ kv.transpose(-1, -2)  # P
+        del gr
+        dden = (fq * dq).sum(-1, keepdim=True).mul_(r).neg_()  # ∂L/∂den (…, M, 1)
+        ds = (fq.transpose(-1, -2) @ dden).transpose(-1, -2)  # ∂L/∂s (…, 1, m)
+        dq.addcmul_(dden, s).mul_(fq.clamp_(max=1))
+        del fq, dden
+        fk = F.elu(k).add_(1)
+        dv = fk @ dkv
+        dk = (v @ dkv.transpose(-1, -2)).add_(ds).mul_(fk.clamp_(max=1))
+        return dq, dk, dv
 
 
 @REGISTRY.register("linear")
-class LinearAttention(nn.Module):
+class LinearAttention(HeadAttention):
     """Linear attention, a per-head part ``part(q, k, v, *, mask, bias, need_weights)`` with q
     (B, …, M, d), k (B, …, N, d), v (B, …, N, d_v) → context (B, …, M, d_v).
 
@@ -122,6 +101,10 @@ class LinearAttention(nn.Module):
     Masks: key padding masks (…, 1, N) are honoured; a mask varying over queries is refused
     (ValueError). A bias cannot be added to a kernel's factorised scores and is refused.
     """
+
+    # capabilities (attnkit.head.HeadAttention)
+    causal_form: ClassVar[bool] = True
+    mask_forms: ClassVar[frozenset[str]] = frozenset({"key"})
 
     mask_inputs: ClassVar[dict[str, tuple[str, ...]]] = {"mask": ("k", "v")}
     # causal=True: queries after a KV cache are the last rows of the causal sequence
@@ -167,7 +150,7 @@ class LinearAttention(nn.Module):
         bias: Tensor | None = None,
         need_weights: bool = False,
         q_offset: int = 0,
-    ) -> HeadOutput:
+    ) -> AttentionOutput:
         who = type(self).__name__
         rows = causal_rows(self, q, k, v, q_offset, mask=mask, bias=bias, need_weights=need_weights)
         if rows is not None:  # queries after a KV cache: the last rows of the causal sequence
@@ -178,10 +161,25 @@ class LinearAttention(nn.Module):
         if self.causal:
             check_causal(q, k, who)
         keep = kz.key_mask(mask, torch.Size((*lead, q.shape[-2], k.shape[-2])), who)
+        if keep is None and not need_weights and self._fused(q, k, v):
+            return AttentionOutput(_EluLinear.apply(q, k, v))
         # Elementwise maps (…, L, d) are the inputs' size: formed whole, they cost no more
         # memory than the inputs and no recomputation in the backward pass.
         fq, fk = self.features(q), self.features(k)
         return attend(self, fq, fk, v, keep, need_weights)
+
+    def _fused(self, q: Tensor, k: Tensor, v: Tensor) -> bool:
+        """Whether the non-causal elu + 1 context can be one autograd node (:class:`_EluLinear`):
+        this class's map, no listener (who would read the weights), inputs of one dtype and
+        leading dims (its gradients are not reduced over broadcast dims)."""
+        return (
+            not self.causal
+            and type(self.phi) is EluPlusOne
+            and type(self).features is LinearAttention.features
+            and not hooks.listening()
+            and q.dtype == k.dtype == v.dtype
+            and q.shape[:-2] == k.shape[:-2] == v.shape[:-2]
+        )
 
     def step(
         self, q: Tensor, k: Tensor, v: Tensor, state: tuple[Tensor, Tensor] | None = None
@@ -196,64 +194,3 @@ class LinearAttention(nn.Module):
             the context (B, …, d_v) and the state (S (B, …, m, d_v), z (B, …, m)).
         """
         return kz.step(state, self.features(q), self.features(k), v)
-
-
-def refuse_bias(bias: Tensor | None, who: str) -> None:
-    if bias is not None:
-        raise ValueError(
-            f"{who}: an additive bias cannot be applied to kernelized attention (its scores are "
-            "never formed); pass bias=None"
-        )
-
-
-def attend_inputs(
-    part: nn.Module,
-    phi_q: kz.FeatureMap,
-    phi_k: kz.FeatureMap,
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    keep: Tensor | None,
-    need_weights: bool,
-    *,
-    params: tuple[Tensor, ...] = (),
-    m: int,
-) -> HeadOutput:
-    """:func:`attend` from the inputs and row-wise feature maps ``phi(x, *params)`` with m
-    features: non-causal context by chunks of rows (:func:`kernelized.chunked_feature_attention`,
-    the (…, N, m) maps never formed) once the maps are over :data:`kernelized.WHOLE_BYTES`; the
-    whole maps for smaller ones, the causal form or the weights."""
-    lead = broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
-    if whole_maps(part, q, k, v, need_weights, m):
-        return attend(part, phi_q(q, *params), phi_k(k, *params), v, keep, need_weights)
-    chunk = kz.chunk_rows(lead, m)
-    context = kz.chunked_feature_attention(
-        phi_q, phi_k, q, k, v, keep, params=params, chunk_size=chunk
-    )
-    return HeadOutput(context, None)
-
-
-def whole_maps(
-    part: nn.Module, q: Tensor, k: Tensor, v: Tensor, need_weights: bool, m: int
-) -> bool:
-    """Whether :func:`attend_inputs` forms the whole (…, L, m) maps: causal, weights asked for
-    or listened to, or maps of at most :data:`kernelized.WHOLE_BYTES`."""
-    lead = broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
-    size = lead.numel() * max(q.shape[-2], k.shape[-2]) * m * q.element_size()
-    return part.causal or need_weights or hooks.listening() or size <= kz.WHOLE_BYTES
-
-
-def attend(
-    part: nn.Module, fq: Tensor, fk: Tensor, v: Tensor, keep: Tensor | None, need_weights: bool
-) -> HeadOutput:
-    """Kernelized attention with ``part``'s ``causal``/``chunk_size``/``align``; weights formed
-    densely only when asked for or listened to."""
-    if part.causal:
-        context = kz.causal_feature_attention(fq, fk, v, keep, part.chunk_size)
-    else:
-        context = kz.feature_attention(fq, fk, v, keep)
-    weights = None
-    if need_weights or hooks.listening():
-        weights = kz.dense_feature_weights(part.align, fq, fk, keep, part.causal)
-        hooks.report(part, weights)
-    return HeadOutput(context, weights if need_weights else None)

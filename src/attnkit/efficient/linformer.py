@@ -7,7 +7,7 @@ learned matrices E, F (k × n), and softmax attention runs over the k projected 
 O(M·k·d) instead of O(M·N·d). The projections are of a fixed maximum length n: a sequence of
 N ≤ n positions uses the first N columns of E and F (the usual convention for shorter inputs);
 a longer one is refused. E and F are shared by all heads (one pair) or one pair per head
-(``heads=H``), and E = F with ``share_kv=True`` (the paper's key-value sharing).
+(``num_heads=H``), and E = F with ``share_kv=True`` (the paper's key-value sharing).
 
 Masks: E mixes positions, so a mask that differs between queries (causal, windows) cannot be
 honoured and is refused. A key padding mask is honoured exactly: padded keys and values are set
@@ -28,29 +28,34 @@ from torch import Tensor, nn
 from attnkit import arguments, hooks, masks
 from attnkit import taxonomy as tx
 from attnkit.alignments import Softmax
+from attnkit.efficient.feature_maps import refuse_bias
 from attnkit.efficient.landmarks import padding_masks, zero_rows
-from attnkit.efficient.linear import refuse_bias
-from attnkit.efficient.lsh import HeadOutput, check_head_inputs
+from attnkit.head import HeadAttention, check_head_inputs
 from attnkit.mechanisms import REGISTRY, example_tensor
+from attnkit.output import AttentionOutput
 
 __all__ = ["Linformer"]
 
 
 @REGISTRY.register("linformer")
-class Linformer(nn.Module):
+@arguments.renamed(heads="num_heads")
+class Linformer(HeadAttention):
     """Linformer attention, a per-head part ``part(q, k, v, *, mask, bias, need_weights)`` with
     q (B, …, M, d), k (B, …, N, d), v (B, …, N, d_v) → context (B, …, M, d_v), N ≤ ``max_len``.
 
     Args:
         max_len: n, the longest key sequence (E and F are k × n).
         k: the projected length.
-        heads: None to share E and F across heads (and any leading dims); H for one pair per
+        num_heads: None to share E and F across heads (and any leading dims); H for one pair per
             head, applied to dim −3 of k and v (B, H, N, d), as MultiHeadAttention passes them.
         share_kv: use one matrix for keys and values (E = F).
 
     Weights (…, M, k) are over the k projected keys (there are no per-key weights: E and F mix
     the keys differently). Bias is refused (no (M, N) scores are formed).
     """
+
+    # capabilities (attnkit.head.HeadAttention)
+    mask_forms: ClassVar[frozenset[str]] = frozenset({"key", "padding"})
 
     mask_inputs: ClassVar[dict[str, tuple[str, ...]]] = {"mask": ("k", "v")}
 
@@ -59,7 +64,7 @@ class Linformer(nn.Module):
         max_len: int,
         k: int = 64,
         *,
-        heads: int | None = None,
+        num_heads: int | None = None,
         share_kv: bool = False,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
@@ -67,9 +72,11 @@ class Linformer(nn.Module):
         super().__init__()
         self.max_len = arguments.positive_int(max_len, "max_len")
         self.k = arguments.positive_int(k, "k")
-        self.heads = arguments.optional_positive_int(heads, "heads")
+        self.num_heads = arguments.optional_positive_int(num_heads, "num_heads")
         self.share_kv = arguments.boolean(share_kv, "share_kv")
-        shape = (self.k, self.max_len) if heads is None else (self.heads, self.k, self.max_len)
+        shape = (
+            (self.k, self.max_len) if num_heads is None else (self.num_heads, self.k, self.max_len)
+        )
         kw = {"device": device, "dtype": dtype}
         # Xavier-normal, as a linear map from n positions to k
         std = math.sqrt(2 / (self.k + self.max_len))
@@ -81,23 +88,26 @@ class Linformer(nn.Module):
     def example(cls):
         q, k, v = (example_tensor(2, 2, 7, 4, seed=s) for s in (21, 22, 23))
         mask = masks.from_lengths(torch.tensor([7, 5]), 7)[:, None].expand(2, 2, 1, 7)
-        return cls(max_len=8, k=3, heads=2), (q, k, v), {"mask": mask}
+        return cls(max_len=8, k=3, num_heads=2), (q, k, v), {"mask": mask}
 
     def taxonomy_tags(self) -> list:
         return [tx.Scoring.SCALED_MULTIPLICATIVE, tx.AlignmentKind.GLOBAL]
 
     def extra_repr(self) -> str:
-        return f"max_len={self.max_len}, k={self.k}, heads={self.heads}, share_kv={self.share_kv}"
+        return (
+            f"max_len={self.max_len}, k={self.k}, num_heads={self.num_heads}, "
+            f"share_kv={self.share_kv}"
+        )
 
     def project(self, x: Tensor, proj: Tensor) -> Tensor:
-        """proj[…, :, :N] x: (…, N, d) → (…, k, d), per head when ``heads`` is set."""
+        """proj[…, :, :N] x: (…, N, d) → (…, k, d), per head when ``num_heads`` is set."""
         p = proj[..., : x.shape[-2]].to(x.dtype)
-        if self.heads is None:
+        if self.num_heads is None:
             return p @ x
-        if x.dim() < 3 or x.shape[-3] != self.heads:
+        if x.dim() < 3 or x.shape[-3] != self.num_heads:
             raise ValueError(
-                f"Linformer(heads={self.heads}) needs inputs (…, H={self.heads}, N, d), got "
-                f"shape {tuple(x.shape)}"
+                f"Linformer(num_heads={self.num_heads}) needs inputs (…, H={self.num_heads}, N, "
+                f"d), got shape {tuple(x.shape)}"
             )
         return p @ x  # (H, k, N) broadcasts over (…, H, N, d)
 
@@ -110,7 +120,7 @@ class Linformer(nn.Module):
         mask: Tensor | None = None,
         bias: Tensor | None = None,
         need_weights: bool = False,
-    ) -> HeadOutput:
+    ) -> AttentionOutput:
         who = type(self).__name__
         arguments.boolean(need_weights, "need_weights")
         lead = check_head_inputs(q, k, v, mask, bias, who)
@@ -130,4 +140,4 @@ class Linformer(nn.Module):
         weights = self.align(scores, query_keep).weights
         context = weights @ pv
         hooks.report(self, weights)
-        return HeadOutput(context, weights if need_weights else None)
+        return AttentionOutput(context, weights if need_weights else None)

@@ -16,102 +16,24 @@ attend to itself unless it has no other key (its logit is lowered by 10⁵, as t
 
 from __future__ import annotations
 
-from typing import ClassVar, NamedTuple
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import Tensor
 
 from attnkit import arguments, hooks, masks
 from attnkit import taxonomy as tx
 from attnkit.alignments import Softmax
+from attnkit.efficient._shared import masked_logsumexp
+from attnkit.head import HeadAttention, check_head_inputs
 from attnkit.kernels.base import guarded_sum
 from attnkit.mechanisms import REGISTRY, example_tensor
+from attnkit.output import AttentionOutput
 
-__all__ = ["HeadOutput", "LSHAttention", "broadcast_shapes", "check_head_inputs"]
+__all__ = ["LSHAttention"]
 
 _SELF_PENALTY = 1e5  # Reformer: a position attends to itself only when nothing else is there
-
-
-class HeadOutput(NamedTuple):
-    """What the efficient per-head parts return: ``AttentionOutput``'s fields (so that they fit
-    the attention slot of :class:`attnkit.MultiHeadAttention`) and the mechanism family's
-    ``representation`` / ``named_weights()``.
-
-    Attributes:
-        context: (B, …, M, d_v).
-        weights: (B, …, M, N) dense weights, only with ``need_weights=True``.
-    """
-
-    context: Tensor
-    weights: Tensor | None = None
-    scores: Tensor | None = None
-    log_prob: Tensor | None = None
-
-    @property
-    def representation(self) -> Tensor:
-        return self.context
-
-    def named_weights(self) -> dict[str, Tensor]:
-        return {} if self.weights is None else {"weights": self.weights}
-
-
-def broadcast_shapes(*shapes: torch.Size | tuple[int, ...]) -> torch.Size:
-    """The broadcast of the shapes, as ``torch.broadcast_shapes`` (RuntimeError when they do not
-    broadcast), in plain Python: ``torch.broadcast_shapes`` imports torch's symbolic-shape
-    machinery (and sympy, some 40 MiB) on its first call."""
-    rank = max((len(s) for s in shapes), default=0)
-    out = [1] * rank
-    for shape in shapes:
-        for i, size in enumerate(shape, rank - len(shape)):
-            if size != 1:
-                if out[i] not in (1, size):
-                    raise RuntimeError(f"shapes {[tuple(s) for s in shapes]} do not broadcast")
-                out[i] = size
-    return torch.Size(out)
-
-
-def check_head_inputs(
-    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, bias: Tensor | None, who: str
-) -> torch.Size:
-    """Validate per-head inputs q (…, M, d), k (…, N, d), v (…, N, d_v), a boolean mask and a
-    float bias broadcastable to (…, M, N); returns the broadcast leading dims."""
-    for name, x in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(x, Tensor):
-            raise TypeError(f"{who}: {name} must be a tensor, got {type(x).__name__}")
-        if x.dim() < 2 or not x.is_floating_point():
-            raise ValueError(
-                f"{who}: {name} must be a floating tensor (…, L, d), got shape "
-                f"{tuple(x.shape)} dtype {x.dtype}"
-            )
-    if q.shape[-1] != k.shape[-1]:
-        raise ValueError(f"{who}: q has {q.shape[-1]} features but k has {k.shape[-1]}")
-    if k.shape[-2] != v.shape[-2]:
-        raise ValueError(
-            f"{who}: k of shape {tuple(k.shape)} and v of shape {tuple(v.shape)} need the same N"
-        )
-    if k.shape[-2] == 0:
-        raise ValueError(f"{who}: the key set is empty (k of shape {tuple(k.shape)})")
-    try:
-        lead = broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
-    except RuntimeError:
-        raise ValueError(
-            f"{who}: batch dims of q {tuple(q.shape)}, k {tuple(k.shape)} and v "
-            f"{tuple(v.shape)} do not broadcast"
-        ) from None
-    shape = torch.Size((*lead, q.shape[-2], k.shape[-2]))
-    masks.check(mask, shape)
-    if bias is not None:
-        if not isinstance(bias, Tensor) or not bias.is_floating_point():
-            raise TypeError(f"{who}: bias must be a floating tensor, got {bias!r:.60}")
-        try:
-            if broadcast_shapes(bias.shape, shape) != shape:
-                raise RuntimeError
-        except RuntimeError:
-            raise ValueError(
-                f"{who}: bias of shape {tuple(bias.shape)} does not broadcast to {tuple(shape)}"
-            ) from None
-    return lead
 
 
 def _rows(x: Tensor | None, lead: torch.Size, m: int, n: int) -> Tensor | None:
@@ -131,7 +53,7 @@ def _pairs(x: Tensor, qi: Tensor, kj: Tensor) -> Tensor:
 
 
 @REGISTRY.register("lsh")
-class LSHAttention(nn.Module):
+class LSHAttention(HeadAttention):
     """Reformer LSH attention, a per-head part: ``part(q, k, v, *, mask, bias, need_weights)``
     with q (B, …, M, d), k (B, …, N, d) or None (shared QK: k_j = q_j / ‖q_j‖), v (B, …, N, d_v).
 
@@ -152,6 +74,11 @@ class LSHAttention(nn.Module):
     Weights (B, …, M, N) are the exact weights of the union of the rounds; they are formed
     densely only when requested or captured.
     """
+
+    # capabilities (attnkit.head.HeadAttention)
+    causal_form: ClassVar[bool] = True
+    accepts_bias: ClassVar[bool] = True
+    mask_forms: ClassVar[frozenset[str]] = frozenset({"key", "padding", "causal", "full"})
 
     mask_inputs: ClassVar[dict[str, tuple[str, ...]]] = {"mask": ("k", "v")}
 
@@ -217,7 +144,7 @@ class LSHAttention(nn.Module):
         mask: Tensor | None = None,
         bias: Tensor | None = None,
         need_weights: bool = False,
-    ) -> HeadOutput:
+    ) -> AttentionOutput:
         arguments.boolean(need_weights, "need_weights")
         shared = k is None
         if shared:
@@ -248,7 +175,7 @@ class LSHAttention(nn.Module):
         if weights is not None:
             weights = weights.reshape(*lead, m, n)
             hooks.report(self, weights)
-        return HeadOutput(context, weights if need_weights else None)
+        return AttentionOutput(context, weights if need_weights else None)
 
     def _attend(self, q, k, v, mask, bias, rot, shared, need_weights):
         if mask is None and bias is None and not (need_weights or hooks.listening()):
@@ -325,7 +252,7 @@ class LSHAttention(nn.Module):
                 n_ij = n_ij + (same & ((ck == cq) | (ck == cq - 1))).to(e.dtype)
             e = e - torch.where(ok, n_ij, 1.0).log()
             p = self.align(e, ok).weights  # softmax within the round's set
-            lse.append(_logsumexp(e, ok, -1))  # the round's log normaliser z_r (Z, C, c)
+            lse.append(masked_logsumexp(e, ok, -1))  # the round's log normaliser z_r (Z, C, c)
             # padded values are zeroed (0 × NaN would leak into the sum)
             v_ok = key_ok.gather(1, kj[r].flatten(1)).reshape(z, n_chunks, 2 * c, 1)
             vr = torch.where(kj_real[r][..., None] & v_ok, vr, 0.0)
@@ -348,7 +275,7 @@ class LSHAttention(nn.Module):
             ]
         )
         has = torch.isfinite(z_pos)
-        total = _logsumexp(z_pos, has, 0)  # log normaliser over the union of the rounds
+        total = masked_logsumexp(z_pos, has, 0)  # log normaliser over the union of the rounds
         mix = torch.where(has, (z_pos - torch.where(has, total, 0.0)).exp(), 0.0)  # (R, Z, M)
         out = (mix[..., None] * c_pos).sum(0)
         weights = None
@@ -365,14 +292,6 @@ class LSHAttention(nn.Module):
 
 def _weighted(p: Tensor, v: Tensor) -> Tensor:
     return torch.einsum("zcij,zcjd->zcid", p, v)
-
-
-def _logsumexp(x: Tensor, ok: Tensor, dim: int) -> Tensor:
-    """log Σ exp over the entries where ``ok``; −inf (with finite gradients) where none is."""
-    any_ok = ok.any(dim)
-    safe = torch.where(ok, x, torch.finfo(x.dtype).min)
-    lse = torch.logsumexp(torch.where(any_ok.unsqueeze(dim), safe, 0.0), dim)
-    return torch.where(any_ok, lse, float("-inf"))
 
 
 def _sorted(bucket: Tensor, length: int) -> Tensor:
@@ -456,7 +375,7 @@ def _attend_unmasked(
     c_pos = torch.stack([_unsort(contexts[r], inverse[r]) for r in range(rounds)])
     z_pos = torch.stack([lses[r].gather(1, inverse[r]) for r in range(rounds)])
     has = torch.isfinite(z_pos)
-    total = _logsumexp(z_pos, has, 0)
+    total = masked_logsumexp(z_pos, has, 0)
     mix = torch.where(has, (z_pos - torch.where(has, total, 0.0)).exp(), 0.0)  # (R, Z, M)
     return (mix[..., None] * c_pos).sum(0)
 

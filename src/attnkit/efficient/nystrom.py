@@ -24,22 +24,30 @@ matrix).
 
 Weights: ``need_weights=True`` returns the dense approximation Ŝ (…, M, N), whose entries may be
 negative (a pseudo-inverse); the two softmax factors are the named, non-negative weights.
+
+Cost: without a mask, weights or a listener the two (…, M, m) and (…, m, N) factors are never
+formed (:meth:`NystromAttention.forward`): O((M + N)·m·d + m³) time and O((M + N)·d + m²)
+memory; otherwise the factors are kept for the backward pass, O((M + N)·m) memory.
 """
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
-from attnkit import masks
+from attnkit import hooks, masks
 from attnkit import taxonomy as tx
 from attnkit.alignments import Softmax
-from attnkit.efficient.landmarks import (
-    LandmarkAttention,
-)
+from attnkit.efficient.landmarks import LandmarkAttention
+from attnkit.head import check_head_inputs
 from attnkit.mechanisms import REGISTRY, example_tensor
+from attnkit.output import AttentionOutput
 
 __all__ = ["NystromAttention"]
+
+# Input dtypes of the fused path (half precision takes the general path, in float32).
+_FUSED_DTYPES = (torch.float32, torch.float64)
 
 
 @REGISTRY.register("nystrom")
@@ -61,6 +69,63 @@ class NystromAttention(LandmarkAttention):
     def score(x: Tensor, y: Tensor) -> Tensor:
         """Scaled dot products x yᵀ/√d (x scaled: (P, d) multiplications, not (P, R))."""
         return (x * x.shape[-1] ** -0.5) @ y.transpose(-1, -2)
+
+    def forward(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        *,
+        mask: Tensor | None = None,
+        bias: Tensor | None = None,
+        need_weights: bool = False,
+    ) -> AttentionOutput:
+        """The context F (Z (B V)) (see :func:`attnkit.efficient.landmarks.landmark_attention`).
+
+        Without a mask, bias, weights or a listener, and with every landmark present (M, N ≥ m),
+        the two softmax factors are never formed: F W = softmax(Q K̃ᵀ/√d) W and B V =
+        softmax(Q̃ Kᵀ/√d) V are softmax attention of the queries over the m landmark keys and
+        of the m landmark queries over the keys, evaluated by PyTorch's fused
+        ``scaled_dot_product_attention`` (its backward recomputes the tiles), so the memory is
+        O((M + N)·d + m²), not O((M + N)·m). ``to_landmarks`` and ``from_landmarks`` are then
+        not returned (``extra`` is None); ask for ``need_weights=True`` (or listen) to get them.
+        """
+        if mask is None and bias is None and need_weights is False and self._fused(q, k, v):
+            return self._fused_forward(q, k, v)
+        return super().forward(q, k, v, mask=mask, bias=bias, need_weights=need_weights)
+
+    def _fused(self, q: Tensor, k: Tensor, v: Tensor) -> bool:
+        """Whether :meth:`forward` may take the fused path (the factors are this class's)."""
+        m = self.num_landmarks
+        own = type(self).score is NystromAttention.score and (
+            type(self).landmarks is LandmarkAttention.landmarks
+        )
+        return (
+            own
+            and type(self.align) is Softmax
+            and self.align.softmax_temperature() == 1.0
+            and not hooks.listening()
+            and all(isinstance(x, Tensor) and x.dtype in _FUSED_DTYPES for x in (q, k, v))
+            and q.dtype == k.dtype == v.dtype
+            and q.dim() >= 2
+            and k.dim() >= 2
+            and min(q.shape[-2], k.shape[-2]) >= m
+        )
+
+    def _fused_forward(self, q: Tensor, k: Tensor, v: Tensor) -> AttentionOutput:
+        lead = check_head_inputs(q, k, v, None, None, type(self).__name__)
+        (mq, d), n, dv = q.shape[-2:], k.shape[-2], v.shape[-1]
+        q, k = q.expand(*lead, mq, d), k.expand(*lead, n, d)
+        ql, _, kl, _ = self.landmarks(q, k, None, None)
+        z = self.pseudo_inverse(torch.softmax(self.score(ql, kl), -1))
+
+        def four(x: Tensor) -> Tensor:  # (1, Z, L, e): the fused kernel's layout
+            return x.reshape(1, -1, *x.shape[-2:])
+
+        values = F.scaled_dot_product_attention(four(ql), four(k), four(v.expand(*lead, n, dv)))
+        inner = z @ values.view(*lead, ql.shape[-2], dv)  # Z (B V) (…, m, d_v)
+        context = F.scaled_dot_product_attention(four(q), four(kl), four(inner))
+        return AttentionOutput(context.view(*lead, mq, dv))
 
     @classmethod
     def example(cls):

@@ -33,12 +33,12 @@ from functools import partial
 from typing import ClassVar
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from attnkit import arguments, masks
 from attnkit import taxonomy as tx
 from attnkit.efficient import kernelized as kz
-from attnkit.efficient.linear import (
+from attnkit.efficient.feature_maps import (
     attend,
     attend_inputs,
     causal_rows,
@@ -46,8 +46,9 @@ from attnkit.efficient.linear import (
     refuse_bias,
     whole_maps,
 )
-from attnkit.efficient.lsh import HeadOutput, check_head_inputs
+from attnkit.head import HeadAttention, check_head_inputs
 from attnkit.mechanisms import REGISTRY, example_tensor
+from attnkit.output import AttentionOutput
 
 __all__ = ["Performer", "gaussian_features", "orthogonal_gaussian_features"]
 
@@ -74,7 +75,7 @@ def orthogonal_gaussian_features(m: int, d: int, generator: torch.Generator) -> 
 
 
 @REGISTRY.register("performer")
-class Performer(nn.Module):
+class Performer(HeadAttention):
     """FAVOR+ attention, a per-head part ``part(q, k, v, *, mask, bias, need_weights)`` with q
     (B, …, M, d), k (B, …, N, d), v (B, …, N, d_v) → context (B, …, M, d_v).
 
@@ -90,6 +91,10 @@ class Performer(nn.Module):
 
     Masks and bias as :class:`attnkit.efficient.LinearAttention`.
     """
+
+    # capabilities (attnkit.head.HeadAttention)
+    causal_form: ClassVar[bool] = True
+    mask_forms: ClassVar[frozenset[str]] = frozenset({"key"})
 
     mask_inputs: ClassVar[dict[str, tuple[str, ...]]] = {"mask": ("k", "v")}
     # causal=True: queries after a KV cache are the last rows of the causal sequence
@@ -216,7 +221,7 @@ class Performer(nn.Module):
         bias: Tensor | None = None,
         need_weights: bool = False,
         q_offset: int = 0,
-    ) -> HeadOutput:
+    ) -> AttentionOutput:
         who = type(self).__name__
         rows = causal_rows(self, q, k, v, q_offset, mask=mask, bias=bias, need_weights=need_weights)
         if rows is not None:  # queries after a KV cache: the last rows of the causal sequence

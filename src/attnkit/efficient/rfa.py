@@ -31,10 +31,11 @@ from torch import Tensor, nn
 from attnkit import arguments, hooks, masks
 from attnkit import taxonomy as tx
 from attnkit.efficient import kernelized as kz
-from attnkit.efficient.linear import attend_inputs, causal_rows, check_causal, refuse_bias
-from attnkit.efficient.lsh import HeadOutput, check_head_inputs
+from attnkit.efficient.feature_maps import attend_inputs, causal_rows, check_causal, refuse_bias
+from attnkit.head import HeadAttention, check_head_inputs
 from attnkit.kernels.base import guarded_sum
 from attnkit.mechanisms import REGISTRY, example_tensor
+from attnkit.output import AttentionOutput
 
 __all__ = ["RandomFeatureAttention"]
 
@@ -44,7 +45,7 @@ def _unit(x: Tensor) -> Tensor:
 
 
 @REGISTRY.register("rfa")
-class RandomFeatureAttention(nn.Module):
+class RandomFeatureAttention(HeadAttention):
     """RFA, a per-head part ``part(q, k, v, *, mask, bias, need_weights)`` with q (B, …, M, d),
     k (B, …, N, d), v (B, …, N, d_v) → context (B, …, M, d_v).
 
@@ -59,6 +60,10 @@ class RandomFeatureAttention(nn.Module):
 
     Masks and bias as :class:`attnkit.efficient.LinearAttention`.
     """
+
+    # capabilities (attnkit.head.HeadAttention)
+    causal_form: ClassVar[bool] = True
+    mask_forms: ClassVar[frozenset[str]] = frozenset({"key"})
 
     # the example is causal self-attention: a padded position is padding as a query too
     mask_inputs: ClassVar[dict[str, tuple[str, ...]]] = {"mask": ("q", "k", "v")}
@@ -142,7 +147,7 @@ class RandomFeatureAttention(nn.Module):
         bias: Tensor | None = None,
         need_weights: bool = False,
         q_offset: int = 0,
-    ) -> HeadOutput:
+    ) -> AttentionOutput:
         who = type(self).__name__
         rows = causal_rows(self, q, k, v, q_offset, mask=mask, bias=bias, need_weights=need_weights)
         if rows is not None:  # queries after a KV cache: the last rows of the causal sequence
@@ -168,7 +173,7 @@ class RandomFeatureAttention(nn.Module):
         if need_weights or hooks.listening():
             weights = _gated_weights(self.align, fq, fk, g, keep)
             hooks.report(self, weights)
-        return HeadOutput(context, weights if need_weights else None)
+        return AttentionOutput(context, weights if need_weights else None)
 
 
 def _decay(g: Tensor) -> tuple[Tensor, Tensor]:

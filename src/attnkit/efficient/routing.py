@@ -33,15 +33,16 @@ from __future__ import annotations
 from typing import ClassVar
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from attnkit import arguments, hooks, masks
 from attnkit import taxonomy as tx
 from attnkit.alignments import Softmax
 from attnkit.attention import Attention
 from attnkit.efficient.gather import pairs
-from attnkit.efficient.lsh import HeadOutput, check_head_inputs
+from attnkit.head import HeadAttention, check_head_inputs
 from attnkit.mechanisms import REGISTRY, example_tensor
+from attnkit.output import AttentionOutput
 
 __all__ = ["RoutingAttention"]
 
@@ -51,7 +52,7 @@ def _unit(x: Tensor) -> Tensor:
 
 
 @REGISTRY.register("routing")
-class RoutingAttention(nn.Module):
+class RoutingAttention(HeadAttention):
     """Routing Transformer attention, a per-head part ``part(q, k, v, *, mask, bias,
     need_weights)`` with q (B, …, M, d), k (B, …, N, d), v (B, …, N, d_v).
 
@@ -63,6 +64,11 @@ class RoutingAttention(nn.Module):
         balanced: route by balanced top-k (each cluster takes its ⌈n/C⌉ nearest queries and
             keys, attention on the gathered blocks) instead of by nearest centroid.
     """
+
+    # capabilities (attnkit.head.HeadAttention)
+    causal_form: ClassVar[bool] = True
+    accepts_bias: ClassVar[bool] = True
+    mask_forms: ClassVar[frozenset[str]] = frozenset({"key", "padding", "causal", "full"})
 
     # in training the centroids move with every real query: a padded query must be named as
     # one (an all-False mask row), which multi-head self-attention does for key padding
@@ -129,7 +135,7 @@ class RoutingAttention(nn.Module):
         mask: Tensor | None = None,
         bias: Tensor | None = None,
         need_weights: bool = False,
-    ) -> HeadOutput:
+    ) -> AttentionOutput:
         arguments.boolean(need_weights, "need_weights")
         check_head_inputs(q, k, v, mask, bias, "RoutingAttention")
         if q.shape[-1] != self.d:
@@ -139,14 +145,14 @@ class RoutingAttention(nn.Module):
             context, weights = self._balanced(q, k, v, mask, bias, need_weights)
             if self.training:
                 self._update(q, k, cq, ck, mask)
-            return HeadOutput(context, weights)
+            return AttentionOutput(context, weights)
         if self.training:
             self._update(q, k, cq, ck, mask)
         same = cq.unsqueeze(-1) == ck.unsqueeze(-2)  # (…, M, N): the routing mask
         full_mask = same if mask is None else same & mask
         # the core's Attention reports the weights to a listener itself
         out = self.attention(q, k, v, mask=full_mask, bias=bias, need_weights=need_weights)
-        return HeadOutput(out.context, out.weights if need_weights else None)
+        return AttentionOutput(out.context, out.weights if need_weights else None)
 
     @torch.no_grad()
     def _update(self, q: Tensor, k: Tensor, cq: Tensor, ck: Tensor, mask: Tensor | None) -> None:

@@ -32,11 +32,12 @@ from torch import Tensor, nn
 from attnkit import arguments, hooks, masks
 from attnkit import taxonomy as tx
 from attnkit.efficient import kernelized as kz
-from attnkit.efficient.linear import make_feature_map, refuse_bias
-from attnkit.efficient.lsh import HeadOutput, check_head_inputs
+from attnkit.efficient.feature_maps import make_feature_map, refuse_bias
 from attnkit.efficient.performer import Performer
+from attnkit.head import HeadAttention, check_head_inputs
 from attnkit.kernels.base import guarded_sum
 from attnkit.mechanisms import REGISTRY, example_tensor
+from attnkit.output import AttentionOutput
 
 __all__ = ["RelativeKernelAttention", "toeplitz_dense", "toeplitz_fft"]
 
@@ -83,14 +84,15 @@ def toeplitz_dense(c: Tensor, m: int, n: int) -> Tensor:
 
 
 @REGISTRY.register("kernel_rpe_fft")
-class RelativeKernelAttention(nn.Module):
+@arguments.renamed(heads="num_heads")
+class RelativeKernelAttention(HeadAttention):
     """Kernelized attention with a learned relative position bias, the Toeplitz product by FFT
     (Luo et al. 2021); a per-head part ``part(q, k, v, *, mask, bias, need_weights)`` with q
     (B, …, M, d), k (B, …, N, d), v (B, …, N, d_v) → context (B, …, M, d_v).
 
     Args:
         max_len: the largest M and N; biases b_r for r = −(max_len−1) … max_len−1.
-        heads: one bias vector per head (inputs (B, heads, L, d)); None: one shared vector.
+        num_heads: one bias vector per head (inputs (B, H, L, d)); None: one shared vector.
         feature_map: ``"elu+1"``, ``"relu"``, a module giving non-negative features, or a
             :class:`attnkit.efficient.Performer` whose positive random features estimate
             the softmax kernel (the paper's choice).
@@ -99,6 +101,10 @@ class RelativeKernelAttention(nn.Module):
     The biases start at 0 (c = 1: plain kernelized attention).
     """
 
+    # capabilities (attnkit.head.HeadAttention)
+    causal_form: ClassVar[bool] = True
+    mask_forms: ClassVar[frozenset[str]] = frozenset({"key"})
+
     mask_inputs: ClassVar[dict[str, tuple[str, ...]]] = {"mask": ("k", "v")}
     takes_q_offset: ClassVar[bool] = True  # the biases b_{j−i} need the queries' positions
 
@@ -106,7 +112,7 @@ class RelativeKernelAttention(nn.Module):
         self,
         max_len: int,
         *,
-        heads: int | None = None,
+        num_heads: int | None = None,
         feature_map: str | nn.Module = "elu+1",
         causal: bool = False,
         device: torch.device | str | None = None,
@@ -114,9 +120,9 @@ class RelativeKernelAttention(nn.Module):
     ) -> None:
         super().__init__()
         self.max_len = arguments.positive_int(max_len, "max_len")
-        self.heads = arguments.optional_positive_int(heads, "heads")
+        self.num_heads = arguments.optional_positive_int(num_heads, "num_heads")
         self.causal = arguments.boolean(causal, "causal")
-        lead = () if heads is None else (heads,)
+        lead = () if num_heads is None else (num_heads,)
         self.rel_bias = nn.Parameter(
             torch.zeros(*lead, 2 * max_len - 1, device=device, dtype=dtype)
         )
@@ -134,7 +140,7 @@ class RelativeKernelAttention(nn.Module):
     def example(cls):
         q, k, v = (example_tensor(2, 2, 7, 4, seed=s) for s in (71, 72, 73))
         mask = masks.from_lengths(torch.tensor([7, 5]), 7)[:, None].expand(2, 2, 1, 7)
-        module = cls(8, heads=2)
+        module = cls(8, num_heads=2)
         with torch.no_grad():
             module.rel_bias.copy_(example_tensor(2, 15, seed=74))
         return module, (q, k, v), {"mask": mask}
@@ -143,10 +149,10 @@ class RelativeKernelAttention(nn.Module):
         return [tx.Scoring.SIMILARITY, tx.AlignmentKind.SOFT]
 
     def extra_repr(self) -> str:
-        return f"max_len={self.max_len}, heads={self.heads}, causal={self.causal}"
+        return f"max_len={self.max_len}, num_heads={self.num_heads}, causal={self.causal}"
 
     def coefficients(self, m: int, n: int, q_offset: int = 0) -> Tensor:
-        """c_r = exp(b_r − max b) for r = −(m−1) … n−1: ((heads,) m + n − 1), 0 for r > 0 when
+        """c_r = exp(b_r − max b) for r = −(m−1) … n−1: ((H,) m + n − 1), 0 for r > 0 when
         causal. With the queries at positions q_offset … (keys at 0 …), entry r holds the
         coefficient of the offset r − q_offset."""
         start = self.max_len - m - q_offset
@@ -171,7 +177,7 @@ class RelativeKernelAttention(nn.Module):
         bias: Tensor | None = None,
         need_weights: bool = False,
         q_offset: int = 0,
-    ) -> HeadOutput:
+    ) -> AttentionOutput:
         """``q_offset``: the position of the first query (keys sit at 0 … N−1), e.g. the number
         of cached positions in incremental decoding."""
         who = type(self).__name__
@@ -185,10 +191,10 @@ class RelativeKernelAttention(nn.Module):
                 f"{who}(max_len={self.max_len}) got M = {m} queries from position {q_offset} and "
                 f"N = {n} keys; the relative biases cover offsets up to max_len − 1"
             )
-        if self.heads is not None and (len(lead) < 2 or lead[-1] != self.heads):
+        if self.num_heads is not None and (len(lead) < 2 or lead[-1] != self.num_heads):
             raise ValueError(
-                f"{who}(heads={self.heads}) needs inputs (B, {self.heads}, L, d), got q of "
-                f"shape {tuple(q.shape)}"
+                f"{who}(num_heads={self.num_heads}) needs inputs (B, {self.num_heads}, L, d), "
+                f"got q of shape {tuple(q.shape)}"
             )
         keep = kz.key_mask(mask, torch.Size((*lead, m, n)), who)
         fq = self._features(q, is_query=True, keep=None)
@@ -208,4 +214,4 @@ class RelativeKernelAttention(nn.Module):
             scores = (fq @ fk.transpose(-1, -2)) * toeplitz_dense(c, m, n)
             weights = self.align(scores, None if keep is None else keep.transpose(-1, -2)).weights
             hooks.report(self, weights)
-        return HeadOutput(context, weights if need_weights else None)
+        return AttentionOutput(context, weights if need_weights else None)

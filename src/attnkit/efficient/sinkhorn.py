@@ -34,8 +34,10 @@ from torch import Tensor, nn
 from attnkit import arguments, hooks, masks
 from attnkit import taxonomy as tx
 from attnkit.alignments import Softmax
-from attnkit.efficient.lsh import HeadOutput, _logsumexp, check_head_inputs
+from attnkit.efficient._shared import masked_logsumexp as _logsumexp
+from attnkit.head import HeadAttention, check_head_inputs
 from attnkit.mechanisms import REGISTRY, example_tensor
+from attnkit.output import AttentionOutput
 
 __all__ = ["SinkhornAttention", "sinkhorn"]
 
@@ -52,7 +54,7 @@ def sinkhorn(scores: Tensor, ok: Tensor, n_iter: int) -> Tensor:
 
 
 @REGISTRY.register("sinkhorn")
-class SinkhornAttention(nn.Module):
+class SinkhornAttention(HeadAttention):
     """Sparse Sinkhorn attention (and SortCut), a per-head part ``part(q, k, v, *, mask, bias,
     need_weights)`` with q (B, …, M, d), k (B, …, N, d), v (B, …, N, d_v).
 
@@ -64,6 +66,9 @@ class SinkhornAttention(nn.Module):
         n_iter: Sinkhorn iterations, ≥ 1.
         temperature: τ > 0 of the balancing.
     """
+
+    # capabilities (attnkit.head.HeadAttention)
+    mask_forms: ClassVar[frozenset[str]] = frozenset({"key"})
 
     mask_inputs: ClassVar[dict[str, tuple[str, ...]]] = {"mask": ("k", "v")}
 
@@ -117,7 +122,7 @@ class SinkhornAttention(nn.Module):
         mask: Tensor | None = None,
         bias: Tensor | None = None,
         need_weights: bool = False,
-    ) -> HeadOutput:
+    ) -> AttentionOutput:
         arguments.boolean(need_weights, "need_weights")
         lead = check_head_inputs(q, k, v, mask, bias, "SinkhornAttention")
         if q.shape[-1] != self.d:
@@ -142,7 +147,7 @@ class SinkhornAttention(nn.Module):
         if weights is not None:
             weights = weights.reshape(*lead, m, n)
             hooks.report(self, weights)
-        return HeadOutput(context, weights if need_weights else None)
+        return AttentionOutput(context, weights if need_weights else None)
 
     def _attend(self, q, k, v, valid, want_weights):
         z, m, n = q.shape[0], q.shape[1], k.shape[1]

@@ -8,6 +8,11 @@ tile of a batched matrix product, masked to the band and to the real keys, and n
 softmax — O(N·(c + 2w)·d) instead of O(N²·d). The tiles' weights are kept for the backward
 pass (one (N × (c + 2w)) tensor), which then costs three more batched products and no
 recomputation of the scores.
+
+A layer built with ``pattern=patterns.sliding_window(w)`` (or ``attnkit.attention`` with the
+window's block mask) runs the chunked kernel's block-sparse path instead, which computes the
+same attention tile by tile and keeps no weights (less memory; as fast or faster, see
+benchmarks/RESULTS.md, "Efficient mechanisms against their reference packages").
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from attnkit import arguments
-from attnkit.efficient.lsh import broadcast_shapes
+from attnkit.inputs import broadcast_shapes
 
 __all__ = ["sliding_window_attention"]
 
@@ -37,13 +42,12 @@ def _windows(x: Tensor, front: int, length: int, width: int, step: int) -> Tenso
 
 class _Banded(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, size, causal, key_mask):
+    def forward(ctx, q, k, v, size, causal, key_mask, scale):
         z, n, d = q.shape
         c = _block(size, n)
         blocks = -(-n // c)
         width = c + size if causal else c + 2 * size
         length = (blocks - 1) * c + width  # rows of the padded keys the windows cover
-        scale = d**-0.5
         qs = torch.nn.functional.pad(q * scale, (0, 0, 0, blocks * c - n)).view(z, blocks, c, d)
         kw = _windows(k, size, length, width, c)  # (Z, C, W, d)
         vw = _windows(v, size, length, width, c)
@@ -64,14 +68,14 @@ class _Banded(torch.autograd.Function):
             p = p.masked_fill(~ok.any(-1, keepdim=True), 0)
         out = (p @ vw).view(z, blocks * c, -1)
         ctx.save_for_backward(qs, kw, vw, p, out)
-        ctx.shape = (n, size, c, length)
+        ctx.shape = (n, size, c, length, scale)
         return out[:, :n]
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad):
         qs, kw, vw, p, out = ctx.saved_tensors
-        n, size, c, length = ctx.shape
+        n, size, c, length, scale = ctx.shape
         z, blocks = qs.shape[:2]
         d = qs.shape[-1]
         g = torch.nn.functional.pad(grad, (0, 0, 0, blocks * c - n)).view(z, blocks, c, -1)
@@ -79,10 +83,10 @@ class _Banded(torch.autograd.Function):
         width = p.shape[-1]
         if width % c:  # windows that are not whole blocks: the whole (Z, C, W, ·) products
             de = (g @ vw.transpose(-1, -2)).sub_(delta).mul_(p)  # softmax backward
-            dq = (de @ kw).view(z, blocks * c, d)[:, :n] * d**-0.5
+            dq = (de @ kw).view(z, blocks * c, d)[:, :n] * scale
             dk = _overlap_add(de.transpose(-1, -2) @ qs, size, n, c, length)
             dv = _overlap_add(p.transpose(-1, -2) @ g, size, n, c, length)
-            return dq, dk, dv, None, None, None
+            return dq, dk, dv, None, None, None, None
         # block by block of the window (each product the size of the inputs, not W/c times)
         segments = [slice(s * c, (s + 1) * c) for s in range(width // c)]
         de = torch.empty_like(p)
@@ -97,8 +101,8 @@ class _Banded(torch.autograd.Function):
             dq += de[..., seg] @ kw[:, :, seg]
             dk[:, rows] += (de[..., seg].transpose(-1, -2) @ qs).view(z, blocks * c, d)
             dv[:, rows] += (p[..., seg].transpose(-1, -2) @ g).view(z, blocks * c, -1)
-        dq = dq.view(z, blocks * c, d)[:, :n] * d**-0.5
-        return dq, dk[:, size : size + n], dv[:, size : size + n], None, None, None
+        dq = dq.view(z, blocks * c, d)[:, :n] * scale
+        return dq, dk[:, size : size + n], dv[:, size : size + n], None, None, None, None
 
 
 def _overlap_add(windows: Tensor, size: int, n: int, step: int, length: int) -> Tensor:
@@ -119,6 +123,7 @@ def sliding_window_attention(
     *,
     causal: bool = False,
     key_mask: Tensor | None = None,
+    scale: float | None = None,
 ) -> Tensor:
     """Softmax attention of each query i over the keys j with |i − j| ≤ ``size`` (and j ≤ i when
     ``causal``), by blocks of queries: the context of ``attnkit.attention(q, k, v,
@@ -131,6 +136,7 @@ def sliding_window_attention(
         causal: only keys j ≤ i.
         key_mask: boolean (…, N) or broadcastable, True = the key may be attended (padding);
             a query with no key gets context 0.
+        scale: the scores' factor, q·k · scale (default 1/√d).
 
     Returns:
         context (…, N, d_v). Differentiable once (its backward keeps the block weights, not a
@@ -158,6 +164,9 @@ def sliding_window_attention(
                 f"key_mask of shape {tuple(key_mask.shape)} does not broadcast to {(*lead, n)}"
             ) from None
     size = min(size, max(n - 1, 0))
+    if scale is None:
+        scale = q.shape[-1] ** -0.5
+    scale = arguments.finite_float(scale, "scale")
     flat = [x.broadcast_to(*lead, n, x.shape[-1]).reshape(-1, n, x.shape[-1]) for x in (q, k, v)]
-    out = _Banded.apply(*flat, size, causal, key_mask)
+    out = _Banded.apply(*flat, size, causal, key_mask, scale)
     return out.reshape(*lead, n, v.shape[-1])

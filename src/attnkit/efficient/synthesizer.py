@@ -40,9 +40,10 @@ from torch import Tensor, nn
 from attnkit import arguments, hooks, masks
 from attnkit import taxonomy as tx
 from attnkit.alignments import Softmax
-from attnkit.efficient.lsh import HeadOutput, check_head_inputs
+from attnkit.head import HeadAttention, check_head_inputs
 from attnkit.kernels.base import guarded_sum
 from attnkit.mechanisms import REGISTRY, example_tensor
+from attnkit.output import AttentionOutput
 
 __all__ = [
     "DenseSynthetic",
@@ -54,10 +55,10 @@ __all__ = [
 ]
 
 
-def _heads_of(x: Tensor, heads: int, who: str) -> None:
-    if heads > 1 and (x.dim() < 3 or x.shape[-3] != heads):
+def _heads_of(x: Tensor, num_heads: int, who: str) -> None:
+    if num_heads > 1 and (x.dim() < 3 or x.shape[-3] != num_heads):
         raise ValueError(
-            f"{who}(heads={heads}) needs per-head inputs (…, {heads}, L, d), got shape "
+            f"{who}(num_heads={num_heads}) needs per-head inputs (…, {num_heads}, L, d), got shape "
             f"{tuple(x.shape)}"
         )
 
@@ -69,10 +70,10 @@ def _linear(x: Tensor, w: Tensor, b: Tensor) -> Tensor:
     return torch.einsum("...hli,hio->...hlo", x, w) + b[:, None, :]
 
 
-def _init(heads: int, fan_in: int, fan_out: int, kw: dict) -> tuple[nn.Parameter, nn.Parameter]:
+def _init(num_heads: int, fan_in: int, fan_out: int, kw: dict) -> tuple[nn.Parameter, nn.Parameter]:
     bound = 1 / math.sqrt(fan_in)
-    w = nn.Parameter(torch.empty(heads, fan_in, fan_out, **kw).uniform_(-bound, bound))
-    b = nn.Parameter(torch.empty(heads, fan_out, **kw).uniform_(-bound, bound))
+    w = nn.Parameter(torch.empty(num_heads, fan_in, fan_out, **kw).uniform_(-bound, bound))
+    b = nn.Parameter(torch.empty(num_heads, fan_out, **kw).uniform_(-bound, bound))
     return w, b
 
 
@@ -81,6 +82,7 @@ def _check_len(n: int, max_len: int, what: str, who: str) -> None:
         raise ValueError(f"{who}(max_len={max_len}) got {what} = {n} > max_len")
 
 
+@arguments.renamed(heads="num_heads")
 class DenseSynthetic(nn.Module):
     """Dense synthetic logits B_i = W₂ relu(W₁ q_i + b₁) + b₂ (Tay eq. 2), (…, M, N) with N ≤ ℓ.
 
@@ -88,7 +90,7 @@ class DenseSynthetic(nn.Module):
         d: query size.
         max_len: ℓ, the longest key sequence.
         d_hidden: width of the hidden layer (default d).
-        heads: H, one set of weights per head (inputs (…, H, L, d)); 1 shares them.
+        num_heads: H, one set of weights per head (inputs (…, H, L, d)); 1 shares them.
     """
 
     scoring: ClassVar[tx.Scoring] = tx.Scoring.LOCATION  # a logit per position, from q alone
@@ -99,21 +101,21 @@ class DenseSynthetic(nn.Module):
         max_len: int,
         d_hidden: int | None = None,
         *,
-        heads: int = 1,
+        num_heads: int = 1,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
         self.d = arguments.positive_int(d, "d")
         self.max_len = arguments.positive_int(max_len, "max_len")
-        self.heads = arguments.positive_int(heads, "heads")
+        self.num_heads = arguments.positive_int(num_heads, "num_heads")
         hidden = d if d_hidden is None else arguments.positive_int(d_hidden, "d_hidden")
         kw = {"device": device, "dtype": dtype}
-        self.w1, self.b1 = _init(heads, d, hidden, kw)
-        self.w2, self.b2 = _init(heads, hidden, max_len, kw)
+        self.w1, self.b1 = _init(num_heads, d, hidden, kw)
+        self.w2, self.b2 = _init(num_heads, hidden, max_len, kw)
 
     def forward(self, q: Tensor, k: Tensor) -> Tensor:
-        _heads_of(q, self.heads, "DenseSynthetic")
+        _heads_of(q, self.num_heads, "DenseSynthetic")
         _check_len(k.shape[-2], self.max_len, "N", "DenseSynthetic")
         if q.shape[-1] != self.d:
             raise ValueError(f"DenseSynthetic(d={self.d}) got q with {q.shape[-1]} features")
@@ -121,6 +123,7 @@ class DenseSynthetic(nn.Module):
         return _linear(hidden, self.w2, self.b2)[..., : k.shape[-2]]
 
 
+@arguments.renamed(heads="num_heads")
 class FactorizedDenseSynthetic(nn.Module):
     """Factorized dense logits: A_i = W₂ᵃ relu(W₁ᵃ q_i) ∈ ℝ^a and C_i ∈ ℝ^b likewise; the logit
     of key j is A_i[j mod a] · C_i[j // a], for N ≤ ℓ = a·b (Tay's factorized dense form,
@@ -136,27 +139,27 @@ class FactorizedDenseSynthetic(nn.Module):
         b: int,
         d_hidden: int | None = None,
         *,
-        heads: int = 1,
+        num_heads: int = 1,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
         self.d = arguments.positive_int(d, "d")
         self.a, self.b = arguments.positive_int(a, "a"), arguments.positive_int(b, "b")
-        self.heads = arguments.positive_int(heads, "heads")
+        self.num_heads = arguments.positive_int(num_heads, "num_heads")
         hidden = d if d_hidden is None else arguments.positive_int(d_hidden, "d_hidden")
         kw = {"device": device, "dtype": dtype}
-        self.w1a, self.b1a = _init(heads, d, hidden, kw)
-        self.w2a, self.b2a = _init(heads, hidden, a, kw)
-        self.w1b, self.b1b = _init(heads, d, hidden, kw)
-        self.w2b, self.b2b = _init(heads, hidden, b, kw)
+        self.w1a, self.b1a = _init(num_heads, d, hidden, kw)
+        self.w2a, self.b2a = _init(num_heads, hidden, a, kw)
+        self.w1b, self.b1b = _init(num_heads, d, hidden, kw)
+        self.w2b, self.b2b = _init(num_heads, hidden, b, kw)
 
     @property
     def max_len(self) -> int:
         return self.a * self.b
 
     def forward(self, q: Tensor, k: Tensor) -> Tensor:
-        _heads_of(q, self.heads, "FactorizedDenseSynthetic")
+        _heads_of(q, self.num_heads, "FactorizedDenseSynthetic")
         _check_len(k.shape[-2], self.max_len, "N", "FactorizedDenseSynthetic")
         if q.shape[-1] != self.d:
             raise ValueError(
@@ -169,13 +172,14 @@ class FactorizedDenseSynthetic(nn.Module):
         return (tiled * fb.repeat_interleave(self.a, -1))[..., : k.shape[-2]]
 
 
+@arguments.renamed(heads="num_heads")
 class RandomSynthetic(nn.Module):
     """Random synthetic logits R[:M, :N] with R ∈ ℝ^{ℓ×ℓ} per head, independent of the input
     (Tay's random synthesizer). ``learned=False`` keeps R fixed (a buffer, drawn at init).
 
     Args:
         max_len: ℓ, the longest query and key sequence.
-        heads: H, one R per head (inputs (…, H, L, d)); 1 shares it.
+        num_heads: H, one R per head (inputs (…, H, L, d)); 1 shares it.
         learned: learn R (True) or keep it fixed.
     """
 
@@ -186,16 +190,16 @@ class RandomSynthetic(nn.Module):
         self,
         max_len: int,
         *,
-        heads: int = 1,
+        num_heads: int = 1,
         learned: bool = True,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
         self.max_len = arguments.positive_int(max_len, "max_len")
-        self.heads = arguments.positive_int(heads, "heads")
+        self.num_heads = arguments.positive_int(num_heads, "num_heads")
         self.learned = arguments.boolean(learned, "learned")
-        r = torch.randn(heads, max_len, max_len, device=device, dtype=dtype)
+        r = torch.randn(num_heads, max_len, max_len, device=device, dtype=dtype)
         if learned:
             self.r = nn.Parameter(r)
         else:
@@ -207,15 +211,16 @@ class RandomSynthetic(nn.Module):
 
     def forward(self, q: Tensor, k: Tensor, q_offset: int = 0) -> Tensor:
         """R[q_offset : q_offset + M, :N]: the queries sit at positions q_offset … (keys at 0 …)."""
-        _heads_of(q, self.heads, type(self).__name__)
+        _heads_of(q, self.num_heads, type(self).__name__)
         arguments.nonnegative_int(q_offset, "q_offset")
         m, n = q.shape[-2], k.shape[-2]
         _check_len(q_offset + m, self.max_len, "q_offset + M", type(self).__name__)
         _check_len(n, self.max_len, "N", type(self).__name__)
         r = self.matrix()[:, q_offset : q_offset + m, :n]
-        return r[0] if self.heads == 1 else r
+        return r[0] if self.num_heads == 1 else r
 
 
+@arguments.renamed(heads="num_heads")
 class FactorizedRandomSynthetic(RandomSynthetic):
     """Low-rank random logits R = R₁R₂ᵀ, R₁, R₂ ∈ ℝ^{ℓ×r} per head (Tay's factorized random
     synthesizer); arguments as :class:`RandomSynthetic` plus ``rank`` r."""
@@ -225,7 +230,7 @@ class FactorizedRandomSynthetic(RandomSynthetic):
         max_len: int,
         rank: int,
         *,
-        heads: int = 1,
+        num_heads: int = 1,
         learned: bool = True,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
@@ -233,11 +238,11 @@ class FactorizedRandomSynthetic(RandomSynthetic):
         nn.Module.__init__(self)
         self.max_len = arguments.positive_int(max_len, "max_len")
         self.rank = arguments.positive_int(rank, "rank")
-        self.heads = arguments.positive_int(heads, "heads")
+        self.num_heads = arguments.positive_int(num_heads, "num_heads")
         self.learned = arguments.boolean(learned, "learned")
         kw = {"device": device, "dtype": dtype}
-        r1 = torch.randn(heads, max_len, rank, **kw) / rank**0.25
-        r2 = torch.randn(heads, max_len, rank, **kw) / rank**0.25
+        r1 = torch.randn(num_heads, max_len, rank, **kw) / rank**0.25
+        r2 = torch.randn(num_heads, max_len, rank, **kw) / rank**0.25
         if learned:
             self.r1, self.r2 = nn.Parameter(r1), nn.Parameter(r2)
         else:
@@ -258,7 +263,7 @@ class DotProductLogits(nn.Module):
 
 
 @REGISTRY.register("synthesizer")
-class Synthesizer(nn.Module):
+class Synthesizer(HeadAttention):
     """A mixture of synthetic (and dot-product) logits, softmax over the keys, weighted sum of
     the values (Tay eq. 3): a per-head part ``part(q, k, v, *, mask, bias, need_weights)`` with
     q (B, …, M, d), k (B, …, N, d), v (B, …, N, d_v).
@@ -271,6 +276,11 @@ class Synthesizer(nn.Module):
             component off.
         learn_mixture: learn the mixture weights (only with two or more components).
     """
+
+    # capabilities (attnkit.head.HeadAttention)
+    causal_form: ClassVar[bool] = True
+    accepts_bias: ClassVar[bool] = True
+    mask_forms: ClassVar[frozenset[str]] = frozenset({"key", "padding", "causal", "full"})
 
     decodes_with_cache: ClassVar[bool] = True  # a step equals its causal rows
 
@@ -310,8 +320,22 @@ class Synthesizer(nn.Module):
     def example(cls):
         q, k, v = (example_tensor(2, 2, 6, 4, seed=s) for s in (31, 32, 33))
         mask = masks.from_lengths(torch.tensor([6, 4]), 6)[:, None].expand(2, 2, 1, 6)
-        parts = [DenseSynthetic(4, 8, heads=2), RandomSynthetic(8, heads=2), DotProductLogits()]
+        parts = [
+            DenseSynthetic(4, 8, num_heads=2),
+            RandomSynthetic(8, num_heads=2),
+            DotProductLogits(),
+        ]
         return cls(parts), (q, k, v), {"mask": mask}
+
+    @classmethod
+    def for_heads(
+        cls, *, embed_dim: int, num_heads: int, head_dim: int, max_len: int, **overrides
+    ) -> Synthesizer:
+        """Tay et al.'s dense synthesizer (eq. 2), one per head, over at most ``max_len`` keys,
+        unless ``components=`` is given."""
+        if "components" not in overrides:
+            overrides["components"] = [DenseSynthetic(head_dim, max_len, num_heads=num_heads)]
+        return cls(**overrides)
 
     def mixture(self) -> Tensor:
         """α = softmax(w), one weight per component."""
@@ -332,7 +356,7 @@ class Synthesizer(nn.Module):
         bias: Tensor | None = None,
         need_weights: bool = False,
         q_offset: int = 0,
-    ) -> HeadOutput:
+    ) -> AttentionOutput:
         """``q_offset``: the position of the first query, passed to the components that index
         query positions (the random forms)."""
         arguments.boolean(need_weights, "need_weights")
@@ -355,7 +379,7 @@ class Synthesizer(nn.Module):
         weights = self.align(logits, mask).weights
         hooks.report(self, weights)
         context = _weighted_sum(weights, v)
-        return HeadOutput(context, weights if need_weights else None)
+        return AttentionOutput(context, weights if need_weights else None)
 
 
 def _weighted_sum(weights: Tensor, v: Tensor) -> Tensor:

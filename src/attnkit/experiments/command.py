@@ -41,7 +41,8 @@ _CONFIG_FLAGS: dict[str, tuple[str, type, str, str]] = {
     "--data": ("data", str, "FILE", "your data, for tasks that read a file ({readers}): JSONL "
                "or CSV with text and label"),
     "--supervise-attention": ("supervise_attention", float, "LAMBDA", "add LAMBDA × KL(gold ‖ "
-                              "weights) to the loss; tasks with gold alignments only: "
+                              "weights) to the loss; tasks with gold attention only "
+                              "(each refuses models it cannot supervise, naming why): "
                               "{supervisable} (default: 0)"),
     "--context-parallel": ("context_parallel", int, "P", "split each sequence over P processes "
                            "(ring attention), for tasks that can ({parallel}); start with "

@@ -16,7 +16,7 @@ import torch
 from attnkit import alignments, tasks
 from attnkit.tasks import parts
 
-__all__ = ["ConfigError", "RunConfig", "check_output_dir", "parse_value"]
+__all__ = ["ConfigError", "RunConfig", "check_output_dir", "parse_value", "supervision_support"]
 
 MAX_SEED = 2**32
 
@@ -132,6 +132,12 @@ class RunConfig:
                 f"supervise_attention needs gold alignments, which task {out.task!r} does not "
                 f"have (tasks with them: {', '.join(_supervisable())})"
             )
+        if out.supervise_attention > 0 and out.context_parallel > 1:
+            raise ConfigError(
+                f"supervise_attention {out.supervise_attention} with context_parallel "
+                f"{out.context_parallel}: the supervised weights of a sequence split over "
+                "processes are never gathered on one; supervise with context_parallel 1"
+            )
         if out.batch_size > out.n_train:
             raise ConfigError(
                 f"batch_size {out.batch_size} is larger than the training set (n_train = "
@@ -171,7 +177,7 @@ class RunConfig:
         try:
             with torch.random.fork_rng(devices=[]):
                 if "score" not in unused:
-                    parts.build_score(out.score, d_q=4, d_k=4, d_w=4, max_len=4)
+                    parts.build_score(out.score, head_dim=4, max_len=4)
                 if "align" not in unused:
                     parts.build_alignment(out.align, 4)
         except (ValueError, TypeError) as err:
@@ -290,6 +296,26 @@ def _unsupervisable(align: str) -> str | None:
 
 def _supervisable() -> list[str]:
     return [name for name in tasks.available() if tasks.get(name).gold_alignment]
+
+
+def supervision_support() -> dict[str, tuple[str, ...]]:
+    """Task name -> the ``attention`` values (``"default"`` first) with which a quick run of it
+    accepts ``supervise_attention``, for every task with gold attention (an empty tuple: the
+    task has gold attention but refuses the supervision, e.g. ``sort``, whose attention is its
+    output). Read from the registry by resolving each configuration."""
+    out = {}
+    for name in _supervisable():
+        task = tasks.get(name)
+        accepted = []
+        for attention in ("default", *task.attentions):
+            config = RunConfig(task=name, attention=attention, quick=True, supervise_attention=1.0)
+            try:
+                config.resolved()
+            except ConfigError:
+                continue
+            accepted.append(attention)
+        out[name] = tuple(accepted)
+    return out
 
 
 def _unknown_key(key: str) -> str:

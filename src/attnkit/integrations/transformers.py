@@ -18,6 +18,10 @@ modules that read the mask (NLLB-MoE's router) see what they see in eager mode.
 ships against its eager path; those it finds not reproduced are listed in :data:`NOT_EXACT`
 and refused by name.
 
+The per-call path is kept lean (:mod:`attnkit.integrations.transformers_fastpath`): the swap
+resolves its parts once, each mask's boolean form is built once per forward pass and shared by
+the layers, and calls that SDPA evaluates exactly go straight to attnkit's SDPA kernel.
+
     from attnkit.integrations.transformers import swap_attention
     swap_attention(model, align="sparsemax")          # every attention layer now sparsemax
     swap_attention(model, score=ak.scores.Cosine(), align=ak.alignments.Softmax(0.1))
@@ -33,7 +37,8 @@ built once per attention layer and registered on that layer's attention module, 
 swap and loads them:
 
     import attnkit.integrations.transformers as hf
-    hf.swap_attention(model, score={"name": "additive", "d_q": 8, "d_k": 8, "d_w": 8, "heads": 4},
+    hf.swap_attention(model,
+                      score={"name": "additive", "d_q": 8, "d_k": 8, "d_w": 8, "num_heads": 4},
                       align={"name": "entmax", "learnable": True})
     model.save_pretrained(path)
     model = hf.from_pretrained(BertModel, path)        # swapped, with the trained parts
@@ -55,10 +60,16 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from attnkit import hooks
+from attnkit import hooks, kernels
 from attnkit.alignments import REGISTRY as ALIGNMENTS
 from attnkit.alignments import Alignment
 from attnkit.attention import attention
+from attnkit.integrations.transformers_fastpath import (
+    SdpaPath,
+    eager_mask,
+    model_score,
+    split_mask,
+)
 from attnkit.scores import REGISTRY as SCORES
 from attnkit.scores import Score
 
@@ -77,21 +88,6 @@ _COUNTER = itertools.count()
 #: reproduce (found by :mod:`attnkit.integrations.transformers_sweep`), with the reason;
 #: :func:`swap_attention` refuses them by name.
 NOT_EXACT: dict[str, str] = {}
-
-
-def _split_mask(attention_mask: Tensor | None, dtype: torch.dtype) -> tuple[Tensor | None, ...]:
-    """The model's mask as attnkit's boolean mask (True = may attend) and a float bias.
-
-    Models hand over either a boolean mask or an additive float mask whose masked entries are
-    near the dtype's minimum and whose other entries are 0 (eager masks) or a bias some models
-    add to it (ALiBi); an all-zero bias is dropped."""
-    if attention_mask is None:
-        return None, None
-    if attention_mask.dtype == torch.bool:
-        return attention_mask, None
-    allowed = attention_mask > torch.finfo(attention_mask.dtype).min / 2
-    bias = torch.where(allowed, attention_mask, torch.zeros((), dtype=attention_mask.dtype))
-    return allowed, bias.to(dtype) if bias.any() else None
 
 
 def _with_sink(
@@ -170,7 +166,21 @@ def _attention_function(
     per_layer: frozenset[str] = frozenset(),
 ):
     """The function registered with transformers; the parts named in ``per_layer`` ("score",
-    "align") are read from the calling attention module, the others are the ones given."""
+    "align") are read from the calling attention module, the others are the ones given.
+
+    Calls that attnkit's SDPA kernel evaluates exactly skip :func:`attnkit.attention`'s per-call
+    validation and kernel selection (``transformers_fastpath.SdpaPath``) when no kernel is
+    forced, SDPA is the kernel automatic selection tries first (checked here, once), and the
+    parts have no parameters (nothing whose dtype or device could differ from the model's
+    tensors); every other call goes through :func:`attnkit.attention`."""
+    shared = [part for part in (score, align) if part is not None]
+    fast = (
+        kernel is None
+        and not per_layer
+        and kernels.available()[:1] == ["sdpa"]
+        and not any(True for part in shared for _ in part.parameters())
+    )
+    sdpa_path = SdpaPath()
 
     def attnkit_attention(
         module: nn.Module,
@@ -187,13 +197,14 @@ def _attention_function(
         if kv_heads != heads:
             key = key.repeat_interleave(heads // kv_heads, dim=1)
             value = value.repeat_interleave(heads // kv_heads, dim=1)
-        mask, bias = _split_mask(attention_mask, query.dtype)
+        mask, bias, additive = split_mask(attention_mask, query.dtype)
         # The masks are built as for transformers' eager attention (see swap_attention), which
         # never leaves causality to the kernel: no mask means every key, as in eager.
         position_bias = kwargs.get("position_bias")
         if position_bias is not None:  # T5's relative position bias (B or 1, H, M, N)
             position_bias = position_bias.to(query.dtype)
             bias = position_bias if bias is None else bias + position_bias
+            additive = None
         mods = []
         softcap = kwargs.get("softcap")
         if softcap is not None:  # Gemma-2's logit soft-capping: cap · tanh(e / cap)
@@ -207,28 +218,41 @@ def _attention_function(
         layer_score = _layer_part(module, "score") if "score" in per_layer else score
         layer_align = _layer_part(module, "align") if "align" in per_layer else align
         if layer_score is None:  # the model's own score: scaling · qᵀk
-            scale = query.shape[-1] ** -0.5 if scaling is None else scaling
-            q, part = query * scale, "dot"
-        else:
-            q, part = query, layer_score
+            layer_score = model_score(scaling, query.shape[-1])
         want = bool(kwargs.get("output_attentions", False)) or hooks.listening()
-        out = attention(
-            q,
-            key,
-            value,
-            score=part,
-            align=layer_align,
-            mask=mask,
-            bias=bias,
-            need_weights=want,
-            dropout=dropout if module.training else 0.0,
-            kernel=kernel,
-            score_mod=score_mod,
-        )
+        p = dropout if module.training else 0.0
+        out = None
+        if fast and not want and score_mod is None:
+            out = sdpa_path(
+                query,
+                key,
+                value,
+                layer_score,
+                layer_align,
+                mask=mask,
+                bias=bias,
+                dropout=p,
+                additive=additive,
+            )
+        if out is None:
+            out = attention(
+                query,
+                key,
+                value,
+                score=layer_score,
+                align=layer_align,
+                mask=mask,
+                bias=bias,
+                need_weights=want,
+                dropout=p,
+                kernel=kernel,
+                score_mod=score_mod,
+            )
         weights = out.weights
-        if sinks is not None and weights is not None:
-            weights = weights[..., :-1]  # the sink's column is no key of the model
-        hooks.report(module, weights)
+        if weights is not None:  # (only weights are reported)
+            if sinks is not None:
+                weights = weights[..., :-1]  # the sink's column is no key of the model
+            hooks.report(module, weights)
         return out.context.transpose(1, 2).contiguous(), weights
 
     return attnkit_attention
@@ -380,8 +404,8 @@ def swap_attention(
             attention interface (``_supports_attention_backend``).
         score: None for the model's own scaled dot product (its ``scaling``, e.g. 1 for T5), or
             an attnkit score: a registered name, a spec ``{"name": ..., **constructor
-            arguments}`` (e.g. ``{"name": "additive", "d_q": 8, "d_k": 8, "d_w": 8, "heads":
-            4}``, sizes per head), or a module.
+            arguments}`` (e.g. ``{"name": "additive", "d_q": 8, "d_k": 8, "d_w": 8,
+            "num_heads": 4}``, sizes per head), or a module.
         align: an attnkit alignment, given likewise (``{"name": "entmax", "learnable": True}``).
         kernel: force an attnkit kernel (None chooses).
 
@@ -390,7 +414,7 @@ def swap_attention(
     and registered on it as ``attnkit_score`` / ``attnkit_align`` (each layer learns its own;
     ``save_pretrained`` writes them and :func:`from_pretrained` loads them); otherwise one is
     shared as ``model.attnkit_attention``. A part given as a module is shared by every layer as
-    ``model.attnkit_attention`` (build a score with ``heads=H`` for one parameter set per head);
+    ``model.attnkit_attention`` (build a score with ``num_heads=H`` for one parameter set per head);
     it trains with the model, but the config cannot describe it, so ``model.save_pretrained``
     raises ``ValueError``. Either way the parts' parameters are in ``model.parameters()``. A
     second call replaces the parts of the first.
@@ -414,7 +438,6 @@ def swap_attention(
     """
     try:
         import transformers
-        from transformers.masking_utils import eager_mask
     except ImportError as err:  # pragma: no cover - exercised only without the package
         raise ImportError(
             "swap_attention needs the transformers package: pip install 'attnkit[hf]'"
@@ -475,6 +498,7 @@ def swap_attention(
     )
     # The masks eager attention gets (additive, causality always spelled out, None only for
     # full attention): what the model's other modules (routers, poolers) read stays as in eager.
+    # Their boolean form is remembered for the attention calls (transformers_fastpath).
     transformers.AttentionMaskInterface.register(name, eager_mask)
     model.set_attn_implementation(name)
 

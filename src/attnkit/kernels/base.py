@@ -49,7 +49,11 @@ LOG = logging.getLogger("attnkit.kernels")
 class Call:
     """One validated attention call: q (B, …, M, d_q) or None, k (B, …, N, d_k),
     v (B, …, N, d_v), the score and alignment modules, mask/bias broadcastable to
-    ``shape`` = (B, …, M, N), and optionally a sparse pattern's block mask and a score_mod."""
+    ``shape`` = (B, …, M, N), and optionally a sparse pattern's block mask and a score_mod.
+
+    ``masked_finite``: no key or value that the mask hides from some query is NaN or infinite
+    (:func:`attnkit.attention.prepare_call` cleared them, found none, or was told the inputs are
+    finite), so a kernel need not look for them; False (the default) leaves the guard to it."""
 
     q: Tensor | None
     k: Tensor
@@ -64,6 +68,7 @@ class Call:
     dropout: float = 0.0
     block_mask: BlockMask | None = None
     score_mod: ScoreMod | None = None
+    masked_finite: bool = False
 
     def parts(self) -> tuple[Tensor | None, Tensor, Tensor, Score, Alignment]:
         """(q, k, v, score, align), the positional arguments of the functional kernels."""

@@ -13,6 +13,11 @@ float32 for float16/bfloat16 inputs (float64 for float64).
 The backward pass recomputes each block's scores from the saved per-row statistics and returns
 gradients for q, k, v, the bias and every parameter of the score and alignment (via
 ``torch.autograd.grad`` on the block), so training needs no more memory than inference.
+
+Block-sparse dot-product softmax attention with a constant temperature takes a faster path when
+only q, k and v need gradients (or none does): PyTorch's fused CPU kernel evaluates the pieces
+of each group of query blocks, merged by their log-sum-exp, and its backward gives each piece's
+share of the gradients from the merged context and log-sum-exp (:func:`_sparse_fused`).
 """
 
 from __future__ import annotations
@@ -146,6 +151,10 @@ class _Keys:
         return sorted(set((self.idx // block).tolist()))
 
 
+# (id(any_allowed of a block mask), block_q, M) -> (weak reference, its query-block groups).
+_GROUPS: dict[tuple[int, int, int], tuple[weakref.ref, dict]] = {}
+
+
 @dataclass
 class _Plan:
     """Everything the blocks need that is not a tensor to differentiate.
@@ -173,8 +182,20 @@ class _Plan:
     def __post_init__(self) -> None:
         self.groups: dict[int, tuple[int, list[bool], list[bool]]] = {}
         self.pieces: dict[int, list[_Keys]] = {}
-        if self.block_mask is not None:
-            self._group(self.block_mask.any_allowed.tolist(), self.block_mask.all_allowed.tolist())
+        bm = self.block_mask
+        if bm is None:
+            return
+        # The groups depend on the tile flags alone: read once per block mask (a dense mask
+        # turned into a block mask on each call shares the flags of the first).
+        flags = bm.any_allowed
+        key = (id(flags), self.block_q, self.m)
+        hit = _GROUPS.get(key)
+        if hit is not None and hit[0]() is flags:
+            self.groups = hit[1]
+            return
+        self._group(flags.tolist(), bm.all_allowed.tolist())
+        _GROUPS[key] = (weakref.ref(flags), self.groups)
+        weakref.finalize(flags, _GROUPS.pop, key, None)
 
     def _group(self, visit: list[list[bool]], full: list[list[bool]]) -> None:
         """Consecutive query blocks of the block mask evaluated together, with the union of the
@@ -526,7 +547,10 @@ def _fused_reasons(
     if isinstance(plan.score_mod, nn.Module):
         tensors += list(plan.score_mod.parameters())
     if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
-        reasons.append("a gradient is required (the tiled backward keeps memory O(tile))")
+        # The fused backward gives gradients for q, k and v only.
+        others = [t for t in tensors[3 if q is not None else 2 :] if t.requires_grad]
+        if _FLASH_BACKWARD is None or others or (q is not None and q.dtype != v.dtype):
+            reasons.append("a gradient is required for more than q, k and v")
     if torch.compiler.is_compiling():
         reasons.append("inside torch.compile")
     return reasons
@@ -596,6 +620,54 @@ def _trace_additive(score_mod: ScoreMod) -> bool:
     return True
 
 
+# score_mod -> whether its f reads the positions only as kv_idx − q_idx (read once per function).
+_RELATIVE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _relative(score_mod: ScoreMod) -> bool:
+    """True when ``score_mod`` is additive (:func:`_additive`) and its traced graph reads
+    ``q_idx`` and ``kv_idx`` only through their difference (``kv_idx − q_idx`` or
+    ``q_idx − kv_idx``): then f(b, h, q_idx, kv_idx) = g(b, h, kv_idx − q_idx), as for ALiBi
+    (Press et al.) and relative position biases, and one evaluation per offset gives every
+    tile (a Toeplitz matrix per head)."""
+    if not _additive(score_mod):
+        return False
+    try:
+        known = _RELATIVE.get(score_mod)
+    except TypeError:
+        known = None
+    if known is not None:
+        return known
+    found = _trace_relative(score_mod)
+    with contextlib.suppress(TypeError):
+        _RELATIVE[score_mod] = found
+    return found
+
+
+def _trace_relative(score_mod: ScoreMod) -> bool:
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    e = torch.zeros(2, 2, 3, 5)
+    b, h = _indices_like(e)
+    q_idx = torch.arange(3).view(1, 1, 3, 1)
+    kv_idx = torch.arange(5).view(1, 1, 1, 5)
+    try:
+        graph = make_fx(score_mod, tracing_mode="real")(e, b, h, q_idx, kv_idx).graph
+    except Exception:  # not traceable: not provably relative
+        return False
+    places = [n for n in graph.nodes if n.op == "placeholder"]
+    if len(places) != 5:
+        return False
+    q_node, kv_node = places[3], places[4]
+    for node in (q_node, kv_node):
+        for user in node.users:
+            if user.target != torch.ops.aten.sub.Tensor or user.kwargs.get("alpha", 1) != 1:
+                return False
+            if set(user.args) != {q_node, kv_node} or len(user.args) != 2:
+                return False
+    return True
+
+
 def _indices_like(e: Tensor) -> tuple[Tensor, Tensor]:
     return (
         torch.arange(e.shape[0]).view(-1, 1, 1, 1),
@@ -618,8 +690,20 @@ class _Piece:
     additive: dict = dataclasses.field(default_factory=dict)  # dtype -> 0 / −inf mask
 
 
+# Query rows per fused call of a narrow band (:func:`_band_rows`): the kernel's work follows
+# each call's key range, which narrows with the rows (measured against 128 and 32 at N = 4096,
+# window 256: 64 is the fastest).
+_BAND_ROWS = 64
+# A group's key tiles form a narrow band (:func:`_narrow`) when they span at most this many
+# keys with at most _NARROW full tiles per partial one (measured, N = 8192, d = 64: windows of
+# 256 and 512 keys are 10-20 % faster as one masked range; a window of 2048, 4608 keys per
+# group of four query blocks, is 25 % slower).
+_NARROW_KEYS = 1536
+_NARROW = 4
 # id(block mask) -> (weak reference, its schedule): the pieces of every query block.
 _SCHEDULES: dict[int, tuple[weakref.ref, list]] = {}
+# (id(tile flags), id(dense mask), its version) -> (weak reference to the flags, the schedule).
+_DENSE_SCHEDULES: dict[tuple[int, int, int], tuple[weakref.ref, list]] = {}
 # Partial-tile elements whose additive (0 / −inf) masks a schedule keeps.
 _ADDITIVE_CACHE_ELEMENTS = 1 << 24
 
@@ -632,6 +716,20 @@ def _schedule(plan: _Plan) -> list[tuple[int, int, list[_Piece]]]:
     hit = _SCHEDULES.get(id(bm))
     if hit is not None and hit[0]() is bm:
         return hit[1]
+    # A block mask of a dense mask is made again on each call that passes the mask (the tile
+    # flags are shared, :func:`attnkit.kernels.block_mask.from_dense_auto`): its schedule is
+    # kept by the flags and the mask's identity and version, and holds copies of the mask's
+    # tiles, not views, so that it does not keep the mask alive.
+    dense_key = None
+    if bm.dense is not None:
+        try:
+            dense_key = (id(bm.any_allowed), id(bm.dense), bm.dense._version)
+        except RuntimeError:  # an inference tensor has no version: kept by the block mask
+            dense_key = None
+    if dense_key is not None:
+        hit = _DENSE_SCHEDULES.get(dense_key)
+        if hit is not None and hit[0]() is bm.any_allowed:
+            return hit[1]
     out = []
     for q0, (q1, visit, full) in plan.groups.items():
         cols = [j for j, seen in enumerate(visit) if seen]
@@ -674,9 +772,54 @@ def _schedule(plan: _Plan) -> list[tuple[int, int, list[_Piece]]]:
             pieces.append(_Piece(keys, allowed, rows_any=empty_rows))
         if causal:
             pieces.append(_Piece(_Keys(q0, q1), causal=True))
+        cut = len(pieces) > 1 or (len(pieces) == 1 and pieces[0].allowed is not None)
+        if cut and _narrow(cols, whole, bm.block_k):
+            out.extend(_band_rows(bm, q0, q1, cols))
+            continue
         out.append((q0, q1, pieces))
+    if dense_key is not None:
+        for _, _, pieces in out:
+            for piece in pieces:
+                if piece.allowed is not None:
+                    piece.allowed = piece.allowed.clone()
+        _DENSE_SCHEDULES[dense_key] = (weakref.ref(bm.any_allowed), out)
+        weakref.finalize(bm.any_allowed, _DENSE_SCHEDULES.pop, dense_key, None)
+        return out
     _SCHEDULES[id(bm)] = (weakref.ref(bm), out)
     weakref.finalize(bm, _SCHEDULES.pop, id(bm), None)
+    return out
+
+
+def _narrow(cols: list[int], whole: list[int], block_k: int) -> bool:
+    """Whether a group's visited key tiles ``cols`` (``whole`` of them full) are better
+    evaluated as one masked range, :func:`_band_rows`: adjacent, at most _NARROW_KEYS keys, and
+    at most _NARROW full tiles per partial one (a band's few tiles, where the fixed cost of
+    each call and merge outweighs the mask; a long run of full tiles is cheaper unmasked)."""
+    adjacent = cols[-1] - cols[0] + 1 == len(cols)
+    short = len(cols) * block_k <= _NARROW_KEYS
+    return adjacent and short and len(whole) <= _NARROW * (len(cols) - len(whole))
+
+
+def _band_rows(bm: BlockMask, q0: int, q1: int, cols: list[int]) -> list:
+    """Rows [q0, q1) against the adjacent key tiles ``cols`` in calls of _BAND_ROWS rows, each
+    with its keys cut to the first and last it may attend (a band's rows need fewer keys than
+    the tiles hold) and its mask: (r0, r1, [piece]) per call."""
+    keys = _columns(bm, cols)
+    allowed = bm.tile(q0, q1, keys.k0, keys.k1)
+    out = []
+    for r0 in range(q0, q1, _BAND_ROWS):
+        r1 = min(r0 + _BAND_ROWS, q1)
+        rows = allowed[..., r0 - q0 : r1 - q0, :]
+        seen = rows.reshape(-1, rows.shape[-1]).any(0).nonzero()
+        if seen.numel() == 0:  # no allowed key: the rows' empty result
+            out.append((r0, r1, []))
+            continue
+        c0, c1 = int(seen[0]), int(seen[-1]) + 1
+        rows = rows[..., c0:c1]
+        rows_any = rows.any(-1)
+        empty = None if bool(rows_any.all()) else rows_any
+        piece = _Piece(_Keys(keys.k0 + c0, keys.k0 + c1), rows, rows_any=empty)
+        out.append((r0, r1, [piece]))
     return out
 
 
@@ -689,21 +832,249 @@ def _columns(bm: BlockMask, columns: list[int]) -> _Keys:
 
 
 _FLASH = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+_FLASH_BACKWARD = getattr(
+    torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu_backward", None
+)
+# Elements of additive tiles of a relative score_mod one call keeps for reuse (tiles that sit
+# at the same offset from the diagonal are equal).
+_RELATIVE_CACHE_ELEMENTS = 1 << 22
+
+
+def _flat(x: Tensor, shape: torch.Size) -> Tensor:
+    """x (*shape, a, b) as (1, prod(shape), a, b), the fused kernel's layout (a mask of one
+    (a, b) for every batch entry stays (1, 1, a, b): the kernel broadcasts it)."""
+    if x.dim() == 4 and len(shape) == 2 and shape[0] == 1 and x.shape[:2] == shape:
+        return x
+    if x.dim() == 2:
+        return x.view(1, 1, *x.shape)
+    return x.expand(*shape, *x.shape[-2:]).reshape(1, max(1, math.prod(shape)), *x.shape[-2:])
 
 
 def _fused_piece(qb, kb, vb, attn_mask, causal: bool, scale: float) -> tuple[Tensor, Tensor]:
     """Context and log-sum-exp (…, rows) of one piece, from PyTorch's fused CPU kernel."""
     shape = qb.shape[:-2]
-    flat = (1, max(1, math.prod(shape)))
-
-    def four(x: Tensor) -> Tensor:
-        return x.reshape(*flat, *x.shape[-2:])
-
     if attn_mask is not None:
-        attn_mask = attn_mask.expand(*shape, *attn_mask.shape[-2:])
-        attn_mask = four(attn_mask)
-    out, lse = _FLASH(four(qb), four(kb), four(vb), 0.0, causal, attn_mask=attn_mask, scale=scale)
+        attn_mask = _flat(attn_mask, shape)
+    out, lse = _FLASH(
+        _flat(qb, shape),
+        _flat(kb, shape),
+        _flat(vb, shape),
+        0.0,
+        causal,
+        attn_mask=attn_mask,
+        scale=scale,
+    )
+    if out.shape[:-2] == shape:  # already (1, H, …): no reshape
+        return out, lse
     return out.reshape(*shape, *out.shape[-2:]), lse.reshape(*shape, lse.shape[-1])
+
+
+def _fused_piece_backward(d_out, qb, kb, vb, out, lse, attn_mask, causal: bool, scale: float):
+    """Gradients (q, k, v) of one piece, from the fused kernel's backward given the merged
+    context ``out`` and log-sum-exp ``lse`` of all pieces: the weights it recomputes,
+    exp(s − lse), are then the softmax over every key of the row, and Σ_l p_l ∂L/∂p_l is read
+    from the merged context (∂L/∂c · c), so each piece's gradients are its share of the
+    whole (FlashAttention's backward, split over key pieces)."""
+    shape = qb.shape[:-2]
+    if attn_mask is not None:
+        attn_mask = _flat(attn_mask, shape)
+    grads = _FLASH_BACKWARD(
+        _flat(d_out, shape),
+        _flat(qb, shape),
+        _flat(kb, shape),
+        _flat(vb, shape),
+        _flat(out, shape),
+        lse.expand(*shape, lse.shape[-1]).reshape(1, max(1, math.prod(shape)), lse.shape[-1]),
+        0.0,
+        causal,
+        attn_mask=attn_mask,
+        scale=scale,
+    )
+    return tuple(g.reshape(*shape, *g.shape[-2:]) for g in grads)
+
+
+@dataclass
+class _PieceCall:
+    """The arguments of one fused call: its keys, its additive mask, causal or not; ``flip``:
+    key ≥ query evaluated causally on reversed queries and keys (the mask given in order);
+    ``reverse``: the queries are reversed for the call and ``attn_mask`` is already laid out for
+    reversed queries (a view of a relative score_mod's offsets)."""
+
+    keys: _Keys
+    attn_mask: Tensor | None
+    causal: bool
+    flip: bool
+    reverse: bool
+    rows_any: Tensor | None
+
+
+@dataclass
+class _Fused:
+    """What every fused call of one block-sparse evaluation shares."""
+
+    plan: _Plan
+    lead: torch.Size
+    dtype: torch.dtype
+    bias: Tensor | None
+    inv_t: float
+    scale: float  # the kernel's scale: the score's scale over the temperature
+    cache: bool = False  # keep the pieces' 0 / −inf masks on the schedule
+    # A score_mod e + f(b, h, kv_idx − q_idx): f · inv_t at every offset, (*lead, 1, M + N − 1),
+    # entry M − 1 + (kv_idx − q_idx).
+    relative: Tensor | None = None
+    tiles: dict = dataclasses.field(default_factory=dict)  # (k0 − q1, rows, keys) -> tile
+    kept: int = 0
+
+    def __post_init__(self) -> None:
+        plan = self.plan
+        self.neg = torch.tensor(float("-inf"), dtype=self.dtype)
+        schedule = _schedule(plan)
+        kept = sum(p.allowed.numel() for _, _, ps in schedule for p in ps if p.allowed is not None)
+        self.cache = (
+            plan.mask is None
+            and self.bias is None
+            and plan.score_mod is None
+            and kept <= _ADDITIVE_CACHE_ELEMENTS
+        )
+        if plan.score_mod is not None and self.bias is None and _relative(plan.score_mod):
+            width = plan.m + plan.n - 1
+            zeros = torch.zeros((), dtype=self.dtype).expand(*self.lead, 1, width)
+            keys = torch.arange(width, device=zeros.device)
+            f = apply_score_mod(plan.score_mod, zeros, plan.m - 1, keys)
+            self.relative = (f * self.inv_t if self.inv_t != 1.0 else f).contiguous()
+
+    def _relative_reversed(self, q0: int, q1: int, k0: int, k1: int) -> Tensor:
+        """f · inv_t of rows [q1 − 1, …, q0] (reversed) and keys [k0, k1): a view, since entry
+        (r, c) sits at offset k0 + c − q1 + 1 + r, one step further for each step in r or c."""
+        g = self.relative
+        assert g is not None
+        return g.as_strided(
+            (*g.shape[:-2], q1 - q0, k1 - k0),
+            (*g.stride()[:-2], 1, 1),
+            g.storage_offset() + k0 - q1 + self.plan.m,
+        )
+
+    def _relative_tile(self, q0: int, q1: int, keys: _Keys) -> Tensor:
+        """f · inv_t of rows [q0, q1) at these keys, rows in order (kept for reuse: tiles at the
+        same offset from the diagonal are equal)."""
+        g = self.relative
+        assert g is not None
+        if keys.idx is not None:
+            offsets = keys.idx[None, :] - torch.arange(q0, q1)[:, None] + (self.plan.m - 1)
+            return g[..., 0, :][..., offsets.to(g.device)]
+        key = (keys.k0 - q1, q1 - q0, keys.k1 - keys.k0)
+        tile = self.tiles.get(key)
+        if tile is None:
+            tile = self._relative_reversed(q0, q1, keys.k0, keys.k1).flip(-2)
+            if self.kept + tile.numel() <= _RELATIVE_CACHE_ELEMENTS:
+                self.tiles[key] = tile
+                self.kept += tile.numel()
+        return tile
+
+    def call(self, q0: int, q1: int, piece: _Piece) -> _PieceCall:
+        """The fused call of one piece of the query rows [q0, q1)."""
+        plan, bias, dtype = self.plan, self.bias, self.dtype
+        keys, allowed, rows_any = piece.keys, piece.allowed, piece.rows_any
+        causal, flip, reverse = piece.causal, piece.flip, False
+        if causal and plan.mask is not None:
+            # the triangle as a mask, beside the call's own mask (an additive mask alone goes
+            # with the causal evaluation)
+            base = torch.ones(q1 - q0, q1 - q0, dtype=torch.bool)
+            allowed, causal, flip = (base.triu() if flip else base.tril()), False, False
+        if plan.mask is not None:  # the call's own mask: every piece is masked
+            call = _rows(plan.mask, q0, q1, keys)
+            allowed = call if allowed is None else allowed & call
+            rows_any = allowed.any(-1)
+        attn_mask = None
+        neg = self.neg
+        if self.relative is not None:
+            if allowed is None and not causal and keys.idx is None:
+                attn_mask, reverse = self._relative_reversed(q0, q1, keys.k0, keys.k1), True
+            else:
+                add = self._relative_tile(q0, q1, keys)
+                attn_mask = add if allowed is None else torch.where(allowed, add, neg)
+        elif bias is not None or plan.score_mod is not None:
+            width = keys.k1 - keys.k0 if keys.idx is None else keys.idx.numel()
+            rows = (*self.lead, q1 - q0, width)
+            base = torch.zeros((), dtype=dtype) if bias is None else _rows(bias, q0, q1, keys)
+            if plan.score_mod is not None:  # bias + f in one pass (f = score_mod(0) - 0)
+                base = base.to(dtype).expand(rows)
+                add = apply_score_mod(plan.score_mod, base, q0, keys.positions(base.device))
+                if self.inv_t != 1.0:
+                    add.mul_(self.inv_t)  # a fresh tensor: score_mod is e + f
+            else:
+                add = base if self.inv_t == 1.0 else base * self.inv_t
+            if allowed is None:
+                attn_mask = add
+            elif plan.score_mod is not None:
+                attn_mask = add.masked_fill_(~allowed, float("-inf"))
+            else:
+                attn_mask = torch.where(allowed, add, neg)
+        elif allowed is not None:
+            attn_mask = piece.additive.get(dtype) if piece.allowed is allowed else None
+            if attn_mask is None:
+                attn_mask = torch.where(allowed, torch.zeros((), dtype=dtype), neg)
+                if self.cache and piece.allowed is allowed:
+                    piece.additive[dtype] = attn_mask
+        return _PieceCall(keys, attn_mask, causal, flip, reverse, rows_any)
+
+
+def _order(call: _PieceCall, *rows: Tensor) -> list[Tensor]:
+    """Query-side tensors (…, rows, ·) in the order the call evaluates them."""
+    return [x.flip(-2) if call.flip or call.reverse else x for x in rows]
+
+
+def _fused_context(fused: _Fused, qp, kp, v, keep_lse: bool) -> tuple[Tensor, Tensor | None]:
+    """Context (…, M, d_v) and, with ``keep_lse``, the log-sum-exp of every row (−inf for a row
+    with no key) of block-sparse softmax attention, piece by piece through the fused kernel."""
+    plan, lead, dtype = fused.plan, fused.lead, fused.dtype
+    qp, kp, v = (x.expand(*lead, *x.shape[-2:]) for x in (qp, kp, v))
+    outs, totals = [], []
+    for q0, q1, pieces in _schedule(plan):
+        qb = qp[..., q0:q1, :]
+        parts = []
+        for piece in pieces:
+            call = fused.call(q0, q1, piece)
+            kb, vb = call.keys.take(kp, -2), call.keys.take(v, -2)
+            attn_mask = call.attn_mask
+            if call.flip:  # key ≥ query is key' ≤ query' on reversed positions
+                kb, vb = kb.flip(-2), vb.flip(-2)
+                attn_mask = None if attn_mask is None else attn_mask.flip(-2, -1)
+            (q_in,) = _order(call, qb)
+            out, lse = _fused_piece(q_in, kb, vb, attn_mask, call.causal, fused.scale)
+            if call.flip or call.reverse:
+                out, lse = out.flip(-2), lse.flip(-1)
+            if call.rows_any is not None:  # a row with no key in this piece: weight 0
+                lse = torch.where(call.rows_any, lse, float("-inf"))
+                out = out.masked_fill(~call.rows_any.unsqueeze(-1), 0.0)
+            parts.append((out, lse if lse.dtype == plan.work else lse.to(plan.work)))
+        if not parts:  # a group with no allowed key
+            acc = v.new_zeros(*lead, q1 - q0, v.shape[-1])
+            total = torch.full((*lead, q1 - q0), float("-inf"), dtype=plan.work)
+        elif len(parts) == 1:
+            acc, total = parts[0]
+        else:  # the online softmax's merge: each piece weighted by exp(lse − total)
+            total = torch.logsumexp(torch.stack([lse for _, lse in parts]), dim=0)
+            acc = None
+            for out, lse in parts:
+                w = torch.exp(lse - total).unsqueeze(-1).to(dtype)
+                acc = out * w if acc is None else acc.addcmul_(out, w)
+        outs.append(acc)
+        totals.append(total)
+    context = torch.cat(outs, dim=-2)
+    if plan.has_key is not None and not _all(plan.has_key):  # rows with no key: context 0
+        context = torch.where(plan.has_key, context, torch.zeros((), dtype=context.dtype))
+    return context, (torch.cat(totals, dim=-1) if keep_lse else None)
+
+
+def _fused_setup(plan: _Plan, q, k, v, bias, score: Score, align: Alignment):
+    temperature = align.softmax_temperature()
+    assert temperature is not None and plan.block_mask is not None and _FLASH is not None
+    qp, kp, scale = score.dot_form(q, k)
+    inv_t = 1.0 / temperature
+    lead = torch.broadcast_shapes(plan.lead, qp.shape[:-2], kp.shape[:-2])
+    fused = _Fused(plan, lead, v.dtype, bias, inv_t, scale * inv_t)
+    return fused, qp, kp
 
 
 def _sparse_fused(plan: _Plan, q, k, v, bias, score: Score, align: Alignment) -> Tensor:
@@ -711,88 +1082,67 @@ def _sparse_fused(plan: _Plan, q, k, v, bias, score: Score, align: Alignment) ->
     kernel: each query block attends its full key tiles with no mask, its partial tiles with
     their mask, and a causal diagonal tile causally; the pieces are merged by their log-sum-exp
     (the online softmax of eq. 4, FlashAttention). An additive score_mod (``e + f``) and the
-    bias enter as the kernel's additive mask. Same result as the tiled path."""
-    temperature = align.softmax_temperature()
-    bm = plan.block_mask
-    assert temperature is not None and bm is not None and _FLASH is not None
-    qp, kp, scale = score.dot_form(q, k)
-    inv_t = 1.0 / temperature
-    lead = torch.broadcast_shapes(plan.lead, qp.shape[:-2], kp.shape[:-2])
-    qp, kp, v = (x.expand(*lead, *x.shape[-2:]) for x in (qp, kp, v))
-    dtype, work = v.dtype, plan.work
-    cache = plan.mask is None and bias is None and plan.score_mod is None
-    schedule = _schedule(plan)
-    kept = sum(p.allowed.numel() for _, _, ps in schedule for p in ps if p.allowed is not None)
-    cache = cache and kept <= _ADDITIVE_CACHE_ELEMENTS
-    neg = torch.tensor(float("-inf"), dtype=dtype)
-    outs = []
-    for q0, q1, pieces in schedule:
-        qb = qp[..., q0:q1, :]
-        parts = []
-        for piece in pieces:
-            keys = piece.keys
-            allowed, rows_any = piece.allowed, piece.rows_any
-            causal = piece.causal
-            if causal and plan.mask is not None:
-                # the triangle as a mask, beside the call's own mask (an additive mask alone
-                # goes with the causal evaluation)
-                base = torch.ones(q1 - q0, q1 - q0, dtype=torch.bool, device=qb.device)
-                allowed, causal = (base.triu() if piece.flip else base.tril()), False
-            if plan.mask is not None:  # the call's own mask: every piece is masked
-                call = _rows(plan.mask, q0, q1, keys)
-                allowed = call if allowed is None else allowed & call
-                rows_any = allowed.any(-1)
-            attn_mask = None
-            if bias is not None or plan.score_mod is not None:
-                width = keys.k1 - keys.k0 if keys.idx is None else keys.idx.numel()
-                rows = (*lead, q1 - q0, width)
-                base = torch.zeros((), dtype=dtype) if bias is None else _rows(bias, q0, q1, keys)
-                if plan.score_mod is not None:  # bias + f in one pass (f = score_mod(0) - 0)
-                    base = base.to(dtype).expand(rows)
-                    add = apply_score_mod(plan.score_mod, base, q0, keys.positions(base.device))
-                    if inv_t != 1.0:
-                        add.mul_(inv_t)  # a fresh tensor: score_mod is e + f
-                else:
-                    add = base if inv_t == 1.0 else base * inv_t
-                if allowed is None:
-                    attn_mask = add
-                elif plan.score_mod is not None:
-                    attn_mask = add.masked_fill_(~allowed, float("-inf"))
-                else:
-                    attn_mask = torch.where(allowed, add, neg)
-            elif allowed is not None:
-                attn_mask = piece.additive.get(dtype) if piece.allowed is allowed else None
-                if attn_mask is None:
-                    attn_mask = torch.where(allowed, torch.zeros((), dtype=dtype), neg)
-                    if cache and piece.allowed is allowed:
-                        piece.additive[dtype] = attn_mask
-            kb, vb = keys.take(kp, -2), keys.take(v, -2)
-            if causal and piece.flip:  # key ≥ query is key' ≤ query' on reversed positions
-                flipped = None if attn_mask is None else attn_mask.flip(-2, -1)
-                out, lse = _fused_piece(
-                    qb.flip(-2), kb.flip(-2), vb.flip(-2), flipped, True, scale * inv_t
+    bias enter as the kernel's additive mask; a score_mod whose f reads the positions only as
+    kv_idx − q_idx (ALiBi, relative biases) is evaluated once per offset and each piece reads
+    a view of it. Same result as the tiled path."""
+    fused, qp, kp = _fused_setup(plan, q, k, v, bias, score, align)
+    return _fused_context(fused, qp, kp, v, keep_lse=False)[0]
+
+
+def _sparse_fused_grad(plan: _Plan, q, k, v, bias, score: Score, align: Alignment) -> Tensor:
+    """:func:`_sparse_fused` with a backward through the fused kernel's backward, piece by
+    piece (gradients for q, k and v)."""
+    fused, qp, kp = _fused_setup(plan, q, k, v, bias, score, align)
+    return _FusedAttention.apply(fused, qp, kp, v)
+
+
+class _FusedAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, fused: _Fused, qp, kp, v):
+        with torch.no_grad():
+            context, lse = _fused_context(fused, qp, kp, v, keep_lse=True)
+        ctx.fused = fused
+        ctx.save_for_backward(qp, kp, v, context, lse)
+        return context
+
+    @staticmethod
+    def backward(ctx, d_context):
+        fused: _Fused = ctx.fused
+        qp, kp, v, context, lse = ctx.saved_tensors
+        lead, dtype = fused.lead, fused.dtype
+        q_, k_, v_ = (x.expand(*lead, *x.shape[-2:]) for x in (qp, kp, v))
+        d_context = d_context.to(dtype).expand(context.shape)
+        # A row with no key has weight 0 everywhere: exp(s − ∞) = 0.
+        lse = torch.where(torch.isneginf(lse), float("inf"), lse)
+        g_q, g_k, g_v = (torch.zeros(x.shape, dtype=dtype) for x in (q_, k_, v_))
+        for q0, q1, pieces in _schedule(fused.plan):
+            rows = [x[..., q0:q1, :] for x in (q_, d_context, context)]
+            lb = lse[..., q0:q1]
+            for piece in pieces:
+                call = fused.call(q0, q1, piece)
+                kb, vb = call.keys.take(k_, -2), call.keys.take(v_, -2)
+                attn_mask = call.attn_mask
+                if call.flip:
+                    kb, vb = kb.flip(-2), vb.flip(-2)
+                    attn_mask = None if attn_mask is None else attn_mask.flip(-2, -1)
+                qb, db, ob = _order(call, *rows)
+                lr = lb.flip(-1) if call.flip or call.reverse else lb
+                gq, gk, gv = _fused_piece_backward(
+                    db, qb, kb, vb, ob, lr.to(lse.dtype), attn_mask, call.causal, fused.scale
                 )
-                out, lse = out.flip(-2), lse.flip(-1)
-            else:
-                out, lse = _fused_piece(qb, kb, vb, attn_mask, causal, scale * inv_t)
-            if rows_any is not None:  # a row with no key in this piece: weight 0 in the merge
-                lse = torch.where(rows_any, lse, float("-inf"))
-                out = out.masked_fill(~rows_any.unsqueeze(-1), 0.0)
-            parts.append((out, lse.to(work)))
-        if not parts:
-            outs.append(v.new_zeros(*lead, q1 - q0, v.shape[-1]))
-            continue
-        acc, total = parts[0][0], parts[0][1]
-        for out, lse in parts[1:]:  # online softmax: rescale what is summed so far
-            new = torch.logaddexp(total, lse)
-            acc = acc * torch.exp(total - new).unsqueeze(-1).to(dtype)
-            acc = acc + out * torch.exp(lse - new).unsqueeze(-1).to(dtype)
-            total = new
-        outs.append(acc)
-    context = torch.cat(outs, dim=-2)
-    if plan.has_key is not None and not _all(plan.has_key):  # rows with no key: context 0
-        context = torch.where(plan.has_key, context, torch.zeros((), dtype=context.dtype))
-    return context
+                if call.flip or call.reverse:
+                    gq = gq.flip(-2)
+                if call.flip:
+                    gk, gv = gk.flip(-2), gv.flip(-2)
+                g_q[..., q0:q1, :] += gq
+                call.keys.add(g_k, gk, -2)
+                call.keys.add(g_v, gv, -2)
+        return (
+            None,
+            g_q.sum_to_size(qp.shape),
+            g_k.sum_to_size(kp.shape),
+            g_v.sum_to_size(v.shape),
+        )
 
 
 # id(has_key of a block mask) -> (weak reference, whether every row has a key).
@@ -925,12 +1275,15 @@ def attend(
         span_k=span_k,
     )
     if _FLASH is not None and not _fused_reasons(plan, q, k, v, bias, score, align, need_weights):
+        if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, v)):
+            return AttentionOutput(_sparse_fused_grad(plan, q, k, v, bias, score, align))
         return AttentionOutput(_sparse_fused(plan, q, k, v, bias, score, align))
     qp = score.project_query(q)
     kp = score.project_key(k)
     mod_params = score_mod.parameters() if isinstance(score_mod, nn.Module) else ()
     params = [p for p in (*score.parameters(), *align.parameters(), *mod_params) if p.requires_grad]
-    context = _Chunked.apply(plan, qp, kp, v, bias, *params)
+    # A strided v (heads split off by a transpose) would be copied by every tile's matmuls.
+    context = _Chunked.apply(plan, qp, kp, v.contiguous(), bias, *params)
     if not need_weights:
         return AttentionOutput(context)
     weights, scores = _weights(plan, qp, kp, v, bias)

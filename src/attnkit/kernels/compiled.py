@@ -15,6 +15,7 @@ Switch it off with ``ATTNKIT_COMPILE_TILES=0`` in the environment or :func:`set_
 from __future__ import annotations
 
 import os
+import types
 import warnings
 from collections.abc import Callable
 
@@ -23,7 +24,7 @@ from torch import Tensor
 
 from attnkit.scores import Score
 
-__all__ = ["enabled", "pairwise", "set_enabled"]
+__all__ = ["compile_tile", "enabled", "fail", "failed", "pairwise", "set_enabled"]
 
 _SWITCH: bool | None = None
 _CACHE: dict[Callable, Callable] = {}
@@ -47,7 +48,13 @@ def enabled() -> bool:
 
 
 def pairwise(score: Score) -> Callable[[Tensor | None, Tensor, int], Tensor]:
-    """``score.pairwise``, compiled when the score opts in and compilation is on."""
+    """``score.pairwise``, compiled when the score opts in and compilation is on.
+
+    The additive and concat scores with tanh take the fused tile of
+    :mod:`attnkit.kernels.additive_tile` (its own compiled backward and a rational tanh); the
+    other tanh scores of the additive family (deep, multi-dimensional) are compiled with the
+    rational tanh of :mod:`attnkit.kernels.fast_tanh` in place of ``torch.tanh``.
+    """
     function = type(score).pairwise
     if (
         not score.compile_tile
@@ -56,9 +63,17 @@ def pairwise(score: Score) -> Callable[[Tensor | None, Tensor, int], Tensor]:
         or torch.compiler.is_compiling()
     ):
         return score.pairwise
+    from attnkit.kernels import additive_tile
+
+    if additive_tile.applies(score):
+        return additive_tile.tile(score)
+    if _fast_tanh_applies(score):
+        function = _fast_tanh_pairwise(type(score))
+        if function in _FAILED:
+            return score.pairwise
     compiled = _CACHE.get(function)
     if compiled is None:
-        compiled = _CACHE[function] = torch.compile(function, dynamic=None)
+        compiled = _CACHE[function] = compile_tile(function)
 
     def run(qp: Tensor | None, kp: Tensor, key_offset: int = 0) -> Tensor:
         try:
@@ -68,6 +83,62 @@ def pairwise(score: Score) -> Callable[[Tensor | None, Tensor, int], Tensor]:
             return score.pairwise(qp, kp, key_offset)
 
     return run
+
+
+def _fast_tanh_applies(score: Score) -> bool:
+    from attnkit.scores.additive import Additive
+
+    return (
+        isinstance(score, Additive)
+        and type(score).pairwise is Additive.pairwise
+        and score.act is torch.tanh
+    )
+
+
+# score class -> its own copy of _with_fast_tanh (dynamo's cache and its recompilation limit are
+# per code object: one per class, as for the classes' own pairwise).
+_FAST: dict[type, Callable] = {}
+
+
+def _fast_tanh_pairwise(cls: type) -> Callable:
+    function = _FAST.get(cls)
+    if function is None:
+        code = _with_fast_tanh.__code__.replace(co_name=f"{cls.__name__}_pairwise_fast_tanh")
+        function = _FAST[cls] = types.FunctionType(code, _with_fast_tanh.__globals__)
+    return function
+
+
+def _with_fast_tanh(score: Score, qp: Tensor | None, kp: Tensor, key_offset: int = 0) -> Tensor:
+    """An additive-family tile with the rational tanh (float32, bfloat16; float64 keeps
+    ``torch.tanh``), differentiated as tanh."""
+    from attnkit.kernels import fast_tanh
+
+    return score.pairwise_with(qp, kp, fast_tanh.tanh_autograd)
+
+
+def compile_tile(function: Callable) -> Callable:
+    """``torch.compile(function)`` for a tile: shapes dynamic after the first recompilation,
+    and, where inductor offers it, multiply-adds contracted into fused multiply-adds (one
+    rounding instead of two: as exact or more, and faster)."""
+    options = {}
+    try:
+        from torch._inductor import config as inductor_config
+
+        if hasattr(inductor_config.cpp, "enable_floating_point_contract_flag"):
+            options["cpp.enable_floating_point_contract_flag"] = "fast"
+    except Exception:  # no inductor here: the first call fails and the tile stays eager
+        pass
+    return torch.compile(function, dynamic=None, options=options or None)
+
+
+def failed(function: Callable) -> bool:
+    """Whether compiling ``function`` has failed in this process (it then runs eagerly)."""
+    return function in _FAILED
+
+
+def fail(function: Callable, name: str, err: Exception) -> None:
+    """Record that compiling ``function`` (of the ``name`` tile) failed; warn once."""
+    _fail(function, name, err)
 
 
 def _fail(function: Callable, name: str, err: Exception) -> None:

@@ -37,6 +37,7 @@ def attend(
     dropout: float = 0.0,
     block_mask: BlockMask | None = None,
     score_mod: ScoreMod | None = None,
+    masked_finite: bool = False,
 ) -> AttentionOutput:
     """Evaluate attention densely; inputs are assumed validated.
 
@@ -46,7 +47,9 @@ def attend(
     For float16/bfloat16 inputs the scores are aligned in float32 (the bias is added there too)
     and the weighted sum accumulates in float32: half precision cannot hold a score plus a large
     bias, nor a normaliser. With a mask, a masked value that is NaN or infinite does not reach the
-    context (it has weight 0, and 0·NaN would otherwise be NaN)."""
+    context (it has weight 0, and 0·NaN would otherwise be NaN); ``masked_finite=True`` says that
+    no masked value is (:attr:`attnkit.kernels.Call.masked_finite`), and the values are not
+    looked at."""
     if block_mask is not None:
         pattern = block_mask.to_dense()
         mask = pattern if mask is None else mask & pattern
@@ -77,7 +80,7 @@ def attend(
         a = F.dropout(a, p=dropout, training=True)
     combine = _sum_multi if multi else _sum
     work = v.to(a.dtype) if a.dtype != dtype else v
-    guard = mask is not None and not torch.compiler.is_compiling()
+    guard = mask is not None and not masked_finite and not torch.compiler.is_compiling()
     if guard and not bool(torch.isfinite(v).all()):
         context = guarded_sum(combine, a, work)
     else:
@@ -109,6 +112,7 @@ class Dense(Kernel):
             dropout=call.dropout,
             block_mask=call.block_mask,
             score_mod=call.score_mod,
+            masked_finite=call.masked_finite,
         )
 
 

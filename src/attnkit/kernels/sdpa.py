@@ -103,8 +103,10 @@ class SDPA(Kernel):
                 f"a {call.k.dtype} bias larger than {_HALF_EXACT} in magnitude would round "
                 "the scores by more than one unit inside SDPA"
             )
-        if call.mask is not None and not (
-            bool(torch.isfinite(call.k).all()) and bool(torch.isfinite(call.v).all())
+        if (
+            call.mask is not None
+            and not call.masked_finite
+            and not (bool(torch.isfinite(call.k).all()) and bool(torch.isfinite(call.v).all()))
         ):
             reasons.append("a key or value is not finite (SDPA would let a masked one through)")
         return reasons

@@ -25,11 +25,12 @@ from torch import Tensor, nn
 from attnkit import arguments, hooks, masks
 from attnkit import taxonomy as tx
 from attnkit.alignments.base import Alignment, AlignOutput
-from attnkit.efficient.linear import refuse_bias
-from attnkit.efficient.lsh import HeadOutput, check_head_inputs
+from attnkit.efficient.feature_maps import refuse_bias
+from attnkit.head import HeadAttention, check_head_inputs
 from attnkit.kv_cache import KVCache, LayerCache
 from attnkit.linear_family import decay
 from attnkit.linear_family.decay import tril
+from attnkit.output import AttentionOutput
 
 __all__ = [
     "FORMS",
@@ -101,15 +102,18 @@ class RecurrentCache(LayerCache):
         self.state = state
         self._seen += positions
 
-    def claim(self, layer: nn.Module) -> None:
-        part = getattr(layer, "attention", None)
-        if not getattr(part, "takes_cache", False):
+    def check_part(self, part: HeadAttention | None, layer: nn.Module) -> None:
+        """Refuse a part that does not declare ``decodes_with_cache`` (see
+        :meth:`attnkit.kv_cache.LayerCache.check_part`) or does not read this state
+        (``takes_cache``)."""
+        super().check_part(part, layer)
+        if part is None or not part.takes_cache:
+            what = "no attention part" if part is None else f"{type(part).__name__}, a part"
             raise ValueError(
                 f"a RecurrentCache holds the state of a gated linear-attention part, not keys "
-                f"and values; {type(layer).__name__} holds {type(part).__name__}, which does "
-                "not read it: use attnkit.kv_cache.LayerCache"
+                f"and values; {type(layer).__name__} holds {what} that does not declare "
+                "takes_cache = True (it does not read the state): use attnkit.kv_cache.LayerCache"
             )
-        super().claim(layer)
 
     @property
     def nbytes(self) -> int:
@@ -152,10 +156,10 @@ def _zero(x: Tensor, keep: Tensor | None) -> Tensor:
     return torch.where(keep.unsqueeze(-1), x, torch.zeros((), dtype=x.dtype, device=x.device))
 
 
-class LinearFamilyPart(nn.Module):
+class LinearFamilyPart(HeadAttention):
     """The base of the gated linear-attention parts: ``part(q, k, v, *, mask, bias,
     need_weights, q_offset, cache)`` with q, k (B, …, H, N, d), v (B, …, H, N, d_v) →
-    :class:`attnkit.efficient.HeadOutput` with context (B, …, H, N, d_v).
+    :class:`attnkit.AttentionOutput` with context (B, …, H, N, d_v).
 
     A subclass says how a head turns q, k, v into the kernels' :class:`Inputs` (:meth:`prepare`),
     which kernels run them (:meth:`run`, :meth:`dense_weights`), and what follows the state read
@@ -172,6 +176,10 @@ class LinearFamilyPart(nn.Module):
     :class:`RecurrentCache` the keys are gone, so no weights are reported and asking for them
     is refused.
     """
+
+    # capabilities (attnkit.head.HeadAttention)
+    causal_form: ClassVar[bool] = True
+    mask_forms: ClassVar[frozenset[str]] = frozenset({"key", "padding", "causal"})
 
     causal: ClassVar[bool] = True
     decodes_with_cache: ClassVar[bool] = True  # a step from the state equals its causal rows
@@ -245,7 +253,7 @@ class LinearFamilyPart(nn.Module):
         need_weights: bool = False,
         q_offset: int = 0,
         cache: LayerCache | None = None,
-    ) -> HeadOutput:
+    ) -> AttentionOutput:
         who = type(self).__name__
         arguments.boolean(need_weights, "need_weights")
         offset = arguments.nonnegative_int(q_offset, "q_offset")
@@ -311,7 +319,7 @@ class LinearFamilyPart(nn.Module):
             weights = self.align(self.dense_weights(x), visible).weights
             weights = weights[..., length - m :, :].to(dtype)
             hooks.report(self, weights)
-        return HeadOutput(out, weights if need_weights else None)
+        return AttentionOutput(out, weights if need_weights else None)
 
 
 class _DecayFamily(LinearFamilyPart):

@@ -19,8 +19,9 @@ from torch import Tensor, nn
 from attnkit import arguments
 from attnkit import taxonomy as tx
 from attnkit.attention import Attention
-from attnkit.efficient.lsh import HeadOutput
+from attnkit.head import HeadAttention
 from attnkit.mechanisms import REGISTRY, example_tensor
+from attnkit.output import AttentionOutput
 from attnkit.slots import attention_part
 
 __all__ = ["QKNormAttention"]
@@ -29,7 +30,7 @@ _NORMS = {"rms": nn.RMSNorm, "layer": nn.LayerNorm}
 
 
 @REGISTRY.register("qk_norm")
-class QKNormAttention(nn.Module):
+class QKNormAttention(HeadAttention):
     """Normalise q and k per head over their d features, then attend with ``attention``: a
     per-head part ``part(q, k, v, *, mask, bias, need_weights)`` with q (B, …, H, M, d).
 
@@ -76,6 +77,19 @@ class QKNormAttention(nn.Module):
     def mixes_queries(self) -> bool:
         return bool(getattr(self.attention, "mixes_queries", False))
 
+    # the other capabilities are the inner part's too (attnkit.head.HeadAttention)
+    @property
+    def causal_form(self) -> bool:
+        return self.attention.causal_form
+
+    @property
+    def accepts_bias(self) -> bool:
+        return self.attention.accepts_bias
+
+    @property
+    def mask_forms(self) -> frozenset[str]:
+        return self.attention.mask_forms
+
     @classmethod
     def example(cls):
         q, k, v = (example_tensor(2, 2, 5, 4, seed=s) for s in (60, 61, 62))
@@ -99,7 +113,7 @@ class QKNormAttention(nn.Module):
         bias: Tensor | None = None,
         need_weights: bool = False,
         q_offset: int = 0,
-    ) -> HeadOutput:
+    ) -> AttentionOutput:
         arguments.boolean(need_weights, "need_weights")
         for name, x in (("q", q), ("k", k)):
             if not isinstance(x, Tensor) or x.dim() < 2 or x.shape[-1] != self.head_dim:
@@ -118,7 +132,7 @@ class QKNormAttention(nn.Module):
             need_weights=need_weights,
             **extra,
         )
-        return HeadOutput(*out)
+        return AttentionOutput(*out)
 
     def extra_repr(self) -> str:
         return f"head_dim={self.head_dim}, norm={self.norm!r}"

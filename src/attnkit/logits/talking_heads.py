@@ -25,15 +25,16 @@ from torch import Tensor, nn
 from attnkit import arguments, hooks
 from attnkit import taxonomy as tx
 from attnkit.alignments import Softmax
-from attnkit.efficient.lsh import HeadOutput, check_head_inputs
+from attnkit.head import HeadAttention, check_head_inputs
 from attnkit.kernels.base import guarded_sum
 from attnkit.mechanisms import REGISTRY, example_tensor
+from attnkit.output import AttentionOutput
 
 __all__ = ["TalkingHeadsAttention"]
 
 
 @REGISTRY.register("talking_heads")
-class TalkingHeadsAttention(nn.Module):
+class TalkingHeadsAttention(HeadAttention):
     """Talking-heads attention (module docstring), a per-head part
     ``part(q, k, v, *, mask, bias, need_weights)`` with q (B, …, H, M, d), k (B, …, H, N, d),
     v (B, …, H, N, d_v), H = ``num_heads`` at dim −3.
@@ -41,6 +42,11 @@ class TalkingHeadsAttention(nn.Module):
     Args:
         num_heads: H.
     """
+
+    # capabilities (attnkit.head.HeadAttention)
+    causal_form: ClassVar[bool] = True
+    accepts_bias: ClassVar[bool] = True
+    mask_forms: ClassVar[frozenset[str]] = frozenset({"key", "padding", "causal", "full"})
 
     decodes_with_cache: ClassVar[bool] = True  # every query row is computed alone
     mask_inputs: ClassVar[dict[str, tuple[str, ...]]] = {"mask": ("k", "v")}
@@ -76,7 +82,7 @@ class TalkingHeadsAttention(nn.Module):
         mask: Tensor | None = None,
         bias: Tensor | None = None,
         need_weights: bool = False,
-    ) -> HeadOutput:
+    ) -> AttentionOutput:
         arguments.boolean(need_weights, "need_weights")
         lead = check_head_inputs(q, k, v, mask, bias, "TalkingHeadsAttention")
         if len(lead) < 1 or lead[-1] != self.num_heads:
@@ -104,7 +110,7 @@ class TalkingHeadsAttention(nn.Module):
             context = guarded_sum(torch.matmul, a_mixed, v)  # NaN at weight 0 stays out
         else:
             context = torch.matmul(a_mixed, v)
-        return HeadOutput(context, a if need_weights else None)
+        return AttentionOutput(context, a if need_weights else None)
 
     def extra_repr(self) -> str:
         return f"num_heads={self.num_heads}"

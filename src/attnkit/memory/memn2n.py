@@ -37,24 +37,25 @@ from attnkit.scores import Dot, Score
 __all__ = ["EndToEndMemoryNetwork", "MemN2NOutput", "position_encoding"]
 
 
-def position_encoding(lengths: Tensor, max_len: int, d: int) -> Tensor:
+@arguments.renamed(d="embed_dim")
+def position_encoding(lengths: Tensor, max_len: int, embed_dim: int) -> Tensor:
     """Sukhbaatar et al. Sec. 4.1: l_kj = (1 − j/J) − (k/d)(1 − 2j/J) for word j = 1 … J of a
-    sentence of J words and embedding dimension k = 1 … d.
+    sentence of J words and embedding dimension k = 1 … d (d = ``embed_dim``).
 
     Args:
         lengths: (…,) the number of real words J of each sentence (≥ 0; 0 gives zeros).
         max_len: L, the padded sentence length.
-        d: the embedding size.
+        embed_dim: the embedding size d.
 
     Returns:
-        (…, L, d) weights, zero for j > J.
+        (…, L, embed_dim) weights, zero for j > J.
     """
     dtype = torch.get_default_dtype() if not lengths.is_floating_point() else lengths.dtype
     j = torch.arange(1, max_len + 1, device=lengths.device, dtype=dtype)  # (L,)
-    k = torch.arange(1, d + 1, device=lengths.device, dtype=dtype)  # (d,)
+    k = torch.arange(1, embed_dim + 1, device=lengths.device, dtype=dtype)  # (d,)
     big_j = lengths.to(dtype).clamp_min(1)[..., None, None]  # (…, 1, 1)
     ratio = j[:, None] / big_j  # (…, L, 1)
-    weights = (1 - ratio) - (k / d) * (1 - 2 * ratio)
+    weights = (1 - ratio) - (k / embed_dim) * (1 - 2 * ratio)
     real = j[:, None] <= lengths.to(dtype)[..., None, None]
     return torch.where(real, weights, torch.zeros((), dtype=dtype, device=lengths.device))
 
@@ -91,12 +92,13 @@ class _ScoresAsWeights(Alignment):
 
 
 @REGISTRY.register("memn2n")
+@arguments.renamed(d="embed_dim")
 class EndToEndMemoryNetwork(nn.Module):
     """End-to-end memory network with K hops (Sukhbaatar et al. 2015, Sec. 2).
 
     Args:
         vocab_size: V, words are ids in [0, V) or V-dim word vectors.
-        d: embedding size.
+        embed_dim: embedding size (d).
         hops: K ≥ 1.
         tying: ``"adjacent"`` (Sec. 2.2: A^{k+1} = C^k, B = A^1, W = C^{K}ᵀ; K + 1 embedding
             matrices) or ``"layer_wise"`` (RNN-like: one A and one C for every hop, a separate
@@ -122,7 +124,7 @@ class EndToEndMemoryNetwork(nn.Module):
     def __init__(
         self,
         vocab_size: int,
-        d: int,
+        embed_dim: int,
         *,
         hops: int = 3,
         tying: Literal["adjacent", "layer_wise"] = "adjacent",
@@ -138,7 +140,7 @@ class EndToEndMemoryNetwork(nn.Module):
         super().__init__()
         self.vocab_size = arguments.positive_int(vocab_size, "vocab_size")
         linear_start = arguments.boolean(linear_start, "linear_start")
-        self.d = arguments.positive_int(d, "d")
+        self.embed_dim = arguments.positive_int(embed_dim, "embed_dim")
         self.hops = arguments.positive_int(hops, "hops")
         self.position_encoding = arguments.boolean(position_encoding, "position_encoding")
         self.max_memories = arguments.optional_positive_int(max_memories, "max_memories")
@@ -155,7 +157,7 @@ class EndToEndMemoryNetwork(nn.Module):
         kw = {"device": device, "dtype": dtype}
 
         def table(rows: int) -> nn.Parameter:
-            return nn.Parameter(torch.randn(rows, d, **kw) * 0.1)
+            return nn.Parameter(torch.randn(rows, embed_dim, **kw) * 0.1)
 
         # Adjacent: E_0 … E_K with A^k = E_{k-1}, C^k = E_k, B = E_0, W = E_Kᵀ.
         # Layer-wise: E_0 = A, E_1 = C, plus B, H and W.
@@ -168,8 +170,8 @@ class EndToEndMemoryNetwork(nn.Module):
         )
         if tying == "layer_wise":
             self.query_embedding = table(vocab_size)
-            self.H = nn.Linear(d, d, bias=False, **kw)
-            self.W = nn.Linear(d, self.n_answers, bias=False, **kw)
+            self.H = nn.Linear(embed_dim, embed_dim, bias=False, **kw)
+            self.W = nn.Linear(embed_dim, self.n_answers, bias=False, **kw)
         # p = softmax(uᵀ m_i): a dot score and a softmax by default, through the core.
         score = checks.optional_score(score, "score")
         self.attention = Attention(Dot() if score is None else score, align)
@@ -274,9 +276,9 @@ class EndToEndMemoryNetwork(nn.Module):
                 if mask is None
                 else mask.sum(-1)
             )
-            words = words * position_encoding(n_words.to(words.dtype), words.shape[-2], self.d).to(
-                words.dtype
-            )
+            words = words * position_encoding(
+                n_words.to(words.dtype), words.shape[-2], self.embed_dim
+            ).to(words.dtype)
         elif mask is not None:
             words = words * mask[..., None].to(words.dtype)
         return words.sum(-2)

@@ -55,12 +55,13 @@ class MemoryNetworkOutput(NamedTuple):
 
 
 @REGISTRY.register("memory_network")
+@arguments.renamed(embedding_dim="embed_dim")
 class MemoryNetwork(nn.Module):
     """The O and R components of a memory network over bag-of-words memories.
 
     Args:
         vocab_size: V, the size of the bag-of-words vectors.
-        embedding_dim: n, the rows of U_O and U_R.
+        embed_dim: n, the rows of U_O and U_R.
         hops: supporting memories found one after the other (2 in the paper's experiments).
         n_answers: the answer words R ranks (default V).
         align: the addressing over memories (default hard: argmax in eval mode).
@@ -71,7 +72,7 @@ class MemoryNetwork(nn.Module):
     def __init__(
         self,
         vocab_size: int,
-        embedding_dim: int,
+        embed_dim: int,
         *,
         hops: int = 2,
         n_answers: int | None = None,
@@ -80,16 +81,16 @@ class MemoryNetwork(nn.Module):
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
-        arguments.sizes(vocab_size=vocab_size, embedding_dim=embedding_dim, hops=hops)
+        arguments.sizes(vocab_size=vocab_size, embed_dim=embed_dim, hops=hops)
         if n_answers is not None:
             n_answers = arguments.positive_int(n_answers, "n_answers")
         n_answers = vocab_size if n_answers is None else n_answers
         kw = {"device": device, "dtype": dtype}
         self.vocab_size, self.hops, self.n_answers = vocab_size, hops, n_answers
         # U_O = [question | supports found | candidate] blocks; U_R likewise with answer words.
-        self.u_o = nn.Parameter(torch.randn(embedding_dim, 3 * vocab_size, **kw) * 0.1)
-        self.u_r = nn.Parameter(torch.randn(embedding_dim, 2 * vocab_size, **kw) * 0.1)
-        self.u_r_answer = nn.Parameter(torch.randn(embedding_dim, n_answers, **kw) * 0.1)
+        self.u_o = nn.Parameter(torch.randn(embed_dim, 3 * vocab_size, **kw) * 0.1)
+        self.u_r = nn.Parameter(torch.randn(embed_dim, 2 * vocab_size, **kw) * 0.1)
+        self.u_r_answer = nn.Parameter(torch.randn(embed_dim, n_answers, **kw) * 0.1)
         self.align = (
             Hard() if align is None else checks.resolve_alignment(align, device=device, dtype=dtype)
         )

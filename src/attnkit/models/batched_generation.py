@@ -131,7 +131,7 @@ def _last_logits(model: DecoderLM, tokens: Tensor, step: PagedStep, cache: Paged
             rows.append(torch.cat([x[row : row + 1, :start], own], 1))
         x = torch.cat(rows)
     # The model's own layers, on token ids checked above (as DecoderLM.forward does).
-    with trust.trusted():
+    with trust.trusted(finite=True):
         h = model.decoder(x, mask=step.mask, cache=cache)
     return model.head(h[:, -1])
 

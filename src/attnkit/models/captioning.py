@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from attnkit import checks
+from attnkit import arguments, checks
 from attnkit import taxonomy as tx
 from attnkit.alignments import Softmax
 from attnkit.arguments import sizes
@@ -15,9 +15,11 @@ from attnkit.queries.query_types import QueryTagged
 __all__ = ["ImageCaptioner"]
 
 
+@arguments.renamed(d="embed_dim")
 class ImageCaptioner(nn.Module):
-    """A small CNN gives an (h·w, d) grid of annotation vectors; an LSTM cell attends over it at
-    every step with its state as query (basic), soft (softmax) or hard (sampled) alignment.
+    """A small CNN gives an (h·w, embed_dim) grid of annotation vectors; an LSTM cell attends
+    over it at every step with its state as query (basic), soft (softmax) or hard (sampled)
+    alignment.
 
     The survey calls softmax attention over image regions "soft" (Brauwers 3.2.2), and this
     model reports it so.
@@ -28,7 +30,7 @@ class ImageCaptioner(nn.Module):
     def __init__(
         self,
         vocab: int,
-        d: int,
+        embed_dim: int,
         attention: Attention,
         *,
         channels: int = 1,
@@ -36,24 +38,24 @@ class ImageCaptioner(nn.Module):
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
-        sizes(vocab=vocab, d=d, channels=channels)
+        sizes(vocab=vocab, embed_dim=embed_dim, channels=channels)
         if not isinstance(attention, Attention):
             raise TypeError(
                 f"attention must be an attnkit Attention, got {type(attention).__name__}"
             )
         kw = {"device": device, "dtype": dtype}
         self.cnn = nn.Sequential(
-            nn.Conv2d(channels, d, 3, padding=1, **kw),
+            nn.Conv2d(channels, embed_dim, 3, padding=1, **kw),
             nn.ReLU(),
             nn.MaxPool2d(2),
-            nn.Conv2d(d, d, 3, padding=1, **kw),
+            nn.Conv2d(embed_dim, embed_dim, 3, padding=1, **kw),
             nn.ReLU(),
             nn.MaxPool2d(2),
         )
-        self.embed = nn.Embedding(vocab, d, **kw)
-        self.cell = nn.LSTMCell(2 * d, d, **kw)
+        self.embed = nn.Embedding(vocab, embed_dim, **kw)
+        self.cell = nn.LSTMCell(2 * embed_dim, embed_dim, **kw)
         self.attention = QueryTagged(attention, "basic")
-        self.out = nn.Linear(2 * d, vocab, **kw)
+        self.out = nn.Linear(2 * embed_dim, vocab, **kw)
         self.channels = channels
 
     def taxonomy_tags(self) -> list:
@@ -81,7 +83,7 @@ class ImageCaptioner(nn.Module):
         if int(tokens.min()) < 0 or int(tokens.max()) >= vocab:
             raise ValueError(f"tokens hold ids outside [0, {vocab})")
         checks.part_matches(self, "ImageCaptioner", "images", images)
-        grid = self.cnn(images).flatten(2).transpose(1, 2)  # (B, h·w, d)
+        grid = self.cnn(images).flatten(2).transpose(1, 2)  # (B, h·w, embed_dim)
         h = grid.mean(1)
         c = torch.zeros_like(h)
         context = torch.zeros_like(h)

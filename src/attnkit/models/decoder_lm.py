@@ -18,20 +18,21 @@ from attnkit.transformer import TransformerDecoder
 __all__ = ["DecoderLM"]
 
 
+@arguments.renamed(d_model="embed_dim", heads="num_heads")
 class DecoderLM(nn.Module):
     """p(x_t | x_<t) by a causal Transformer: logits = W · Stack(E_tok[x] + E_pos[t]).
 
     Args:
         vocab_size: V, the number of token ids.
-        d_model, heads, layers, d_ff: sizes of the stack.
+        embed_dim, num_heads, layers, d_ff: sizes of the stack.
         max_len: the longest sequence (prompt + generated); the size of the learned position
             table.
         position: how token order enters: a per-head scheme of every layer's self-attention
             (a registered name or a :class:`attnkit.positions.PositionScheme`: RoPE, ALiBi,
             ...), or an absolute embedding added to the token embeddings (a module with
             ``absolute = True`` called as ``forward(x, *, offset)``, or the registered name of
-            one, built with ``d_model``).
-        learned_positions: add GPT's learned absolute position table (max_len × d_model) to the
+            one, built by its ``for_model(embed_dim, max_len=max_len)``).
+        learned_positions: add GPT's learned absolute position table (max_len × embed_dim) to the
             token embeddings; by default only when no ``position`` is given.
         tie_embeddings: the output head reuses the token embedding matrix (GPT-2).
         layer: further keyword arguments of the layers (``norm_first`` — pre-norm by default,
@@ -45,8 +46,8 @@ class DecoderLM(nn.Module):
     def __init__(
         self,
         vocab_size: int,
-        d_model: int,
-        heads: int,
+        embed_dim: int,
+        num_heads: int,
         layers: int,
         *,
         max_len: int,
@@ -61,25 +62,25 @@ class DecoderLM(nn.Module):
         self.max_len = arguments.positive_int(max_len, "max_len")
         kw = {k: layer[k] for k in ("device", "dtype") if k in layer}
         layer.setdefault("norm_first", True)
-        self.tokens = nn.Embedding(vocab_size, d_model, **kw)
+        self.tokens = nn.Embedding(vocab_size, embed_dim, **kw)
         nn.init.normal_(self.tokens.weight, std=0.02)
         if learned_positions is None:
             learned_positions = position is None
         self.positions: nn.Module | None = None
         if arguments.boolean(learned_positions, "learned_positions"):
-            self.positions = _LearnedTable(max_len, d_model, **kw)
+            self.positions = _LearnedTable(max_len, embed_dim, **kw)
         if _is_absolute(position):
             if self.positions is not None:
                 raise ValueError(
                     "learned_positions=True and an absolute position embedding: pick one"
                 )
             if isinstance(position, str):
-                position = POSITIONS.build(position, d_model=d_model)
+                position = POSITIONS.get(position).for_model(embed_dim, max_len=max_len)
             self.positions, position = position, None
         self.decoder = TransformerDecoder(
-            layers, d_model, heads, d_ff, cross_attention=False, position=position, **layer
+            layers, embed_dim, num_heads, d_ff, cross_attention=False, position=position, **layer
         )
-        self.head = nn.Linear(d_model, vocab_size, bias=False, **kw)
+        self.head = nn.Linear(embed_dim, vocab_size, bias=False, **kw)
         if arguments.boolean(tie_embeddings, "tie_embeddings"):
             self.head.weight = self.tokens.weight
 
@@ -115,8 +116,9 @@ class DecoderLM(nn.Module):
             x = self.positions(x, offset=offset)
         # The token ids and lengths are checked here, and every layer below is this model's own,
         # made in one dtype and on one device: the layers need not check their parameters
-        # against their inputs again for every token (attnkit.trust).
-        with trust.trusted():
+        # against their inputs again for every token, and their inputs are embeddings of
+        # those ids, finite: no attention call looks for non-finite padding (attnkit.trust).
+        with trust.trusted(finite=True):
             h = self.decoder(x, cache=cache, block_mask=block_mask, score_mod=score_mod)
         return self.head(h)
 
@@ -161,8 +163,8 @@ class DecoderLM(nn.Module):
 class _LearnedTable(nn.Embedding):
     """GPT's learned absolute positions: x + P[offset : offset + L]."""
 
-    def __init__(self, max_len: int, d_model: int, **kw: Any) -> None:
-        super().__init__(max_len, d_model, **kw)
+    def __init__(self, max_len: int, embed_dim: int, **kw: Any) -> None:
+        super().__init__(max_len, embed_dim, **kw)
         nn.init.normal_(self.weight, std=0.02)
 
     def forward(self, x: Tensor, *, offset: int = 0) -> Tensor:  # type: ignore[override]

@@ -81,6 +81,7 @@ def masked_lm_loss(logits: Tensor, labels: Tensor) -> Tensor:
     return F.cross_entropy(logits.flatten(0, -2), labels.flatten(), ignore_index=IGNORE)
 
 
+@arguments.renamed(d_model="embed_dim", heads="num_heads")
 class MaskedLM(nn.Module):
     """Token embedding + learned positions → bidirectional encoder → a LayerNorm and an output
     layer tied to the token embedding (as BERT): logits (B, N, V).
@@ -88,7 +89,7 @@ class MaskedLM(nn.Module):
     Args:
         vocab_size: V (including the mask and any special tokens).
         max_len: the longest sequence (learned positions).
-        d_model, heads, layers, d_ff: the encoder's sizes.
+        embed_dim, num_heads, layers, d_ff: the encoder's sizes.
         layer: further keyword arguments of :class:`attnkit.TransformerEncoderLayer` (``score``,
             ``align``, ``attention``, ``position``, ``norm_first``, ``dropout``, ...).
     """
@@ -97,8 +98,8 @@ class MaskedLM(nn.Module):
         self,
         vocab_size: int,
         max_len: int,
-        d_model: int = 64,
-        heads: int = 4,
+        embed_dim: int = 64,
+        num_heads: int = 4,
         layers: int = 2,
         d_ff: int | None = None,
         **layer: Any,
@@ -107,10 +108,10 @@ class MaskedLM(nn.Module):
         self.vocab_size = arguments.positive_int(vocab_size, "vocab_size")
         self.max_len = arguments.positive_int(max_len, "max_len")
         kw = {k: layer[k] for k in ("device", "dtype") if k in layer}
-        self.embed = nn.Embedding(vocab_size, d_model, **kw)
-        self.pos = nn.Embedding(max_len, d_model, **kw)
-        self.encoder = TransformerEncoder(layers, d_model, heads, d_ff, **layer)
-        self.norm = nn.LayerNorm(d_model, **kw)
+        self.embed = nn.Embedding(vocab_size, embed_dim, **kw)
+        self.pos = nn.Embedding(max_len, embed_dim, **kw)
+        self.encoder = TransformerEncoder(layers, embed_dim, num_heads, d_ff, **layer)
+        self.norm = nn.LayerNorm(embed_dim, **kw)
         self.out_bias = nn.Parameter(torch.zeros(vocab_size, **kw))
 
     def forward(self, tokens: Tensor, mask: Tensor | None = None) -> Tensor:

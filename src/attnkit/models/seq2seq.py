@@ -44,16 +44,17 @@ class _AtStep(Alignment):
         return self.inner(scores, mask, query=query, positions=self.step)
 
 
+@arguments.renamed(d="embed_dim")
 class Seq2SeqAttention(nn.Module):
     """Embedding → GRU encoder → GRU-cell decoder that attends over the encoder states.
 
     Args:
         vocab_in, vocab_out: vocabulary sizes.
-        d: embedding and decoder state size.
-        attention: the attention part; its score takes queries of size d (the decoder state)
+        embed_dim: embedding and decoder state size.
+        attention: the attention part; its score takes queries of size embed_dim (the decoder state)
             and keys of size d_enc = 2·enc_hidden if ``bidirectional`` else enc_hidden.
         bidirectional: bidirectional encoder (Bahdanau) or not (Luong).
-        enc_hidden: encoder GRU size per direction (default d).
+        enc_hidden: encoder GRU size per direction (default embed_dim).
         device, dtype: of the model's own layers (the attention part is built by the caller).
 
     ``forward(src, tgt_in, src_mask)`` runs teacher forcing: the decoder reads ``tgt_in`` (B, T)
@@ -67,7 +68,7 @@ class Seq2SeqAttention(nn.Module):
         self,
         vocab_in: int,
         vocab_out: int,
-        d: int,
+        embed_dim: int,
         attention: Attention,
         *,
         bidirectional: bool = True,
@@ -76,24 +77,26 @@ class Seq2SeqAttention(nn.Module):
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
-        sizes(vocab_in=vocab_in, vocab_out=vocab_out, d=d)
+        sizes(vocab_in=vocab_in, vocab_out=vocab_out, embed_dim=embed_dim)
         arguments.optional_positive_int(enc_hidden, "enc_hidden")
         arguments.boolean(bidirectional, "bidirectional")
         if not isinstance(attention, Attention):
             raise TypeError(
                 f"attention must be an attnkit Attention, got {type(attention).__name__}"
             )
-        enc_hidden = d if enc_hidden is None else enc_hidden
+        enc_hidden = embed_dim if enc_hidden is None else enc_hidden
         d_enc = 2 * enc_hidden if bidirectional else enc_hidden
         self.d_enc = d_enc
         kw = {"device": device, "dtype": dtype}
-        self.embed_in = nn.Embedding(vocab_in, d, **kw)
-        self.embed_out = nn.Embedding(vocab_out, d, **kw)
-        self.encoder = nn.GRU(d, enc_hidden, batch_first=True, bidirectional=bidirectional, **kw)
-        self.bridge = nn.Linear(d_enc, d, **kw)
-        self.cell = nn.GRUCell(d + d_enc, d, **kw)
+        self.embed_in = nn.Embedding(vocab_in, embed_dim, **kw)
+        self.embed_out = nn.Embedding(vocab_out, embed_dim, **kw)
+        self.encoder = nn.GRU(
+            embed_dim, enc_hidden, batch_first=True, bidirectional=bidirectional, **kw
+        )
+        self.bridge = nn.Linear(d_enc, embed_dim, **kw)
+        self.cell = nn.GRUCell(embed_dim + d_enc, embed_dim, **kw)
         self.attention = QueryTagged(attention, "basic")
-        self.out = nn.Linear(d + d_enc, vocab_out, **kw)
+        self.out = nn.Linear(embed_dim + d_enc, vocab_out, **kw)
 
     def encode(self, src: Tensor, src_mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
         states, _ = self.encoder(self.embed_in(src))

@@ -26,18 +26,20 @@ from attnkit.transformer import TransformerEncoderLayer
 __all__ = ["UniversalOutput", "UniversalTransformer", "timestep_embedding"]
 
 
-def timestep_embedding(t: int, d: int, *, device=None, dtype=None) -> Tensor:
-    """The sinusoidal embedding (d,) of step t (the Transformer's position formula read at t)."""
-    c = torch.arange(0, d, 2, device=device, dtype=torch.float64)
-    angle = t / torch.pow(10000.0, c / d)
-    out = torch.zeros(d, device=device, dtype=torch.float64)
+@arguments.renamed(d="embed_dim")
+def timestep_embedding(t: int, embed_dim: int, *, device=None, dtype=None) -> Tensor:
+    """The sinusoidal embedding (embed_dim,) of step t (the Transformer's position formula read
+    at t)."""
+    c = torch.arange(0, embed_dim, 2, device=device, dtype=torch.float64)
+    angle = t / torch.pow(10000.0, c / embed_dim)
+    out = torch.zeros(embed_dim, device=device, dtype=torch.float64)
     out[0::2] = torch.sin(angle)
-    out[1::2] = torch.cos(angle[: d // 2])
+    out[1::2] = torch.cos(angle[: embed_dim // 2])
     return out.to(dtype or torch.get_default_dtype())
 
 
 class UniversalOutput(NamedTuple):
-    """output (B, N, d_model); with halting, the halting weights pᵗ (B, N, T) (each position's
+    """output (B, N, embed_dim); with halting, the halting weights pᵗ (B, N, T) (each position's
     sum to 1; zero after it halts), the ponder cost ρ = N + R (B, N) and the steps N (B, N)."""
 
     output: Tensor
@@ -46,12 +48,13 @@ class UniversalOutput(NamedTuple):
     steps: Tensor | None = None
 
 
+@arguments.renamed(d_model="embed_dim", heads="num_heads")
 class UniversalTransformer(nn.Module):
     """A Universal Transformer encoder: one shared :class:`attnkit.TransformerEncoderLayer`
     applied up to ``max_steps`` times.
 
     Args:
-        d_model, heads, d_ff: the shared layer's sizes.
+        embed_dim, num_heads, d_ff: the shared layer's sizes.
         max_steps: T, the most steps (with halting) or the number of steps (without).
         halting: Adaptive Computation Time per position (True) or exactly T steps (False).
         threshold: 1 − ε of ACT, in (0, 1]; a position halts once its halting probabilities
@@ -62,8 +65,8 @@ class UniversalTransformer(nn.Module):
 
     def __init__(
         self,
-        d_model: int,
-        heads: int,
+        embed_dim: int,
+        num_heads: int,
         d_ff: int | None = None,
         *,
         max_steps: int = 6,
@@ -72,29 +75,29 @@ class UniversalTransformer(nn.Module):
         **layer: Any,
     ) -> None:
         super().__init__()
-        self.d_model = arguments.positive_int(d_model, "d_model")
+        self.embed_dim = arguments.positive_int(embed_dim, "embed_dim")
         self.max_steps = arguments.positive_int(max_steps, "max_steps")
         self.halting = arguments.boolean(halting, "halting")
         threshold = arguments.finite_float(threshold, "threshold")
         if not 0 <= threshold <= 1:
             raise ValueError(f"threshold must be in [0, 1], got {threshold!r}")
         self.threshold = float(threshold)
-        self.layer = TransformerEncoderLayer(d_model, heads, d_ff, **layer)
+        self.layer = TransformerEncoderLayer(embed_dim, num_heads, d_ff, **layer)
         kw = {k: layer[k] for k in ("device", "dtype") if k in layer}
-        self.halt = nn.Linear(d_model, 1, **kw) if halting else None
+        self.halt = nn.Linear(embed_dim, 1, **kw) if halting else None
         if self.halt is not None:
             nn.init.constant_(self.halt.bias, 1.0)  # Graves: start by pondering few steps
-        steps = [timestep_embedding(t, d_model, **kw) for t in range(1, self.max_steps + 1)]
+        steps = [timestep_embedding(t, embed_dim, **kw) for t in range(1, self.max_steps + 1)]
         self.register_buffer("timesteps", torch.stack(steps), persistent=False)
 
     def extra_repr(self) -> str:
         return f"max_steps={self.max_steps}, halting={self.halting}, threshold={self.threshold}"
 
     def forward(self, x: Tensor, mask: Tensor | None = None) -> UniversalOutput:
-        """x (B, N, d_model); mask as :meth:`attnkit.TransformerEncoderLayer.forward`."""
-        if not isinstance(x, Tensor) or x.dim() != 3 or x.shape[-1] != self.d_model:
+        """x (B, N, embed_dim); mask as :meth:`attnkit.TransformerEncoderLayer.forward`."""
+        if not isinstance(x, Tensor) or x.dim() != 3 or x.shape[-1] != self.embed_dim:
             raise ValueError(
-                f"x must be (B, N, {self.d_model}), got {getattr(x, 'shape', type(x).__name__)}"
+                f"x must be (B, N, {self.embed_dim}), got {getattr(x, 'shape', type(x).__name__)}"
             )
         state = x
         if self.halt is None:

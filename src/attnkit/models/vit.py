@@ -22,19 +22,20 @@ from attnkit.transformer import TransformerEncoder
 __all__ = ["PatchEmbedding", "ViT", "ViTOutput"]
 
 
+@arguments.renamed(d_model="embed_dim")
 class PatchEmbedding(nn.Module):
-    """Non-overlapping P×P patches of (B, C, H, W) images, flattened and projected to d_model:
-    (B, N_p, d_model) with N_p = (H/P)·(W/P), patches in row-major order.
+    """Non-overlapping P×P patches of (B, C, H, W) images, flattened and projected to embed_dim:
+    (B, N_p, embed_dim) with N_p = (H/P)·(W/P), patches in row-major order.
 
     Args:
-        channels: C; patch_size: P (must divide H and W); d_model: the embedding size.
+        channels: C; patch_size: P (must divide H and W); embed_dim: the embedding size.
     """
 
     def __init__(
         self,
         channels: int,
         patch_size: int,
-        d_model: int,
+        embed_dim: int,
         *,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
@@ -42,8 +43,8 @@ class PatchEmbedding(nn.Module):
         super().__init__()
         self.channels = arguments.positive_int(channels, "channels")
         self.patch_size = arguments.positive_int(patch_size, "patch_size")
-        arguments.positive_int(d_model, "d_model")
-        self.proj = nn.Linear(channels * patch_size**2, d_model, device=device, dtype=dtype)
+        arguments.positive_int(embed_dim, "embed_dim")
+        self.proj = nn.Linear(channels * patch_size**2, embed_dim, device=device, dtype=dtype)
 
     def patches(self, images: Tensor) -> Tensor:
         """(B, C, H, W) -> (B, N_p, C·P·P): each patch flattened channel-major, then by row."""
@@ -64,13 +65,14 @@ class PatchEmbedding(nn.Module):
 
 
 class ViTOutput(NamedTuple):
-    """Class logits (B, classes) and the encoder's output sequence (B, 1 + N_p, d_model), the
+    """Class logits (B, classes) and the encoder's output sequence (B, 1 + N_p, embed_dim), the
     class token first."""
 
     logits: Tensor
     tokens: Tensor
 
 
+@arguments.renamed(d_model="embed_dim", heads="num_heads")
 class ViT(nn.Module):
     """Vision Transformer for (B, C, H, W) images of a fixed size.
 
@@ -79,7 +81,7 @@ class ViT(nn.Module):
         patch_size: P, dividing H and W.
         channels: C.
         classes: the number of output classes.
-        d_model, heads, layers: the encoder's sizes; ``d_ff`` its feed-forward size.
+        embed_dim, num_heads, layers: the encoder's sizes; ``d_ff`` its feed-forward size.
         layer: further keyword arguments of :class:`attnkit.TransformerEncoderLayer` (``score``,
             ``align``, ``attention``, ``dropout``, ...); ``norm_first`` defaults to True (ViT).
     """
@@ -90,8 +92,8 @@ class ViT(nn.Module):
         patch_size: int,
         channels: int,
         classes: int,
-        d_model: int = 64,
-        heads: int = 4,
+        embed_dim: int = 64,
+        num_heads: int = 4,
         layers: int = 2,
         d_ff: int | None = None,
         **layer: Any,
@@ -105,13 +107,15 @@ class ViT(nn.Module):
             raise ValueError(f"patch_size = {patch_size} must divide the image size {h}×{w}")
         self.image_size = (h, w)
         kw = {k: layer[k] for k in ("device", "dtype") if k in layer}
-        self.patch = PatchEmbedding(channels, patch_size, d_model, **kw)
+        self.patch = PatchEmbedding(channels, patch_size, embed_dim, **kw)
         n = (h // patch_size) * (w // patch_size)
-        self.cls_token = nn.Parameter(torch.zeros(1, 1, d_model, **kw))
-        self.pos = nn.Parameter(torch.randn(1, n + 1, d_model, **kw) * 0.02)
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim, **kw))
+        self.pos = nn.Parameter(torch.randn(1, n + 1, embed_dim, **kw) * 0.02)
         layer.setdefault("norm_first", True)
-        self.encoder = TransformerEncoder(layers, d_model, heads, d_ff, final_norm=True, **layer)
-        self.head = nn.Linear(d_model, classes, **kw)
+        self.encoder = TransformerEncoder(
+            layers, embed_dim, num_heads, d_ff, final_norm=True, **layer
+        )
+        self.head = nn.Linear(embed_dim, classes, **kw)
 
     def forward(self, images: Tensor) -> ViTOutput:
         """images (B, C, H, W) of the model's image size -> :class:`ViTOutput`."""

@@ -4,7 +4,7 @@
 cache. The attention parts are registered mechanisms; the sink and differential parts fit the
 attention slot of :class:`attnkit.MultiHeadAttention`, latent attention is a whole layer."""
 
-from attnkit.modern.differential import DifferentialAttention, DifferentialOutput, lambda_init
+from attnkit.modern.differential import DifferentialAttention, lambda_init
 from attnkit.modern.latent import (
     LatentCache,
     LatentOutput,
@@ -16,7 +16,6 @@ from attnkit.modern.streaming import StreamingCache, streaming_mask
 
 __all__ = [
     "DifferentialAttention",
-    "DifferentialOutput",
     "LatentCache",
     "LatentOutput",
     "MultiHeadLatentAttention",

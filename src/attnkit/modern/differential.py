@@ -31,7 +31,7 @@ and position schemes act on both exactly as on ordinary attention.
 from __future__ import annotations
 
 import math
-from typing import ClassVar, NamedTuple
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -40,10 +40,11 @@ from torch import Tensor, nn
 from attnkit import arguments, masks
 from attnkit import taxonomy as tx
 from attnkit.attention import Attention
-from attnkit.efficient.lsh import check_head_inputs
+from attnkit.head import HeadAttention, check_head_inputs
 from attnkit.mechanisms import REGISTRY, example_tensor
+from attnkit.output import AttentionOutput
 
-__all__ = ["DifferentialAttention", "DifferentialOutput", "lambda_init"]
+__all__ = ["DifferentialAttention", "lambda_init"]
 
 
 def lambda_init(depth: int) -> float:
@@ -52,34 +53,8 @@ def lambda_init(depth: int) -> float:
     return 0.8 - 0.6 * math.exp(-0.3 * (depth - 1))
 
 
-class DifferentialOutput(NamedTuple):
-    """What :class:`DifferentialAttention` returns.
-
-    Attributes:
-        context: (B, …, M, d_v), each head normalised and scaled (eq. 3).
-        weights: (B, …, M, N) the differential map A_1 − λ A_2 (signed; rows sum to 1 − λ),
-            only with ``need_weights=True``.
-        scores: always None (two score matrices are formed; see ``maps``).
-        log_prob: always None.
-        maps: (B, …, 2, M, N) the two softmax maps A_1, A_2, only with ``need_weights=True``.
-    """
-
-    context: Tensor
-    weights: Tensor | None = None
-    scores: Tensor | None = None
-    log_prob: Tensor | None = None
-    maps: Tensor | None = None
-
-    @property
-    def representation(self) -> Tensor:
-        return self.context
-
-    def named_weights(self) -> dict[str, Tensor]:
-        return {} if self.maps is None else {"maps": self.maps}
-
-
 @REGISTRY.register("differential")
-class DifferentialAttention(nn.Module):
+class DifferentialAttention(HeadAttention):
     """Differential attention, a per-head part ``part(q, k, v, *, mask, bias, need_weights)`` with
     q (B, …, M, 2d), k (B, …, N, 2d), v (B, …, N, d_v) → context (B, …, M, d_v).
 
@@ -95,6 +70,11 @@ class DifferentialAttention(nn.Module):
     Masks and biases are those of ordinary attention and apply to both maps. A row with no key
     gives context 0.
     """
+
+    # capabilities (attnkit.head.HeadAttention)
+    causal_form: ClassVar[bool] = True
+    accepts_bias: ClassVar[bool] = True
+    mask_forms: ClassVar[frozenset[str]] = frozenset({"key", "padding", "causal", "full"})
 
     mask_inputs: ClassVar[dict[str, tuple[str, ...]]] = {"mask": ("k", "v")}
     decodes_with_cache: ClassVar[bool] = True  # each query's rows are over the keys it is given
@@ -161,7 +141,11 @@ class DifferentialAttention(nn.Module):
         mask: Tensor | None = None,
         bias: Tensor | None = None,
         need_weights: bool = False,
-    ) -> DifferentialOutput:
+    ) -> AttentionOutput:
+        """The context (1 − λ_init) · RMSNorm((A_1 − λ A_2) V) (eqs. 1 and 3); with
+        ``need_weights=True`` also the weights, the differential map A_1 − λ A_2 (…, M, N),
+        signed, its rows summing to 1 − λ, and the two softmax maps by name in ``extra``:
+        ``maps``, A_1 and A_2 stacked (…, 2, M, N). ``scores`` and ``log_prob`` are None."""
         who = type(self).__name__
         arguments.boolean(need_weights, "need_weights")
         lead = check_head_inputs(q, k, v, mask, bias, who)
@@ -180,6 +164,7 @@ class DifferentialAttention(nn.Module):
         diff = out.context[..., 0, :, :] - lam * out.context[..., 1, :, :]  # eq. 1
         context = (1 - self.lambda_init) * F.rms_norm(diff, (diff.shape[-1],), eps=self.eps)
         if not need_weights:
-            return DifferentialOutput(context)
+            return AttentionOutput(context)
         maps = out.weights
-        return DifferentialOutput(context, maps[..., 0, :, :] - lam * maps[..., 1, :, :], maps=maps)
+        diff_map = maps[..., 0, :, :] - lam * maps[..., 1, :, :]
+        return AttentionOutput(context, diff_map, extra={"maps": maps})

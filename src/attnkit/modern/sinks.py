@@ -27,8 +27,9 @@ from attnkit import arguments, masks
 from attnkit import taxonomy as tx
 from attnkit.alignments import Alignment, AlignOutput
 from attnkit.attention import Attention
-from attnkit.efficient.lsh import HeadOutput, check_head_inputs
+from attnkit.head import HeadAttention, check_head_inputs
 from attnkit.mechanisms import REGISTRY, example_tensor
+from attnkit.output import AttentionOutput
 from attnkit.scores import Score
 
 __all__ = ["SinkAttention", "SinkSoftmax", "sink_softmax"]
@@ -96,7 +97,7 @@ class SinkSoftmax(Alignment):
 
 
 @REGISTRY.register("sink")
-class SinkAttention(nn.Module):
+class SinkAttention(HeadAttention):
     """Attention with a learned sink logit per head, a per-head part
     ``part(q, k, v, *, mask, bias, need_weights)`` with q (B, …, H, M, d), k (B, …, H, N, d),
     v (B, …, H, N, d_v) → context (B, …, H, M, d_v); weights (B, …, H, M, N) sum to less than 1.
@@ -112,6 +113,11 @@ class SinkAttention(nn.Module):
     passed as ``mask``. Each query attends over the keys it is given, so it decodes with a KV
     cache.
     """
+
+    # capabilities (attnkit.head.HeadAttention)
+    causal_form: ClassVar[bool] = True
+    accepts_bias: ClassVar[bool] = True
+    mask_forms: ClassVar[frozenset[str]] = frozenset({"key", "padding", "causal", "full"})
 
     mask_inputs: ClassVar[dict[str, tuple[str, ...]]] = {"mask": ("k", "v")}
     decodes_with_cache: ClassVar[bool] = True
@@ -157,8 +163,8 @@ class SinkAttention(nn.Module):
         mask: Tensor | None = None,
         bias: Tensor | None = None,
         need_weights: bool = False,
-    ) -> HeadOutput:
+    ) -> AttentionOutput:
         arguments.boolean(need_weights, "need_weights")
         check_head_inputs(q, k, v, mask, bias, type(self).__name__)
         out = self.attention(q, k, v, mask=mask, bias=bias, need_weights=need_weights)
-        return HeadOutput(out.context, out.weights if need_weights else None)
+        return AttentionOutput(out.context, out.weights if need_weights else None)

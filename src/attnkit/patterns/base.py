@@ -14,6 +14,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
+from attnkit import arguments
 from attnkit.kernels.block_mask import DEFAULT_BLOCK, BlockMask, MaskMod
 
 __all__ = ["MaskMod", "and_masks", "block_mask", "dense", "or_masks"]
@@ -61,23 +62,33 @@ def dense(mask_mod: MaskMod, m: int, n: int) -> Tensor:
     return mask_mod(zero, zero, q_idx, kv_idx).expand(m, n)
 
 
+@arguments.renamed(heads="num_heads")
 def block_mask(
     mask_mod: MaskMod,
     m: int,
     n: int | None = None,
     *,
     batch: int | None = None,
-    heads: int | None = None,
+    num_heads: int | None = None,
     block_q: int = DEFAULT_BLOCK,
     block_k: int = DEFAULT_BLOCK,
 ) -> BlockMask:
-    """The block mask of a pattern over M queries × N keys (N = M by default)."""
+    """The block mask of a pattern over M queries × N keys (N = M by default).
+
+    Args:
+        mask_mod: the pattern, ``mask_mod(b, h, q_idx, kv_idx)`` -> bool (True = may attend).
+        m: M, the queries. n: N, the keys (M when None).
+        batch: B when the pattern depends on the batch index (None: it does not).
+        num_heads: H when the pattern depends on the head index (None: it does not).
+        block_q: queries per block. block_k: keys per block.
+    """
+    arguments.optional_positive_int(num_heads, "num_heads")
     return BlockMask.from_mask_mod(
         mask_mod,
         m,
         m if n is None else n,
         batch=batch,
-        heads=heads,
+        heads=num_heads,
         block_q=block_q,
         block_k=block_k,
     )

@@ -41,7 +41,7 @@ class ALiBi(PositionScheme):
     """
 
     def forward(self, q: Tensor, k: Tensor, *, q_offset: int = 0, k_offset: int = 0) -> Positioned:
-        check_qk(q, k, "alibi", heads=None, q_offset=q_offset, k_offset=k_offset)
+        check_qk(q, k, "alibi", num_heads=None, q_offset=q_offset, k_offset=k_offset)
         if q.dim() < 3:
             raise ValueError(f"alibi needs per-head q (…, H, M, d), got shape {tuple(q.shape)}")
         h, m, n = q.shape[-3], q.shape[-2], k.shape[-2]

@@ -18,13 +18,16 @@ registered in the same registry but refused by the attention slot.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import dataclasses
+from collections.abc import Callable, Mapping
 from typing import Any, ClassVar, NamedTuple
 
 import torch
 from torch import Tensor, nn
 
+from attnkit import arguments
 from attnkit.registry import Registry
+from attnkit.sizing import EXAMPLE, Sized, Sizes, build, example_sizes
 
 __all__ = [
     "REGISTRY",
@@ -59,23 +62,24 @@ def relative_distances(m: int, n: int, q_offset: int, k_offset: int, device=None
     return i[:, None] - j[None, :]
 
 
-class PositionScheme(nn.Module):
+class PositionScheme(Sized, nn.Module):
     """A position scheme: ``forward(q, k, *, q_offset=0, k_offset=0) -> Positioned``.
 
     ``q`` is (B, …, M, d) and ``k`` (B, …, N, d), per head. Query i sits at position
     ``q_offset + i`` and key j at ``k_offset + j``: a decoder that caches keys passes the number
     of cached steps as ``q_offset`` so that a new query is placed after them.
 
-    ``for_heads(head_dim, num_heads, device=, dtype=)`` builds a scheme from its registered name
-    for multi-head attention with H heads of size d (the default ignores the sizes); schemes
-    with parameters per head or per feature override it.
+    ``for_heads(head_dim, num_heads, *, max_len=None, **overrides)`` builds a scheme from its
+    registered name for multi-head attention with H heads of size d
+    (:class:`attnkit.sizing.Sized`; ``device=``/``dtype=`` are overrides): a scheme without
+    parameters takes no sizes, one with parameters per head or per feature declares them in
+    ``size_arguments`` (e.g. ``{"num_heads": "num_heads"}``). ``example()`` builds one for 2
+    heads of 4 features.
     """
 
     absolute: ClassVar[bool] = False
-
-    @classmethod
-    def for_heads(cls, head_dim: int, num_heads: int, *, device=None, dtype=None) -> PositionScheme:
-        return cls()
+    part_kind: ClassVar[str] = "position scheme"
+    example_sizes: ClassVar[Sizes] = dataclasses.replace(EXAMPLE, num_heads=2)
 
     def forward(self, q: Tensor, k: Tensor, *, q_offset: int = 0, k_offset: int = 0) -> Positioned:
         raise NotImplementedError
@@ -83,16 +87,47 @@ class PositionScheme(nn.Module):
 
 class AbsolutePosition(nn.Module):
     """An absolute position embedding added to the token embeddings: ``forward(x, *, offset=0)``
-    maps x (B, …, L, D) to x + P[offset : offset + L] (Vaswani et al. 3.5)."""
+    maps x (B, …, L, D) to x + P[offset : offset + L] (Vaswani et al. 3.5).
+
+    Not a per-head scheme: ``for_heads`` refuses it. ``for_model(embed_dim, *, max_len=None,
+    **overrides)`` builds it for a model of width ``embed_dim`` (``size_arguments`` says which
+    constructor argument takes which size, as for :class:`attnkit.sizing.Sized`), and
+    ``example()`` for width 8 and 16 positions.
+    """
 
     absolute: ClassVar[bool] = True
+    part_kind: ClassVar[str] = "position embedding"
+    size_arguments: ClassVar[Mapping[str, str]] = {"embed_dim": "embed_dim"}
+    example_sizes: ClassVar[Sizes] = dataclasses.replace(EXAMPLE, embed_dim=8)
 
     @classmethod
-    def for_heads(cls, head_dim: int, num_heads: int, *, device=None, dtype=None) -> Any:
+    def for_model(
+        cls, embed_dim: int, *, max_len: int | None = None, **overrides: Any
+    ) -> AbsolutePosition:
+        """This embedding for a model of width ``embed_dim`` over at most ``max_len``
+        positions; ``overrides`` are constructor arguments (e.g. ``device=``)."""
+        arguments.positive_int(embed_dim, "embed_dim")
+        return build(cls, Sizes(embed_dim=embed_dim, max_len=max_len), overrides)
+
+    @classmethod
+    def example(cls, **sizes: int | None) -> AbsolutePosition:
+        """A small instance: ``for_model`` at :attr:`example_sizes`, which ``sizes`` replace."""
+        s = example_sizes(cls.example_sizes, **sizes)
+        assert s.embed_dim is not None  # set in example_sizes
+        return cls.for_model(s.embed_dim, max_len=s.max_len)
+
+    @classmethod
+    def examples(cls, **sizes: int | None) -> dict[str, AbsolutePosition]:
+        """The example under ``""``."""
+        return {"": cls.example(**sizes)}
+
+    @classmethod
+    def for_heads(cls, head_dim: int, num_heads: int | None = None, **sizes: Any) -> Any:
         raise TypeError(
             f"position scheme {getattr(cls, 'registered_name', cls.__name__)!r} is an absolute "
             "embedding added to the token embeddings, not a per-head scheme of the attention "
-            "slot: add it to the model's inputs (e.g. attnkit.positions.build(name, d_model=D)(x))"
+            "slot: add it to the model's inputs (e.g. "
+            "attnkit.positions.build(name, embed_dim=D)(x))"
         )
 
     def forward(self, x: Tensor, *, offset: int = 0) -> Tensor:
@@ -112,17 +147,17 @@ def check_qk(
     k: Tensor,
     scheme: str,
     *,
-    heads: int | None = None,
+    num_heads: int | None = None,
     q_offset: int = 0,
     k_offset: int = 0,
 ) -> None:
     """Raise for queries and keys a per-head scheme cannot take: floating tensors (…, M, d) and
-    (…, N, d) with the same d and dtype, and with ``heads`` given, H = ``heads`` at dim −3; and
-    for offsets that are not ints >= 0 (:func:`check_offsets`)."""
+    (…, N, d) with the same d and dtype, and with ``num_heads`` given, H = ``num_heads`` at
+    dim −3; and for offsets that are not ints >= 0 (:func:`check_offsets`)."""
     from attnkit import inputs
 
     check_offsets(q_offset, k_offset)
-    min_dim = 2 if heads is None else 3
+    min_dim = 2 if num_heads is None else 3
     inputs.tensor(q, "q", min_dim=min_dim)
     inputs.tensor(k, "k", min_dim=min_dim)
     if q.shape[-1] != k.shape[-1] or q.dtype != k.dtype:
@@ -130,8 +165,8 @@ def check_qk(
             f"{scheme}: q {tuple(q.shape)} {q.dtype} and k {tuple(k.shape)} {k.dtype} need the "
             "same size d and dtype"
         )
-    if heads is not None and (q.shape[-3] != heads or k.shape[-3] != heads):
+    if num_heads is not None and (q.shape[-3] != num_heads or k.shape[-3] != num_heads):
         raise ValueError(
-            f"{scheme} has parameters for {heads} heads but got q {tuple(q.shape)} and k "
+            f"{scheme} has parameters for {num_heads} heads but got q {tuple(q.shape)} and k "
             f"{tuple(k.shape)} (heads at dim -3)"
         )

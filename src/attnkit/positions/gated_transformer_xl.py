@@ -38,27 +38,28 @@ from attnkit.positions.transformer_xl import (
 __all__ = ["GRUGate", "GatedTransformerXL", "GatedTransformerXLLayer"]
 
 
+@arguments.renamed(d_model="embed_dim")
 class GRUGate(nn.Module):
     """g(x, y) = (1 − z) ⊙ x + z ⊙ ĥ (module docstring): x the residual stream, y the sublayer
     output, both (…, D).
 
     Args:
-        d_model: D.
+        embed_dim: D.
         gate_bias: the initial b_g (learned; > 0 starts the gate near the identity, z ≈ σ(−b_g)).
     """
 
-    def __init__(self, d_model: int, gate_bias: float = 2.0, *, device=None, dtype=None) -> None:
+    def __init__(self, embed_dim: int, gate_bias: float = 2.0, *, device=None, dtype=None) -> None:
         super().__init__()
-        self.d_model = arguments.positive_int(d_model, "d_model")
+        self.embed_dim = arguments.positive_int(embed_dim, "embed_dim")
         gate_bias = arguments.finite_float(gate_bias, "gate_bias")
         kw = {"device": device, "dtype": dtype}
-        self.W_r = nn.Linear(d_model, d_model, bias=False, **kw)
-        self.U_r = nn.Linear(d_model, d_model, bias=False, **kw)
-        self.W_z = nn.Linear(d_model, d_model, bias=False, **kw)
-        self.U_z = nn.Linear(d_model, d_model, bias=False, **kw)
-        self.W_g = nn.Linear(d_model, d_model, bias=False, **kw)
-        self.U_g = nn.Linear(d_model, d_model, bias=False, **kw)
-        self.b_g = nn.Parameter(torch.full((d_model,), gate_bias, **kw))
+        self.W_r = nn.Linear(embed_dim, embed_dim, bias=False, **kw)
+        self.U_r = nn.Linear(embed_dim, embed_dim, bias=False, **kw)
+        self.W_z = nn.Linear(embed_dim, embed_dim, bias=False, **kw)
+        self.U_z = nn.Linear(embed_dim, embed_dim, bias=False, **kw)
+        self.W_g = nn.Linear(embed_dim, embed_dim, bias=False, **kw)
+        self.U_g = nn.Linear(embed_dim, embed_dim, bias=False, **kw)
+        self.b_g = nn.Parameter(torch.full((embed_dim,), gate_bias, **kw))
 
     def update(self, x: Tensor, y: Tensor) -> Tensor:
         """z = σ(W_z y + U_z x − b_g), how much of x is replaced."""
@@ -71,12 +72,13 @@ class GRUGate(nn.Module):
         return (1 - z) * x + z * candidate
 
 
+@arguments.renamed(d_model="embed_dim", heads="num_heads")
 class GatedTransformerXLLayer(nn.Module):
     """One GTrXL layer (module docstring): pre-norm relative attention over [SG(memory) ∘ h]
     and feed-forward, each merged into the stream by a :class:`GRUGate`.
 
     Args:
-        d_model: D. heads: H (dividing D). d_ff: feed-forward size (default 4D).
+        embed_dim: D. num_heads: H (dividing D). d_ff: feed-forward size (default 4D).
         gate_bias: the initial b_g of both gates.
         dropout: on the sublayer outputs.
 
@@ -85,8 +87,8 @@ class GatedTransformerXLLayer(nn.Module):
 
     def __init__(
         self,
-        d_model: int,
-        heads: int,
+        embed_dim: int,
+        num_heads: int,
         d_ff: int | None = None,
         *,
         gate_bias: float = 2.0,
@@ -97,17 +99,17 @@ class GatedTransformerXLLayer(nn.Module):
         super().__init__()
         kw = {"device": device, "dtype": dtype}
         # its norm1 and norm2 serve as the pre-attention and pre-feed-forward layer norms
-        self.xl = TransformerXLLayer(d_model, heads, d_ff, dropout=dropout, **kw)
-        self.d_model = self.xl.d_model
-        self.gate_attention = GRUGate(d_model, gate_bias, **kw)  # g_MHA
-        self.gate_ff = GRUGate(d_model, gate_bias, **kw)  # g_MLP
+        self.xl = TransformerXLLayer(embed_dim, num_heads, d_ff, dropout=dropout, **kw)
+        self.embed_dim = self.xl.embed_dim
+        self.gate_attention = GRUGate(embed_dim, gate_bias, **kw)  # g_MHA
+        self.gate_ff = GRUGate(embed_dim, gate_bias, **kw)  # g_MLP
 
     def forward(
         self, h: Tensor, memory: Tensor | None = None, mask: Tensor | None = None
     ) -> Tensor:
         """h (B, M, D) the segment E⁽ˡ⁻¹⁾, memory (B, P, D) (already detached) or None; mask
         (M, P + M) boolean, default causal aligned at the end. Returns E⁽ˡ⁾ (B, M, D)."""
-        _segment(h, "h", self.d_model)
+        _segment(h, "h", self.embed_dim)
         _memory(memory, h, "memory")
         xl = self.xl
         context = xl.norm1(h if memory is None else torch.cat([memory, h], dim=-2))
@@ -118,13 +120,14 @@ class GatedTransformerXLLayer(nn.Module):
         return self.gate_ff(y, torch.relu(e_bar))
 
 
+@arguments.renamed(d_model="embed_dim", heads="num_heads")
 class GatedTransformerXL(TransformerXL):
     """A stack of :class:`GatedTransformerXLLayer` with Transformer-XL's segment-level recurrence
     (each layer's memory holds its inputs at the last ``mem_len`` positions, detached); see
     :class:`TransformerXL` for ``forward(x, memory)``.
 
     Args:
-        layers: the number of layers. d_model, heads, d_ff, mem_len and dropout: as
+        layers: the number of layers. embed_dim, num_heads, d_ff, mem_len and dropout: as
             :class:`TransformerXL`.
         gate_bias: the initial b_g of every gate.
     """
@@ -132,8 +135,8 @@ class GatedTransformerXL(TransformerXL):
     def __init__(
         self,
         layers: int,
-        d_model: int,
-        heads: int,
+        embed_dim: int,
+        num_heads: int,
         d_ff: int | None = None,
         *,
         mem_len: int,
@@ -143,10 +146,10 @@ class GatedTransformerXL(TransformerXL):
         dtype=None,
     ) -> None:
         kw = {"device": device, "dtype": dtype}
-        super().__init__(layers, d_model, heads, d_ff, mem_len=mem_len, dropout=dropout, **kw)
+        super().__init__(layers, embed_dim, num_heads, d_ff, mem_len=mem_len, dropout=dropout, **kw)
         self.layers = nn.ModuleList(
             GatedTransformerXLLayer(
-                d_model, heads, d_ff, gate_bias=gate_bias, dropout=dropout, **kw
+                embed_dim, num_heads, d_ff, gate_bias=gate_bias, dropout=dropout, **kw
             )
             for _ in range(layers)
         )

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import torch
 from torch import Tensor, nn
 
@@ -12,29 +14,32 @@ __all__ = ["Learned"]
 
 
 @REGISTRY.register("learned")
+@arguments.renamed(d_model="embed_dim")
 class Learned(AbsolutePosition):
     """x + P[offset : offset + L] with P ∈ R^{max_len × D} learned (Vaswani et al. 3.5 compare
     it with the sinusoids: nearly identical results, but no positions beyond max_len).
 
     Args:
-        d_model: D, the embedding size.
+        embed_dim: D, the embedding size.
         max_len: the number of positions with an embedding; a longer input is refused.
     """
 
-    def __init__(self, d_model: int, max_len: int = 512, *, device=None, dtype=None) -> None:
+    size_arguments: ClassVar[dict[str, str]] = {"embed_dim": "embed_dim", "max_len": "max_len"}
+
+    def __init__(self, embed_dim: int, max_len: int = 512, *, device=None, dtype=None) -> None:
         super().__init__()
-        self.d_model = arguments.positive_int(d_model, "d_model")
+        self.embed_dim = arguments.positive_int(embed_dim, "embed_dim")
         self.max_len = arguments.positive_int(max_len, "max_len")
-        self.weight = nn.Parameter(torch.empty(max_len, d_model, device=device, dtype=dtype))
+        self.weight = nn.Parameter(torch.empty(max_len, embed_dim, device=device, dtype=dtype))
         nn.init.normal_(self.weight, std=0.02)
 
     def forward(self, x: Tensor, *, offset: int = 0) -> Tensor:
         """x (B, …, L, D) -> x + P[offset + l] for l < L."""
         inputs.tensor(x, "x")
-        if x.shape[-1] != self.d_model:
+        if x.shape[-1] != self.embed_dim:
             raise ValueError(
-                f"x has {x.shape[-1]} features (shape {tuple(x.shape)}) but d_model = "
-                f"{self.d_model}"
+                f"x has {x.shape[-1]} features (shape {tuple(x.shape)}) but embed_dim = "
+                f"{self.embed_dim}"
             )
         end = offset + x.shape[-2]
         if offset < 0 or end > self.max_len:
@@ -45,4 +50,4 @@ class Learned(AbsolutePosition):
         return x + self.weight[offset:end].to(x.dtype)
 
     def extra_repr(self) -> str:
-        return f"d_model={self.d_model}, max_len={self.max_len}"
+        return f"embed_dim={self.embed_dim}, max_len={self.max_len}"

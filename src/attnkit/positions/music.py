@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -66,12 +67,11 @@ class MusicRelative(PositionScheme):
         )
         nn.init.normal_(self.weight, std=head_dim**-0.5)
 
-    @classmethod
-    def for_heads(cls, head_dim: int, num_heads: int, *, device=None, dtype=None) -> MusicRelative:
-        return cls(head_dim, num_heads, device=device, dtype=dtype)
+    # for_heads: relative embeddings of head_dim features per head.
+    size_arguments: ClassVar[dict[str, str]] = {"head_dim": "head_dim", "num_heads": "num_heads"}
 
     def forward(self, q: Tensor, k: Tensor, *, q_offset: int = 0, k_offset: int = 0) -> Positioned:
-        check_qk(q, k, "music", heads=self.num_heads, q_offset=q_offset, k_offset=k_offset)
+        check_qk(q, k, "music", num_heads=self.num_heads, q_offset=q_offset, k_offset=k_offset)
         if q.shape[-1] != self.head_dim:
             raise ValueError(f"music was built for head_dim = {self.head_dim}, got q {q.shape}")
         m, n = q.shape[-2], k.shape[-2]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import ClassVar
 
 import torch
 from torch import Tensor, nn
@@ -59,9 +60,8 @@ class ShawRelative(PositionScheme):
         for w in (self.key_table, self.value_table):
             nn.init.normal_(w, std=head_dim**-0.5)
 
-    @classmethod
-    def for_heads(cls, head_dim: int, num_heads: int, *, device=None, dtype=None) -> ShawRelative:
-        return cls(head_dim, device=device, dtype=dtype)
+    # for_heads: edge vectors of head_dim features, shared by the heads.
+    size_arguments: ClassVar[dict[str, str]] = {"head_dim": "head_dim"}
 
     def index(self, m: int, n: int, q_offset: int, k_offset: int, device) -> Tensor:
         """(M, N) row of w^K / w^V for each pair: clip(j − i, k) + k."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import ClassVar
 
 import torch
 from torch import Tensor, nn
@@ -82,12 +83,11 @@ class T5Relative(PositionScheme):
         self.weight = nn.Parameter(torch.empty(num_buckets, num_heads, device=device, dtype=dtype))
         nn.init.normal_(self.weight, std=0.02)
 
-    @classmethod
-    def for_heads(cls, head_dim: int, num_heads: int, *, device=None, dtype=None) -> T5Relative:
-        return cls(num_heads, device=device, dtype=dtype)
+    # for_heads: a bias per head.
+    size_arguments: ClassVar[dict[str, str]] = {"num_heads": "num_heads"}
 
     def forward(self, q: Tensor, k: Tensor, *, q_offset: int = 0, k_offset: int = 0) -> Positioned:
-        check_qk(q, k, "t5", heads=self.num_heads, q_offset=q_offset, k_offset=k_offset)
+        check_qk(q, k, "t5", num_heads=self.num_heads, q_offset=q_offset, k_offset=k_offset)
         m, n = q.shape[-2], k.shape[-2]
         relative = -relative_distances(m, n, q_offset, k_offset, q.device)  # j − i
         bucket = t5_bucket(

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import math
+from typing import ClassVar
 
 import torch
 from torch import Tensor, nn
@@ -58,9 +59,8 @@ class XLRelative(PositionScheme):
         nn.init.normal_(self.u, std=0.02)
         nn.init.normal_(self.v, std=0.02)
 
-    @classmethod
-    def for_heads(cls, head_dim: int, num_heads: int, *, device=None, dtype=None) -> XLRelative:
-        return cls(head_dim, num_heads, device=device, dtype=dtype)
+    # for_heads: u, v and W_R per head of head_dim features.
+    size_arguments: ClassVar[dict[str, str]] = {"head_dim": "head_dim", "num_heads": "num_heads"}
 
     def relative_keys(self, distances: Tensor, dtype: torch.dtype) -> Tensor:
         """W_R R_d per head: (R,) distances -> (H, R, d)."""
@@ -69,7 +69,9 @@ class XLRelative(PositionScheme):
         return (r @ w.T).unflatten(-1, (self.num_heads, self.head_dim)).transpose(0, 1)
 
     def forward(self, q: Tensor, k: Tensor, *, q_offset: int = 0, k_offset: int = 0) -> Positioned:
-        check_qk(q, k, "transformer_xl", heads=self.num_heads, q_offset=q_offset, k_offset=k_offset)
+        check_qk(
+            q, k, "transformer_xl", num_heads=self.num_heads, q_offset=q_offset, k_offset=k_offset
+        )
         if q.shape[-1] != self.head_dim:
             raise ValueError(
                 f"transformer_xl was built for head_dim = {self.head_dim}, got q {tuple(q.shape)}"
@@ -84,12 +86,12 @@ class XLRelative(PositionScheme):
         return f"head_dim={self.head_dim}, num_heads={self.num_heads}, d_r={self.d_r}"
 
 
-def _segment(x: object, name: str, d_model: int) -> Tensor:
-    """A segment (B, M, D) with D = ``d_model``."""
+def _segment(x: object, name: str, embed_dim: int) -> Tensor:
+    """A segment (B, M, D) with D = ``embed_dim``."""
     x = inputs.tensor(x, name, min_dim=3)
-    if x.dim() != 3 or x.shape[-1] != d_model:
+    if x.dim() != 3 or x.shape[-1] != embed_dim:
         raise ValueError(
-            f"{name} must be (B, M, D) with D = d_model = {d_model}, got shape {tuple(x.shape)}"
+            f"{name} must be (B, M, D) with D = embed_dim = {embed_dim}, got shape {tuple(x.shape)}"
         )
     return x
 
@@ -108,20 +110,21 @@ def _memory(memory: object, h: Tensor, name: str) -> None:
     inputs.same_kind(("segment", h), (name, memory))
 
 
+@arguments.renamed(d_model="embed_dim", heads="num_heads")
 class TransformerXLLayer(nn.Module):
     """One Transformer-XL layer (Dai et al. 3.2-3.3): relative multi-head self-attention over
     [SG(memory) ∘ h] (the memory's states are keys and values, not queries), then the
     position-wise feed-forward; post-norm residuals, as in the paper.
 
     Args:
-        d_model: D. heads: H (dividing D). d_ff: feed-forward size (default 4D).
+        embed_dim: D. num_heads: H (dividing D). d_ff: feed-forward size (default 4D).
         dropout: on the sublayer outputs.
     """
 
     def __init__(
         self,
-        d_model: int,
-        heads: int,
+        embed_dim: int,
+        num_heads: int,
         d_ff: int | None = None,
         *,
         dropout: float = 0.0,
@@ -129,21 +132,21 @@ class TransformerXLLayer(nn.Module):
         dtype=None,
     ) -> None:
         super().__init__()
-        self.d_model = arguments.positive_int(d_model, "d_model")
-        self.heads = arguments.positive_int(heads, "heads")
-        if d_model % heads:
-            raise ValueError(f"d_model = {d_model} is not divisible by heads = {heads}")
+        self.embed_dim = arguments.positive_int(embed_dim, "embed_dim")
+        self.num_heads = arguments.positive_int(num_heads, "num_heads")
+        if embed_dim % num_heads:
+            raise ValueError(f"embed_dim = {embed_dim} is not divisible by num_heads = {num_heads}")
         kw = {"device": device, "dtype": dtype}
-        d_ff = 4 * d_model if d_ff is None else arguments.positive_int(d_ff, "d_ff")
-        self.position = XLRelative(d_model // heads, heads, **kw)
-        self.q_proj = nn.Linear(d_model, d_model, bias=False, **kw)
-        self.kv_proj = nn.Linear(d_model, 2 * d_model, bias=False, **kw)
-        self.out_proj = nn.Linear(d_model, d_model, bias=False, **kw)
+        d_ff = 4 * embed_dim if d_ff is None else arguments.positive_int(d_ff, "d_ff")
+        self.position = XLRelative(embed_dim // num_heads, num_heads, **kw)
+        self.q_proj = nn.Linear(embed_dim, embed_dim, bias=False, **kw)
+        self.kv_proj = nn.Linear(embed_dim, 2 * embed_dim, bias=False, **kw)
+        self.out_proj = nn.Linear(embed_dim, embed_dim, bias=False, **kw)
         self.ff = nn.Sequential(
-            nn.Linear(d_model, d_ff, **kw), nn.ReLU(), nn.Linear(d_ff, d_model, **kw)
+            nn.Linear(embed_dim, d_ff, **kw), nn.ReLU(), nn.Linear(d_ff, embed_dim, **kw)
         )
-        self.norm1 = nn.LayerNorm(d_model, **kw)
-        self.norm2 = nn.LayerNorm(d_model, **kw)
+        self.norm1 = nn.LayerNorm(embed_dim, **kw)
+        self.norm2 = nn.LayerNorm(embed_dim, **kw)
         self.drop = nn.Dropout(arguments.probability(dropout, "dropout"))
 
     def forward(
@@ -152,7 +155,7 @@ class TransformerXLLayer(nn.Module):
         """h (B, M, D) the segment, memory (B, P, D) the earlier states (already detached) or
         None; mask (M, P + M) boolean, default causal aligned at the end (query i sees the
         memory and keys up to itself). Returns (B, M, D)."""
-        _segment(h, "h", self.d_model)
+        _segment(h, "h", self.embed_dim)
         _memory(memory, h, "memory")
         context = h if memory is None else torch.cat([memory, h], dim=-2)
         h = self.norm1(h + self.drop(self.relative_attention(h, context, mask)))
@@ -162,7 +165,7 @@ class TransformerXLLayer(nn.Module):
         """The relative multi-head attention of the segment h (B, M, D), the queries, over
         context (B, P + M, D) = [memory ∘ h], the keys and values; after the output projection,
         (B, M, D). mask as :meth:`forward`."""
-        split = (self.heads, self.d_model // self.heads)
+        split = (self.num_heads, self.embed_dim // self.num_heads)
         q = self.q_proj(h).unflatten(-1, split).transpose(-2, -3)
         k, v = (
             t.unflatten(-1, split).transpose(-2, -3) for t in self.kv_proj(context).chunk(2, dim=-1)
@@ -175,6 +178,7 @@ class TransformerXLLayer(nn.Module):
         return self.out_proj(out.transpose(-2, -3).flatten(-2))
 
 
+@arguments.renamed(d_model="embed_dim", heads="num_heads")
 class TransformerXL(nn.Module):
     """A stack of :class:`TransformerXLLayer` with the segment-level recurrence (Dai et al. 3.2):
     layer n of segment τ + 1 attends over [SG(h^{n−1}_τ) ∘ h^{n−1}_{τ+1}], the cached states
@@ -185,15 +189,15 @@ class TransformerXL(nn.Module):
     segment; the new memory keeps the last ``mem_len`` positions, detached.
 
     Args:
-        layers: the number of layers. d_model, heads, d_ff, dropout: as the layer.
+        layers: the number of layers. embed_dim, num_heads, d_ff, dropout: as the layer.
         mem_len: the number of positions kept per layer.
     """
 
     def __init__(
         self,
         layers: int,
-        d_model: int,
-        heads: int,
+        embed_dim: int,
+        num_heads: int,
         d_ff: int | None = None,
         *,
         mem_len: int,
@@ -205,7 +209,9 @@ class TransformerXL(nn.Module):
         arguments.positive_int(layers, "layers")
         self.mem_len = arguments.nonnegative_int(mem_len, "mem_len")
         self.layers = nn.ModuleList(
-            TransformerXLLayer(d_model, heads, d_ff, dropout=dropout, device=device, dtype=dtype)
+            TransformerXLLayer(
+                embed_dim, num_heads, d_ff, dropout=dropout, device=device, dtype=dtype
+            )
             for _ in range(layers)
         )
 
@@ -214,7 +220,7 @@ class TransformerXL(nn.Module):
     ) -> tuple[Tensor, list[Tensor]]:
         """x (B, M, D); memory as returned by the previous segment (or None); mask (M, P + M)
         overrides the causal one (e.g. to limit how far back a single pass may look)."""
-        _segment(x, "x", self.layers[0].d_model)
+        _segment(x, "x", self.layers[0].embed_dim)
         if memory is not None:
             if not isinstance(memory, (list, tuple)):
                 raise TypeError(

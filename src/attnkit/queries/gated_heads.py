@@ -44,13 +44,14 @@ class GatedHeadOutput(NamedTuple):
 
 
 @REGISTRY.register("gated_heads")
+@arguments.renamed(heads="num_heads", d_head="head_dim")
 class GatedHeadAttention(nn.Module):
     """GaAN's gated multi-head attention of queries x (B, M, d_x) over keys z (B, N, d_z).
 
     Args:
         d_x: query size; d_z: key (neighbour) size.
-        heads: K.
-        d_head: each head's attention and value size.
+        num_heads: K.
+        head_dim: each head's attention and value size.
         d_m: size of the projected neighbours that are max-pooled for the gates.
         d_out: output size (default d_x).
     """
@@ -61,8 +62,8 @@ class GatedHeadAttention(nn.Module):
         self,
         d_x: int,
         d_z: int,
-        heads: int,
-        d_head: int,
+        num_heads: int,
+        head_dim: int,
         d_m: int,
         d_out: int | None = None,
         *,
@@ -70,29 +71,31 @@ class GatedHeadAttention(nn.Module):
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
-        arguments.sizes(d_x=d_x, d_z=d_z, heads=heads, d_head=d_head, d_m=d_m)
+        arguments.sizes(d_x=d_x, d_z=d_z, num_heads=num_heads, head_dim=head_dim, d_m=d_m)
         d_out = d_x if d_out is None else arguments.positive_int(d_out, "d_out")
-        self.d_x, self.d_z, self.heads, self.d_head = d_x, d_z, heads, d_head
+        self.d_x, self.d_z, self.num_heads, self.head_dim = d_x, d_z, num_heads, head_dim
         kw = {"device": device, "dtype": dtype}
-        self.query = nn.Linear(d_x, heads * d_head, bias=False, **kw)  # W_xa, all heads
-        self.key = nn.Linear(d_z, heads * d_head, bias=False, **kw)  # W_za
-        self.value = nn.Linear(d_z, heads * d_head, bias=False, **kw)  # W_v
+        self.query = nn.Linear(d_x, num_heads * head_dim, bias=False, **kw)  # W_xa, all heads
+        self.key = nn.Linear(d_z, num_heads * head_dim, bias=False, **kw)  # W_za
+        self.value = nn.Linear(d_z, num_heads * head_dim, bias=False, **kw)  # W_v
         self.pool = nn.Linear(d_z, d_m, **kw)  # W_m
-        self.gate = nn.Linear(d_x + d_m + d_z, heads, **kw)  # W_g, b_g
-        self.out = nn.Linear(d_x + heads * d_head, d_out, **kw)  # W_o, b_o
+        self.gate = nn.Linear(d_x + d_m + d_z, num_heads, **kw)  # W_g, b_g
+        self.out = nn.Linear(d_x + num_heads * head_dim, d_out, **kw)  # W_o, b_o
         self.attention = Attention("dot", "softmax")
 
     @classmethod
     def example(cls):
         mask = masks.from_lengths(torch.tensor([6, 4]), 6)
         x, z = example_tensor(2, 3, 4, seed=41), example_tensor(2, 6, 5, seed=42)
-        return cls(4, 5, heads=2, d_head=3, d_m=4), (x, z), {"mask": mask}
+        return cls(4, 5, num_heads=2, head_dim=3, d_m=4), (x, z), {"mask": mask}
 
     def taxonomy_tags(self) -> list:
         return [tx.QueryMultiplicity.MULTI_HEAD, tx.Scoring.MULTIPLICATIVE]
 
     def extra_repr(self) -> str:
-        return f"d_x={self.d_x}, d_z={self.d_z}, heads={self.heads}, d_head={self.d_head}"
+        return (
+            f"d_x={self.d_x}, d_z={self.d_z}, num_heads={self.num_heads}, head_dim={self.head_dim}"
+        )
 
     def forward(self, x: Tensor, z: Tensor, mask: Tensor | None = None) -> GatedHeadOutput:
         """x (B, M, d_x), z (B, N, d_z); mask True = j is a neighbour of i: (B, M, N), or
@@ -111,8 +114,8 @@ class GatedHeadAttention(nn.Module):
             masks.check(mask, torch.Size((b, m, n)))
             allowed = mask.broadcast_to(b, m, n)
             z = torch.where(allowed.any(1)[..., None], z, 0.0)  # padding reaches nothing
-        kh, dh = self.heads, self.d_head  # explicit sizes: B = 0 leaves no -1 to infer
-        q = self.query(x).reshape(b, m, kh, dh).transpose(1, 2)  # (B, K, M, d_head)
+        kh, dh = self.num_heads, self.head_dim  # explicit sizes: B = 0 leaves no -1 to infer
+        q = self.query(x).reshape(b, m, kh, dh).transpose(1, 2)  # (B, K, M, head_dim)
         k = self.key(z).reshape(b, n, kh, dh).transpose(1, 2)
         v = self.value(z).reshape(b, n, kh, dh).transpose(1, 2)
         heads = self.attention(q, k, v, mask=allowed[:, None], need_weights=True)
@@ -125,6 +128,6 @@ class GatedHeadAttention(nn.Module):
         count = allowed.sum(-1, keepdim=True).clamp_min(1).to(z.dtype)
         mean = (allowed.to(z.dtype) @ z) / count
         gates = torch.sigmoid(self.gate(torch.cat([x, pooled, mean], -1)))  # (B, M, K)
-        gated = heads.context * gates.transpose(1, 2)[..., None]  # (B, K, M, d_head)
+        gated = heads.context * gates.transpose(1, 2)[..., None]  # (B, K, M, head_dim)
         y = self.out(torch.cat([x, gated.transpose(1, 2).flatten(2)], -1))
         return GatedHeadOutput(y, heads.weights, gates)

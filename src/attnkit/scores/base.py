@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import torch
 from torch import Tensor, nn
@@ -10,6 +10,7 @@ from torch import Tensor, nn
 from attnkit import inputs
 from attnkit import taxonomy as tx
 from attnkit.registry import Registry
+from attnkit.sizing import Sized
 
 __all__ = ["REGISTRY", "Score", "check_heads", "expect_features"]
 
@@ -36,13 +37,13 @@ def check_heads(score: Score, q: Tensor | None, k: Tensor) -> None:
             continue
         if x.dim() < 4 or x.shape[-3] != h:
             raise ValueError(
-                f"the {type(score).__name__} score was built with heads={h}: {name} must be "
+                f"the {type(score).__name__} score was built with num_heads={h}: {name} must be "
                 f"(B, …, H, L, d) with H = {h} at dim -3 after a batch dim, got shape "
                 f"{tuple(x.shape)}"
             )
 
 
-class Score(nn.Module):
+class Score(Sized, nn.Module):
     """A score function: maps q (…, M, d_q) and k (…, N, d_k) to scores (…, M, N).
 
     Multi-dimensional scores (Brauwers eq. 31) return (…, M, N, d_out) instead.
@@ -68,9 +69,19 @@ class Score(nn.Module):
     - ``compile_tile``: the chunked kernel may compile ``pairwise`` for its tiles.
     - ``query_free``: the query's content is ignored (self-attentive scores, eq. 33–34); ``q``
       may be None, and the scores then have M = 1.
-    - ``heads``: H when the score holds one parameter set per head; its inputs are then
-      (B, …, H, L, d), the head dim at -3 with at least one batch dim before it.
+    - ``heads``: H (the constructor's ``num_heads``) when the score holds one parameter set
+      per head; its inputs are then (B, …, H, L, d), the head dim at -3 with at least one
+      batch dim before it.
+
+    Built at given sizes by ``for_heads(head_dim, num_heads, *, max_len=None, **overrides)``
+    (:class:`attnkit.sizing.Sized`): q and k of ``head_dim`` features, one parameter set per
+    head when ``num_heads`` is given. A score says which constructor argument takes which size
+    in ``size_arguments`` (e.g. ``{"d_q": "head_dim", "d_k": "head_dim", "d_w": "head_dim",
+    "num_heads": "num_heads"}``); a score without parameters needs nothing. ``example()`` and
+    ``examples()`` give the small instances the contract tests run.
     """
+
+    part_kind: ClassVar[str] = "score"
 
     scoring: ClassVar[tx.Scoring]
     content_based: ClassVar[bool] = True
@@ -82,14 +93,6 @@ class Score(nn.Module):
     # scores whose tile is elementwise work over (M_b, N_b, d_w), bound by memory traffic.
     compile_tile: ClassVar[bool] = False
     heads: int | None = None
-
-    @classmethod
-    def for_heads(cls, d: int, heads: int, **factory: Any) -> Score:
-        """This score for ``heads`` heads of size ``d`` each, with every size given explicitly
-        (how :class:`attnkit.MultiHeadAttention` builds a score named by a string); ``factory``
-        is ``device=``/``dtype=``. Scores without parameters are built as they are; scores with
-        parameters override this."""
-        return cls()
 
     @property
     def multi_dimensional(self) -> bool:

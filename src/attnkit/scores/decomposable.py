@@ -18,7 +18,7 @@ may dispatch to SDPA.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import torch
 from torch import Tensor
@@ -27,11 +27,13 @@ from attnkit import arguments
 from attnkit import taxonomy as tx
 from attnkit.layers import HeadwiseLinear, resolve_activation
 from attnkit.scores.base import REGISTRY, Score, expect_features
+from attnkit.sizing import example_sizes
 
 __all__ = ["Decomposable", "SharedDecomposable"]
 
 
 @REGISTRY.register("decomposable")
+@arguments.renamed(heads="num_heads")
 class Decomposable(Score):
     """Decomposable score with separate networks (Galassi eq. 13):
     e_l = act(W_1 q + b_1)ᵀ act(W_2 k_l + b_2).
@@ -41,7 +43,7 @@ class Decomposable(Score):
         d_w: output size of both networks (the product is over d_w features).
         activation: name from :data:`attnkit.layers.ACTIVATIONS` or a callable (ReLU in
             Parikh et al.).
-        heads: one parameter set per head (inputs then carry a head dim at -3).
+        num_heads: one parameter set per head (inputs then carry a head dim at -3).
     """
 
     scoring = tx.Scoring.GENERAL
@@ -54,7 +56,7 @@ class Decomposable(Score):
         d_w: int,
         *,
         activation: str | Callable[[Tensor], Tensor] = "relu",
-        heads: int | None = None,
+        num_heads: int | None = None,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
@@ -62,16 +64,22 @@ class Decomposable(Score):
         self.d_q = arguments.positive_int(d_q, "d_q")
         self.d_k = arguments.positive_int(d_k, "d_k")
         self.d_w = arguments.positive_int(d_w, "d_w")
-        self.heads = arguments.optional_positive_int(heads, "heads")
+        self.heads = arguments.optional_positive_int(num_heads, "num_heads")
         self.act = resolve_activation(activation)
-        kw = {"heads": heads, "bias": True, "device": device, "dtype": dtype}
+        kw = {"num_heads": num_heads, "bias": True, "device": device, "dtype": dtype}
         self.W1 = HeadwiseLinear(d_q, d_w, **kw)  # W_1, b_1: the query network
         self.W2 = HeadwiseLinear(d_k, d_w, **kw)  # W_2, b_2: the key network
 
+    # for_heads: d_q = d_k = d_w = head_dim, one parameter set per head.
+    size_arguments: ClassVar[dict[str, str]] = {
+        "d_q": "head_dim", "d_k": "head_dim", "d_w": "head_dim", "num_heads": "num_heads"
+    }  # fmt: skip
+
     @classmethod
-    def for_heads(cls, d: int, heads: int, **factory: Any) -> Score:
-        """d_q = d_k = d_w = d, one parameter set per head."""
-        return cls(d, d, d, heads=heads, **factory)
+    def example(cls, **sizes: int | None) -> Score:
+        """d_w = 5 and tanh."""
+        s = example_sizes(cls.example_sizes, **sizes)
+        return cls.for_heads(**s.for_heads(), d_w=5, activation="tanh")
 
     def check(self, q: Tensor | None, k: Tensor) -> None:
         assert q is not None  # guaranteed by Score.forward
@@ -96,6 +104,7 @@ class Decomposable(Score):
 
 
 @REGISTRY.register("decomposable_shared")
+@arguments.renamed(heads="num_heads")
 class SharedDecomposable(Decomposable):
     """Decomposable score with one shared network (Parikh et al.'s attend step):
     e_l = act(W q + b)ᵀ act(W k_l + b), symmetric in its two inputs.
@@ -104,7 +113,7 @@ class SharedDecomposable(Decomposable):
         d_k: feature size of the queries and of the keys (d_q = d_k: the network is shared).
         d_w: output size of the network.
         activation: as :class:`Decomposable`.
-        heads: one network per head (inputs then carry a head dim at -3).
+        num_heads: one network per head (inputs then carry a head dim at -3).
     """
 
     def __init__(
@@ -113,19 +122,19 @@ class SharedDecomposable(Decomposable):
         d_w: int,
         *,
         activation: str | Callable[[Tensor], Tensor] = "relu",
-        heads: int | None = None,
+        num_heads: int | None = None,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__(
-            d_k, d_k, d_w, activation=activation, heads=heads, device=device, dtype=dtype
+            d_k, d_k, d_w, activation=activation, num_heads=num_heads, device=device, dtype=dtype
         )
         self.W2 = None  # one network, W1, for both roles
 
-    @classmethod
-    def for_heads(cls, d: int, heads: int, **factory: Any) -> Score:
-        """d_k = d_w = d, one network per head."""
-        return cls(d, d, heads=heads, **factory)
+    # for_heads: d_k = d_w = head_dim, one network per head.
+    size_arguments: ClassVar[dict[str, str]] = {
+        "d_k": "head_dim", "d_w": "head_dim", "num_heads": "num_heads"
+    }  # fmt: skip
 
     def check(self, q: Tensor | None, k: Tensor) -> None:
         assert q is not None

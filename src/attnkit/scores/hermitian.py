@@ -6,7 +6,7 @@ product by a learned complex vector makes it depend on the roles (:class:`Direct
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import torch
 from torch import Tensor
@@ -15,11 +15,13 @@ from attnkit import arguments
 from attnkit import taxonomy as tx
 from attnkit.layers import HeadwiseLinear
 from attnkit.scores.base import REGISTRY, Score, expect_features
+from attnkit.sizing import example_sizes
 
 __all__ = ["DirectedHermitian", "Hermitian"]
 
 
 @REGISTRY.register("hermitian")
+@arguments.renamed(heads="num_heads")
 class Hermitian(Score):
     """Hermitian score: e_l = Re⟨φ(q), φ(k_l)⟩ = Re Σ_c φ(q)_c · conj(φ(k_l)_c).
 
@@ -36,7 +38,7 @@ class Hermitian(Score):
     Args:
         d_k: feature size of the queries and of the keys (d_q = d_k: the embedding is shared).
         d_w: complex dimension of the embedding.
-        heads: one (W_re, W_im) per head; inputs are then (B, …, H, L, d).
+        num_heads: one (W_re, W_im) per head; inputs are then (B, …, H, L, d).
     """
 
     scoring = tx.Scoring.GENERAL
@@ -47,22 +49,27 @@ class Hermitian(Score):
         d_k: int,
         d_w: int,
         *,
-        heads: int | None = None,
+        num_heads: int | None = None,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
         self.d_k = arguments.positive_int(d_k, "d_k")
         self.d_w = arguments.positive_int(d_w, "d_w")
-        self.heads = arguments.optional_positive_int(heads, "heads")
-        kw = {"heads": heads, "bias": False, "device": device, "dtype": dtype}
+        self.heads = arguments.optional_positive_int(num_heads, "num_heads")
+        kw = {"num_heads": num_heads, "bias": False, "device": device, "dtype": dtype}
         self.W_re = HeadwiseLinear(d_k, d_w, **kw)
         self.W_im = HeadwiseLinear(d_k, d_w, **kw)
 
+    # for_heads: d_k = d_w = head_dim, one embedding per head.
+    size_arguments: ClassVar[dict[str, str]] = {
+        "d_k": "head_dim", "d_w": "head_dim", "num_heads": "num_heads"
+    }  # fmt: skip
+
     @classmethod
-    def for_heads(cls, d: int, heads: int, **factory: Any) -> Score:
-        """d_k = d_w = d, one embedding per head."""
-        return cls(d, d, heads=heads, **factory)
+    def example(cls, **sizes: int | None) -> Score:
+        """d_w = 5."""
+        return cls.for_heads(**example_sizes(cls.example_sizes, **sizes).for_heads(), d_w=5)
 
     def check(self, q: Tensor | None, k: Tensor) -> None:
         assert q is not None
@@ -96,6 +103,7 @@ class Hermitian(Score):
 
 
 @REGISTRY.register("directed_hermitian")
+@arguments.renamed(heads="num_heads")
 class DirectedHermitian(Hermitian):
     """Role-dependent Hermitian score: e_l = Re Σ_c r_c · φ(q)_c · conj(φ(k_l)_c), r ∈ C^{d_w}
     learned (the complex relation vector of ComplEx, Trouillon et al. 2016, on which Tay et al.
@@ -113,7 +121,7 @@ class DirectedHermitian(Hermitian):
     Args:
         d_k: feature size of the queries and of the keys (the embedding φ is shared).
         d_w: complex dimension of the embedding.
-        heads: one (W_re, W_im, r) per head; inputs are then (B, …, H, L, d).
+        num_heads: one (W_re, W_im, r) per head; inputs are then (B, …, H, L, d).
     """
 
     def __init__(
@@ -121,11 +129,11 @@ class DirectedHermitian(Hermitian):
         d_k: int,
         d_w: int,
         *,
-        heads: int | None = None,
+        num_heads: int | None = None,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
-        super().__init__(d_k, d_w, heads=heads, device=device, dtype=dtype)
+        super().__init__(d_k, d_w, num_heads=num_heads, device=device, dtype=dtype)
         shape = (d_w,) if self.heads is None else (self.heads, 1, d_w)
         kw = {"device": device, "dtype": dtype}
         self.r_re = torch.nn.Parameter(torch.ones(shape, **kw))

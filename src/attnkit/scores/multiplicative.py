@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import torch
 from torch import Tensor, nn
@@ -95,20 +95,22 @@ class _QueryMapped(Score):
         d_k: int,
         *,
         bias: bool,
-        heads: int | None = None,
+        num_heads: int | None = None,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
         self.d_q = arguments.positive_int(d_q, "d_q")
         self.d_k = arguments.positive_int(d_k, "d_k")
-        self.heads = arguments.optional_positive_int(heads, "heads")
-        self.W = HeadwiseLinear(d_q, d_k, heads=heads, bias=bias, device=device, dtype=dtype)
+        self.heads = arguments.optional_positive_int(num_heads, "num_heads")
+        self.W = HeadwiseLinear(
+            d_q, d_k, num_heads=num_heads, bias=bias, device=device, dtype=dtype
+        )
 
-    @classmethod
-    def for_heads(cls, d: int, heads: int, **factory: Any) -> Score:
-        """d_q = d_k = d, one parameter set per head."""
-        return cls(d, d, heads=heads, **factory)  # type: ignore[call-arg]
+    # for_heads: d_q = d_k = head_dim, one parameter set per head.
+    size_arguments: ClassVar[dict[str, str]] = {
+        "d_q": "head_dim", "d_k": "head_dim", "num_heads": "num_heads"
+    }  # fmt: skip
 
     def check(self, q: Tensor | None, k: Tensor) -> None:
         assert q is not None
@@ -125,6 +127,7 @@ class _QueryMapped(Score):
 
 
 @REGISTRY.register("general")
+@arguments.renamed(heads="num_heads")
 class General(_QueryMapped):
     """General (Luong) score: e_l = k_lᵀ W q, W ∈ R^{d_k×d_q} (Brauwers Table II)."""
 
@@ -137,11 +140,11 @@ class General(_QueryMapped):
         d_q: int,
         d_k: int,
         *,
-        heads: int | None = None,
+        num_heads: int | None = None,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
-        super().__init__(d_q, d_k, bias=self._bias, heads=heads, device=device, dtype=dtype)
+        super().__init__(d_q, d_k, bias=self._bias, num_heads=num_heads, device=device, dtype=dtype)
 
     def dot_form(self, q: Tensor | None, k: Tensor) -> tuple[Tensor, Tensor, float]:
         self.check(q, k)
@@ -159,6 +162,7 @@ class BiasedGeneral(General):
 
 
 @REGISTRY.register("activated_general")
+@arguments.renamed(heads="num_heads")
 class ActivatedGeneral(_QueryMapped):
     """Activated general (Ma) score: e_l = act(k_lᵀ W q + b), scalar b (Brauwers Table II)."""
 
@@ -170,13 +174,13 @@ class ActivatedGeneral(_QueryMapped):
         d_k: int,
         *,
         activation: str | Callable[[Tensor], Tensor] = "tanh",
-        heads: int | None = None,
+        num_heads: int | None = None,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
-        super().__init__(d_q, d_k, bias=False, heads=heads, device=device, dtype=dtype)
+        super().__init__(d_q, d_k, bias=False, num_heads=num_heads, device=device, dtype=dtype)
         self.act = resolve_activation(activation)
-        shape = () if heads is None else (heads, 1, 1)
+        shape = () if num_heads is None else (num_heads, 1, 1)
         self.b = nn.Parameter(torch.zeros(shape, device=device, dtype=dtype))
 
     def pairwise(self, qp: Tensor | None, kp: Tensor, key_offset: int = 0) -> Tensor:

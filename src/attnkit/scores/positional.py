@@ -20,6 +20,7 @@ __all__ = ["Convolutional", "Location"]
 
 
 @REGISTRY.register("location")
+@arguments.renamed(heads="num_heads")
 class Location(Score):
     """Location-based score (Luong): e = W_a q + b over positions, independent of key content.
 
@@ -35,21 +36,41 @@ class Location(Score):
         d_q: int,
         max_len: int,
         *,
-        heads: int | None = None,
+        num_heads: int | None = None,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
         self.d_q = arguments.positive_int(d_q, "d_q")
         self.max_len = arguments.positive_int(max_len, "max_len")
-        self.heads = arguments.optional_positive_int(heads, "heads")
-        self.W_a = HeadwiseLinear(d_q, max_len, heads=heads, bias=True, device=device, dtype=dtype)
+        self.heads = arguments.optional_positive_int(num_heads, "num_heads")
+        self.W_a = HeadwiseLinear(
+            d_q, max_len, num_heads=num_heads, bias=True, device=device, dtype=dtype
+        )
+
+    # for_heads: d_q = head_dim, a row of W_a per position up to max_len, one W_a per head.
+    size_arguments: ClassVar[dict[str, str]] = {
+        "d_q": "head_dim", "max_len": "max_len", "num_heads": "num_heads"
+    }  # fmt: skip
 
     @classmethod
-    def for_heads(cls, d: int, heads: int, **factory: Any) -> Score:
-        raise TypeError(
-            "the location score needs max_len, which a multi-head module cannot choose: build "
-            f"it, e.g. Location({d}, max_len, heads={heads}), and pass the module"
+    def for_heads(
+        cls,
+        head_dim: int,
+        num_heads: int | None = None,
+        *,
+        embed_dim: int | None = None,
+        max_len: int | None = None,
+        **overrides: Any,
+    ) -> Location:
+        if max_len is None and "max_len" not in overrides:
+            raise TypeError(
+                "the location score needs max_len, which a multi-head module cannot choose: "
+                f"build it, e.g. Location({head_dim}, max_len, num_heads={num_heads}), and pass "
+                "the module"
+            )
+        return super().for_heads(
+            head_dim, num_heads, embed_dim=embed_dim, max_len=max_len, **overrides
         )
 
     def check(self, q: Tensor | None, k: Tensor) -> None:
@@ -73,6 +94,7 @@ class Location(Score):
 
 
 @REGISTRY.register("convolutional")
+@arguments.renamed(heads="num_heads")
 class Convolutional(Score):
     """Convolution-based score (Galassi IV-B): the importance vector is a filter over key
     subsequences. Each window of ``width`` consecutive keys gets the energy
@@ -100,25 +122,23 @@ class Convolutional(Score):
         width: int = 3,
         *,
         activation: str | Callable[[Tensor], Tensor] = "tanh",
-        heads: int | None = None,
+        num_heads: int | None = None,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
         self.d_k = arguments.positive_int(d_k, "d_k")
         self.width = arguments.positive_int(width, "width")
-        self.heads = arguments.optional_positive_int(heads, "heads")
+        self.heads = arguments.optional_positive_int(num_heads, "num_heads")
         self.act = resolve_activation(activation)
-        h = 1 if heads is None else heads
+        h = 1 if num_heads is None else num_heads
         bound = 1.0 / math.sqrt(d_k * width)
         kw = {"device": device, "dtype": dtype}
         self.filter = nn.Parameter(torch.empty(h, d_k, width, **kw).uniform_(-bound, bound))
         self.b = nn.Parameter(torch.zeros(h, **kw))
 
-    @classmethod
-    def for_heads(cls, d: int, heads: int, **factory: Any) -> Score:
-        """d_k = d, the default width, one filter per head."""
-        return cls(d, heads=heads, **factory)
+    # for_heads: d_k = head_dim, the default width, one filter per head.
+    size_arguments: ClassVar[dict[str, str]] = {"d_k": "head_dim", "num_heads": "num_heads"}
 
     def check(self, q: Tensor | None, k: Tensor) -> None:
         expect_features(k, self.d_k, "k", "d_k")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import torch
 from torch import Tensor, nn
@@ -11,11 +11,13 @@ from torch import Tensor, nn
 from attnkit import arguments
 from attnkit import taxonomy as tx
 from attnkit.scores.base import REGISTRY, Score, expect_features
+from attnkit.sizing import example_sizes
 
 __all__ = ["LearnedQuery"]
 
 
 @REGISTRY.register("learned_query")
+@arguments.renamed(heads="num_heads")
 class LearnedQuery(Score):
     """e_l = qᵀ k_l with q ∈ R^{d_k} a trainable vector (Brauwers eq. 34); ``scaled`` divides
     by √d_k. Query-free: the caller's query, if any, only sets the number of rows M.
@@ -30,24 +32,27 @@ class LearnedQuery(Score):
         d_k: int,
         *,
         scaled: bool = False,
-        heads: int | None = None,
+        num_heads: int | None = None,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
         self.d_k = arguments.positive_int(d_k, "d_k")
         self.scaled = arguments.boolean(scaled, "scaled")
-        self.heads = arguments.optional_positive_int(heads, "heads")
-        shape = (1, d_k) if heads is None else (heads, 1, d_k)
+        self.heads = arguments.optional_positive_int(num_heads, "num_heads")
+        shape = (1, d_k) if num_heads is None else (num_heads, 1, d_k)
         bound = 1.0 / math.sqrt(d_k)
         self.query = nn.Parameter(
             torch.empty(shape, device=device, dtype=dtype).uniform_(-bound, bound)
         )
 
+    # for_heads: d_k = head_dim, one learned query per head.
+    size_arguments: ClassVar[dict[str, str]] = {"d_k": "head_dim", "num_heads": "num_heads"}
+
     @classmethod
-    def for_heads(cls, d: int, heads: int, **factory: Any) -> Score:
-        """d_k = d, one learned query per head."""
-        return cls(d, heads=heads, **factory)
+    def example(cls, **sizes: int | None) -> Score:
+        """Scaled by 1/√d_k."""
+        return cls.for_heads(**example_sizes(cls.example_sizes, **sizes).for_heads(), scaled=True)
 
     def check(self, q: Tensor | None, k: Tensor) -> None:
         expect_features(k, self.d_k, "k", "d_k")

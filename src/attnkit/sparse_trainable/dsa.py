@@ -35,11 +35,16 @@ from torch import Tensor, nn
 from attnkit import arguments, hooks
 from attnkit import taxonomy as tx
 from attnkit.alignments import Softmax
-from attnkit.efficient.lsh import HeadOutput, check_head_inputs
+from attnkit.head import HeadAttention, check_head_inputs
 from attnkit.mechanisms import REGISTRY, example_tensor
+from attnkit.output import AttentionOutput
+from attnkit.sparse_trainable._gathered import (
+    gathered_softmax,
+    query_block,
+    selected_index_scores,
+)
 from attnkit.sparse_trainable._select import (
     gather_keys,
-    gather_mask,
     group_sum,
     query_positions,
     row_mask,
@@ -50,31 +55,45 @@ from attnkit.sparse_trainable._select import (
 __all__ = ["DeepSeekSparseAttention", "LightningIndexer", "indexer_loss"]
 
 
+@arguments.renamed(heads="num_heads")
 class LightningIndexer(nn.Module):
     """DSA eq. 1: I_{t,s} = Σ_j w_{t,j} ReLU(q^I_{t,j} · k^I_s) for q (…, M, d), k (…, N, d)
     -> (…, M, N).
 
     Args:
         dim: d, the size of the inputs.
-        heads: H^I, the indexer heads.
+        num_heads: H^I, the indexer heads.
         head_dim: d^I.
     """
 
-    def __init__(self, dim: int, heads: int = 4, head_dim: int = 16, *, device=None, dtype=None):
+    def __init__(
+        self, dim: int, num_heads: int = 4, head_dim: int = 16, *, device=None, dtype=None
+    ):
         super().__init__()
         self.dim = arguments.positive_int(dim, "dim")
-        self.heads = arguments.positive_int(heads, "heads")
+        self.num_heads = arguments.positive_int(num_heads, "num_heads")
         self.head_dim = arguments.positive_int(head_dim, "head_dim")
         factory = {"device": device, "dtype": dtype}
-        self.query = nn.Linear(dim, heads * head_dim, bias=False, **factory)
+        self.query = nn.Linear(dim, num_heads * head_dim, bias=False, **factory)
         self.key = nn.Linear(dim, head_dim, bias=False, **factory)
-        self.weight = nn.Linear(dim, heads, bias=False, **factory)
+        self.weight = nn.Linear(dim, num_heads, bias=False, **factory)
+
+    def project(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """q^I (…, M, H^I, d^I), w^I (…, M, H^I) and k^I (…, N, d^I)."""
+        qi = self.query(q).unflatten(-1, (self.num_heads, self.head_dim))
+        return qi, self.weight(q), self.key(k)
+
+    @staticmethod
+    def scores(qi: Tensor, wi: Tensor, ki: Tensor) -> Tensor:
+        """Eq. 1 from the projections of :meth:`project` -> (…, M, N): one batched matmul for
+        the (…, M·H^I, N) dot products, reduced over the heads at once (nothing of size
+        M·N·d^I is formed)."""
+        dots = torch.relu(qi.flatten(-3, -2) @ ki.transpose(-1, -2))  # (…, M·H^I, N)
+        dots = dots.unflatten(-2, qi.shape[-3:-1])  # (…, M, H^I, N)
+        return (wi.unsqueeze(-2) @ dots).squeeze(-2)
 
     def forward(self, q: Tensor, k: Tensor) -> Tensor:
-        qi = self.query(q).unflatten(-1, (self.heads, self.head_dim))  # (…, M, H_I, d_I)
-        ki = self.key(k)  # (…, N, d_I)
-        dots = torch.relu(torch.einsum("...mjd,...nd->...mjn", qi, ki))
-        return torch.einsum("...mj,...mjn->...mn", self.weight(q), dots)
+        return self.scores(*self.project(q, k))
 
 
 def indexer_loss(index_scores: Tensor, main_weights: Tensor, available: Tensor) -> Tensor:
@@ -110,7 +129,7 @@ class _TrainIndexer(torch.autograd.Function):
 
 
 @REGISTRY.register("deepseek_sparse")
-class DeepSeekSparseAttention(nn.Module):
+class DeepSeekSparseAttention(HeadAttention):
     """DeepSeek Sparse Attention (module docstring), a causal per-head part
     ``part(q, k, v, *, mask, bias, need_weights, q_offset)`` with q (B, …, H, M, d),
     k (B, …, H, N, d), v (B, …, H, N, d_v): query i sits at position ``q_offset + i`` and reads
@@ -123,6 +142,11 @@ class DeepSeekSparseAttention(nn.Module):
         group_size: heads (consecutive at dim −3) that share their selection.
         indexer_loss_weight: λ of the indexer's KL loss (see the module docstring).
     """
+
+    # capabilities (attnkit.head.HeadAttention)
+    causal_form: ClassVar[bool] = True
+    accepts_bias: ClassVar[bool] = True
+    mask_forms: ClassVar[frozenset[str]] = frozenset({"key", "padding", "causal", "full"})
 
     decodes_with_cache: ClassVar[bool] = True
     takes_q_offset: ClassVar[bool] = True
@@ -177,7 +201,7 @@ class DeepSeekSparseAttention(nn.Module):
         bias: Tensor | None = None,
         need_weights: bool = False,
         q_offset: int = 0,
-    ) -> HeadOutput:
+    ) -> AttentionOutput:
         arguments.boolean(need_weights, "need_weights")
         lead = check_head_inputs(q, k, v, mask, bias, "DeepSeekSparseAttention")
         arguments.nonnegative_int(q_offset, "q_offset")
@@ -196,23 +220,16 @@ class DeepSeekSparseAttention(nn.Module):
         pos = query_positions(m, q_offset, q.device)
         k, v = sanitize(k, v, rows, q_offset + m - 1)
 
-        index = self.index_scores(q, k)  # (*lead, M, N)
-        allowed = torch.arange(n, device=q.device)[None, :] <= pos[:, None]
-        if rows is not None:
-            allowed = allowed & rows
-        ranked = index.detach().masked_fill(~allowed, float("-inf"))
-        keys, ok = top_indices(ranked, self.top_k)  # (*lead, M, T)
-        ok = ok & gather_mask(allowed.broadcast_to(*lead, m, n), keys)
-        kg, vg = gather_keys(k, keys), gather_keys(v, keys)
-        kg, vg = kg.where(ok[..., None], 0.0), vg.where(ok[..., None], 0.0)
-        e = (q.unsqueeze(-2) * kg).sum(-1) / math.sqrt(self.head_dim)
+        qi, wi, ki = self.indexer.project(q.detach(), k.detach())
+        keys, ok = self._select(qi, wi, ki, rows, pos)  # (*lead, M, T)
+        picked = None
         if bias is not None:
-            e = e + torch.gather(bias.broadcast_to(*lead, m, n), -1, keys).where(ok, 0.0)
-        w = self.align(e, ok).weights
-        context = (w.unsqueeze(-1) * vg).sum(-2)
+            picked = torch.gather(bias.broadcast_to(*lead, m, n), -1, keys).where(ok, 0.0)
+        context, w = self._attend(q, k, v, keys, ok, picked)
 
-        selected = torch.gather(index, -1, keys)
-        if self.indexer_loss_weight and torch.is_grad_enabled() and selected.requires_grad:
+        trains = any(x.requires_grad for x in (qi, wi, ki))
+        if self.indexer_loss_weight and torch.is_grad_enabled() and trains:
+            selected = self._selected_scores(qi, wi, ki, keys)
             with torch.no_grad():
                 log_q = torch.log_softmax(selected.masked_fill(~ok, float("-inf")), -1)
                 rows_with_key = ok.any(-1, keepdim=True)
@@ -224,7 +241,70 @@ class DeepSeekSparseAttention(nn.Module):
         if need_weights or hooks.listening():
             dense = w.new_zeros(*lead, m, n).scatter_add(-1, keys, w)
         hooks.report(self, dense)
-        return HeadOutput(context, dense if need_weights else None)
+        return AttentionOutput(context, dense if need_weights else None)
+
+    def _select(
+        self, qi: Tensor, wi: Tensor, ki: Tensor, rows: Tensor | None, pos: Tensor
+    ) -> tuple[Tensor, Tensor]:
+        """Eq. 2's Top-k: the keys (*lead, M, T) of each query by the group-summed index scores
+        among the keys it may attend, and whether each is available. Evaluated in blocks of
+        queries without autograd, so that only a block's (…, b, N) scores exist at a time."""
+        lead, m, n = ki.shape[:-2], qi.shape[-3], ki.shape[-2]
+        t = min(self.top_k, n)
+        keys = torch.empty(*lead, m, t, dtype=torch.long, device=qi.device)
+        ok = torch.empty(*lead, m, t, dtype=torch.bool, device=qi.device)
+        columns = torch.arange(n, device=qi.device)
+        step = query_block(m, lead.numel() * n * (qi.shape[-2] + 4))
+        with torch.no_grad():
+            for s in range(0, m, step):
+                sl = slice(s, s + step)
+                index = group_sum(LightningIndexer.scores(qi[..., sl, :, :], wi[..., sl, :], ki),
+                                  self.group_size)  # fmt: skip
+                allowed = columns <= pos[sl, None]
+                if rows is not None:
+                    allowed = allowed & (rows[..., sl, :] if rows.shape[-2] == m else rows)
+                allowed = allowed.broadcast_to(index.shape)
+                top, available = top_indices(index.masked_fill(~allowed, float("-inf")), t)
+                keys[..., sl, :] = top
+                ok[..., sl, :] = available & torch.gather(allowed, -1, top)
+        return keys, ok
+
+    def _attend(
+        self, q: Tensor, k: Tensor, v: Tensor, keys: Tensor, ok: Tensor, picked: Tensor | None
+    ) -> tuple[Tensor, Tensor]:
+        """Eq. 2's attention over the selected keys -> context (*lead, M, d_v) and weights
+        (*lead, M, T). With the softmax alignment (a fixed temperature τ folded into the scale
+        and the bias), by :func:`gathered_softmax`: O(M·T·d) time, O(M·T) memory kept; with any
+        other alignment (e.g. an ablation's), by gathering every query's keys at once."""
+        scale = 1.0 / math.sqrt(self.head_dim)
+        align = self.align
+        if type(align) is Softmax and align.fixed_temperature is not None:
+            tau = align.fixed_temperature
+            if picked is not None and tau != 1.0:
+                picked = picked / tau
+            return gathered_softmax(q, k, v, keys, ok, scale / tau, picked)
+        kg, vg = gather_keys(k, keys), gather_keys(v, keys)
+        kg, vg = kg.where(ok[..., None], 0.0), vg.where(ok[..., None], 0.0)
+        e = (q.unsqueeze(-2) * kg).sum(-1) * scale
+        if picked is not None:
+            e = e + picked
+        w = align(e, ok).weights
+        return (w.unsqueeze(-1) * vg).sum(-2), w
+
+    def _selected_scores(self, qi: Tensor, wi: Tensor, ki: Tensor, keys: Tensor) -> Tensor:
+        """The group-summed index scores at the selected keys (*lead, M, T), differentiable with
+        respect to the indexer: Σ over the group's heads b of I_b at head a's keys, as
+        ``group_size`` evaluations in which head b reads the keys of head b − r."""
+        g = self.group_size
+        if g == 1:
+            return selected_index_scores(qi, wi, ki, keys)
+        grouped = keys.unflatten(-3, (-1, g))  # (…, H/g, g, M, T)
+        total = None
+        for r in range(g):
+            part = selected_index_scores(qi, wi, ki, grouped.roll(r, -3).flatten(-4, -3))
+            part = part.unflatten(-3, (-1, g)).roll(-r, -3).flatten(-4, -3)
+            total = part if total is None else total + part
+        return total
 
     def extra_repr(self) -> str:
         return (

@@ -42,8 +42,10 @@ from torch import Tensor, nn
 from attnkit import arguments, hooks
 from attnkit import taxonomy as tx
 from attnkit.alignments import Softmax
-from attnkit.efficient.lsh import HeadOutput, check_head_inputs
+from attnkit.head import HeadAttention, check_head_inputs
 from attnkit.mechanisms import REGISTRY, example_tensor
+from attnkit.output import AttentionOutput
+from attnkit.sparse_trainable._gathered import gathered_softmax
 from attnkit.sparse_trainable._select import (
     gather_keys,
     gather_mask,
@@ -119,7 +121,7 @@ def _scatter(weights: Tensor, index: Tensor, n: int) -> Tensor:
 
 
 @REGISTRY.register("native_sparse")
-class NativeSparseAttention(nn.Module):
+class NativeSparseAttention(HeadAttention):
     """Native Sparse Attention (module docstring), a causal per-head part
     ``part(q, k, v, *, mask, bias, need_weights, q_offset)`` with q (B, …, H, M, d),
     k (B, …, H, N, d), v (B, …, H, N, d_v): query i sits at position ``q_offset + i`` and attends
@@ -142,6 +144,10 @@ class NativeSparseAttention(nn.Module):
     (…, M, N); every branch's weights are reported to :mod:`attnkit.hooks` by name
     (``compressed``, ``selected``, ``window``), and :meth:`branches` returns all of them.
     """
+
+    # capabilities (attnkit.head.HeadAttention)
+    causal_form: ClassVar[bool] = True
+    mask_forms: ClassVar[frozenset[str]] = frozenset({"key", "padding", "causal", "full"})
 
     decodes_with_cache: ClassVar[bool] = True  # causal by construction: a step is its row
     takes_q_offset: ClassVar[bool] = True
@@ -217,11 +223,11 @@ class NativeSparseAttention(nn.Module):
         bias: Tensor | None = None,
         need_weights: bool = False,
         q_offset: int = 0,
-    ) -> HeadOutput:
+    ) -> AttentionOutput:
         out = self.branches(
             q, k, v, mask=mask, bias=bias, q_offset=q_offset, token_weights=need_weights
         )
-        return HeadOutput(out.context, out.selected_weights if need_weights else None)
+        return AttentionOutput(out.context, out.selected_weights if need_weights else None)
 
     def branches(
         self,
@@ -264,7 +270,7 @@ class NativeSparseAttention(nn.Module):
 
         o_cmp, p_cmp = self._compressed(q, k, v, rows, pos, scale)
         blocks, available, o_slc, w_slc, idx_slc = self._selected(q, k, v, rows, pos, p_cmp, scale)
-        o_win, w_win, idx_win = self._window(q, k, v, rows, pos, scale)
+        o_win, w_win, idx_win = self._window(q, k, v, rows, pos, scale, q_offset)
         gates = torch.sigmoid(self.gate(q))  # (*lead, M, 3)
         context = gates[..., 0:1] * o_cmp + gates[..., 1:2] * o_slc + gates[..., 2:3] * o_win
 
@@ -330,10 +336,14 @@ class NativeSparseAttention(nn.Module):
         o, w = self._attend(q, k, v, rows, index, ok, scale)
         return blocks, available, o, w, index
 
-    def _window(self, q, k, v, rows, pos, scale):
+    def _window(self, q, k, v, rows, pos, scale, q_offset):
         """NSA's sliding-window branch: keys p_t − w + 1 … p_t."""
-        n = k.shape[-2]
-        index = pos[:, None] - self.window + 1 + torch.arange(self.window, device=q.device)
+        n, span = k.shape[-2], self.window
+        # columns c of key p_t − w + 1 + c that some query can use (in [0, N)): no other is read
+        first = max(0, span - 1 - (q_offset + len(pos) - 1))
+        last = min(span, n + span - 1 - q_offset)
+        columns = torch.arange(first, max(first, last), device=q.device)
+        index = pos[:, None] - span + 1 + columns
         ok = (index >= 0) & (index < n)
         index = index.clamp(0, n - 1).broadcast_to(*q.shape[:-2], *index.shape)
         o, w = self._attend(q, k, v, rows, index, ok, scale)
@@ -341,16 +351,21 @@ class NativeSparseAttention(nn.Module):
 
     def _attend(self, q, k, v, rows, index, ok, scale) -> tuple[Tensor, Tensor]:
         """Softmax attention of each query over its own gathered keys ``index`` (*lead, M, T)
-        where ``ok``."""
+        where ``ok``: with the softmax alignment by :func:`gathered_softmax` (O(M·T·d) time,
+        O(M·T) memory kept), with any other (e.g. an ablation's) by gathering every query's
+        keys at once."""
         lead = q.shape[:-2]
         index = index.broadcast_to(*lead, *index.shape[-2:])
         ok = ok.broadcast_to(index.shape)
         if rows is not None:
             ok = ok & gather_mask(rows, index)
+        align = self.align
+        if type(align) is Softmax and align.fixed_temperature is not None:
+            return gathered_softmax(q, k, v, index, ok, scale / align.fixed_temperature)
         kg, vg = gather_keys(k, index), gather_keys(v, index)  # (*lead, M, T, d)
         kg, vg = kg.where(ok[..., None], 0.0), vg.where(ok[..., None], 0.0)
         e = (q.unsqueeze(-2) * kg).sum(-1) * scale
-        w = self.align(e, ok).weights
+        w = align(e, ok).weights
         return (w.unsqueeze(-1) * vg).sum(-2), w
 
     def extra_repr(self) -> str:

@@ -8,12 +8,13 @@ al. 2015) or, with ``--attention memory_network``, by a strongly supervised memo
 - ``babi-yes-no``: "is mary in the kitchen ?"
 - ``babi-counting``: "how many objects is mary carrying ?"
 
-The supporting facts are the gold attention: the metrics report how much of each hop's weight
-falls on them. On ``babi-two-facts``, where training with the softmax from the start gets
-stuck, the end-to-end network trains with the paper's linear start (Sec. 4.2): its hops go
-without the softmax until the validation loss stops decreasing (at the latest after half of the
-epochs); meanwhile the hop weights are raw scores, so the support attention and entropy printed
-for those epochs are not shares.
+The supporting facts are the gold attention: the metrics report how much of each hop's weight falls
+on them, and ``--supervise-attention`` trains every hop of the end-to-end network towards them (not
+with linear start, whose hop weights are raw scores). On ``babi-two-facts``, where training with the
+softmax from the start gets stuck, the end-to-end network trains with the paper's linear start (Sec.
+4.2): its hops go without the softmax until the validation loss stops decreasing (at the latest
+after half of the epochs); meanwhile the hop weights are raw scores, so the support attention and
+entropy printed for those epochs are not shares.
 
 The memory network reads bag-of-words memories with one more feature per memory, its age (how
 many sentences were written after it), as a one-hot block: Weston et al. (Sec. 3.4) model write
@@ -124,6 +125,18 @@ class BabiTask(Task):
 
     @classmethod
     def validate(cls, config) -> None:
+        if config.supervise_attention > 0 and config.attention == "memory_network":
+            raise ValueError(
+                f"supervise_attention {config.supervise_attention}: the memory network "
+                "(--attention memory_network) is already trained on the supporting facts by its "
+                "margin ranking loss (Weston et al. eqs. 6-8)"
+            )
+        if config.supervise_attention > 0 and cls.linear_start:
+            raise ValueError(
+                f"supervise_attention {config.supervise_attention}: task {config.task!r} trains "
+                "with linear start, whose hop weights are raw scores, not distributions to "
+                "compare with the supporting facts"
+            )
         if config.attention != "memory_network":
             return
         if not KINDS[cls.kind].supports:
@@ -152,7 +165,7 @@ class BabiTask(Task):
         spec = KINDS[self.kind]
         if self.config.attention == "memory_network":
             return BabiMemoryNetwork(spec.max_sentences, d, spec.supports, None)
-        score = build_score(self.config.score, d_q=d, d_k=d, d_w=d, max_len=spec.max_sentences)
+        score = build_score(self.config.score, head_dim=d, max_len=spec.max_sentences)
         return EndToEndMemoryNetwork(
             len(VOCAB),
             d,
@@ -190,12 +203,21 @@ class BabiTask(Task):
     def _run(model, data: BabiData):
         return model(data.story, data.question, mask=data.mask)
 
-    def loss(self, model, index: Tensor) -> Tensor:
+    def objective(self, model, index: Tensor) -> Tensor:
         train = self.splits["train"]
         batch = BabiData(*(t[index] for t in train))
         if isinstance(model, BabiMemoryNetwork):
             return model.margin_ranking_loss(batch)
         return F.cross_entropy(self._run(model, batch).logits, batch.answer)
+
+    def gold(self, split: str, index: Tensor) -> Tensor:
+        """(B, 1, n) bool: the supporting facts, for every hop."""
+        return self.splits[split].gold[index].unsqueeze(1)
+
+    def supervised_weights(self, model, split: str, index: Tensor) -> Tensor:
+        """(B, K, n): every hop's weights over the memories (end-to-end memory network)."""
+        data = self.splits[split]
+        return model(data.story[index], data.question[index], mask=data.mask[index]).weights
 
     @torch.no_grad()
     def evaluate(self, model, split: str) -> dict[str, float]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+import torch
 from torch import Tensor, nn
 
 from attnkit.registry import Registry
@@ -53,8 +54,10 @@ class Task:
     - ``defaults``: ``{"full": {...}, "quick": {...}}``, values for the run-configuration keys
       left unset (epochs, batch_size, lr, d_model, n_train, n_test).
     - ``metrics``: metric name -> :class:`Metric`, in the order reports show them.
-    - ``gold_alignment``: True when the data carries gold attention, so that the loss can be
-      supervised (``supervise_attention``).
+    - ``gold_alignment``: True when the task has gold attention, so that the loss can be
+      supervised (``supervise_attention``). Derived, never declared: True exactly when the task
+      implements :meth:`gold` (and then also :meth:`supervised_weights`); a class that declares a
+      value contradicting its methods is refused when it is defined.
     - ``attentions``: the mechanisms the task can build, chosen by the run configuration's
       ``attention`` key (``"default"``: the task's own choice), e.g. for ``--compare
       attention=...``.
@@ -74,6 +77,13 @@ class Task:
     mechanism with its own weights): setting one of them is refused, and the resolved
     configuration records it as ``None``.
 
+    Training: the runner calls :meth:`loss`, which is the task's :meth:`objective` plus, when the
+    run supervises attention (``supervise_attention`` λ > 0), λ · KL(gold ‖ weights) computed by
+    :meth:`supervision_loss` from :meth:`gold` and :meth:`supervised_weights` (a joint loss of
+    the task's loss and an attention-weight loss, Brauwers & Frasincar Sec. 4.2; Galassi et al.
+    Sec. V-A) — written once, here, for every task with gold attention. A task implements
+    :meth:`objective`; a task without gold attention may instead override :meth:`loss` itself.
+
     An instance is made from a resolved run configuration and makes its data.
     """
 
@@ -85,6 +95,25 @@ class Task:
     takes_position: ClassVar[bool] = False
     reads_data: ClassVar[bool] = False
     context_parallel: ClassVar[bool] = False
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        has_gold = cls.gold is not Task.gold
+        declared = cls.__dict__.get("gold_alignment")
+        if declared is not None and declared != has_gold:
+            does = "implements" if has_gold else "does not implement"
+            raise TypeError(
+                f"task class {cls.__name__} declares gold_alignment = {declared!r} but "
+                f"{does} gold(split, index); gold_alignment is derived from the methods: "
+                "implement gold and supervised_weights for gold attention, and leave "
+                "gold_alignment out"
+            )
+        if has_gold and cls.supervised_weights is Task.supervised_weights:
+            raise TypeError(
+                f"task class {cls.__name__} implements gold(split, index) but not "
+                "supervised_weights(model, split, index): the weights the gold is compared with"
+            )
+        cls.gold_alignment = has_gold
 
     def __init__(self, config: Any) -> None:
         self.config = config
@@ -116,8 +145,60 @@ class Task:
         raise NotImplementedError
 
     def loss(self, model: nn.Module, index: Tensor) -> Tensor:
-        """Mean training loss over the training examples at ``index``."""
-        raise NotImplementedError
+        """Mean training loss over the training examples at ``index``: :meth:`objective`, plus
+        λ · :meth:`supervision_loss` when the run configuration's ``supervise_attention`` λ is
+        positive (only for a task with gold attention: the run configuration refuses λ > 0
+        otherwise)."""
+        value = self.objective(model, index)
+        weight = getattr(self.config, "supervise_attention", 0.0) or 0.0
+        if weight > 0 and self.gold_alignment:
+            value = value + weight * self.supervision_loss(model, index)
+        return value
+
+    def objective(self, model: nn.Module, index: Tensor) -> Tensor:
+        """The task's own mean training loss over the training examples at ``index`` (without
+        the attention supervision, which :meth:`loss` adds)."""
+        raise NotImplementedError(
+            f"task {type(self).__name__} implements neither objective nor loss"
+        )
+
+    def gold(self, split: str, index: Tensor) -> Tensor:
+        """The gold attention of the examples at ``index`` of ``split`` (``"train"`` and the
+        splits of :meth:`has_split`): boolean links or non-negative scores (each row is
+        normalised to a distribution; a row without gold mass is not supervised), in the shape
+        of :meth:`supervised_weights` or broadcastable to it (e.g. one row for every head).
+        Implemented only by a task with gold attention."""
+        raise NotImplementedError(f"task {type(self).__name__} has no gold attention")
+
+    def supervised_weights(self, model: nn.Module, split: str, index: Tensor) -> Tensor:
+        """The attention weights (…, T, N) that :meth:`gold` describes, of ``model`` on the
+        examples at ``index`` of ``split``, with their graph (a loss on them trains the model):
+        the layer, heads and rows the task supervises. Each row is a distribution over N."""
+        raise NotImplementedError(f"task {type(self).__name__} has no gold attention")
+
+    def supervision_loss(self, model: nn.Module, index: Tensor, split: str = "train") -> Tensor:
+        """KL(gold ‖ weights), the mean over the rows with gold, of the examples at ``index``
+        (:func:`attnkit.evaluation.supervised_attention_loss` of :meth:`supervised_weights` and
+        :meth:`gold`)."""
+        from attnkit.evaluation.supervision import supervised_attention_loss
+
+        weights = self.supervised_weights(model, split, index)
+        gold = self.gold(split, index).to(weights.device)
+        try:
+            gold = gold.expand_as(weights)
+        except RuntimeError:
+            raise ValueError(
+                f"task {type(self).__name__}: gold of shape {tuple(gold.shape)} does not "
+                f"broadcast to the supervised weights' shape {tuple(weights.shape)}"
+            ) from None
+        return supervised_attention_loss(weights, gold)
+
+    @torch.no_grad()
+    def gold_divergence(self, model: nn.Module, split: str, index: Tensor) -> float:
+        """KL(gold ‖ weights) of ``model`` in eval mode on the examples at ``index`` of
+        ``split``: how far its attention is from the gold."""
+        model.eval()
+        return float(self.supervision_loss(model, index, split))
 
     def context_parallel_model(self, model: nn.Module, group: Any) -> nn.Module:
         """The module that :meth:`context_parallel_loss` runs on each rank of the process group

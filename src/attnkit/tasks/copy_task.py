@@ -7,6 +7,9 @@ Sequences are padded to a fixed number of steps; only the output steps are score
 
 ``attention="lstm"`` (``attnkit run copy --attention lstm``) trains the paper's baseline instead:
 an LSTM of the same controller size with no memory and no attention.
+
+Gold attention (``--supervise-attention``, NTM only): the write weighting of input step t on
+memory location t and the read weighting of output step t on location t (:func:`copy_gold`).
 """
 
 from __future__ import annotations
@@ -21,11 +24,12 @@ from attnkit.memory.ntm import NeuralTuringMachine
 from attnkit.tasks.base import REGISTRY, Metric, Task, Unused
 from attnkit.tasks.parts import build_alignment
 
-__all__ = ["CopyTask", "LSTMBaseline", "make_copy"]
+__all__ = ["CopyTask", "LSTMBaseline", "copy_gold", "make_copy"]
 
 WIDTH = 4  # bits per vector
 MAX_TRAIN = 5
 LONG = 8
+MEMORY = 16  # memory locations of the NTM
 
 
 def make_copy(n: int, lengths: tuple[int, int], steps: int, *, seed: int = 0):
@@ -46,6 +50,33 @@ def make_copy(n: int, lengths: tuple[int, int], steps: int, *, seed: int = 0):
         y[i, n_i + 1 : 2 * n_i + 1] = bits[i, :n_i]
         out[i, n_i + 1 : 2 * n_i + 1] = True
     return x, y, out
+
+
+def copy_gold(x: Tensor, out: Tensor, memory_size: int) -> Tensor:
+    """The gold memory addressing of the copy task, in one canonical layout: input vector t is
+    written to location t, and output step t reads location t (the NTM reads the memory before
+    the step's write, Graves et al. Sec. 3). Any layout in which the reads retrace the writes
+    copies; this one fixes it, as Graves et al.'s trained NTM wrote consecutive locations.
+
+    Args:
+        x: (B, T, WIDTH + 1) inputs, the delimiter in the last channel; out: (B, T) the output
+            steps. memory_size: the number of locations.
+
+    Returns:
+        (B, 2T, memory_size) bool: rows 0 … T − 1 the write weighting of each step (gold on the
+        n input steps only), rows T … 2T − 1 the read weighting of each step (gold on the n
+        output steps only); the delimiter and padding steps have no gold.
+    """
+    b, steps = out.shape
+    length = x[..., -1].argmax(-1)  # the delimiter's step: the sequence's length n
+    t = torch.arange(steps)
+    write_at = t.expand(b, -1)  # step t < n writes location t
+    writes = (t < length.unsqueeze(-1)).unsqueeze(-1) & (
+        torch.arange(memory_size) == write_at.unsqueeze(-1)
+    )
+    read_at = (t - length.unsqueeze(-1) - 1).clamp_min(0)  # step n + 1 + j reads location j
+    reads = out.unsqueeze(-1) & (torch.arange(memory_size) == read_at.unsqueeze(-1))
+    return torch.cat([writes, reads], 1)
 
 
 class BaselineOutput(NamedTuple):
@@ -99,6 +130,14 @@ class CopyTask(Task):
         )
         return {"score": Unused(f"task {config.task!r}", why)}
 
+    @classmethod
+    def validate(cls, config) -> None:
+        if config.supervise_attention > 0 and config.attention == "lstm":
+            raise ValueError(
+                f"supervise_attention {config.supervise_attention}: the LSTM baseline "
+                "(--attention lstm) has no memory and no attention to supervise"
+            )
+
     def __init__(self, config) -> None:
         super().__init__(config)
         steps = 2 * MAX_TRAIN + 1
@@ -115,7 +154,7 @@ class CopyTask(Task):
         return NeuralTuringMachine(
             WIDTH + 1,
             WIDTH,
-            memory_size=16,
+            memory_size=MEMORY,
             memory_width=8,
             controller_size=self.config.d_model,
             align=build_alignment(self.config.align, 8),
@@ -127,10 +166,25 @@ class CopyTask(Task):
     def n_train(self) -> int:
         return self.train[0].shape[0]
 
-    def loss(self, model, index: Tensor) -> Tensor:
+    def objective(self, model, index: Tensor) -> Tensor:
         x, y, out = (t[index] for t in self.train)
         logits = model(x).outputs
         return F.binary_cross_entropy_with_logits(logits[out], y[out])
+
+    def _split(self, split: str) -> tuple[Tensor, Tensor, Tensor]:
+        return self.train if split == "train" else self.splits[split]
+
+    def gold(self, split: str, index: Tensor) -> Tensor:
+        """(B, 2T, 1, MEMORY) bool, rows as :meth:`supervised_weights`: see
+        :func:`copy_gold`."""
+        x, _, out = (t[index] for t in self._split(split))
+        return copy_gold(x, out, MEMORY).unsqueeze(-2)
+
+    def supervised_weights(self, model, split: str, index: Tensor) -> Tensor:
+        """(B, 2T, H, MEMORY): the write weightings of the T steps, then the read weightings
+        of the T steps (every head)."""
+        run = model(self._split(split)[0][index])
+        return torch.cat([run.write_weights, run.read_weights], 1)
 
     @staticmethod
     def _errors(model, data) -> tuple[Tensor, Tensor]:

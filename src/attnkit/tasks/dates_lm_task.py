@@ -99,7 +99,7 @@ class DatesLMTask(Task):
         if name is not None:
             position = name
             if getattr(ak.positions.REGISTRY.get(name), "absolute", False):
-                position = ak.positions.build(name, d_model=d)
+                position = ak.positions.build(name, embed_dim=d)
         return DecoderLM(
             len(self.vocab),
             d,
@@ -128,7 +128,7 @@ class DatesLMTask(Task):
         real = target != Vocab.PAD
         return (nll * real).sum(1), real.sum(1)
 
-    def loss(self, model, index: Tensor) -> Tensor:
+    def objective(self, model, index: Tensor) -> Tensor:
         nll, count = self._nll(model, self.encoded["train"][index])
         return nll.sum() / count.sum()
 

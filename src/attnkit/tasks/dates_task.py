@@ -13,7 +13,6 @@ from attnkit.evaluation import (
     alignment_error_rate,
     capture,
     entropy,
-    supervised_attention_loss,
     uniform_weights,
 )
 from attnkit.memory.coverage import CoverageAttention, coverage_loss
@@ -115,7 +114,6 @@ class DatesTask(Task):
             None,
         ),
     }
-    gold_alignment = True
 
     @classmethod
     def validate(cls, config) -> None:
@@ -161,23 +159,31 @@ class DatesTask(Task):
     def has_split(self, name: str) -> bool:
         return name in self.data.splits
 
-    def loss(self, model, index: Tensor) -> Tensor:
-        b = self.train
+    def _teacher_forced(self, model, split: str, index: Tensor) -> tuple[Seq2SeqOutput, Tensor]:
+        b = self.data.splits[split]
         src, mask, tgt = b["src"][index], b["mask"][index], b["tgt"][index]
         bos = torch.full((tgt.shape[0], 1), Vocab.BOS, dtype=torch.long)
-        out = model(src, torch.cat([bos, tgt[:, :-1]], 1), mask)
+        return model(src, torch.cat([bos, tgt[:, :-1]], 1), mask), tgt
+
+    def objective(self, model, index: Tensor) -> Tensor:
+        out, tgt = self._teacher_forced(model, "train", index)
         per_token = F.cross_entropy(out.logits.transpose(1, 2), tgt, reduction="none")
         loss = task_loss(per_token, out.log_prob)
         if self.config.attention == "coverage":  # See et al. eq. 13: + λ Σ_i min(a^t, c^t)
             w = out.weights
             before = w.cumsum(1) - w  # c^t, the coverage before step t (eq. 10)
             loss = loss + COVERAGE_WEIGHT * coverage_loss(w, before).mean() / w.shape[1]
-        if self.config.supervise_attention > 0:
-            gold = b["sure"][index][:, :, : src.shape[1]]
-            loss = loss + self.config.supervise_attention * supervised_attention_loss(
-                out.weights, gold
-            )
         return loss
+
+    def gold(self, split: str, index: Tensor) -> Tensor:
+        """(B, OUTPUT_LEN, n) bool: the sure links of each output character (none for the
+        dashes)."""
+        data = self.data.splits[split]
+        return data["sure"][index][:, :, : data["src"].shape[1]]
+
+    def supervised_weights(self, model, split: str, index: Tensor) -> Tensor:
+        """(B, OUTPUT_LEN, n): the decoder's weights over the input characters, teacher-forced."""
+        return self._teacher_forced(model, split, index)[0].weights
 
     @torch.no_grad()
     def _decode(self, model, split: dict, limit: int | None = None):

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnkit import alignments, hooks
+from attnkit import alignments, arguments, hooks
 from attnkit import taxonomy as tx
 from attnkit.alignments.base import Alignment, AlignOutput
 from attnkit.attention import Attention
@@ -30,23 +30,24 @@ GRID = 12  # 48 / 4
 RAM_GRID = 7  # glimpse centres: 7 × 7 cells about 7 pixels wide; row and column 3: the centre
 
 
+@arguments.renamed(d="embed_dim")
 class DigitsModel(nn.Module):
-    """CNN (two conv + pool stages) -> 12×12 grid of d-dim annotations; a learned query
-    attends over the grid; a linear layer classifies the context."""
+    """CNN (two conv + pool stages) -> 12×12 grid of ``embed_dim``-dim annotations; a learned
+    query attends over the grid; a linear layer classifies the context."""
 
-    def __init__(self, d: int, attention: Attention) -> None:
+    def __init__(self, embed_dim: int, attention: Attention) -> None:
         super().__init__()
         self.cnn = nn.Sequential(
-            nn.Conv2d(1, d, 3, padding=1),
+            nn.Conv2d(1, embed_dim, 3, padding=1),
             nn.ReLU(),
             nn.MaxPool2d(2),
-            nn.Conv2d(d, d, 3, padding=1),
+            nn.Conv2d(embed_dim, embed_dim, 3, padding=1),
             nn.ReLU(),
             nn.MaxPool2d(2),
         )
-        self.query = nn.Parameter(torch.randn(1, 1, d) / d**0.5)
+        self.query = nn.Parameter(torch.randn(1, 1, embed_dim) / embed_dim**0.5)
         self.attention = attention
-        self.out = nn.Linear(d, 10)
+        self.out = nn.Linear(embed_dim, 10)
 
     def taxonomy_tags(self) -> list:
         return [tx.QueryType.SELF_ATTENTIVE]
@@ -60,6 +61,7 @@ class DigitsModel(nn.Module):
         return logits, out.weights.squeeze(1), log_prob
 
 
+@arguments.renamed(d="embed_dim", heads="num_heads")
 class DigitsViT(nn.Module):
     """A ViT (:class:`attnkit.models.vit.ViT`) on 4×4 patches of the 48×48 canvas: 12×12 patches,
     the grid of :class:`DigitsModel`. Its weights for the metrics are the class token's attention
@@ -69,8 +71,8 @@ class DigitsViT(nn.Module):
 
     def __init__(
         self,
-        d: int,
-        heads: int = 4,
+        embed_dim: int,
+        num_heads: int = 4,
         layers: int = 2,
         *,
         score: str = "scaled_dot",
@@ -78,7 +80,8 @@ class DigitsViT(nn.Module):
     ) -> None:
         super().__init__()
         self.vit = ViT(
-            4 * GRID, 4, 1, 10, d_model=d, heads=heads, layers=layers, d_ff=2 * d,
+            4 * GRID, 4, 1, 10, embed_dim=embed_dim, num_heads=num_heads, layers=layers,
+            d_ff=2 * embed_dim,
             score=score, align=align,
         )  # fmt: skip
 
@@ -204,6 +207,12 @@ class DigitsTask(Task):
 
     @classmethod
     def validate(cls, config: Any) -> None:
+        if config.supervise_attention > 0 and config.attention != "default":
+            raise ValueError(
+                f"supervise_attention {config.supervise_attention}: attention "
+                f"{config.attention!r} has no single weight row over the feature grid to compare "
+                "with the digit's box; supervise the default model (attention 'default')"
+            )
         if config.attention.startswith("ram") and config.align not in ("softmax", "hard"):
             raise ValueError(
                 f"attention {config.attention!r} places each glimpse by its own location policy "
@@ -231,10 +240,19 @@ class DigitsTask(Task):
     def n_train(self) -> int:
         return self.train["labels"].shape[0]
 
-    def loss(self, model, index: Tensor) -> Tensor:
+    def objective(self, model, index: Tensor) -> Tensor:
         logits, _, log_prob = model(self.train["images"][index])
         per_item = F.cross_entropy(logits, self.train["labels"][index], reduction="none")
         return task_loss(per_item, log_prob)
+
+    def gold(self, split: str, index: Tensor) -> Tensor:
+        """(B, GRID²) bool: the grid cells overlapping the digit's box."""
+        boxes = self.data.splits[split]["boxes"][index]
+        return box_region(boxes, self.data.canvas, GRID)
+
+    def supervised_weights(self, model, split: str, index: Tensor) -> Tensor:
+        """(B, GRID²): the learned query's weights over the feature grid."""
+        return model(self.data.splits[split]["images"][index])[1]
 
     @torch.no_grad()
     def evaluate(self, model, split: str) -> dict[str, float]:

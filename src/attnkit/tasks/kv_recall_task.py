@@ -6,7 +6,8 @@ Each pair is one position, its key and its value embedded and summed (two input 
 keys are distinct within a sequence (drawn from ``max(seq_len, 16)`` key tokens), values are
 one of ``VALUES`` classes. The last position holds the queried key with a query marker in the
 value channel, and the model is read there. Chance is 1 / ``VALUES``; the gold attention of the
-read-out position is the pair holding the queried key.
+read-out position is the pair holding the queried key (``--supervise-attention``: the last
+layer's weights at the read-out position, every head, with ``--attention full``).
 
 Context-parallel (``--context-parallel P``, ``seq_len`` divisible by P): each sequence is split
 over a ring of P processes, attention evaluated by ring attention.
@@ -17,6 +18,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from attnkit.tasks.base import REGISTRY, Metric
@@ -80,21 +82,39 @@ class KVRecallTask(LongRangeTask):
     def validate(cls, config) -> None:
         if config.seq_len < 3:
             raise ValueError(f"seq_len must be >= 3 for kv-recall, got {config.seq_len}")
+        name = cls.attention_name(config)
+        if config.supervise_attention > 0 and name != "full":
+            raise ValueError(
+                f"supervise_attention needs weights that are a distribution over the keys; "
+                f"attention {name!r} does not give them (use --attention full)"
+            )
         super().validate(config)
 
     def __init__(self, config) -> None:
         super().__init__(config)
         self.vocab = (key_count(config.seq_len), VALUES + 1)
-        *self.train, _ = make_kv_recall(config.n_train, config.seq_len, seed=config.seed)
-        self.splits, self.gold = {}, {}
+        tokens, answers, where = make_kv_recall(config.n_train, config.seq_len, seed=config.seed)
+        self.train, self.where = (tokens, answers), {"train": where}
+        self.splits = {}
         for k, name in ((2, "validation"), (1, "test")):
             tokens, answers, where = make_kv_recall(
                 config.n_test // k, config.seq_len, seed=config.seed + 10 + k
             )
-            self.splits[name], self.gold[name] = (tokens, answers), where
+            self.splits[name], self.where[name] = (tokens, answers), where
 
     def gold_positions(self, split: str) -> Tensor:
-        return self.gold[split]
+        return self.where[split]
+
+    def gold(self, split: str, index: Tensor) -> Tensor:
+        """(B, 1, N) bool: the read-out position's gold, the pair holding the queried key
+        (every head)."""
+        where = self.where[split][index]
+        return F.one_hot(where, self.config.seq_len).bool().unsqueeze(1)
+
+    def supervised_weights(self, model, split: str, index: Tensor) -> Tensor:
+        """(B, H, N): the last layer's weights at the read-out position, every head."""
+        tokens = (self.train if split == "train" else self.splits[split])[0][index]
+        return model.last_weights(tokens)[:, :, self.readout]
 
     def token_labels(self, tokens: Tensor) -> list[str]:
         return [f"{int(k)}:{'?' if int(v) == QUERY else int(v)}" for k, v in tokens]

@@ -133,7 +133,7 @@ class LengthGenTask(Task):
         position: Any = None if name == "none" else name
         if getattr(ak.positions.REGISTRY.get(name), "absolute", False):
             kw = {"max_len": self.max_len} if name == "learned" else {}
-            position = ak.positions.build(name, d_model=d, **kw)
+            position = ak.positions.build(name, embed_dim=d, **kw)
         return DecoderLM(
             VOCAB,
             d,
@@ -159,7 +159,7 @@ class LengthGenTask(Task):
         logits = model(tokens[:, : width - 1])
         return logits, is_answer[:, 1:width]
 
-    def loss(self, model, index: Tensor) -> Tensor:
+    def objective(self, model, index: Tensor) -> Tensor:
         tokens, is_answer, _ = (t[index] for t in self.train)
         logits, scored = self._predict(model, tokens, is_answer)
         target = tokens[:, 1 : logits.shape[1] + 1]

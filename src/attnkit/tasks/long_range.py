@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnkit import distributed
+from attnkit import arguments, distributed
 from attnkit.evaluation.capture import capture
 from attnkit.tasks import parts
 from attnkit.tasks.base import Task, Unused
@@ -58,13 +58,14 @@ class SlotAttentions(Sequence):
         return name in self._names()
 
 
+@arguments.renamed(d_model="embed_dim", heads="num_heads")
 class EncoderClassifier(nn.Module):
     """Token embeddings (one table per input channel, summed) + learned positions → a stack of
     pre-norm encoder layers → LayerNorm → a linear classifier read at position ``readout``.
 
     Args:
         vocab: tokens per channel; inputs are (B, N, C) integer tensors with C = len(vocab).
-        classes: output classes. d_model, heads, layers: sizes. max_len: longest input.
+        classes: output classes. embed_dim, num_heads, layers: sizes. max_len: longest input.
         attention: ``"full"`` (multi-head attention with ``score``/``align``) or a registered
             attention-slot mechanism's name (one instance per layer).
         readout: the position whose final state is classified (e.g. 0 or -1).
@@ -75,35 +76,35 @@ class EncoderClassifier(nn.Module):
         vocab: Sequence[int],
         classes: int,
         *,
-        d_model: int,
+        embed_dim: int,
         max_len: int,
         attention: str = "full",
         score: str = "scaled_dot",
         align: str = "softmax",
-        heads: int = HEADS,
+        num_heads: int = HEADS,
         layers: int = LAYERS,
         readout: int = 0,
     ) -> None:
         super().__init__()
-        self.embed = nn.ModuleList([nn.Embedding(v, d_model) for v in vocab])
-        self.position = nn.Embedding(max_len, d_model)
+        self.embed = nn.ModuleList([nn.Embedding(v, embed_dim) for v in vocab])
+        self.position = nn.Embedding(max_len, embed_dim)
         nn.init.normal_(self.position.weight, std=0.02)
-        head_dim = d_model // heads
+        head_dim = embed_dim // num_heads
 
         def layer() -> TransformerEncoderLayer:
             if attention == "full":
                 part = parts.build_attention(score, align, head_dim, max_len)
             else:
                 part = parts.build_slot_attention(
-                    attention, head_dim=head_dim, num_heads=heads, max_len=max_len
+                    attention, head_dim=head_dim, num_heads=num_heads, max_len=max_len
                 )
             return TransformerEncoderLayer(
-                d_model, heads, 2 * d_model, norm_first=True, attention=part
+                embed_dim, num_heads, 2 * embed_dim, norm_first=True, attention=part
             )
 
         self.layers = nn.ModuleList([layer() for _ in range(layers)])
-        self.norm = nn.LayerNorm(d_model)
-        self.out = nn.Linear(d_model, classes)
+        self.norm = nn.LayerNorm(embed_dim)
+        self.out = nn.Linear(embed_dim, classes)
         self.readout = readout
 
     def forward(self, tokens: Tensor) -> Tensor:
@@ -120,6 +121,18 @@ class EncoderClassifier(nn.Module):
         for layer in self.layers:
             x = layer(x)
         return self.out(self.norm(x[:, self.readout]))
+
+    def last_weights(self, tokens: Tensor) -> Tensor:
+        """The last layer's self-attention weights (B, H, N, N) on tokens (B, N, C), with their
+        graph (for a loss on them); the layers are pre-norm, so the last attention reads the
+        LayerNorm of the states before it."""
+        n = tokens.shape[1]
+        x = sum(e(tokens[..., c]) for c, e in enumerate(self.embed))
+        x = x + self.position(torch.arange(n, device=tokens.device))
+        for layer in self.layers[:-1]:
+            x = layer(x)
+        last = self.layers[-1]
+        return last.self_attention(last.norm1(x), need_weights=True).weights
 
     def part_states(self, tokens: Tensor, positions: Tensor) -> Tensor:
         """The last layer's states (B, N_l, D) of a part of each sequence, tokens (B, N_l, C)
@@ -198,7 +211,7 @@ class LongRangeTask(Task):
         return EncoderClassifier(
             self.vocab,
             self.classes,
-            d_model=c.d_model,
+            embed_dim=c.d_model,
             max_len=self.length(),
             attention=self.attention_name(c),
             score=c.score,
@@ -233,7 +246,7 @@ class LongRangeTask(Task):
     def has_split(self, name: str) -> bool:
         return name in self.splits
 
-    def loss(self, model, index: Tensor) -> Tensor:
+    def objective(self, model, index: Tensor) -> Tensor:
         tokens, labels = (t[index] for t in self.train)
         return F.cross_entropy(model(tokens), labels)
 

@@ -37,8 +37,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 import attnkit as ak
-from attnkit import masks
-from attnkit.evaluation.supervision import supervised_attention_loss
+from attnkit import arguments, masks
 from attnkit.tasks import parts
 from attnkit.tasks.base import REGISTRY, Metric, Task, Unused
 
@@ -116,7 +115,7 @@ def make_mqar(n: int, seq_len: int, *, seed: int = 0) -> tuple[Tensor, Tensor, T
     return tokens, answers, 2 * order + 1
 
 
-def _part(name: str, head_dim: int, heads: int, max_len: int, depth: int, config: Any):
+def _part(name: str, head_dim: int, num_heads: int, max_len: int, depth: int, config: Any):
     if name == "full":
         return parts.build_attention(config.score, config.align, head_dim, max_len)
     if name == "linear":
@@ -127,15 +126,16 @@ def _part(name: str, head_dim: int, heads: int, max_len: int, depth: int, config
         return ak.mechanisms.build("native_sparse", head_dim=head_dim, **NSA_SIZES)
     if name == "deepseek_sparse":
         return ak.mechanisms.build("deepseek_sparse", head_dim=head_dim, top_k=DSA_TOP_K)
-    return parts.build_slot_attention(name, head_dim=head_dim, num_heads=heads, max_len=max_len)
+    return parts.build_slot_attention(name, head_dim=head_dim, num_heads=num_heads, max_len=max_len)
 
 
+@arguments.renamed(d_model="embed_dim")
 def build_attention_layer(
-    name: str, d_model: int, *, max_len: int, depth: int = 1, config: Any = None
+    name: str, embed_dim: int, *, max_len: int, depth: int = 1, config: Any = None
 ) -> nn.Module:
     """The attention of decoder layer ``depth`` (from 1): a :class:`attnkit.MultiHeadAttention`
     of ``HEADS`` heads around the part ``name``, or for ``"latent"`` a
-    :class:`attnkit.modern.MultiHeadLatentAttention` (latent of size d_model / 2). ``config``
+    :class:`attnkit.modern.MultiHeadLatentAttention` (latent of size embed_dim / 2). ``config``
     gives ``score`` and ``align`` for ``"full"``.
 
     Raises ValueError for a name not in :data:`ATTENTIONS` or sizes the part refuses.
@@ -144,20 +144,20 @@ def build_attention_layer(
         raise ValueError(f"attention must be one of {', '.join(ATTENTIONS)}, got {name!r}")
     if name == "latent":
         return ak.mechanisms.build(
-            "latent", embed_dim=d_model, num_heads=HEADS, kv_rank=max(d_model // 2, 1)
+            "latent", embed_dim=embed_dim, num_heads=HEADS, kv_rank=max(embed_dim // 2, 1)
         )
-    head_dim = d_model // HEADS
+    head_dim = embed_dim // HEADS
     part = _part(name, head_dim, HEADS, max_len, depth, config)
-    return ak.MultiHeadAttention(d_model, HEADS, attention=part)
+    return ak.MultiHeadAttention(embed_dim, HEADS, attention=part)
 
 
 class _Layer(nn.Module):
-    def __init__(self, d_model: int, attention: nn.Module) -> None:
+    def __init__(self, embed_dim: int, attention: nn.Module) -> None:
         super().__init__()
-        self.norm1, self.norm2 = nn.LayerNorm(d_model), nn.LayerNorm(d_model)
+        self.norm1, self.norm2 = nn.LayerNorm(embed_dim), nn.LayerNorm(embed_dim)
         self.attention = attention
         self.mlp = nn.Sequential(
-            nn.Linear(d_model, 2 * d_model), nn.GELU(), nn.Linear(2 * d_model, d_model)
+            nn.Linear(embed_dim, 2 * embed_dim), nn.GELU(), nn.Linear(2 * embed_dim, embed_dim)
         )
 
     def forward(self, x: Tensor, mask: Tensor | None, need_weights: bool):
@@ -166,37 +166,38 @@ class _Layer(nn.Module):
         return x + self.mlp(self.norm2(x)), out.weights
 
 
+@arguments.renamed(d_model="embed_dim")
 class MQARDecoder(nn.Module):
     """A causal decoder for MQAR: E_tok[x_t] + E_prev[x_{t−1}] + E_pos[t] → ``LAYERS``
-    pre-norm layers (attention, then an MLP of width 2 · d_model) → LayerNorm → logits over the
+    pre-norm layers (attention, then an MLP of width 2 · embed_dim) → LayerNorm → logits over the
     ``VALUES`` values at every position.
 
     Args:
         vocab: the number of token ids (keys, values and padding).
-        d_model: width. max_len: the longest input.
+        embed_dim: width. max_len: the longest input.
         attention: a name from :data:`ATTENTIONS`.
         config: the run configuration (``score`` and ``align`` of ``"full"``), or None for
             scaled dot product and softmax.
     """
 
     def __init__(
-        self, vocab: int, *, d_model: int, max_len: int, attention: str = "full", config=None
+        self, vocab: int, *, embed_dim: int, max_len: int, attention: str = "full", config=None
     ) -> None:
         super().__init__()
         if config is None:
             config = _Defaults()
-        self.tokens = nn.Embedding(vocab, d_model)
-        self.previous = nn.Embedding(vocab + 1, d_model)  # id ``vocab``: before the start
-        self.position = nn.Embedding(max_len, d_model)
+        self.tokens = nn.Embedding(vocab, embed_dim)
+        self.previous = nn.Embedding(vocab + 1, embed_dim)  # id ``vocab``: before the start
+        self.position = nn.Embedding(max_len, embed_dim)
         nn.init.normal_(self.position.weight, std=0.02)
         self.attention = attention
         self.layers = nn.ModuleList(
-            _Layer(d_model, build_attention_layer(attention, d_model, max_len=max_len,
+            _Layer(embed_dim, build_attention_layer(attention, embed_dim, max_len=max_len,
                                                   depth=i + 1, config=config))
             for i in range(LAYERS)
         )  # fmt: skip
-        self.norm = nn.LayerNorm(d_model)
-        self.out = nn.Linear(d_model, VALUES)
+        self.norm = nn.LayerNorm(embed_dim)
+        self.out = nn.Linear(embed_dim, VALUES)
 
     def forward(self, tokens: Tensor, *, need_weights: bool = False) -> tuple[Tensor, Tensor]:
         """tokens (B, N) → logits (B, N, VALUES) and, with ``need_weights``, the last layer's
@@ -246,7 +247,6 @@ class MQARTask(Task):
             None,
         ),
     }
-    gold_alignment = True
     attentions: ClassVar[tuple[str, ...]] = ATTENTIONS
 
     @classmethod
@@ -297,7 +297,7 @@ class MQARTask(Task):
 
     def build_model(self) -> MQARDecoder:
         c = self.config
-        return MQARDecoder(self.vocab, d_model=c.d_model, max_len=c.seq_len,
+        return MQARDecoder(self.vocab, embed_dim=c.d_model, max_len=c.seq_len,
                            attention=self.attention_name(c), config=c)  # fmt: skip
 
     def n_train(self) -> int:
@@ -315,17 +315,23 @@ class MQARTask(Task):
         out = torch.zeros(*gold.shape, self.config.seq_len, dtype=torch.bool)
         return out.scatter_(-1, gold.unsqueeze(-1), True)
 
-    def loss(self, model, index: Tensor) -> Tensor:
-        tokens, answers, gold = (t[index] for t in self.train)
-        supervise = self.config.supervise_attention > 0
-        logits, weights = model(tokens, need_weights=supervise)
+    def _split(self, split: str) -> tuple[Tensor, Tensor, Tensor]:
+        return self.train if split == "train" else self.splits[split]
+
+    def objective(self, model, index: Tensor) -> Tensor:
+        tokens, answers, _ = (t[index] for t in self.train)
+        logits, _ = model(tokens)
         rows = self.query_positions()
-        loss = F.cross_entropy(logits[:, rows].flatten(0, 1), answers.flatten())
-        if supervise:
-            w = weights[:, :, rows]  # (B, H, P, N)
-            target = self.gold_matrix(gold).unsqueeze(1).expand_as(w)
-            loss = loss + self.config.supervise_attention * supervised_attention_loss(w, target)
-        return loss
+        return F.cross_entropy(logits[:, rows].flatten(0, 1), answers.flatten())
+
+    def gold(self, split: str, index: Tensor) -> Tensor:
+        """(B, 1, P, N) bool: at each query, the position of its pair's value (every head)."""
+        return self.gold_matrix(self._split(split)[2][index]).unsqueeze(1)
+
+    def supervised_weights(self, model, split: str, index: Tensor) -> Tensor:
+        """(B, H, P, N): the last layer's weights at the query rows, every head."""
+        _, weights = model(self._split(split)[0][index], need_weights=True)
+        return weights[:, :, self.query_positions()]
 
     @torch.no_grad()
     def evaluate(self, model, split: str, batch: int = 200) -> dict[str, float]:

@@ -3,7 +3,8 @@ decomposable attention and co-attention (Galassi IV-D2).
 
 A premise is 4-8 distinct tokens; a hypothesis is 1-3 tokens. The hypothesis is *entailed*
 (label 1) when every one of its tokens occurs in the premise, and not (label 0) when one of
-them does not. The gold alignment of a hypothesis token is its occurrence in the premise.
+them does not. The gold alignment of a hypothesis token is its occurrence in the premise
+(``--supervise-attention``: the decomposable model's α, towards it).
 ``--compare attention=...`` swaps the pair mechanism: ``decomposable`` (Parikh et al.; the
 default), ``parallel`` (fine-grained parallel co-attention with the run's ``score`` as the
 co-compatibility function and Lu et al.'s perceptron aggregation, eqs. 14-15), ``nested``
@@ -148,6 +149,14 @@ class PairsTask(Task):
 
     @classmethod
     def validate(cls, config: Any) -> None:
+        mechanism = "decomposable" if config.attention == "default" else config.attention
+        if config.supervise_attention > 0 and mechanism != "decomposable":
+            raise ValueError(
+                f"supervise_attention {config.supervise_attention}: the {mechanism} mechanism "
+                "has one weight vector per input, not a weight row per hypothesis token to "
+                "compare with its gold copy; supervise the decomposable mechanism (attention "
+                "'default')"
+            )
         if al.REGISTRY.get(config.align).stochastic:
             raise ValueError(
                 f"align {config.align!r} samples its weights; the pairs task trains by "
@@ -168,7 +177,7 @@ class PairsTask(Task):
         align = build_alignment(self.config.align, d)
         affinity = None
         if mechanism == "parallel":
-            affinity = build_score(self.config.score, d_q=d, d_k=d, d_w=d, max_len=PREMISE[1])
+            affinity = build_score(self.config.score, head_dim=d, max_len=PREMISE[1])
         return PairsModel(mechanism, d, align=align, affinity=affinity)
 
     def has_split(self, name: str) -> bool:
@@ -183,10 +192,23 @@ class PairsTask(Task):
             data["premise"], data["hypothesis"], data["premise_mask"], data["hypothesis_mask"]
         )
 
-    def loss(self, model, index: Tensor) -> Tensor:
+    def objective(self, model, index: Tensor) -> Tensor:
         data = {k: v[index] for k, v in self.train.items()}
         logits, _ = self._call(model, data)
         return F.cross_entropy(logits, data["label"])
+
+    def _split(self, split: str) -> dict[str, Tensor]:
+        return self.train if split == "train" else self.splits[split]
+
+    def gold(self, split: str, index: Tensor) -> Tensor:
+        """(B, 3, 8) bool: each hypothesis token's copy in the premise (none for a token
+        without one)."""
+        return self._split(split)["gold"][index]
+
+    def supervised_weights(self, model, split: str, index: Tensor) -> Tensor:
+        """(B, 3, 8): the decomposable model's α, hypothesis tokens over premise tokens."""
+        data = {k: v[index] for k, v in self._split(split).items()}
+        return model.alignment(self._call(model, data)[1])
 
     @torch.no_grad()
     def evaluate(self, model, split: str) -> dict[str, float]:

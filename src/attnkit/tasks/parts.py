@@ -1,14 +1,15 @@
-"""Attention parts built from the names given to ``attnkit run``, with explicit arguments.
+"""Attention parts built from the names given to ``attnkit run``, at the model's sizes.
 
-Every score gets exactly the sizes listed for it in :data:`SCORE_SIZES`; a registered score that
-is not listed there, or an alignment that needs arguments not listed in :data:`ALIGNMENT_ARGUMENTS`,
-is refused with a message saying so, instead of being built with guessed or default sizes.
+Each registered part builds itself: a score, an alignment or a per-head attention part is made
+by its class's ``for_heads(head_dim=..., num_heads=..., max_len=...)`` (:mod:`attnkit.sizing`,
+:class:`attnkit.head.HeadAttention`), so a part registered in one file is usable here, with no
+table to update. A part that cannot be built from sizes alone is refused with a message naming
+the argument it lacks, instead of being built with guessed values.
 """
 
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
 from typing import Any
 
 from torch import Tensor, nn
@@ -19,9 +20,7 @@ from attnkit.attention import Attention
 from attnkit.scores import Score
 
 __all__ = [
-    "ALIGNMENT_ARGUMENTS",
-    "SCORE_SIZES",
-    "SLOT_ARGUMENTS",
+    "SLOT_SIZES",
     "build_alignment",
     "build_attention",
     "build_score",
@@ -31,61 +30,16 @@ __all__ = [
     "usable_scores",
 ]
 
-# Which of the task's sizes each score takes: d_q (query), d_k (key), d_w (hidden size of the
-# additive family), max_len (the most keys any input of the task has, for position scores).
-SCORE_SIZES: dict[str, tuple[str, ...]] = {
-    "dot": (),
-    "scaled_dot": (),
-    "cosine": (),
-    "euclidean": (),
-    "general": ("d_q", "d_k"),
-    "biased_general": ("d_q", "d_k"),
-    "activated_general": ("d_q", "d_k"),
-    "hermitian": ("d_k", "d_w"),
-    "directed_hermitian": ("d_k", "d_w"),
-    "decomposable": ("d_q", "d_k", "d_w"),
-    "decomposable_shared": ("d_k", "d_w"),
-    "additive": ("d_q", "d_k", "d_w"),
-    "concat": ("d_q", "d_k", "d_w"),
-    "deep": ("d_q", "d_k", "d_w"),
-    "convolutional": ("d_k",),
-    "learned_query": ("d_k",),
-    "location": ("d_q", "max_len"),
-}
-
-# Alignments that need arguments, as functions of the query size; the rest take none.
-ALIGNMENT_ARGUMENTS: dict[str, Callable[[int], dict[str, Any]]] = {
-    # Luong's predictive local alignment with a half-window of 2.
-    "local": lambda d_q: {"window": 2, "position": "predictive", "d_q": d_q},
-    # Predictors of the temperature (Lin et al.) and of the window (Yang et al.) read the query.
-    "query_temperature": lambda d_q: {"d_q": d_q},
-    "predicted_window": lambda d_q: {"d_q": d_q},
-}
-
-
-# Constructor parameters of a registered attention-slot mechanism that attnkit run and the
-# benchmarks fill from the model's sizes, by parameter name; every other parameter keeps its
-# default, and a required parameter not named here makes the mechanism unbuildable (refused).
+# FALLBACK, to be removed once every registered per-head part has ``for_heads`` (derives from
+# attnkit.head.HeadAttention): constructor parameters of a mechanism without ``for_heads`` that
+# are filled from the model's sizes by parameter name; every other parameter keeps its default,
+# and a required parameter not named here makes the mechanism unbuildable (refused).
 SLOT_SIZES: dict[str, str] = {
     "d": "head_dim", "dim": "head_dim", "head_dim": "head_dim", "d_head": "head_dim",
     "d_k": "head_dim", "seq_len": "max_len", "max_len": "max_len", "max_length": "max_len",
     "n": "max_len", "length": "max_len", "num_heads": "num_heads", "n_heads": "num_heads",
     "heads": "num_heads", "max_span": "max_len",
 }  # fmt: skip
-
-
-def _synthesizer_arguments(head_dim: int, num_heads: int, max_len: int) -> dict[str, Any]:
-    """Tay et al.'s dense synthesizer (eq. 2), one per head, over at most ``max_len`` keys."""
-    from attnkit.efficient.synthesizer import DenseSynthetic
-
-    return {"components": [DenseSynthetic(head_dim, max_len, heads=num_heads)]}
-
-
-# Attention-slot mechanisms whose required arguments are parts (not sizes): a function of
-# (head_dim, num_heads, max_len) giving those arguments.
-SLOT_ARGUMENTS: dict[str, Callable[[int, int, int], dict[str, Any]]] = {
-    "synthesizer": _synthesizer_arguments,
-}
 
 
 def _is_slot_part(cls: type) -> bool:
@@ -111,12 +65,11 @@ def slot_mechanisms(package: str | None = None) -> list[str]:
 
 
 def build_slot_attention(name: str, *, head_dim: int, num_heads: int, max_len: int) -> nn.Module:
-    """The registered mechanism ``name`` as a per-head attention part, its required constructor
-    arguments filled by name from the sizes (:data:`SLOT_SIZES`), or made from them by
-    :data:`SLOT_ARGUMENTS` (e.g. the synthesizer's components).
+    """The registered mechanism ``name`` as a per-head attention part for ``num_heads`` heads of
+    ``head_dim`` features over at most ``max_len`` keys, built by its class's ``for_heads``.
 
     Raises ValueError for an unknown name, a mechanism that is not an attention-slot part, or one
-    that needs an argument attnkit cannot give.
+    that needs an argument the sizes do not give.
     """
     ak.mechanisms.available()
     cls = ak.mechanisms.REGISTRY.get(name)  # unknown names: ValueError listing the options
@@ -125,11 +78,28 @@ def build_slot_attention(name: str, *, head_dim: int, num_heads: int, max_len: i
             f"mechanism {name!r} is not a per-head attention part (forward(q, k, v, *, mask, "
             f"bias, need_weights)); usable: full, {', '.join(slot_mechanisms())}"
         )
+    if not hasattr(cls, "for_heads"):
+        return _build_by_parameter_names(name, cls, head_dim, num_heads, max_len)
+    try:
+        return cls.for_heads(
+            embed_dim=head_dim * num_heads, num_heads=num_heads, head_dim=head_dim, max_len=max_len
+        )
+    except TypeError as err:
+        raise ValueError(
+            f"mechanism {name!r} cannot be built from the model's sizes ({err}); build it "
+            "yourself and pass it as MultiHeadAttention(attention=...)"
+        ) from None
+
+
+def _build_by_parameter_names(
+    name: str, cls: type, head_dim: int, num_heads: int, max_len: int
+) -> nn.Module:
+    """FALLBACK for a mechanism without ``for_heads`` (remove with :data:`SLOT_SIZES`): its
+    required constructor arguments filled by name from the sizes."""
     sizes = {"head_dim": head_dim, "num_heads": num_heads, "max_len": max_len}
-    made = SLOT_ARGUMENTS.get(name)
-    kwargs = {} if made is None else made(head_dim, num_heads, max_len)
+    kwargs: dict[str, Any] = {}
     for key, param in inspect.signature(cls).parameters.items():
-        if param.kind in (param.VAR_KEYWORD, param.VAR_POSITIONAL) or key in kwargs:
+        if param.kind in (param.VAR_KEYWORD, param.VAR_POSITIONAL):
             continue
         if key in SLOT_SIZES:
             if param.default is inspect.Parameter.empty or SLOT_SIZES[key] == "max_len":
@@ -144,47 +114,43 @@ def build_slot_attention(name: str, *, head_dim: int, num_heads: int, max_len: i
 
 
 def usable_scores() -> list[str]:
-    """Registered scores that ``attnkit run`` can build."""
-    return [name for name in ak.scores.available() if name in SCORE_SIZES]
+    """Registered scores, all of which ``attnkit run`` can build (each by its ``for_heads``)."""
+    return ak.scores.available()
 
 
-def build_score(name: str, *, d_q: int, d_k: int, d_w: int, max_len: int) -> Score:
-    """The score ``name`` given exactly the sizes :data:`SCORE_SIZES` lists for it.
+def build_score(
+    name: str, *, head_dim: int, max_len: int, num_heads: int | None = None, **overrides: Any
+) -> Score:
+    """The registered score ``name`` for queries and keys of ``head_dim`` features over at most
+    ``max_len`` keys (one parameter set per head when ``num_heads`` is given), built by its
+    class's ``for_heads``; ``overrides`` are constructor arguments (e.g. ``d_w=``).
 
-    Raises ValueError for an unknown name (with the closest one) or a registered score whose
-    sizes are not listed.
+    Raises ValueError for an unknown name (with the closest one), TypeError for a score that
+    needs an argument the sizes do not give or an override it does not take.
     """
-    ak.scores.REGISTRY.get(name)  # unknown names: ValueError listing the options
-    if name not in SCORE_SIZES:
-        raise ValueError(
-            f"score {name!r} is registered but attnkit run does not know which sizes to give it; "
-            f"add it to SCORE_SIZES in attnkit.tasks.parts (usable: {', '.join(usable_scores())})"
-        )
-    sizes = {"d_q": d_q, "d_k": d_k, "d_w": d_w, "max_len": max_len}
-    return ak.scores.build(name, **{key: sizes[key] for key in SCORE_SIZES[name]})
+    cls = ak.scores.REGISTRY.get(name)  # unknown names: ValueError listing the options
+    return cls.for_heads(head_dim=head_dim, num_heads=num_heads, max_len=max_len, **overrides)
 
 
-def build_alignment(name: str, d_q: int) -> al.Alignment:
-    """The alignment ``name``: with the arguments in :data:`ALIGNMENT_ARGUMENTS`, else none.
+def build_alignment(
+    name: str, head_dim: int, *, num_heads: int | None = None, **overrides: Any
+) -> al.Alignment:
+    """The registered alignment ``name`` for queries of ``head_dim`` features (for alignments
+    that read the query), built by its class's ``for_heads``.
 
-    Raises ValueError for an unknown name, or for an alignment that cannot be built without
-    arguments ``attnkit run`` does not give.
+    Raises ValueError for an unknown name, or for an alignment that cannot be built from the
+    sizes (an argument they do not give).
     """
-    arguments = ALIGNMENT_ARGUMENTS[name](d_q) if name in ALIGNMENT_ARGUMENTS else {}
+    cls = ak.alignments.REGISTRY.get(name)  # unknown names: ValueError listing the options
     try:
-        return ak.alignments.build(name, **arguments)
+        return cls.for_heads(head_dim=head_dim, num_heads=num_heads, **overrides)
     except TypeError as err:
-        raise ValueError(
-            f"alignment {name!r} cannot be built by attnkit run ({err}); add its arguments to "
-            "ALIGNMENT_ARGUMENTS in attnkit.tasks.parts"
-        ) from None
+        raise ValueError(f"alignment {name!r} cannot be built by attnkit run: {err}") from None
 
 
 def build_attention(score: str, align: str, d: int, max_len: int) -> Attention:
     """Attention with queries and keys of size d (and d_w = d) over at most ``max_len`` keys."""
-    return Attention(
-        build_score(score, d_q=d, d_k=d, d_w=d, max_len=max_len), build_alignment(align, d)
-    )
+    return Attention(build_score(score, head_dim=d, max_len=max_len), build_alignment(align, d))
 
 
 def task_loss(per_item: Tensor, log_prob: Tensor | None) -> Tensor:

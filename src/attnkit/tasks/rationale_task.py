@@ -27,7 +27,6 @@ from attnkit.evaluation import (
     attention_correctness,
     capture,
     entropy,
-    supervised_attention_loss,
     uniform_weights,
 )
 from attnkit.evaluation.suite import Probe
@@ -202,7 +201,6 @@ class RationaleTask(Task):
             None,
         ),
     }
-    gold_alignment = True
 
     def __init__(self, config) -> None:
         super().__init__(config)
@@ -222,16 +220,20 @@ class RationaleTask(Task):
     def has_split(self, name: str) -> bool:
         return name in self.data.splits
 
-    def loss(self, model, index: Tensor) -> Tensor:
+    def objective(self, model, index: Tensor) -> Tensor:
         b = self.train
-        logits, weights, log_prob = model(b["tokens"][index], b["keep"][index])
+        logits, _, log_prob = model(b["tokens"][index], b["keep"][index])
         per_item = F.cross_entropy(logits, b["labels"][index], reduction="none")
-        loss = task_loss(per_item, log_prob)
-        if self.config.supervise_attention > 0:
-            loss = loss + self.config.supervise_attention * supervised_attention_loss(
-                weights, b["gold"][index]
-            )
-        return loss
+        return task_loss(per_item, log_prob)
+
+    def gold(self, split: str, index: Tensor) -> Tensor:
+        """(B, MAX_LEN) bool: the planted cue words."""
+        return self.data.splits[split]["gold"][index]
+
+    def supervised_weights(self, model, split: str, index: Tensor) -> Tensor:
+        """(B, MAX_LEN): the learned query's weights over the words."""
+        data = self.data.splits[split]
+        return model(data["tokens"][index], data["keep"][index])[1]
 
     @torch.no_grad()
     def evaluate(self, model, split: str) -> dict[str, float]:

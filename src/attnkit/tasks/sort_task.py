@@ -2,8 +2,10 @@
 drawn uniformly from [0, 1) and output them in increasing order, by pointing at the inputs.
 
 The answer is the permutation argsort(x); the gold attention of output step i is the input
-holding the i-th smallest number. Training uses teacher forcing; evaluation decodes greedily,
-each input at most once.
+holding the i-th smallest number (:meth:`SortTask.gold`). Training uses teacher forcing;
+evaluation decodes greedily, each input at most once. ``--supervise-attention`` is refused: a
+pointer network's attention is its output, so the supervision would repeat the objective's
+likelihood term.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 import attnkit as ak
@@ -57,6 +60,13 @@ class SortTask(Task):
 
     @classmethod
     def validate(cls, config: Any) -> None:
+        if config.supervise_attention > 0:
+            raise ValueError(
+                f"supervise_attention {config.supervise_attention}: a pointer network's "
+                "attention is its output, so KL(gold ‖ weights) is the objective's negative "
+                "log-likelihood again; the supervision would only scale the loss (which Adam "
+                "undoes): train without it"
+            )
         if ak.alignments.REGISTRY.get(config.align).stochastic:
             raise ValueError(
                 f"align {config.align!r} samples its weights; the sort task trains the output "
@@ -77,7 +87,7 @@ class SortTask(Task):
 
     def build_model(self) -> PointerNetwork:
         d = self.config.d_model
-        score = build_score(self.config.score, d_q=d, d_k=d, d_w=d, max_len=MAX_LEN)
+        score = build_score(self.config.score, head_dim=d, max_len=MAX_LEN)
         return PointerNetwork(
             1, d, score=score, align=build_alignment(self.config.align, d), exclusive=True
         )
@@ -88,9 +98,24 @@ class SortTask(Task):
     def n_train(self) -> int:
         return self.train[0].shape[0]
 
-    def loss(self, model, index: Tensor) -> Tensor:
+    def _split(self, split: str) -> tuple[Tensor, Tensor, Tensor]:
+        return self.train if split == "train" else self.splits[split]
+
+    def objective(self, model, index: Tensor) -> Tensor:
         x, keep, targets = (t[index] for t in self.train)
         return model(x, keep, targets).nll(targets, keep)
+
+    def gold(self, split: str, index: Tensor) -> Tensor:
+        """(B, n, n) bool: output step i points at the input holding the i-th smallest number
+        (no gold on the padded steps)."""
+        _, keep, targets = (t[index] for t in self._split(split))
+        return F.one_hot(targets, keep.shape[-1]).bool() & keep.unsqueeze(-1)
+
+    def supervised_weights(self, model, split: str, index: Tensor) -> Tensor:
+        """(B, n, n): the pointer distribution of every output step, teacher-forced. It is the
+        network's output: KL(gold ‖ weights) is the objective's negative log-likelihood."""
+        x, keep, targets = (t[index] for t in self._split(split))
+        return model(x, keep, targets).weights
 
     @staticmethod
     @torch.no_grad()

@@ -238,7 +238,7 @@ class TextTask(Task):
     def has_split(self, name: str) -> bool:
         return name in self.data.splits
 
-    def loss(self, model, index: Tensor) -> Tensor:
+    def objective(self, model, index: Tensor) -> Tensor:
         b = self.train
         logits, _, log_prob = model(b["tokens"][index], b["keep"][index])
         per_item = F.cross_entropy(logits, b["labels"][index], reduction="none")

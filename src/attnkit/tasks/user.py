@@ -54,7 +54,7 @@ __all__ = [
 
 ENTRY_POINT_GROUP = "attnkit.tasks"
 REQUIRED_DEFAULTS = ("epochs", "batch_size", "lr", "d_model", "n_train", "n_test")
-METHODS = ("build_model", "n_train", "loss", "has_split", "evaluate", "heatmaps")
+METHODS = ("build_model", "n_train", "has_split", "evaluate", "heatmaps")
 CLASS_CHECKS = (
     "a Task subclass",
     "description: a non-empty str",
@@ -62,12 +62,16 @@ CLASS_CHECKS = (
     + ", ".join(REQUIRED_DEFAULTS),
     "metrics: a non-empty dict of str -> Metric",
     "gold_alignment, takes_position, reads_data, context_parallel: bools; attentions: strs",
-    "defines " + ", ".join(METHODS),
+    "defines " + ", ".join(METHODS) + ", and objective (or loss)",
+    "with gold attention (gold overridden): defines supervised_weights and objective, not loss "
+    "(Task.loss adds the supervision to objective)",
 )
 RUN_CHECKS = (
     "build_model on the run's configuration with n_train 4, n_test 4, batch_size 2",
     "n_train() is 4",
     "loss of 2 examples: a finite scalar that backpropagates",
+    "with gold attention: gold('train', index) broadcasts to supervised_weights of 2 examples, "
+    "and KL(gold ‖ weights) is finite and backpropagates",
     "has_split('validation') and has_split('test')",
     "evaluate('validation'): numbers named by metrics",
     "final_metrics: a number for every metric",
@@ -278,8 +282,16 @@ def check_task_class(cls: Any, source: str) -> None:
     if not all(isinstance(a, str) for a in attentions):
         raise ValueError(f"{who}: attentions must be a tuple of str, got {tuple(attentions)!r}")
     missing = [m for m in METHODS if getattr(cls, m) is getattr(Task, m)]
+    if cls.objective is Task.objective and cls.loss is Task.loss:
+        missing.append("objective")
     if missing:
         raise ValueError(f"{who}: must define {', '.join(missing)} (see attnkit.tasks.Task)")
+    if cls.gold_alignment and (cls.objective is Task.objective or cls.loss is not Task.loss):
+        raise ValueError(
+            f"{who}: a task with gold attention (it defines gold) defines objective, its own "
+            "loss, and leaves loss to attnkit.tasks.Task, which adds supervise_attention × "
+            "KL(gold ‖ supervised_weights)"
+        )
 
 
 def check_task_run(cls: type[Task], config: Any) -> None:
@@ -324,6 +336,26 @@ def _exercise(cls: type[Task], config: Any, who: str) -> None:
     if not loss.requires_grad:
         fail("loss does not depend on the model's parameters (no gradient)")
     loss.backward()
+    if cls.gold_alignment:
+        index = torch.arange(config.batch_size)
+        weights = task.supervised_weights(model, "train", index)
+        gold = task.gold("train", index)
+        for name, value in (("supervised_weights", weights), ("gold", gold)):
+            if not isinstance(value, torch.Tensor):
+                fail(f"{name} must return a tensor, got {type(value).__name__}")
+        if weights.shape[0] != config.batch_size:
+            fail(
+                f"supervised_weights of {config.batch_size} examples has shape "
+                f"{tuple(weights.shape)}: the first dimension must be the examples"
+            )
+        try:
+            kl = task.supervision_loss(model, index)
+        except (ValueError, TypeError) as err:
+            fail(f"gold and supervised_weights do not fit: {err}")
+        if not bool(torch.isfinite(kl)):
+            fail(f"KL(gold ‖ supervised_weights) is {float(kl)} (not finite)")
+        if not kl.requires_grad:
+            fail("supervised_weights do not depend on the model's parameters (no gradient)")
     for split in ("validation", "test"):
         if not task.has_split(split):
             fail(f"has_split({split!r}) is False: the runner validates and tests on both")

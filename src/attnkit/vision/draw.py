@@ -67,7 +67,10 @@ class DRAWReadOutput(NamedTuple):
         return {"filter_x": self.filter_x, "filter_y": self.filter_y}
 
 
-@REGISTRY.register("draw-read")
+REGISTRY.renamed["draw-read"] = "draw_read"
+
+
+@REGISTRY.register("draw_read")
 class DRAWRead(nn.Module):
     """DRAW's read with attention: an N × N grid of Gaussian filters placed by the state h.
 

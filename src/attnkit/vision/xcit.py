@@ -46,11 +46,12 @@ class CrossCovarianceAttentionOutput(NamedTuple):
 
 
 @REGISTRY.register("xcit")
+@arguments.renamed(d_model="embed_dim")
 class CrossCovarianceAttention(nn.Module):
     """Cross-covariance attention (XCA) over tokens x (B, N, D).
 
     Args:
-        d_model: D, split into ``num_heads`` heads of d_h = D / num_heads channels.
+        embed_dim: D, split into ``num_heads`` heads of d_h = D / num_heads channels.
         num_heads: heads, each with its own temperature τ_h (initialised to 1).
         bias: biases in the q, k, v projections.
         eps: floor on the channel norms in the L2 normalisation.
@@ -61,7 +62,7 @@ class CrossCovarianceAttention(nn.Module):
 
     def __init__(
         self,
-        d_model: int,
+        embed_dim: int,
         num_heads: int = 1,
         *,
         bias: bool = True,
@@ -71,17 +72,19 @@ class CrossCovarianceAttention(nn.Module):
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
-        arguments.sizes(d_model=d_model, num_heads=num_heads)
-        if d_model % num_heads:
-            raise ValueError(f"d_model ({d_model}) must be divisible by num_heads ({num_heads})")
+        arguments.sizes(embed_dim=embed_dim, num_heads=num_heads)
+        if embed_dim % num_heads:
+            raise ValueError(
+                f"embed_dim ({embed_dim}) must be divisible by num_heads ({num_heads})"
+            )
         self.eps = arguments.finite_float(eps, "eps")
         if self.eps <= 0:
             raise ValueError(f"eps must be > 0, got {eps}")
         kw = {"device": device, "dtype": dtype}
-        self.d_model, self.num_heads = d_model, num_heads
-        self.head_dim = d_model // num_heads
-        self.qkv = nn.Linear(d_model, 3 * d_model, bias=arguments.boolean(bias, "bias"), **kw)
-        self.out = nn.Linear(d_model, d_model, **kw)  # W_o
+        self.embed_dim, self.num_heads = embed_dim, num_heads
+        self.head_dim = embed_dim // num_heads
+        self.qkv = nn.Linear(embed_dim, 3 * embed_dim, bias=arguments.boolean(bias, "bias"), **kw)
+        self.out = nn.Linear(embed_dim, embed_dim, **kw)  # W_o
         self.temperature = nn.Parameter(torch.ones(num_heads, 1, 1, **kw))  # τ_h
         self.align = (
             Softmax()
@@ -99,7 +102,7 @@ class CrossCovarianceAttention(nn.Module):
         return [tx.Scoring.SIMILARITY, tx.QueryType.SELF_ATTENTIVE]
 
     def extra_repr(self) -> str:
-        return f"d_model={self.d_model}, num_heads={self.num_heads}"
+        return f"embed_dim={self.embed_dim}, num_heads={self.num_heads}"
 
     def _keep(self, x: Tensor, mask: Tensor | None) -> Tensor | None:
         if mask is None:
@@ -117,9 +120,9 @@ class CrossCovarianceAttention(nn.Module):
     def forward(self, x: Tensor, *, mask: Tensor | None = None) -> CrossCovarianceAttentionOutput:
         """x (B, N, D), mask (B, 1, N) True = real token → output (B, N, D), A (B, h, d_h, d_h)."""
         x = inputs.tensor(x, "x", min_dim=1)
-        if x.dim() != 3 or x.shape[-1] != self.d_model:
+        if x.dim() != 3 or x.shape[-1] != self.embed_dim:
             raise ValueError(
-                f"x must be tokens (B, N, d_model={self.d_model}), got shape {tuple(x.shape)}"
+                f"x must be tokens (B, N, embed_dim={self.embed_dim}), got shape {tuple(x.shape)}"
             )
         keep = self._keep(x, mask)
         zero = torch.zeros((), dtype=x.dtype, device=x.device)
@@ -137,7 +140,7 @@ class CrossCovarianceAttention(nn.Module):
         weights = self.align(scores, any_token).weights
         hooks.report(self, weights)
         context = v @ weights.transpose(-2, -1)  # (B, h, N, d_h): Σ_j A_ij v_{n,j}
-        output = self.out(context.transpose(1, 2).reshape(b, n, self.d_model))
+        output = self.out(context.transpose(1, 2).reshape(b, n, self.embed_dim))
         if keep is not None:
             output = torch.where(keep, output, zero)
         return CrossCovarianceAttentionOutput(output, weights)

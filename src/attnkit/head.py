@@ -1,0 +1,279 @@
+"""The per-head attention part (DESIGN 8): one base class for everything that
+:class:`attnkit.MultiHeadAttention` and the Transformer layers can hold in their attention slot.
+
+A part maps per-head inputs q (B, …, M, d), k (B, …, N, d), v (B, …, N, d_v) to an
+:class:`attnkit.AttentionOutput` whose context is (B, …, M, d_v) (Brauwers eq. 4: c = Σ_l a_l v_l,
+whatever the part's way of computing the a_l). What a part supports is class data, read by the
+layers, the caches and the tests before a call is made; a call asking for something the part
+does not declare is refused with the reason (:meth:`HeadAttention.refusal`), never run wrongly.
+
+The shared validation of per-head inputs (:func:`check_head_inputs`) lives here, once: a caller
+that validated at its own door (multi-head attention) calls the part inside
+:func:`attnkit.trust.trusted` and the part then only reads the sizes it needs.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any, ClassVar
+
+import torch
+from torch import Tensor, nn
+
+from attnkit import masks, trust
+from attnkit.inputs import broadcast_shapes
+from attnkit.output import AttentionOutput
+
+__all__ = ["MASK_FORMS", "SIZE_NAMES", "HeadAttention", "check_head_inputs", "mask_form"]
+
+# The mask forms a part may honour, from the narrowest to the widest:
+# - "key": the same for every query, (…, 1, N) — key padding;
+# - "padding": key padding whose padded queries' rows are all False (key ∧ query padding), as
+#   multi-head self-attention passes it to a part that ``mixes_queries``;
+# - "causal": a causal mask (query i may attend keys j ≤ i), alone or with key padding;
+# - "full": any boolean (…, M, N), e.g. a sparse pattern.
+MASK_FORMS = ("key", "padding", "causal", "full")
+
+# Constructor parameters that :meth:`HeadAttention.for_heads` fills from the sizes, by name.
+SIZE_NAMES: dict[str, str] = {
+    "d": "head_dim", "dim": "head_dim", "head_dim": "head_dim", "d_head": "head_dim",
+    "d_k": "head_dim", "seq_len": "max_len", "max_len": "max_len", "max_length": "max_len",
+    "n": "max_len", "length": "max_len", "num_heads": "num_heads", "n_heads": "num_heads",
+    "heads": "num_heads", "max_span": "max_len", "embed_dim": "embed_dim",
+}  # fmt: skip
+
+
+def mask_form(mask: Tensor | None, m: int) -> str | None:
+    """The form a mask certainly has from its shape alone: None (no mask), ``"key"`` (one row
+    for all M queries) or ``"full"`` (M rows; whether they differ is not looked at)."""
+    if mask is None:
+        return None
+    return "key" if mask.dim() < 2 or mask.shape[-2] == 1 or m == 1 else "full"
+
+
+class HeadAttention(nn.Module):
+    """Base of every per-head attention part (DESIGN 8).
+
+    A subclass implements ``forward(q, k, v, *, mask=None, bias=None, need_weights=False, ...)``
+    returning an :class:`attnkit.AttentionOutput` (or a NamedTuple whose first fields are
+    AttentionOutput's, for parts that report more) and declares what it supports. It takes
+    only the keywords its capabilities name: ``q_offset`` with ``takes_q_offset``, ``cache``
+    with ``takes_cache``, ``block_mask`` with ``accepts_block_mask``, ``score_mod`` with
+    ``accepts_score_mod``; the layers pass nothing else.
+
+    Capabilities (class data, or properties where they follow from construction such as
+    ``self.causal``); the defaults claim nothing:
+
+    Attributes:
+        causal_form: the part can attend causally, query i over keys j ≤ i: by a causal mask
+            (a part honouring ``"full"`` masks) or by a causal mode of its own (``causal=True``,
+            or causal by construction; such an instance has ``causal = True``).
+        decodes_with_cache: queries after a KV cache, attending over all cached keys step by
+            step, equal their rows of the part's causal pass (a part that approximates over
+            the whole sequence — landmarks, projections, hashing, sorting — does not).
+        takes_cache: the part keeps its own decoding state and is given the layer's cache as
+            the keyword ``cache`` (e.g. a :class:`attnkit.linear_family.RecurrentCache`).
+        takes_q_offset: the result depends on where the queries sit (a relative distance, a
+            matrix indexed by query position): the part takes ``q_offset``, the position of
+            the first query (the number of cached positions when decoding).
+        mixes_queries: a query's result depends on the other queries (landmarks computed from
+            all queries); multi-head self-attention then names padded queries by an all-False
+            row of the mask.
+        accepts_bias: an additive float bias (…, M, N) on the scores is honoured.
+        accepts_block_mask: a :class:`attnkit.kernels.BlockMask` is honoured.
+        accepts_score_mod: a ``score_mod(e, b, h, q_idx, kv_idx)`` is honoured.
+        mask_forms: the boolean mask forms honoured, a subset of :data:`MASK_FORMS`. A mask of
+            M rows outside them is refused by the part itself (it alone can tell an expanded
+            key mask from one that varies over queries).
+    """
+
+    causal_form: ClassVar[bool] = False
+    decodes_with_cache: ClassVar[bool] = False
+    takes_cache: ClassVar[bool] = False
+    takes_q_offset: ClassVar[bool] = False
+    mixes_queries: ClassVar[bool] = False
+    accepts_bias: ClassVar[bool] = False
+    accepts_block_mask: ClassVar[bool] = False
+    accepts_score_mod: ClassVar[bool] = False
+    mask_forms: ClassVar[frozenset[str]] = frozenset()
+
+    def forward(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        *,
+        mask: Tensor | None = None,
+        bias: Tensor | None = None,
+        need_weights: bool = False,
+    ) -> AttentionOutput:
+        """Per-head attention: q (B, …, M, d), k (B, …, N, d), v (B, …, N, d_v) → context
+        (B, …, M, d_v); weights (B, …, M, N) only with ``need_weights=True``."""
+        raise NotImplementedError(f"{type(self).__name__} must implement forward(q, k, v, ...)")
+
+    def reasons_not_supported(
+        self,
+        *,
+        mask: Tensor | None = None,
+        m: int = 0,
+        bias: bool = False,
+        block_mask: bool = False,
+        score_mod: bool = False,
+        cache: bool = False,
+        q_offset: bool = False,
+    ) -> list[str]:
+        """Every reason why a call asking for these is not supported (empty when it is).
+
+        Args:
+            mask: the boolean mask of the call, or None; ``m`` is the number of queries.
+            bias, block_mask, score_mod: whether the call passes one.
+            cache: whether the call decodes with a KV cache.
+            q_offset: whether the queries sit after other positions (q_offset > 0).
+        """
+        name = type(self).__name__
+        out = []
+        form = mask_form(mask, m)
+        if form is not None and not self.mask_forms:
+            out.append(f"attention part {name} honours no mask (mask_forms is empty)")
+        for wanted, flag, what in (
+            (bias, "accepts_bias", "an additive bias (its scores are never formed as a matrix)"),
+            (block_mask, "accepts_block_mask", "a block mask (pattern= / block_mask=)"),
+            (score_mod, "accepts_score_mod", "a score_mod"),
+        ):
+            if wanted and not getattr(self, flag):
+                out.append(
+                    f"attention part {name} does not declare {flag} = True, so it cannot honour "
+                    f"{what}"
+                )
+        if cache and not self.decodes_with_cache:
+            out.append(
+                f"attention part {name} does not declare decodes_with_cache = True: attending "
+                "over the cached keys step by step is not known to equal its causal pass (a "
+                "part that approximates over the whole sequence, e.g. with landmarks, "
+                "projections, hashing or sorting, gives other results per step); call without "
+                "cache="
+            )
+        if q_offset and not self.takes_q_offset and not self.decodes_with_cache:
+            out.append(
+                f"attention part {name} does not declare takes_q_offset = True: it cannot place "
+                "queries after other positions"
+            )
+        return out
+
+    def refusal(self, **call: Any) -> str | None:
+        """Why a call asking for ``call`` (see :meth:`reasons_not_supported`) is not
+        supported, or None when it is."""
+        reasons = self.reasons_not_supported(**call)
+        return "; ".join(reasons) if reasons else None
+
+    def check_supported(self, who: str, **call: Any) -> None:
+        """Raise ValueError naming ``who``, the part and the capability when :meth:`refusal`
+        gives a reason."""
+        reason = self.refusal(**call)
+        if reason is not None:
+            raise ValueError(f"{who}: {reason}")
+
+    @classmethod
+    def for_heads(
+        cls, *, embed_dim: int, num_heads: int, head_dim: int, max_len: int, **overrides: Any
+    ) -> HeadAttention:
+        """The part built for H = ``num_heads`` heads of size d = ``head_dim`` over at most
+        ``max_len`` keys, in a layer of width E = ``embed_dim``.
+
+        Constructor parameters named in :data:`SIZE_NAMES` are filled from the sizes where they
+        are required (or are lengths, which always follow ``max_len``); ``overrides`` give any
+        parameter explicitly; every other parameter keeps its default. A part whose
+        constructor needs more than sizes overrides this method.
+
+        Raises:
+            TypeError: a required parameter that no size fills, or an override the constructor
+                does not take.
+        """
+        sizes = {
+            "embed_dim": embed_dim,
+            "num_heads": num_heads,
+            "head_dim": head_dim,
+            "max_len": max_len,
+        }
+        params = inspect.signature(cls).parameters
+        takes_any = any(p.kind is p.VAR_KEYWORD for p in params.values())
+        unknown = [key for key in overrides if key not in params and not takes_any]
+        if unknown:
+            raise TypeError(
+                f"{cls.__name__}.for_heads: unknown argument(s) {', '.join(unknown)}; "
+                f"{cls.__name__} takes {', '.join(params) or 'no arguments'}"
+            )
+        kwargs = dict(overrides)
+        for key, param in params.items():
+            if param.kind in (param.VAR_KEYWORD, param.VAR_POSITIONAL) or key in kwargs:
+                continue
+            required = param.default is inspect.Parameter.empty
+            if key in SIZE_NAMES:
+                if required or SIZE_NAMES[key] == "max_len":
+                    kwargs[key] = sizes[SIZE_NAMES[key]]
+            elif required:
+                raise TypeError(
+                    f"{cls.__name__}.for_heads: the argument {key!r} cannot be filled from the "
+                    f"sizes ({', '.join(sorted(SIZE_NAMES))}); pass it as {key}=... or give "
+                    f"{cls.__name__} its own for_heads"
+                )
+        return cls(**kwargs)
+
+    @classmethod
+    def example(cls) -> tuple[HeadAttention, tuple[Tensor, Tensor, Tensor], dict[str, Any]]:
+        """A small instance (E = 8, H = 2, d = 4, at most 8 keys) with inputs q, k, v
+        (2, 2, 7, 4): ``module(*args, **kwargs)`` runs it."""
+        module = cls.for_heads(embed_dim=8, num_heads=2, head_dim=4, max_len=8)
+        g = torch.Generator().manual_seed(0)
+        q, k, v = (torch.randn(2, 2, 7, 4, generator=g) for _ in range(3))
+        return module, (q, k, v), {}
+
+
+def check_head_inputs(
+    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, bias: Tensor | None, who: str
+) -> torch.Size:
+    """Validate per-head inputs q (…, M, d), k (…, N, d), v (…, N, d_v), a boolean mask and a
+    float bias broadcastable to (…, M, N); returns the broadcast leading dims.
+
+    Inside :func:`attnkit.trust.trusted` (a caller that validated at its door and shaped the
+    inputs itself) only the leading dims are computed and an empty key set refused."""
+    if trust.is_trusted():
+        if k.shape[-2] == 0:
+            raise ValueError(f"{who}: the key set is empty (k of shape {tuple(k.shape)})")
+        return broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(x, Tensor):
+            raise TypeError(f"{who}: {name} must be a tensor, got {type(x).__name__}")
+        if x.dim() < 2 or not x.is_floating_point():
+            raise ValueError(
+                f"{who}: {name} must be a floating tensor (…, L, d), got shape "
+                f"{tuple(x.shape)} dtype {x.dtype}"
+            )
+    if q.shape[-1] != k.shape[-1]:
+        raise ValueError(f"{who}: q has {q.shape[-1]} features but k has {k.shape[-1]}")
+    if k.shape[-2] != v.shape[-2]:
+        raise ValueError(
+            f"{who}: k of shape {tuple(k.shape)} and v of shape {tuple(v.shape)} need the same N"
+        )
+    if k.shape[-2] == 0:
+        raise ValueError(f"{who}: the key set is empty (k of shape {tuple(k.shape)})")
+    try:
+        lead = broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
+    except RuntimeError:
+        raise ValueError(
+            f"{who}: batch dims of q {tuple(q.shape)}, k {tuple(k.shape)} and v "
+            f"{tuple(v.shape)} do not broadcast"
+        ) from None
+    shape = torch.Size((*lead, q.shape[-2], k.shape[-2]))
+    masks.check(mask, shape)
+    if bias is not None:
+        if not isinstance(bias, Tensor) or not bias.is_floating_point():
+            raise TypeError(f"{who}: bias must be a floating tensor, got {bias!r:.60}")
+        try:
+            if broadcast_shapes(bias.shape, shape) != shape:
+                raise RuntimeError
+        except RuntimeError:
+            raise ValueError(
+                f"{who}: bias of shape {tuple(bias.shape)} does not broadcast to {tuple(shape)}"
+            ) from None
+    return lead

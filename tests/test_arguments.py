@@ -1,0 +1,167 @@
+"""Constructor argument helpers: the one spelling of sizes (DESIGN 8) and the validators."""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+
+from attnkit import arguments
+from attnkit.arguments import renamed
+
+
+@renamed(d_model="embed_dim", heads="num_heads")
+class Layer:
+    def __init__(self, embed_dim: int, num_heads: int = 2, *, dropout: float = 0.0) -> None:
+        self.embed_dim, self.num_heads, self.dropout = embed_dim, num_heads, dropout
+
+
+class Child(Layer):
+    pass
+
+
+@renamed(d="head_dim")
+def head_size(head_dim: int, scale: float = 1.0) -> float:
+    return head_dim * scale
+
+
+def test_old_keyword_raises_type_error_naming_the_new_one() -> None:
+    with pytest.raises(TypeError, match=r"^Layer: `heads` is now `num_heads`$"):
+        Layer(8, heads=2)
+    with pytest.raises(TypeError, match=r"^Layer: `d_model` is now `embed_dim`$"):
+        Layer(d_model=8)
+    with pytest.raises(TypeError, match=r"^head_size: `d` is now `head_dim`$"):
+        head_size(d=4)
+
+
+def test_message_names_the_class_that_was_called() -> None:
+    with pytest.raises(TypeError, match=r"^Child: `heads` is now `num_heads`$"):
+        Child(8, heads=2)
+
+
+def test_positional_and_new_keywords_pass_through() -> None:
+    a, b = Layer(8, 4), Layer(embed_dim=8, num_heads=4, dropout=0.5)
+    assert (a.embed_dim, a.num_heads, a.dropout) == (8, 4, 0.0)
+    assert (b.embed_dim, b.num_heads, b.dropout) == (8, 4, 0.5)
+    assert head_size(3, 2.0) == 6.0 and head_size(head_dim=3) == 3.0
+
+
+def test_signature_and_name_are_kept() -> None:
+    assert list(inspect.signature(Layer).parameters) == ["embed_dim", "num_heads", "dropout"]
+    assert list(inspect.signature(head_size).parameters) == ["head_dim", "scale"]
+    assert head_size.__name__ == "head_size" and Layer.__init__.__name__ == "__init__"
+
+
+def test_decorating_again_merges_the_tables() -> None:
+    @renamed(n_heads="num_heads")
+    class Again(Layer):
+        pass
+
+    for old, new in [("n_heads", "num_heads"), ("heads", "num_heads"), ("d_model", "embed_dim")]:
+        with pytest.raises(TypeError, match=f"Again: `{old}` is now `{new}`"):
+            Again(8, **{old: 2})
+    assert Again(8, num_heads=3).num_heads == 3
+
+
+def test_bad_renames_are_refused_at_decoration() -> None:
+    with pytest.raises(TypeError, match="still takes 'heads'"):
+
+        @renamed(heads="num_heads")
+        def still(heads: int, num_heads: int) -> None: ...
+
+    with pytest.raises(TypeError, match="no parameter 'num_heads'"):
+
+        @renamed(heads="num_heads")
+        def missing(embed_dim: int) -> None: ...
+
+    with pytest.raises(TypeError, match="must be an identifier"):
+        renamed(heads=3)  # type: ignore[arg-type]
+
+
+def test_validators_name_the_argument() -> None:
+    assert arguments.positive_int(3, "num_heads") == 3
+    with pytest.raises(ValueError, match="num_heads must be a positive int, got True"):
+        arguments.positive_int(True, "num_heads")
+    with pytest.raises(ValueError, match="max_len must be a positive int or None, got 0"):
+        arguments.optional_positive_int(0, "max_len")
+    assert arguments.optional_positive_int(None, "max_len") is None
+    with pytest.raises(ValueError, match=r"dropout must be in \[0, 1\), got 1.0"):
+        arguments.probability(1.0)
+
+
+def _renamed_public_callables():
+    import attnkit as ak
+    from attnkit import efficient as ef
+    from attnkit import layers, qanet
+    from attnkit.efficient import synthesizer
+    from attnkit.memory import memn2n
+    from attnkit.models import captioning, decoder_lm, masked_lm, seq2seq, universal, vit
+    from attnkit.positions import gated_transformer_xl as gtxl
+    from attnkit.positions import transformer_xl as txl
+    from attnkit.sparse_trainable import dsa
+    from attnkit.tasks import digits_task, long_range, mqar_task
+
+    both = {"d_model": "embed_dim", "heads": "num_heads"}
+    heads, width = {"heads": "num_heads"}, {"d_model": "embed_dim"}
+    sc, al, sy = ak.scores, ak.alignments, synthesizer
+    per_head = [
+        sc.Additive, sc.Concat, sc.Deep, sc.Decomposable, sc.SharedDecomposable, sc.Hermitian,
+        sc.DirectedHermitian, sc.General, sc.BiasedGeneral, sc.ActivatedGeneral, sc.Location,
+        sc.Convolutional, sc.LearnedQuery, al.Local, al.PredictedWindow, al.QueryTemperature,
+        ef.Linformer, ef.RelativeKernelAttention, sy.DenseSynthetic, sy.FactorizedDenseSynthetic,
+        sy.RandomSynthetic, sy.FactorizedRandomSynthetic,
+    ]  # fmt: skip
+    spans = [ef.AdaptiveSpanAttention, ef.DynamicSpanAttention, ef.AdaptivelySparseAttention]
+    return [
+        (ak.TransformerEncoderLayer, both),
+        (ak.TransformerDecoderLayer, both),
+        (ak.TransformerEncoder, both),
+        (ak.TransformerDecoder, both),
+        (ak.Transformer, both),
+        (decoder_lm.DecoderLM, both),
+        (masked_lm.MaskedLM, both),
+        (universal.UniversalTransformer, both),
+        (universal.timestep_embedding, {"d": "embed_dim"}),
+        (vit.ViT, both),
+        (vit.PatchEmbedding, {"d_model": "embed_dim"}),
+        (captioning.ImageCaptioner, {"d": "embed_dim"}),
+        (seq2seq.Seq2SeqAttention, {"d": "embed_dim"}),
+        (qanet.DepthwiseSeparableConv, {"d_model": "embed_dim"}),
+        (qanet.QANetEncoderBlock, both),
+        (qanet.QANetEncoder, both),
+        (ak.vision.CrossCovarianceAttention, {"d_model": "embed_dim"}),
+        (ak.queries.GatedHeadAttention, {"heads": "num_heads", "d_head": "head_dim"}),
+        (txl.TransformerXLLayer, both),
+        (txl.TransformerXL, both),
+        (gtxl.GRUGate, {"d_model": "embed_dim"}),
+        (gtxl.GatedTransformerXLLayer, both),
+        (gtxl.GatedTransformerXL, both),
+        (memn2n.EndToEndMemoryNetwork, {"d": "embed_dim"}),
+        (memn2n.position_encoding, {"d": "embed_dim"}),
+        (ak.memory.MemoryNetwork, {"embedding_dim": "embed_dim"}),
+        (dsa.LightningIndexer, {"heads": "num_heads"}),
+        *((cls, heads) for cls in per_head),
+        *((cls, {"n_heads": "num_heads"}) for cls in spans),
+        (ak.patterns.block_mask, heads),
+        (layers.HeadwiseLinear, heads),
+        (ak.positions.Sinusoidal, width),
+        (ak.positions.Learned, width),
+        (ak.positions.sinusoid_table, width),
+        (long_range.EncoderClassifier, both),
+        (digits_task.DigitsViT, {"d": "embed_dim", "heads": "num_heads"}),
+        (digits_task.DigitsModel, {"d": "embed_dim"}),
+        (mqar_task.MQARDecoder, width),
+        (mqar_task.build_attention_layer, width),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("target", "table"), _renamed_public_callables(), ids=lambda x: getattr(x, "__name__", "")
+)
+def test_public_sizes_use_the_one_spelling(target, table) -> None:
+    """DESIGN 8: the new name is the parameter; the old keyword is refused, naming it."""
+    params = inspect.signature(target).parameters
+    for old, new in table.items():
+        assert new in params and old not in params
+        with pytest.raises(TypeError, match=rf"`{old}` is now `{new}`"):
+            target(**{old: 4})

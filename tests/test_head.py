@@ -1,0 +1,378 @@
+"""The per-head attention part's contract (:class:`attnkit.HeadAttention`), over every part:
+:class:`attnkit.Attention`, every registered part, the causal form of each part with a
+``causal`` flag, and a toy part defined here alone. Each part returns an AttentionOutput,
+honours every capability it declares, is refused (with the part and the capability named) for
+each one it does not, and passes gradients to its inputs.
+
+Properties inside :class:`attnkit.MultiHeadAttention` (padding equals truncation in every mask
+form, NaN in padding, float32 vs float64, ...) are in ``tests/test_slot_properties.py``.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+import torch
+
+import attnkit as ak
+from attnkit.head import MASK_FORMS, HeadAttention, check_head_inputs
+from attnkit.kv_cache import LayerCache
+
+E, H, D, N, MAX_LEN = 8, 2, 4, 6, 8
+
+
+class ToyPart(ak.HeadAttention):
+    """Scaled dot-product softmax attention written out: the smallest complete per-head part."""
+
+    causal_form = True
+    decodes_with_cache = True  # each query attends over the keys it is given
+    accepts_bias = True
+    mask_forms = frozenset({"key", "padding", "causal", "full"})
+
+    def forward(self, q, k, v, *, mask=None, bias=None, need_weights=False):
+        check_head_inputs(q, k, v, mask, bias, "ToyPart")
+        e = q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5
+        if bias is not None:
+            e = e + bias
+        if mask is not None:
+            e = e.masked_fill(~mask, float("-inf"))
+        w = torch.softmax(e, -1).nan_to_num(0.0)  # a fully masked row: weights 0, context 0
+        ak.hooks.report(self, w)
+        return ak.AttentionOutput(w @ v, w if need_weights else None)
+
+
+def _registered() -> list[str]:
+    names = ak.mechanisms.available()
+    return [n for n in names if issubclass(ak.mechanisms.REGISTRY.get(n), HeadAttention)]
+
+
+def _takes_causal(name: str) -> bool:
+    return "causal" in inspect.signature(ak.mechanisms.REGISTRY.get(name)).parameters
+
+
+REGISTERED = _registered()
+PARTS = [
+    "attention",
+    "toy",
+    *REGISTERED,
+    *[f"{n} (causal)" for n in REGISTERED if _takes_causal(n)],
+]
+
+
+def _build(name: str) -> HeadAttention:
+    torch.manual_seed(0)
+    if name == "attention":
+        part = ak.Attention()
+    elif name == "toy":
+        part = ToyPart()
+    else:
+        base, _, variant = name.partition(" ")
+        cls = ak.mechanisms.REGISTRY.get(base)
+        extra = {"causal": True} if variant == "(causal)" else {}
+        part = cls.for_heads(embed_dim=E, num_heads=H, head_dim=D, max_len=MAX_LEN, **extra)
+    return part.double().eval()
+
+
+def _inputs(seed: int = 0, n: int = N) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(2, H, n, D, generator=g, dtype=torch.float64) for _ in range(3)]
+
+
+def _call(part, q, k, v, **kw):
+    torch.manual_seed(1234)  # a part drawing at call time draws the same
+    with torch.no_grad():
+        return part(q, k, v, **kw)
+
+
+def _is_attention_output(out) -> bool:
+    """Exactly an AttentionOutput (a part that computes more weights names them in ``extra``),
+    whose ``extra``, if any, maps names to tensors."""
+    if type(out) is not ak.AttentionOutput:
+        return False
+    extra = {} if out.extra is None else out.extra
+    return isinstance(extra, dict) and all(
+        isinstance(k, str) and isinstance(t, torch.Tensor) for k, t in extra.items()
+    )
+
+
+def _assert_rows_equal(a, b, what):
+    assert torch.isfinite(a).all(), f"{what}: not finite"
+    torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-9, msg=what)
+
+
+def test_every_per_head_part_in_attnkit_derives_from_head_attention():
+    """Every registered mechanism with the attention-slot call is a HeadAttention, and every
+    concrete HeadAttention in attnkit is in the suite (or is a base, or needs a process group)."""
+    for name in ak.mechanisms.available():
+        cls = ak.mechanisms.REGISTRY.get(name)
+        params = inspect.signature(cls.forward).parameters
+        if all(p in params for p in ("q", "k", "v", "mask", "bias", "need_weights")):
+            assert issubclass(cls, HeadAttention), name
+
+    def subclasses(cls):
+        for sub in cls.__subclasses__():
+            yield sub
+            yield from subclasses(sub)
+
+    covered = {type(_build(n)) for n in PARTS}
+    bases = {"_SpanPart", "LinearFamilyPart", "_DecayFamily", "LandmarkAttention"}
+    needs_a_group = {"RingAttention"}  # tested in tests/distributed with a process group
+    for cls in subclasses(HeadAttention):
+        if not cls.__module__.startswith("attnkit.") or cls.__name__ in bases | needs_a_group:
+            continue
+        assert cls in covered, f"{cls.__module__}.{cls.__qualname__} is not in the suite"
+    assert ak.Attention in covered and ToyPart in covered
+
+
+@pytest.mark.parametrize("name", PARTS)
+def test_output_is_an_attention_output_and_gradients_flow(name):
+    part = _build(name)
+    q, k, v = (x.requires_grad_() for x in _inputs())
+    out = part(q, k, v)
+    assert _is_attention_output(out), type(out).__name__
+    assert out.context.shape == (2, H, N, D)
+    assert out.weights is None, "weights were not requested"
+    (out.context * torch.linspace(-1, 1, D, dtype=torch.float64)).sum().backward()
+    for x, what in ((q, "q"), (k, "k"), (v, "v")):
+        assert x.grad is None or torch.isfinite(x.grad).all(), f"{what}: gradient not finite"
+    assert v.grad is not None and v.grad.abs().sum() > 0, "no gradient reaches the values"
+    for pname, p in part.named_parameters():
+        if p.grad is not None:
+            assert torch.isfinite(p.grad).all(), pname
+    with torch.no_grad():
+        weighted = part(q, k, v, need_weights=True)
+    assert _is_attention_output(weighted), type(weighted).__name__
+    assert weighted.weights is None or weighted.weights.shape[:-1] == (2, H, N)
+    for wname, w in weighted.named_weights().items():  # per item and head, as the inputs
+        assert w.shape[:2] == (2, H), wname
+
+
+def _perturbed(x, where):
+    """x (2, H, N, D) with other values at the positions ``where`` (N,) of item 1."""
+    other = x.clone()
+    other[1][:, where] = torch.randn_like(other[1][:, where]) * 3
+    return other
+
+
+@pytest.mark.parametrize("name", PARTS)
+def test_declared_mask_forms_are_honoured_and_others_refused(name):
+    part = _build(name)
+    q, k, v = _inputs(1)
+    forms = part.mask_forms
+    assert forms <= set(MASK_FORMS) and "key" in forms, forms
+    pad = ak.masks.from_lengths(torch.tensor([N, 4]), N)[:, None]  # (2, 1, 1, N)
+    later = torch.arange(N) >= 4
+    # "key": what a padded key holds reaches nothing
+    out = _call(part, q, k, v, mask=pad).context
+    moved = _call(part, q, _perturbed(k, later), _perturbed(v, later), mask=pad).context
+    _assert_rows_equal(moved, out, f"{name}: padded keys leak")
+    rows = pad & pad.transpose(-1, -2)  # key ∧ query padding
+    causal = ak.masks.causal(N)
+    g = torch.Generator().manual_seed(2)
+    full = (torch.rand(N, N, generator=g) < 0.5) | torch.eye(N, dtype=torch.bool)
+    full[2] = False  # a row that may attend nothing
+    for form, mask in (("padding", rows), ("causal", causal), ("full", full)):
+        if form in forms:
+            continue
+        with pytest.raises(ValueError, match="mask"):
+            _call(part, q, k, v, mask=mask)
+    if "padding" in forms:  # what a padded token holds reaches no real row
+        out = _call(part, q, k, v, mask=rows).context
+        x = [_perturbed(t, later) for t in (q, k, v)]
+        _assert_rows_equal(_call(part, *x, mask=rows).context[1, :, :4], out[1, :, :4], name)
+    causal_by_mask = forms & {"causal", "full"}
+    if causal_by_mask or getattr(part, "causal", False) is True:
+        assert part.causal_form, f"{name} attends causally but does not declare causal_form"
+        mask = causal if causal_by_mask else None
+        out = _call(part, q, k, v, mask=mask).context
+        x = [_perturbed(t, torch.arange(N) >= 3) for t in (q, k, v)]
+        _assert_rows_equal(_call(part, *x, mask=mask).context[..., :3, :], out[..., :3, :], name)
+    if "full" in forms:
+        out = _call(part, q, k, v, mask=full).context
+        assert torch.isfinite(out).all()
+        _assert_rows_equal(out[..., 2, :], torch.zeros_like(out[..., 2, :]), f"{name}: empty row")
+
+
+@pytest.mark.parametrize("name", PARTS)
+def test_a_bias_is_honoured_when_declared_and_refused_otherwise(name):
+    part = _build(name)
+    q, k, v = _inputs(3)
+    bias = torch.randn(2, H, N, N, dtype=torch.float64, generator=torch.Generator().manual_seed(4))
+    mha = ak.MultiHeadAttention(E, H, attention=part).double().eval()
+    x = torch.randn(2, N, E, dtype=torch.float64)
+    if part.accepts_bias:
+        assert part.refusal(bias=True) is None
+        plain = _call(part, q, k, v).context
+        assert not torch.allclose(_call(part, q, k, v, bias=3 * bias).context, plain)
+        assert torch.isfinite(mha(x, bias=bias[0, 0]).context).all()
+        return
+    assert type(part).__name__ in part.refusal(bias=True)
+    with pytest.raises(ValueError, match="bias"):
+        _call(part, q, k, v, bias=bias)
+    with pytest.raises(ValueError, match=f"{type(part).__name__} does not declare accepts_bias"):
+        mha(x, bias=bias[0, 0])
+
+
+@pytest.mark.parametrize("name", PARTS)
+def test_a_kv_cache_equals_the_causal_pass_when_declared_and_is_refused_otherwise(name):
+    part = _build(name)
+    mha = ak.MultiHeadAttention(E, H, attention=part).double().eval()
+    x = torch.randn(1, 5, E, dtype=torch.float64, generator=torch.Generator().manual_seed(5))
+    if not part.decodes_with_cache:
+        assert "decodes_with_cache" in part.refusal(cache=True)
+        with pytest.raises(ValueError, match="decodes_with_cache"):
+            mha(x[:, :2], cache=LayerCache())
+        return
+    assert part.refusal(cache=True) is None
+    causal_by_mask = part.mask_forms & {"causal", "full"}
+    mask = ak.masks.causal(5) if causal_by_mask and not getattr(part, "causal", False) else None
+    with torch.no_grad():
+        whole = mha(x, mask=mask).context
+        cache = LayerCache()
+        steps = [mha(x[:, :2], cache=cache, mask=None if mask is None else mask[:2, :2]).context]
+        steps += [mha(x[:, t : t + 1], cache=cache).context for t in range(2, 5)]
+    _assert_rows_equal(torch.cat(steps, 1), whole, f"{name}: cached steps vs causal pass")
+
+
+@pytest.mark.parametrize("name", PARTS)
+def test_block_masks_and_score_mods_are_refused_unless_declared(name):
+    from attnkit import patterns as pt
+
+    part = _build(name)
+    x = torch.randn(2, N, E, dtype=torch.float64)
+    for flag, layer in (
+        ("accepts_score_mod", {"score_mod": lambda e, b, h, i, j: e}),
+        ("accepts_block_mask", {"pattern": pt.sliding_window(2)}),
+    ):
+        if getattr(part, flag):
+            mha = ak.MultiHeadAttention(E, H, attention=part, **layer).double().eval()
+            assert torch.isfinite(mha(x).context).all()
+        else:
+            with pytest.raises(ValueError, match=f"{type(part).__name__} does not declare {flag}"):
+                ak.MultiHeadAttention(E, H, attention=part, **layer)
+
+
+def test_refusal_names_every_reason_and_check_supported_raises():
+    part = ToyPart()
+    assert part.refusal(bias=True, cache=True, mask=ak.masks.causal(3), m=3) is None
+    bare = type("Bare", (HeadAttention,), {})()
+    reasons = bare.reasons_not_supported(
+        mask=torch.ones(3, 3, dtype=torch.bool), m=3, bias=True, score_mod=True, cache=True
+    )
+    assert len(reasons) == 4 and all("Bare" in r for r in reasons)
+    for word in ("mask_forms", "accepts_bias", "accepts_score_mod", "decodes_with_cache"):
+        assert any(word in r for r in reasons), word
+    with pytest.raises(ValueError, match=r"^caller: attention part Bare does not declare"):
+        bare.check_supported("caller", block_mask=True)
+    with pytest.raises(NotImplementedError, match="Bare must implement forward"):
+        bare(*_inputs())
+
+
+def test_a_plain_module_is_refused_with_how_to_derive_it():
+    class Plain(torch.nn.Module):
+        def forward(self, q, k, v, *, mask=None, bias=None, need_weights=False):
+            return ak.AttentionOutput(v)
+
+    with pytest.raises(TypeError, match=r"derive it from attnkit\.HeadAttention"):
+        ak.MultiHeadAttention(E, H, attention=Plain())
+
+
+def test_for_heads_fills_sizes_by_name_and_refuses_what_it_cannot_fill():
+    class Sized(HeadAttention):
+        def __init__(self, head_dim, num_heads, *, max_len=3, scale=1.0):
+            super().__init__()
+            self.sizes = (head_dim, num_heads, max_len, scale)
+
+    assert Sized.for_heads(embed_dim=8, num_heads=2, head_dim=4, max_len=16).sizes == (
+        4,
+        2,
+        16,  # a length follows max_len even where it has a default
+        1.0,
+    )
+    made = Sized.for_heads(embed_dim=8, num_heads=2, head_dim=4, max_len=16, scale=0.5)
+    assert made.sizes[-1] == 0.5
+    with pytest.raises(TypeError, match=r"unknown argument.*scal"):
+        Sized.for_heads(embed_dim=8, num_heads=2, head_dim=4, max_len=16, scal=0.5)
+
+    class NeedsMore(HeadAttention):
+        def __init__(self, table):
+            super().__init__()
+
+    with pytest.raises(TypeError, match="'table' cannot be filled"):
+        NeedsMore.for_heads(embed_dim=8, num_heads=2, head_dim=4, max_len=16)
+    module, args, kwargs = ToyPart.example()
+    assert isinstance(module, ToyPart) and module(*args, **kwargs).context.shape == (2, 2, 7, 4)
+
+
+def test_check_head_inputs_validates_and_trusts_a_validated_caller():
+    q, k, v = _inputs()
+    assert check_head_inputs(q, k[:1], v[:1], None, None, "who") == (2, H)
+    with pytest.raises(ValueError, match="who: q has 4 features but k has 3"):
+        check_head_inputs(q, k[..., :3], v, None, None, "who")
+    with pytest.raises(ValueError, match="who: the key set is empty"):
+        check_head_inputs(q, k[..., :0, :], v[..., :0, :], None, None, "who")
+    with pytest.raises(TypeError, match="mask must be boolean"):
+        check_head_inputs(q, k, v, torch.ones(N, N), None, "who")
+    with pytest.raises(ValueError, match="who: bias of shape"):
+        check_head_inputs(q, k, v, None, torch.ones(3, N), "who")
+    with ak.trust.trusted():  # the caller checked the mask: only the sizes are read
+        assert check_head_inputs(q, k, v, torch.ones(N, N), None, "who") == (2, H)
+        with pytest.raises(ValueError, match="the key set is empty"):
+            check_head_inputs(q, k[..., :0, :], v[..., :0, :], None, None, "who")
+
+
+def test_the_toy_part_works_in_multi_head_attention_and_the_layers():
+    """The toy part is scaled dot-product softmax attention, so each layer holding it equals the
+    same layer with the default part and the same weights, a KV cache included."""
+    torch.manual_seed(6)
+    x = torch.randn(2, 5, E, dtype=torch.float64)
+    mask = ak.masks.from_lengths(torch.tensor([5, 3]), 5)
+    bias = torch.randn(5, 5, dtype=torch.float64)
+    toy = ak.MultiHeadAttention(E, H, attention=ToyPart()).double()
+    ref = ak.MultiHeadAttention(E, H).double()
+    ref.load_state_dict(toy.state_dict())
+    out = toy(x, mask=mask, bias=bias, need_weights=True)
+    expected = ref(x, mask=mask, bias=bias, need_weights=True)
+    torch.testing.assert_close(out.context, expected.context)
+    torch.testing.assert_close(out.weights, expected.weights)
+    with ak.evaluation.capture(toy) as rec:
+        toy(x)
+    assert list(rec) == ["attention"]
+
+    layer = ak.TransformerEncoderLayer(E, H, 16, attention=ToyPart()).double().eval()
+    plain = ak.TransformerEncoderLayer(E, H, 16).double().eval()
+    plain.load_state_dict(layer.state_dict())
+    torch.testing.assert_close(layer(x, mask=mask), plain(x, mask=mask))
+
+    from attnkit.models.decoder_lm import DecoderLM
+
+    lm = DecoderLM(11, E, H, 1, max_len=8, attention=ToyPart()).double().eval()
+    plain_lm = DecoderLM(11, E, H, 1, max_len=8).double().eval()
+    plain_lm.load_state_dict(lm.state_dict())
+    tokens = torch.randint(0, 11, (2, 6), generator=torch.Generator().manual_seed(7))
+    with torch.no_grad():
+        whole = lm(tokens)
+        torch.testing.assert_close(whole, plain_lm(tokens))
+        cache = lm.new_cache()
+        steps = [lm(tokens[:, :3], cache=cache)]
+        steps += [lm(tokens[:, t : t + 1], cache=cache) for t in range(3, 6)]
+    torch.testing.assert_close(torch.cat(steps, 1), whole)
+
+
+def test_head_output_is_attention_output_with_the_mechanism_members():
+    from attnkit.efficient import HeadOutput
+
+    out = ak.AttentionOutput(torch.ones(2, 3), torch.zeros(2, 3))
+    assert HeadOutput is ak.AttentionOutput
+    assert out.representation is out.context
+    assert set(out.named_weights()) == {"weights"}
+    assert ak.AttentionOutput(torch.ones(2, 3)).named_weights() == {}
+    # a part that names its weights reports those names in place of "weights"
+    named = ak.AttentionOutput(torch.ones(2, 3), torch.zeros(2, 3), extra={"near": torch.ones(2)})
+    assert list(named.named_weights()) == ["near"]
+    c, w, s, lp, extra = named  # the fields, in order
+    assert (c, w, s, lp) == (named.context, named.weights, None, None) and extra is named.extra
+    halved = named.map(lambda t: t[:1])
+    assert type(halved) is ak.AttentionOutput and halved.scores is None
+    assert halved.context.shape == (1, 3) and halved.extra["near"].shape == (1,)
