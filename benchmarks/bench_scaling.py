@@ -7,7 +7,7 @@ steps, each after giving freed heap memory back (``malloc_trim``) and resetting 
 (VmHWM, Linux): the median step time and the median of the step's peak resident memory above
 the resident memory before it. One thread by default. B = 1 throughout.
 
-    python benchmarks/bench_scaling.py [--cases luna,isab] [--repeats 3] [--threads 1]
+    python benchmarks/bench_scaling.py [--cases luna,isab] [--repeats 3] [--threads 1] [--n 2048]
 """
 
 from __future__ import annotations
@@ -259,6 +259,9 @@ def main() -> None:
     parser.add_argument("--cases", default=None, help="comma-separated case names")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument(
+        "--n", type=int, default=None, help="N of every listed case (default: each case's own)"
+    )
     parser.add_argument("--cell", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.cell:
@@ -278,6 +281,8 @@ def main() -> None:
     )
     for name in names:
         case = cases[name]
+        if args.n is not None:
+            case.n = args.n
         small = run_cell(name, case.n, args.threads, args.repeats)
         large = run_cell(name, 4 * case.n, args.threads, args.repeats)
         if "error" in small or "error" in large:

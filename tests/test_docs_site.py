@@ -19,7 +19,7 @@ import attnkit
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "mkdocs.yml"
-ENTRY_ID = "attnkit.attention.attention"
+ENTRY_ID = "attnkit.core.attention"
 
 _MISSING = [
     m
@@ -174,7 +174,7 @@ def test_strict_build_fails_on_broken_links_and_bad_references(tmp_path):
     (docs / "index.md").write_text("# Home\n\n[fine](other.md#other)\n")
     (docs / "other.md").write_text("# Other\n\n[gone](missing_page.md)\n")
     (docs / "anchor.md").write_text("# Anchor\n\n[gone](other.md#no-such-heading)\n")
-    (docs / "ref.md").write_text("# Ref\n\n[gone][attnkit.attention.no_such_function]\n")
+    (docs / "ref.md").write_text("# Ref\n\n[gone][attnkit.core.no_such_function]\n")
     (docs / "role.md").write_text("::: tinypkg\n")
     result = _build(config, tmp_path / "site")
     log = result.stdout + result.stderr
@@ -182,7 +182,7 @@ def test_strict_build_fails_on_broken_links_and_bad_references(tmp_path):
     for name in (
         "missing_page.md",
         "no-such-heading",
-        "attnkit.attention.no_such_function",
+        "attnkit.core.no_such_function",
         ":func:`no_such_helper`",
     ):
         assert name in log, f"the broken {name!r} was not reported:\n{log}"
@@ -191,11 +191,11 @@ def test_strict_build_fails_on_broken_links_and_bad_references(tmp_path):
     # An API entry for an object that does not exist stops the build.
     for page in ("other.md", "anchor.md", "ref.md", "role.md"):
         (docs / page).unlink()
-    (docs / "api.md").write_text("# API\n\n::: attnkit.attention.no_such_object\n")
+    (docs / "api.md").write_text("# API\n\n::: attnkit.core.no_such_object\n")
     result = _build(config, tmp_path / "site2")
     log = result.stdout + result.stderr
     assert result.returncode != 0, log
-    assert "attnkit.attention.no_such_object" in log, log
+    assert "attnkit.core.no_such_object" in log, log
 
 
 @needs_mkdocs

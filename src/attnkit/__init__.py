@@ -17,7 +17,7 @@ from attnkit import (
     taxonomy,
     vision,
 )
-from attnkit.attention import Attention, attention
+from attnkit.core import Attention, attention
 from attnkit.encoder_decoder import Transformer
 from attnkit.head import HeadAttention
 from attnkit.kv_cache import KVCache

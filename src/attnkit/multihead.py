@@ -11,7 +11,7 @@ from torch import Tensor, nn
 from attnkit import arguments, checks, inputs, layer_patterns, masks, slots, trust
 from attnkit import taxonomy as tx
 from attnkit.alignments import Alignment
-from attnkit.attention import Attention
+from attnkit.core import Attention
 from attnkit.head import HeadAttention
 from attnkit.kernels.block_mask import BlockMask, MaskMod, ScoreMod
 from attnkit.kv_cache import LayerCache, MemoryCache

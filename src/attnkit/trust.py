@@ -12,7 +12,7 @@ A door may also state that its inputs are finite (``trusted(finite=True)``: a mo
 activations, made from token ids it checked, hold no NaN or infinity, padding included). The
 attention calls below then neither look for non-finite values at masked positions nor clear
 them (:func:`inputs_finite`); without that statement a masked position's content is excluded by
-construction (see :func:`attnkit.attention.prepare_call`).
+construction (see :func:`attnkit.core.prepare_call`).
 """
 
 from __future__ import annotations

@@ -46,7 +46,8 @@ def test_matches_the_update_loop_forward_and_gradients(name, padded):
     mask = ak.masks.from_lengths(lengths, 7)[:, None] if padded else None
     out = FastWeightProgrammer(name)(q, k, v, mask=mask).context
     ref = _reference(q, k, v, keep, name)
-    print(f"fast weights ({name}, padded={padded}) vs loop: {float((out - ref).detach().abs().max()):.2e}")
+    gap = float((out - ref).detach().abs().max())
+    print(f"fast weights ({name}, padded={padded}) vs loop: max abs diff {gap:.2e}")
     torch.testing.assert_close(out, ref, atol=1e-12, rtol=1e-10)
     r = torch.randn(out.shape, generator=g, dtype=torch.float64)
     got = torch.autograd.grad((out * r).sum(), (q, k, v))

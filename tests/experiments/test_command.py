@@ -466,3 +466,57 @@ def test_a_task_module_that_breaks_the_contract_is_refused_before_anything_is_wr
     assert cli.main(argv) == 2
     _one_error_line(capsys, message)
     assert not out.exists()
+
+
+SETTINGS_BAD = [
+    (["run", "kv-recall", "--set", "nope=1"], "task 'kv-recall' has no setting 'nope'"),
+    (["run", "kv-recall", "--set", "num_pairs=x"], "setting num_pairs of task 'kv-recall' must "
+     "be int or None, got 'x'"),
+    (["run", "kv-recall", "--set", "num_pairs"], "--set must be NAME=VALUE"),
+    (["run", "kv-recall", "--set", "values=3", "--set", "values=4"], "given twice"),
+    (["run", "kv-recall", "--quick", "--set", "num_pairs=40"], "does not fit seq_len 32"),
+    (["run", "dates", "--set", "num_pairs=4"], "task 'dates' has no setting 'num_pairs'"),
+    (["run", "kv-recall", "--compare", "set.nope=1,2"], "has no setting 'nope'"),
+    (["run", "kv-recall", "--compare", "set.values=4,04"], "the same value"),
+    (["run", "kv-recall", "--set", "values=3", "--compare", "set.values=4,5"], "both set values"),
+    (["run", "kv-recall", "--compare", "settings=1,2"], "settings are set one by one"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("argv", "message"), SETTINGS_BAD, ids=[m for _, m in SETTINGS_BAD])
+def test_bad_task_settings_are_refused_in_one_line(argv, message, capsys, tmp_path):
+    assert cli.main([*argv, "--out", str(tmp_path / "out")]) == 2
+    _one_error_line(capsys, message)
+    assert not (tmp_path / "out").exists()
+
+
+def test_help_after_a_task_lists_its_settings_with_defaults_and_help(capsys):
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["run", "mqar", "--help"])
+    assert exc.value.code == 0
+    text = capsys.readouterr().out
+    assert "settings of task 'mqar' (--set NAME=VALUE):" in text
+    assert "  values = 32: value tokens, the classes of an answer" in text
+    assert "sort: min_len=5, max_len=20" in " ".join(text.split())  # every task's, under --set
+
+
+def test_a_grid_over_a_setting_records_each_and_reloads(tmp_path, capsys):
+    import attnkit as ak
+
+    out = tmp_path / "grid"
+    argv = ["run", "kv-recall", "--quick", "--seq-len", "8", "--n-train", "16", "--n-test", "8",
+            "--batch-size", "8", "--d-model", "8", "--epochs", "1", "--no-progress",
+            "--threads", "1", "--set", "keys=9", "--compare", "set.num_pairs=3,7",
+            "--out", str(out)]  # fmt: skip
+    assert cli.main(argv) == 0
+    assert "| set.num_pairs |" in capsys.readouterr().out
+    for pairs in (3, 7):
+        run_dir = out / f"set.num_pairs-{pairs}"
+        saved = json.loads((run_dir / "config.json").read_text())
+        assert saved["settings"] == {"num_pairs": pairs, "keys": 9, "values": 10}
+        loaded = ak.load_run(run_dir)
+        assert loaded.task.settings.num_pairs == pairs
+        stored = loaded.task.train[0][:, :-1, 1]  # value channel before the query
+        assert ((stored == 11).sum(1) == 7 - pairs).all()  # padding after the pairs
+    assert cli.main(["run", "--resume", str(out / "set.num_pairs-3"), "--set", "num_pairs=4"]) == 2
+    _one_error_line(capsys, "setting num_pairs = 4 contradicts its num_pairs = 3")

@@ -214,3 +214,45 @@ def test_any_json_object_is_accepted_or_refused_with_a_config_error(data):
         RunConfig.from_json(text, source="config.json").resolved()
     except ConfigError as err:
         assert "\n" not in str(err)
+
+
+def test_the_task_settings_are_resolved_recorded_and_read_back():
+    c = RunConfig(task="kv-recall", quick=True, settings={"num_pairs": 8}).resolved()
+    assert c.settings == {"num_pairs": 8, "keys": None, "values": 10}  # every setting recorded
+    saved = json.loads(c.to_json())
+    assert saved["settings"] == c.settings
+    assert RunConfig.from_json(c.to_json()).resolved() == c
+    old = {k: v for k, v in saved.items() if k != "settings"}  # written before settings existed
+    assert RunConfig.from_json(json.dumps(old)).resolved().settings["num_pairs"] is None
+    assert RunConfig(task="dates", quick=True).resolved().settings is None  # a task without
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"num_pairs": "8"}, "setting num_pairs of task 'kv-recall' must be int or None, got str"),
+        ({"depth": 2}, "task 'kv-recall' has no setting 'depth' (its settings: num_pairs, keys"),
+    ],
+)
+def test_bad_task_settings_are_a_config_error_naming_the_setting(settings, message):
+    with pytest.raises(ConfigError) as err:
+        RunConfig(task="kv-recall", quick=True, settings=settings).resolved()
+    assert message in str(err.value)
+
+
+def test_settings_for_a_task_without_any_are_refused_naming_the_tasks_with_settings():
+    with pytest.raises(ConfigError) as err:
+        RunConfig(task="dates", settings={"num_pairs": 8}).resolved()
+    assert "task 'dates' has no settings to set (tasks with settings: " in str(err.value)
+    assert "kv-recall" in str(err.value) and "mqar" in str(err.value)
+
+
+def test_a_config_file_sets_the_task_settings_in_a_settings_table(tmp_path):
+    path = tmp_path / "run.toml"
+    path.write_text('task = "mqar"\nquick = true\n\n[settings]\nnum_pairs = 4\nvalues = 8\n')
+    data = RunConfig.from_file(path)
+    assert data["settings"] == {"num_pairs": 4, "values": 8}
+    assert RunConfig(**data).resolved().settings == {"num_pairs": 4, "keys": None, "values": 8}
+    path.write_text('task = "mqar"\nsettings = 4\n')
+    with pytest.raises(ConfigError, match="settings must be dict or null, got int 4"):
+        RunConfig.from_file(path)

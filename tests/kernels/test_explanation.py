@@ -12,7 +12,7 @@ import torch
 import attnkit as ak
 from attnkit import kernels
 from attnkit import patterns as pt
-from attnkit.attention import prepare_call
+from attnkit.core import prepare_call
 from attnkit.kernels import Call, Kernel, chunked, dense
 
 

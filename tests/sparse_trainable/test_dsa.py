@@ -36,7 +36,9 @@ def _index_loop(module, q, k):
     return out
 
 
-def _reference(module, q, k, v, keep, q_offset=0):
+def _reference(module, q, k, v, keep, q_offset=0, bias=None, tau=1.0, uniform=False):
+    """Eq. 2 per query: attention of temperature tau (or uniform) over the top-k keys by the
+    group-summed eq. 1, with the bias added to the scaled dot products."""
     b_, h_, m, d = q.shape
     out = torch.zeros(b_, h_, m, v.shape[-1], dtype=q.dtype)
     g = module.group_size
@@ -49,7 +51,12 @@ def _reference(module, q, k, v, keep, q_offset=0):
                 ranked = sorted(allowed, key=lambda s: -float(shared[t, s]))  # ties: by index
                 keys = sorted(ranked[: module.top_k])
                 if keys:
-                    a = torch.softmax(k[b, h, keys] @ q[b, h, t] / math.sqrt(d), 0)
+                    e = k[b, h, keys] @ q[b, h, t] / math.sqrt(d)
+                    if bias is not None:
+                        e = e + bias[b, h, t, keys]
+                    a = torch.softmax(e / tau, 0)
+                    if uniform:
+                        a = torch.full((len(keys),), 1 / len(keys), dtype=q.dtype)
                     out[b, h, t] = a @ v[b, h, keys]
     return out
 
@@ -70,6 +77,32 @@ def test_matches_the_loop_from_the_equations(group_size, q_offset, m):
     r = torch.randn(out.shape, dtype=out.dtype, generator=torch.Generator().manual_seed(4))
     got = torch.autograd.grad((out * r).sum(), (q, k, v))
     want = torch.autograd.grad((ref * r).sum(), (q, k, v))
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-12, rtol=1e-10)
+
+
+@pytest.mark.parametrize("form", ["temperature", "uniform"])
+def test_other_alignments_and_a_bias_match_the_loop(form):
+    """A softmax of fixed temperature (folded into the blocked evaluation's scale and bias) and
+    any other alignment (here the uniform ablation, evaluated by gathering) against the loop."""
+    torch.manual_seed(5)
+    module = DeepSeekSparseAttention(4, top_k=4, indexer_heads=2, indexer_dim=3).double()
+    q, k, v = (x.requires_grad_() for x in _inputs(m=9, n=9))
+    bias = torch.randn(2, 2, 9, 9, dtype=torch.float64, requires_grad=True)
+    keep = torch.ones(2, 2, 9, 9, dtype=torch.bool)
+    if form == "temperature":
+        module.align = ak.alignments.Softmax(temperature=0.5)
+        out = module(q, k, v, bias=bias).context
+        ref = _reference(module, q, k, v, keep, bias=bias, tau=0.5)
+    else:
+        with ak.evaluation.uniform_weights(module):
+            out = module(q, k, v, bias=bias).context
+        ref = _reference(module, q, k, v, keep, uniform=True)
+    torch.testing.assert_close(out, ref, atol=1e-12, rtol=1e-10)
+    r = torch.randn(out.shape, dtype=out.dtype, generator=torch.Generator().manual_seed(6))
+    leaves = (q, k, v, bias) if form == "temperature" else (v,)  # uniform: v alone counts
+    got = torch.autograd.grad((out * r).sum(), leaves)
+    want = torch.autograd.grad((ref * r).sum(), leaves)
     for a, b in zip(got, want, strict=True):
         torch.testing.assert_close(a, b, atol=1e-12, rtol=1e-10)
 
@@ -95,23 +128,28 @@ def test_top_k_at_least_n_is_full_causal_attention(top_k):
     torch.testing.assert_close(out, full, atol=1e-12, rtol=1e-10)
 
 
-def test_the_indexer_learns_the_kl_to_the_main_attention_and_nothing_else_changes():
+@pytest.mark.parametrize("group_size", [1, 3])
+def test_the_indexer_learns_the_kl_to_the_main_attention_and_nothing_else_changes(group_size):
     """The indexer's gradient is λ·∂L^I/∂θ with L^I = mean_t KL(p_t ‖ softmax(I_t)) over the
-    selected keys, written out here; q, k, v receive exactly the sparse attention's gradient."""
+    selected keys, written out here; q, k, v receive exactly the sparse attention's gradient.
+    With a group, I is the group's sum and the three heads (masked differently) select apart."""
     torch.manual_seed(0)
-    module = DeepSeekSparseAttention(4, top_k=4, indexer_heads=2, indexer_dim=3,
-                                     indexer_loss_weight=0.5).double()  # fmt: skip
-    q, k, v = (x.requires_grad_() for x in _inputs(b=1, h=2, m=8, n=8))
-    out = module(q, k, v, need_weights=True)
+    sizes = {"top_k": 4, "indexer_heads": 2, "indexer_dim": 3, "group_size": group_size}
+    module = DeepSeekSparseAttention(4, **sizes, indexer_loss_weight=0.5).double()
+    q, k, v = (x.requires_grad_() for x in _inputs(b=1, h=3, m=8, n=8))
+    mask = (torch.arange(8) < torch.tensor([8, 6, 5])[:, None])[None, :, None, :]  # (1, 3, 1, 8)
+    out = module(q, k, v, mask=mask, need_weights=True)
     (out.context * 0).sum().backward()  # no gradient from the output: only the indexer's loss
     got = [p.grad.clone() for p in module.indexer.parameters()]
     assert all(g.abs().sum() > 0 for g in got)
     assert not q.grad.any() and not k.grad.any() and not v.grad.any()
 
-    w = out.weights.detach()  # (1, 2, 8, 8) dense main weights, 0 off the selection
-    index = module.index_scores(q, k)
+    w = out.weights.detach()  # (1, 3, 8, 8) dense main weights, 0 off the selection
+    assert (w[0, 0] > 0).ne(w[0, 1] > 0).any() and (w[0, 1] > 0).ne(w[0, 2] > 0).any()
+    # a key masked for every row of a head enters that head's indexer as zeros
+    index = module.index_scores(q, k.where(mask.transpose(-1, -2), 0.0))
     loss, rows = 0.0, 0
-    for h in range(2):
+    for h in range(3):
         for t in range(8):
             sel = w[0, h, t] > 0
             log_q = torch.log_softmax(index[0, h, t][sel], 0)
@@ -122,14 +160,13 @@ def test_the_indexer_learns_the_kl_to_the_main_attention_and_nothing_else_change
     for a, b in zip(got, want, strict=True):
         torch.testing.assert_close(a, b, atol=1e-12, rtol=1e-10)
 
-    quiet = DeepSeekSparseAttention(4, top_k=4, indexer_heads=2, indexer_dim=3,
-                                    indexer_loss_weight=0.0).double()  # fmt: skip
+    quiet = DeepSeekSparseAttention(4, **sizes, indexer_loss_weight=0.0).double()
     quiet.load_state_dict(module.state_dict())
-    r = torch.randn(1, 2, 8, 4, dtype=torch.float64)
+    r = torch.randn(1, 3, 8, 4, dtype=torch.float64)
     for part in (module, quiet):
         for x in (q, k, v):
             x.grad = None
-        (part(q, k, v).context * r).sum().backward()
+        (part(q, k, v, mask=mask).context * r).sum().backward()
         grads = [x.grad.clone() for x in (q, k, v)]
         if part is module:
             first = grads

@@ -15,8 +15,9 @@ from attnkit.sparse_trainable import MeanCompression, NativeSparseAttention
 SIZES = dict(compress_block=4, compress_stride=2, select_block=4, num_selected=2, window=3)
 
 
-def _reference(module, q, k, v, keep, q_offset=0):
-    """Loop over items, heads and queries: NSA eqs. 7-12 and 5 as written."""
+def _reference(module, q, k, v, keep, q_offset=0, tau=1.0):
+    """Loop over items, heads and queries: NSA eqs. 7-12 and 5 as written (softmax of
+    temperature tau)."""
     b_, h_, m, d = q.shape
     n = k.shape[-2]
     l, s, lb = module.compress_block, module.compress_stride, module.select_block
@@ -37,7 +38,7 @@ def _reference(module, q, k, v, keep, q_offset=0):
                     kc = torch.stack(
                         [module.compress_key(k[b, h, i * s : i * s + l]) for i in seen]
                     )
-                    pcmp[h] = torch.softmax(kc @ q[b, h, t] / math.sqrt(d), 0)
+                    pcmp[h] = torch.softmax(kc @ q[b, h, t] / math.sqrt(d) / tau, 0)
             for h in range(h_):
                 # eq. 9 (+ eq. 10): importance of selection block j
                 importance = []
@@ -80,7 +81,7 @@ def _reference(module, q, k, v, keep, q_offset=0):
                     ],
                 ):
                     if keys:
-                        a = torch.softmax(k[b, h, keys] @ q[b, h, t] / math.sqrt(d), 0)
+                        a = torch.softmax(k[b, h, keys] @ q[b, h, t] / math.sqrt(d) / tau, 0)
                         outs.append(a @ v[b, h, keys])
                     else:
                         outs.append(torch.zeros(v.shape[-1], dtype=q.dtype))
@@ -124,6 +125,29 @@ def test_matches_the_loop_from_the_equations(group_size, q_offset, m, compress):
             assert a is None or not a.any()
         else:
             torch.testing.assert_close(a, b, atol=1e-12, rtol=1e-10)
+
+
+@pytest.mark.parametrize(
+    "window, q_offset, m, tau", [(6, 5, 4, 1.0), (30, 0, 11, 1.0), (30, 5, 4, 1.0), (3, 0, 11, 0.5)]
+)
+def test_long_windows_and_a_temperature_match_the_loop(window, q_offset, m, tau):
+    """Windows longer than the keys (only the columns some query can use are read) and a
+    softmax of fixed temperature (folded into the scale), forward and gradients."""
+    torch.manual_seed(2)
+    module = NativeSparseAttention(4, **{**SIZES, "window": window}).double()
+    module.align = ak.alignments.Softmax(temperature=tau)
+    n = q_offset + m
+    q, k, v = (x.requires_grad_() for x in _inputs(m=m, n=n))
+    mask = (torch.arange(n)[None, :] < torch.tensor([n, n - 2])[:, None])[:, None, None, :]
+    mask = mask.expand(2, 2, 1, n)
+    out = module(q, k, v, mask=mask, q_offset=q_offset).context
+    ref = _reference(module, q, k, v, mask.expand(2, 2, m, n), q_offset, tau)
+    torch.testing.assert_close(out, ref, atol=1e-12, rtol=1e-10)
+    r = torch.randn(out.shape, dtype=out.dtype, generator=torch.Generator().manual_seed(3))
+    got = torch.autograd.grad((out * r).sum(), (q, k, v))
+    want = torch.autograd.grad((ref * r).sum(), (q, k, v))
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-12, rtol=1e-10)
 
 
 def test_selection_branch_reads_only_the_selected_blocks_and_window():

@@ -1,5 +1,6 @@
 """The task registry and the contract every registered task keeps."""
 
+import dataclasses
 import math
 
 import pytest
@@ -7,7 +8,7 @@ import torch
 
 from attnkit import tasks
 from attnkit.experiments.config import RunConfig
-from attnkit.tasks.base import Metric, Task
+from attnkit.tasks.base import Metric, Task, setting
 
 SMALL = {"n_train": 8, "n_test": 4, "batch_size": 4, "d_model": 8, "epochs": 1}
 
@@ -154,3 +155,83 @@ def test_the_experiments_guide_lists_the_supervision_of_every_task_with_gold():
     for task, accepted in re.findall(r"^\| `([^`]+)` \| ([^|]*) \|", section, re.M):
         listed[task] = tuple(re.findall(r"`([^`]+)`", accepted))
     assert listed == supervision_support()
+
+
+@dataclasses.dataclass(frozen=True)
+class _Sizes:
+    pairs: int = setting(4, "pairs in a sequence")
+    keys: int | None = setting(None, "key tokens; None: twice the pairs")
+    scale: float = setting(1.0, "range of the numbers")
+    flag: bool = setting(False, "a switch")
+
+    def __post_init__(self):
+        if self.pairs < 2:
+            raise ValueError(f"setting pairs must be >= 2, got {self.pairs}")
+
+
+class _SizedTask(Task):
+    settings = _Sizes
+
+
+def test_settings_resolve_defaults_and_values_by_name():
+    assert _SizedTask.resolve_settings(None) == _Sizes()
+    got = _SizedTask.resolve_settings({"pairs": 7, "scale": 2, "keys": None})
+    assert (got.pairs, got.keys, got.flag) == (7, None, False)
+    assert got.scale == 2.0 and isinstance(got.scale, float)  # an int is a number
+    config = RunConfig(task="dates", settings={"pairs": 3})
+    assert _SizedTask(config).settings == _Sizes(pairs=3)  # the instance holds the dataclass
+    assert Task.resolve_settings({}) is None  # a task without settings
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"pair": 3}, "has no setting 'pair'; did you mean 'pairs'? (its settings: pairs, keys"),
+        ({"pairs": "3"}, "setting pairs of task '_SizedTask' must be int, got str '3'"),
+        ({"pairs": True}, "setting pairs of task '_SizedTask' must be int, got bool"),
+        ({"keys": 2.5}, "setting keys of task '_SizedTask' must be int or None, got float"),
+        ({"pairs": 1}, "setting pairs must be >= 2, got 1"),  # the dataclass's own check
+    ],
+)
+def test_unknown_settings_and_bad_values_are_refused_naming_them(values, message):
+    with pytest.raises(ValueError) as err:
+        _SizedTask.resolve_settings(values)
+    assert message in str(err.value)
+
+
+def test_a_setting_is_parsed_from_text_by_its_type():
+    assert _SizedTask.parse_setting("pairs", "12") == 12
+    assert _SizedTask.parse_setting("keys", "none") is None
+    assert _SizedTask.parse_setting("scale", "0.5") == 0.5
+    assert _SizedTask.parse_setting("flag", "true") is True
+    with pytest.raises(ValueError, match="setting pairs of task '_SizedTask' must be int"):
+        _SizedTask.parse_setting("pairs", "x")
+    with pytest.raises(ValueError, match="has no setting 'size'"):
+        _SizedTask.parse_setting("size", "1")
+    assert _SizedTask.settings_help()[0] == "pairs = 4: pairs in a sequence"
+
+
+@pytest.mark.parametrize(
+    ("decorator", "annotation", "body", "message"),
+    [
+        (dataclasses.dataclass, "int", {"n": 1}, "must be frozen"),
+        (dataclasses.dataclass(frozen=True), "int", {}, "has no default"),
+        (dataclasses.dataclass(frozen=True), "bytes", {"n": b""}, "must be annotated bool, int"),
+        (lambda c: c, "int", {"n": 1}, "must be a frozen dataclass or None"),
+    ],
+)
+def test_a_settings_class_outside_the_contract_is_refused_when_the_task_is_defined(
+    decorator, annotation, body, message
+):
+    cls = decorator(type("S", (), {"__annotations__": {"n": annotation}, **body}))
+    with pytest.raises(TypeError, match=message):
+        type("Bad", (Task,), {"settings": cls})
+
+
+@pytest.mark.parametrize("name", [n for n in tasks.available() if tasks.get(n).settings])
+def test_every_task_setting_has_a_default_its_checks_accept_and_a_help_line(name):
+    cls = tasks.get(name)
+    defaults = cls.resolve_settings({})
+    assert dataclasses.is_dataclass(defaults)
+    for _, (_, _, text) in cls.setting_fields().items():
+        assert text

@@ -107,3 +107,18 @@ def test_supervision_of_the_lstm_baseline_is_refused():
 
     with pytest.raises(ConfigError, match="no memory and no attention to supervise"):
         RunConfig(task="copy", attention="lstm", supervise_attention=1.0).resolved()
+
+
+def test_the_settings_set_the_lengths_width_and_memory():
+    settings = {"max_train": 3, "long": 4, "width": 2, "memory": 6}
+    config = RunConfig(task="copy", quick=True, n_train=40, n_test=8, d_model=8,
+                       settings=settings).resolved()  # fmt: skip
+    task = tasks.get("copy")(config)
+    x, y, out = task.train
+    assert x.shape == (40, 7, 3) and y.shape == (40, 7, 2)  # 2 · 3 + 1 steps, 2 bits
+    lengths = x[..., 2].argmax(1)  # the delimiter's step
+    assert set(lengths.tolist()) <= {1, 2, 3} and out.sum(1).tolist() == lengths.tolist()
+    assert task.long[0].shape == (8, 9, 3) and (task.long[0][..., 2].argmax(1) == 4).all()
+    assert task.build_model().memory0.shape[0] == 6  # memory locations
+    with pytest.raises(ValueError, match=r"setting memory \(2\) must be >= max_train \(3\)"):
+        RunConfig(task="copy", settings={"max_train": 3, "memory": 2}).resolved()

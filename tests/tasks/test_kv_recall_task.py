@@ -111,3 +111,36 @@ def test_supervision_needs_full_attention_and_one_process_per_sequence():
         RunConfig(task="kv-recall", attention="performer", supervise_attention=1.0).resolved()
     with pytest.raises(ConfigError, match="with context_parallel 2"):
         RunConfig(task="kv-recall", context_parallel=2, supervise_attention=1.0).resolved()
+
+
+def test_the_settings_set_the_pairs_keys_and_values_of_the_data():
+    config = RunConfig(task="kv-recall", quick=True, seq_len=12, n_train=40, n_test=8,
+                       settings={"num_pairs": 5, "keys": 7, "values": 3}).resolved()  # fmt: skip
+    task = tasks.get("kv-recall")(config)
+    tokens, answers = task.train
+    assert tokens.shape == (40, 12, 2)
+    for i in range(40):
+        stored = {int(k): int(v) for k, v in tokens[i, :5].tolist()}
+        assert len(stored) == 5 and set(stored) <= set(range(7))  # 5 distinct keys of 7
+        assert set(stored.values()) <= set(range(3))  # 3 values
+        assert tokens[i, 5:-1].tolist() == [[7, 4]] * 6  # padding: key 7, value 3 + 1
+        key, marker = tokens[i, -1].tolist()
+        assert marker == 3 and answers[i] == stored[key]
+    assert task.vocab == (8, 5) and task.build_model().out.out_features == 3
+    default = tasks.get("kv-recall")(RunConfig(task="kv-recall", quick=True).resolved())
+    assert default.train[0].shape[1] - 1 == 31  # no setting: seq_len - 1 pairs, no padding
+    assert default.vocab == (32, VALUES + 1)
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"num_pairs": 12}, "num_pairs 12 does not fit seq_len 12"),
+        ({"num_pairs": 1}, "setting num_pairs must be an int >= 2"),
+        ({"keys": 5}, "setting keys 5 is fewer than the 11 pairs"),
+        ({"pairs": 5}, "task 'kv-recall' has no setting 'pairs'; did you mean 'num_pairs'?"),
+    ],
+)
+def test_settings_that_do_not_fit_are_refused(settings, message):
+    with pytest.raises(ConfigError, match=message):
+        RunConfig(task="kv-recall", quick=True, seq_len=12, settings=settings).resolved()

@@ -130,3 +130,25 @@ def test_full_attention_learns_recall():
         loss.backward()
         opt.step()
     assert task.evaluate(model, "test")["accuracy"] > 4 / VALUES  # chance 1/32
+
+
+def test_the_settings_set_the_pairs_keys_and_values_of_the_data():
+    config = RunConfig(task="mqar", quick=True, seq_len=32, n_train=30, n_test=8, batch_size=8,
+                       settings={"num_pairs": 3, "keys": 5, "values": 4}).resolved()  # fmt: skip
+    task = tasks.get("mqar")(config)
+    tokens, answers, gold = task.train
+    assert answers.shape == (30, 3) and task.vocab == 5 + 4 + 1
+    for i in range(30):
+        row = tokens[i].tolist()
+        stored = dict(zip(row[0:6:2], row[1:6:2], strict=True))
+        assert len(stored) == 3 and set(stored) <= set(range(5))  # 3 distinct keys of 5
+        assert all(5 <= v < 9 for v in stored.values())  # 4 values after the keys
+        for q in range(3):
+            key, value = row[6 + 2 * q], row[7 + 2 * q]
+            assert value == stored[key] and answers[i, q] == value - 5
+            assert row[int(gold[i, q])] == value
+        assert row[12:] == [9] * 20  # padding after 4 · 3 tokens
+    logits, _ = task.build_model()(tokens[:2])
+    assert logits.shape == (2, 32, 4)
+    with pytest.raises(ConfigError, match="num_pairs 9 does not fit seq_len 32"):
+        RunConfig(task="mqar", quick=True, seq_len=32, settings={"num_pairs": 9}).resolved()

@@ -39,3 +39,19 @@ def test_registered_and_trains_one_step():
     loss.backward()
     assert torch.isfinite(loss) and model.memory0.grad.abs().sum() > 0
     assert set(task.evaluate(model, "test")) == set(task.metrics)
+
+
+def test_the_settings_set_the_list_lengths_item_size_and_width():
+    settings = {"max_train": 3, "long": 5, "item": 1, "width": 3, "memory": 8}
+    config = RunConfig(task="associative-recall", quick=True, n_train=20, n_test=4, d_model=8,
+                       settings=settings).resolved()  # fmt: skip
+    task = tasks.get("associative-recall")(config)
+    x, y, out = task.train
+    assert x.shape == (20, _steps(3, 1), 5) and y.shape[-1] == 3  # 3 bits, 2 flag channels
+    assert (out.sum(1) == 1).all()  # an answer of one vector
+    items = x[..., 3].sum(1)  # item flags: the list lengths
+    assert set(items.tolist()) <= {2.0, 3.0}
+    assert (task.long[0][..., 3].sum(1) == 5).all()
+    assert task.build_model().memory0.shape[0] == 8
+    with pytest.raises(ValueError, match="setting long must be >= 2"):
+        RunConfig(task="associative-recall", settings={"long": 1}).resolved()

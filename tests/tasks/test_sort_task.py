@@ -94,3 +94,18 @@ def test_gold_points_at_the_ith_smallest_number_and_supervision_is_refused():
     torch.testing.assert_close(kl, -torch.stack(picked).log().mean())
     with pytest.raises(ConfigError, match="pointer network's attention is its output"):
         RunConfig(task="sort", supervise_attention=1.0).resolved()
+
+
+def test_the_settings_set_the_lengths_and_the_range_of_the_numbers():
+    config = RunConfig(task="sort", quick=True, n_train=30, n_test=8, d_model=8, batch_size=8,
+                       settings={"min_len": 7, "max_len": 7, "high": 10.0}).resolved()  # fmt: skip
+    task = tasks.get("sort")(config)
+    x, keep, targets = task.train
+    assert x.shape == (30, 7, 1) and keep.all()  # every list has 7 numbers
+    assert float(x.max()) > 1.0 and float(x.max()) < 10.0 and float(x.min()) >= 0.0
+    for i in range(30):  # the targets sort the numbers (a loop, by Python's sorted)
+        values = x[i, :, 0].tolist()
+        assert targets[i].tolist() == sorted(range(7), key=values.__getitem__)
+    assert sorted(task.fixed) == [5, 20]  # the metrics' fixed-length lists stay
+    with pytest.raises(ConfigError, match=r"setting max_len \(4\) must be >= min_len \(5\)"):
+        RunConfig(task="sort", settings={"max_len": 4}).resolved()

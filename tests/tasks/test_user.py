@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from attnkit import tasks
-from attnkit.experiments.config import RunConfig
+from attnkit.experiments.config import ConfigError, RunConfig
 from attnkit.tasks import user
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "marked_task.py"
@@ -246,3 +246,45 @@ def test_a_task_with_gold_that_overrides_loss_is_refused(tmp_path):
     with pytest.raises(ValueError, match="defines objective, its own loss, and leaves loss"):
         user.load_task_module(f"{path}:MarkedTask")
     assert "marked" not in tasks.available()
+
+
+SIZED = """
+
+from dataclasses import dataclass
+
+from attnkit.tasks.base import setting
+
+
+@dataclass(frozen=True)
+class SizedSettings:
+    top: int = setting(VOCAB, "tokens are drawn from 0 ... top - 1")
+
+    def __post_init__(self):
+        if not 1 <= self.top <= VOCAB:
+            raise ValueError(f"setting top must be in [1, {VOCAB}], got {self.top}")
+
+
+class SizedTask(MarkedTask):
+    name = "sized"
+    settings = SizedSettings
+
+    def __init__(self, config):
+        super().__init__(config)
+        for tokens, _, _ in self.data.values():
+            tokens.remainder_(self.settings.top)
+"""
+
+
+def test_a_task_of_ones_own_declares_settings_the_same_way(tmp_path):
+    path = tmp_path / "sized.py"
+    path.write_text(EXAMPLE.read_text() + SIZED)
+    name, spec = user.load_task_module(f"{path}:SizedTask")
+    config = RunConfig(task=name, task_module=spec, quick=True, settings={"top": 2}).resolved()
+    assert config.settings == {"top": 2}
+    task = tasks.get(name)(config)
+    assert task.settings.top == 2 and int(task.data["train"][0].max()) == 1
+    user.check_task_run(tasks.get(name), config)  # the contract holds with the setting
+    with pytest.raises(ConfigError, match=r"setting top must be in \[1, 8\], got 9"):
+        RunConfig(task=name, task_module=spec, settings={"top": 9}).resolved()
+    with pytest.raises(ConfigError, match="task 'sized' has no setting 'bottom'"):
+        RunConfig(task=name, task_module=spec, settings={"bottom": 1}).resolved()

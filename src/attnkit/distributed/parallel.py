@@ -16,7 +16,7 @@ import itertools
 import torch.distributed as dist
 from torch import nn
 
-from attnkit.attention import Attention
+from attnkit.core import Attention
 from attnkit.distributed.attention import RingAttention
 from attnkit.distributed.layout import check_layout
 from attnkit.distributed.positions import RingPositions

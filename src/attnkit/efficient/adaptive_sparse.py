@@ -19,7 +19,7 @@ from torch import Tensor, nn
 from attnkit import arguments, masks
 from attnkit import taxonomy as tx
 from attnkit.alignments import Entmax
-from attnkit.attention import Attention
+from attnkit.core import Attention
 from attnkit.head import HeadAttention, check_head_inputs
 from attnkit.mechanisms import REGISTRY, example_tensor
 from attnkit.output import AttentionOutput

@@ -20,7 +20,7 @@ from torch import Tensor
 
 from attnkit import arguments, masks
 from attnkit import taxonomy as tx
-from attnkit.attention import Attention
+from attnkit.core import Attention
 from attnkit.head import HeadAttention, check_head_inputs
 from attnkit.mechanisms import REGISTRY, example_tensor
 from attnkit.output import AttentionOutput

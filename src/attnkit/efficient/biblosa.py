@@ -28,7 +28,7 @@ from torch import Tensor, nn
 
 from attnkit import arguments, masks, patterns
 from attnkit import taxonomy as tx
-from attnkit.attention import Attention
+from attnkit.core import Attention
 from attnkit.mechanisms import REGISTRY, example_tensor
 from attnkit.scores import Additive
 

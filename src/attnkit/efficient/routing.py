@@ -38,7 +38,7 @@ from torch import Tensor
 from attnkit import arguments, hooks, masks
 from attnkit import taxonomy as tx
 from attnkit.alignments import Softmax
-from attnkit.attention import Attention
+from attnkit.core import Attention
 from attnkit.efficient.gather import pairs
 from attnkit.head import HeadAttention, check_head_inputs
 from attnkit.mechanisms import REGISTRY, example_tensor

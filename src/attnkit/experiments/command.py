@@ -77,6 +77,36 @@ def _task_defaults(key: str) -> str:
     return "; ".join(parts_)
 
 
+def _settings_lines(known: dict) -> str:
+    """``task: name=default, ...`` for every task with settings."""
+    return "; ".join(
+        f"{n}: " + ", ".join(f"{k}={d!r}" for k, (_, d, _) in c.setting_fields().items())
+        for n, c in known.items()
+        if c.setting_fields()
+    )
+
+
+class _Help(argparse.Action):
+    """``-h``/``--help``: the help, then, after a task (``attnkit run kv-recall --help``), that
+    task's settings with their defaults and what each sets."""
+
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS,
+                 help=None) -> None:  # fmt: skip
+        super().__init__(option_strings, dest=dest, default=default, nargs=0, help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        parser.print_help()
+        name = getattr(namespace, "task", None)
+        cls = _task_classes().get(name) if isinstance(name, str) else None
+        if cls is not None:
+            lines = cls.settings_help()
+            print(f"\nsettings of task {name!r} (--set NAME=VALUE):" if lines
+                  else f"\ntask {name!r} has no settings")  # fmt: skip
+            for line in lines:
+                print(f"  {line}")
+        parser.exit()
+
+
 def add_parser(sub) -> argparse.ArgumentParser:
     import attnkit as ak
 
@@ -103,6 +133,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     task_lines = "; ".join(f"{n}: {c.description}" for n, c in known.items())
     runp = sub.add_parser(
         "run",
+        add_help=False,
         help="train an attention model on an embedded task and report",
         description="Train an attention model on an embedded task, checkpoint every epoch, "
         "evaluate its attention against the gold alignment and write an HTML report. "
@@ -111,6 +142,12 @@ def add_parser(sub) -> argparse.ArgumentParser:
         "attnkit run dates --compare score=additive,dot; attnkit run dates --quick --compare "
         "score=additive,dot --compare seed=0,1,2; attnkit run --task-module my_task.py:MyTask "
         "--quick; attnkit run --resume runs/<dir>",
+    )
+    runp.add_argument(
+        "-h",
+        "--help",
+        action=_Help,
+        help="show this help (after a task: also its settings) and exit",
     )
     runp.add_argument(
         "task",
@@ -123,6 +160,15 @@ def add_parser(sub) -> argparse.ArgumentParser:
             flag, dest=key, type=kind, metavar=metavar, default=argparse.SUPPRESS,
             help=text.format(**names),
         )  # fmt: skip
+    runp.add_argument(
+        "--set",
+        dest="set_values",
+        action="append",
+        metavar="NAME=VALUE",
+        help="a setting of the task (give it again for another); `attnkit run TASK --help` "
+        "says what each sets. The settings and their defaults: "
+        + (_settings_lines(known) or "none"),
+    )
     runp.add_argument(
         "--quick",
         action="store_true",
@@ -140,8 +186,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
         "--compare",
         action="append",
         metavar="KEY=V1,V2,...",
-        help="one run per value of any configuration key (score, align, lr, seed, ...); give "
-        "it again for another key: one run per combination, in <out>/<key1>-<v1>_<key2>-<v2>; "
+        help="one run per value of any configuration key (score, align, lr, seed, ...) or of a "
+        "setting of the task (set.NAME, e.g. set.num_pairs=4,8); give it again for another "
+        "key: one run per combination, in <out>/<key1>-<v1>_<key2>-<v2>; "
         "with seed among the keys, the table gives each metric's mean ± std over the seeds; "
         "prints and writes a combined table, learning curves and heatmaps (compare.md, "
         "compare.html)",
@@ -237,6 +284,15 @@ def _execute(args: argparse.Namespace) -> int:
     if args.config is not None and "task" not in given:
         raise ConfigError(f"--config {str(args.config)!r} names no task: add task = \"...\" "
                           "to it or give the task on the command line")  # fmt: skip
+    set_values = getattr(args, "set_values", None)
+    if set_values:
+        task = given.get("task")
+        if task is None and args.resume is not None:
+            from attnkit.experiments.runner import load_config
+
+            task = load_config(args.resume).task
+        parsed = _parse_sets(set_values, task or RunConfig.task)
+        given["settings"] = {**(given.get("settings") or {}), **parsed}
     if args.threads is not None and args.threads < 1:
         raise ConfigError(f"--threads must be a positive int, got {args.threads}")
     if args.timeout is not None and not args.timeout > 0:
@@ -253,6 +309,36 @@ def _execute(args: argparse.Namespace) -> int:
         _check_contract([config.resolved()])
         run(config, args.out, **options)
     return 0
+
+
+def _task_of(name: str, what: str) -> type:
+    """The class of task ``name``; ConfigError naming ``what`` otherwise."""
+    from attnkit.experiments.config import ConfigError
+
+    try:
+        return tasks.get(name)
+    except (ValueError, TypeError) as err:
+        raise ConfigError(f"{what}: {err}") from None
+
+
+def _parse_sets(specs: list[str], task: str) -> dict:
+    """``--set NAME=VALUE`` flags -> {name: value}, each parsed by the type of ``task``'s
+    setting; refuses a malformed flag, an unknown name and a name set twice."""
+    from attnkit.experiments.config import ConfigError
+
+    cls = _task_of(task, "--set")
+    out: dict = {}
+    for spec in specs:
+        name, sep, text = spec.partition("=")
+        if not sep or not name:
+            raise ConfigError(f"--set must be NAME=VALUE, got {spec!r}")
+        if name in out:
+            raise ConfigError(f"--set {name}=... is given twice; give each setting once")
+        try:
+            out[name] = cls.parse_setting(name, text)
+        except (ValueError, TypeError) as err:
+            raise ConfigError(str(err)) from None
+    return out
 
 
 def _load_task_module(spec: str) -> tuple[str, str]:
@@ -310,6 +396,14 @@ def _resume(args: argparse.Namespace, given: dict, options: dict) -> None:
     if parallel is not None:
         saved = replace(saved, context_parallel=parallel)
     saved = saved.resolved()
+    for name, value in (given.pop("settings", None) or {}).items():
+        its = (saved.settings or {}).get(name, "not a setting of its task")
+        if its != value:
+            raise ConfigError(
+                f"--resume {str(args.resume)!r} continues the run as it was configured: "
+                f"setting {name} = {value!r} contradicts its {name} = {its!r} (start a new run "
+                "with --out to change it)"
+            )
     for key, value in given.items():
         if getattr(saved, key) != value:
             its = getattr(saved, key)
@@ -353,6 +447,9 @@ def _axes(specs: list[str], given: dict, flags: set[str], config_file) -> list[t
                 f"its values in one: --compare {key}=V1,V2,..."
             )
         seen[key] = spec
+        if key.startswith("set."):
+            axes.append(_setting_axis(spec, given, config_file))
+            continue
         if key in flags:
             raise ConfigError(
                 f"--compare {key}=... and the flag for {key} both set {key}; give one"
@@ -375,6 +472,45 @@ def _axes(specs: list[str], given: dict, flags: set[str], config_file) -> list[t
                 )
         axes.append((key, listed, parsed))
     return axes
+
+
+def _listed(spec: str) -> list[str]:
+    """The values of ``KEY=V1,V2,...``; refuses an empty one and one listed twice."""
+    from attnkit.experiments.config import ConfigError
+
+    key, _, values = spec.partition("=")
+    listed = values.split(",")
+    if "" in listed:
+        raise ConfigError(f"--compare {spec!r} has an empty value")
+    twice = sorted({v for v in listed if listed.count(v) > 1})
+    if twice:
+        raise ConfigError(f"--compare {key}=... lists {twice[0]!r} twice")
+    return listed
+
+
+def _setting_axis(spec: str, given: dict, config_file) -> tuple[str, list[str], list]:
+    """``--compare set.NAME=V1,V2,...``: a grid over the task's setting NAME, each value parsed
+    by the setting's type; refused when --set or the --config file also sets it."""
+    from attnkit.experiments.config import ConfigError, RunConfig
+
+    key, _, _ = spec.partition("=")
+    name = key.removeprefix("set.")
+    if name in (given.get("settings") or {}):
+        by = f"--config {str(config_file)!r} or --set" if config_file is not None else "--set"
+        raise ConfigError(f"--compare {key}=... and {by} both set {name}; give one")
+    cls = _task_of(given.get("task", RunConfig.task), f"--compare {key}")
+    listed = _listed(spec)
+    try:
+        parsed = [cls.parse_setting(name, v) for v in listed]
+    except (ValueError, TypeError) as err:
+        raise ConfigError(f"--compare {key}: {err}") from None
+    for i, value in enumerate(parsed):
+        if value in parsed[:i]:
+            raise ConfigError(
+                f"--compare {key}=... lists {listed[parsed.index(value)]!r} and {listed[i]!r}, "
+                "the same value"
+            )
+    return key, listed, parsed
 
 
 def _dir_name(keys: tuple[str, ...], values: tuple[str, ...]) -> str:
@@ -400,7 +536,13 @@ def _compare(args: argparse.Namespace, given: dict, flags: set[str], options: di
     for combination in itertools.product(*(zip(listed, parsed, strict=True)
                                            for _, listed, parsed in axes)):  # fmt: skip
         values = tuple(text for text, _ in combination)
-        setting = {key: value for key, (_, value) in zip(keys, combination, strict=True)}
+        setting = {key: value for key, (_, value) in zip(keys, combination, strict=True)
+                   if not key.startswith("set.")}  # fmt: skip
+        chosen = {key.removeprefix("set."): value
+                  for key, (_, value) in zip(keys, combination, strict=True)
+                  if key.startswith("set.")}  # fmt: skip
+        if chosen:
+            setting["settings"] = {**(given.get("settings") or {}), **chosen}
         variants.append((values, RunConfig(**{**given, **setting})))
     resolved = [config.resolved() for _, config in variants]  # every variant, before any runs
     names = [_dir_name(keys, values) for values, _ in variants]

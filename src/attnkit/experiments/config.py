@@ -58,6 +58,10 @@ class RunConfig:
     # world is data-parallel replicas × this; a resumed run may change it (the weights do not
     # depend on it)
     context_parallel: int = 1
+    # the task's own settings, name -> value (Task.settings; attnkit run --set NAME=VALUE, a
+    # [settings] table in a --config file); resolved: every setting of the task, or None for a
+    # task without settings
+    settings: dict | None = None
 
     @classmethod
     def names(cls) -> list[str]:
@@ -88,6 +92,7 @@ class RunConfig:
         defaults = task.defaults["quick" if self.quick else "full"]
         unset = [k for k in self.names() if getattr(self, k) is None and k in defaults]
         out = replace(self, **{k: defaults[k] for k in unset})
+        out = replace(out, settings=_resolve_settings(task, self.task, self.settings))
         out = replace(out, score=out.score or "additive", align=out.align or "softmax")
         takes_length = "seq_len" in defaults
         if out.seq_len is not None and not takes_length:
@@ -99,7 +104,8 @@ class RunConfig:
                 f"{', '.join(with_length)})"
             )
         for key in self.names():
-            if (key == "seq_len" and not takes_length) or key in ("data", "task_module"):
+            if (key == "seq_len" and not takes_length) or key in ("data", "task_module",
+                                                                    "settings"):  # fmt: skip
                 continue  # data: checked by the tasks that read it
             if getattr(out, key) is None:
                 raise ConfigError(f"{key} is not set and task {self.task!r} gives no default")
@@ -257,6 +263,30 @@ class RunConfig:
 _DEFAULTS = {f.name: f.default for f in fields(RunConfig)}
 
 
+def _resolve_settings(task: type, name: str, given: dict | None) -> dict | None:
+    """Every setting of ``task`` (its defaults, ``given`` over them) as a dict, or None for a
+    task without settings; ConfigError naming the setting otherwise."""
+    if given and task.settings is None:
+        having = [n for n in tasks.available() if _task_or_none(n) is not None
+                  and _task_or_none(n).settings is not None]  # fmt: skip
+        raise ConfigError(
+            f"settings: task {name!r} has no settings to set (tasks with settings: "
+            f"{', '.join(having) or 'none'})"
+        )
+    try:
+        resolved = task.resolve_settings(given)
+    except (ValueError, TypeError) as err:
+        raise ConfigError(str(err)) from None
+    return None if resolved is None else asdict(resolved)
+
+
+def _task_or_none(name: str) -> type | None:
+    try:
+        return tasks.get(name)
+    except (ValueError, TypeError):
+        return None
+
+
 def _flag(key: str) -> str:
     """The ``attnkit run`` flag that sets ``key``."""
     return "--" + key.replace("_", "-")
@@ -344,6 +374,10 @@ def parse_value(key: str, text: str) -> Any:
     """A configuration value from command-line text, by the key's type."""
     if key not in RunConfig.names():
         raise ConfigError(_unknown_key(key))
+    if key == "settings":
+        raise ConfigError(
+            "settings are set one by one: --set NAME=VALUE, or --compare set.NAME=V1,V2,..."
+        )
     allowed = RunConfig.types()[key]
     if bool in allowed:
         if text.lower() in ("true", "yes", "1"):

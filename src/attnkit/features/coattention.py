@@ -15,7 +15,7 @@ from torch import Tensor, nn
 from attnkit import checks, hooks, masks
 from attnkit import taxonomy as tx
 from attnkit.arguments import sizes
-from attnkit.attention import Attention
+from attnkit.core import Attention
 from attnkit.features._pooling import attend_one, key_mask, masked_mean
 from attnkit.layers import HeadwiseLinear
 from attnkit.mechanisms import REGISTRY, example_tensor

@@ -22,7 +22,7 @@ from torch import Tensor, nn
 from attnkit import masks
 from attnkit import taxonomy as tx
 from attnkit.arguments import sizes
-from attnkit.attention import Attention
+from attnkit.core import Attention
 from attnkit.features.coattention import co_inputs
 from attnkit.mechanisms import REGISTRY, example_tensor
 from attnkit.scores import Dot

@@ -11,7 +11,7 @@ from torch import Tensor, nn
 from attnkit import checks, masks
 from attnkit import taxonomy as tx
 from attnkit.arguments import sizes
-from attnkit.attention import Attention
+from attnkit.core import Attention
 from attnkit.features._pooling import key_mask
 from attnkit.mechanisms import REGISTRY, example_tensor
 from attnkit.scores import Additive, Score

@@ -10,7 +10,7 @@ from torch import Tensor, nn
 from attnkit import checks
 from attnkit import taxonomy as tx
 from attnkit.arguments import sizes
-from attnkit.attention import Attention
+from attnkit.core import Attention
 from attnkit.mechanisms import REGISTRY, example_tensor
 from attnkit.scores import Additive, Score
 

@@ -63,7 +63,7 @@ from torch import Tensor, nn
 from attnkit import hooks, kernels
 from attnkit.alignments import REGISTRY as ALIGNMENTS
 from attnkit.alignments import Alignment
-from attnkit.attention import attention
+from attnkit.core import attention
 from attnkit.integrations.transformers_fastpath import (
     SdpaPath,
     eager_mask,

@@ -52,7 +52,7 @@ class Call:
     ``shape`` = (B, …, M, N), and optionally a sparse pattern's block mask and a score_mod.
 
     ``masked_finite``: no key or value that the mask hides from some query is NaN or infinite
-    (:func:`attnkit.attention.prepare_call` cleared them, found none, or was told the inputs are
+    (:func:`attnkit.core.prepare_call` cleared them, found none, or was told the inputs are
     finite), so a kernel need not look for them; False (the default) leaves the guard to it."""
 
     q: Tensor | None

@@ -164,7 +164,7 @@ def explain(
     else:
         if k is None:
             raise TypeError("explain needs the keys k (or a validated Call as first argument)")
-        from attnkit.attention import prepare_call  # attention imports the kernels
+        from attnkit.core import prepare_call  # attention imports the kernels
 
         call = prepare_call(
             q,

@@ -59,10 +59,11 @@ def attend(
     # softmax((scale·q'ᵀk' + bias) / τ): fold 1/τ into the scale and the bias.
     inv_t = 1.0 / temperature
     scale = scale * inv_t
-    lead = broadcast_shapes(qp.shape[:-2], kp.shape[:-2], v.shape[:-2])
-    qp = qp.expand(*lead, *qp.shape[-2:])
-    kp = kp.expand(*lead, *kp.shape[-2:])
-    v = v.expand(*lead, *v.shape[-2:])
+    if not (qp.shape[:-2] == kp.shape[:-2] == v.shape[:-2]):  # SDPA wants equal batch dims
+        lead = broadcast_shapes(qp.shape[:-2], kp.shape[:-2], v.shape[:-2])
+        qp = qp.expand(*lead, *qp.shape[-2:])
+        kp = kp.expand(*lead, *kp.shape[-2:])
+        v = v.expand(*lead, *v.shape[-2:])
     attn_mask: Tensor | None = mask
     if bias is not None:
         attn_mask = bias if inv_t == 1.0 else bias * inv_t

@@ -18,7 +18,7 @@ from torch import Tensor, nn
 
 from attnkit import arguments
 from attnkit import taxonomy as tx
-from attnkit.attention import Attention
+from attnkit.core import Attention
 from attnkit.head import HeadAttention
 from attnkit.mechanisms import REGISTRY, example_tensor
 from attnkit.output import AttentionOutput

@@ -30,7 +30,7 @@ from torch import Tensor, nn
 from attnkit import arguments, checks
 from attnkit import taxonomy as tx
 from attnkit.alignments.base import Alignment, AlignOutput
-from attnkit.attention import Attention
+from attnkit.core import Attention
 from attnkit.mechanisms import REGISTRY, example_tensor
 from attnkit.scores import Dot, Score
 

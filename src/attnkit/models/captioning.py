@@ -9,7 +9,7 @@ from attnkit import arguments, checks
 from attnkit import taxonomy as tx
 from attnkit.alignments import Softmax
 from attnkit.arguments import sizes
-from attnkit.attention import Attention
+from attnkit.core import Attention
 from attnkit.queries.query_types import QueryTagged
 
 __all__ = ["ImageCaptioner"]

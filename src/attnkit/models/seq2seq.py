@@ -11,7 +11,7 @@ from torch import Tensor, nn
 from attnkit import arguments, hooks
 from attnkit.alignments import Alignment, AlignOutput
 from attnkit.arguments import sizes
-from attnkit.attention import Attention, attention
+from attnkit.core import Attention, attention
 from attnkit.output import AttentionOutput
 from attnkit.queries.query_types import QueryTagged
 

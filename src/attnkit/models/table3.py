@@ -17,7 +17,7 @@ from torch import Tensor, nn
 from attnkit import alignments as al
 from attnkit import scores as sc
 from attnkit import taxonomy as tx
-from attnkit.attention import Attention
+from attnkit.core import Attention
 from attnkit.features import (
     HierarchicalAttention,
     MetaEmbedding,

@@ -43,7 +43,7 @@ from torch import Tensor, nn
 from attnkit import arguments, checks, masks
 from attnkit import taxonomy as tx
 from attnkit.alignments import Softmax
-from attnkit.attention import Attention
+from attnkit.core import Attention
 from attnkit.kv_cache import _Owned
 from attnkit.mechanisms import REGISTRY, example_tensor
 from attnkit.positions.rope import rotate

@@ -10,7 +10,7 @@ import torch
 from torch import Tensor, nn
 
 from attnkit import arguments, inputs, masks
-from attnkit.attention import attention
+from attnkit.core import attention
 from attnkit.positions.base import REGISTRY, Positioned, PositionScheme, check_qk
 from attnkit.positions.music import skew
 from attnkit.positions.sinusoidal import sinusoid_table

@@ -22,7 +22,7 @@ from torch import Tensor, nn
 
 from attnkit import arguments, masks
 from attnkit import taxonomy as tx
-from attnkit.attention import Attention
+from attnkit.core import Attention
 from attnkit.mechanisms import REGISTRY, example_tensor
 
 __all__ = ["GatedHeadAttention", "GatedHeadOutput"]

@@ -24,7 +24,7 @@ from torch import Tensor, nn
 
 from attnkit import arguments, inputs, masks
 from attnkit import taxonomy as tx
-from attnkit.attention import Attention
+from attnkit.core import Attention
 from attnkit.mechanisms import REGISTRY, example_tensor
 from attnkit.scores import Additive, Score
 

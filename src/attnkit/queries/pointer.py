@@ -22,7 +22,7 @@ from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from attnkit import arguments, checks, hooks, masks
 from attnkit import taxonomy as tx
-from attnkit.attention import Attention
+from attnkit.core import Attention
 from attnkit.mechanisms import REGISTRY, example_tensor
 from attnkit.scores import Additive, Score
 

@@ -15,7 +15,7 @@ from torch import Tensor, nn
 from attnkit import arguments, checks, masks
 from attnkit import taxonomy as tx
 from attnkit.arguments import sizes
-from attnkit.attention import Attention
+from attnkit.core import Attention
 from attnkit.mechanisms import REGISTRY, example_tensor
 from attnkit.output import AttentionOutput
 

@@ -13,7 +13,8 @@ backward, so that besides the inputs only the weights (…, M, T) are kept:
 and, for the backward (the softmax Jacobian, g = ∂L/∂p + ∂L/∂o · v_{index}):
 
     ∂L/∂e_{m,t} = p_{m,t} (g_{m,t} − Σ_u p_{m,u} g_{m,u}),
-    ∂L/∂q_m = scale Σ_t ∂L/∂e_{m,t} k_{index[m,t]},   ∂L/∂k_j = scale Σ_{(m,t): index=j} ∂L/∂e_{m,t} q_m,
+    ∂L/∂q_m = scale Σ_t ∂L/∂e_{m,t} k_{index[m,t]},
+    ∂L/∂k_j = scale Σ_{(m,t): index=j} ∂L/∂e_{m,t} q_m,
     ∂L/∂v_j = Σ_{(m,t): index=j} p_{m,t} ∂L/∂o_m.
 
 :func:`selected_index_scores` does the same for the lightning indexer of DSA (its eq. 1) at the
@@ -27,8 +28,8 @@ from torch import Tensor
 
 __all__ = ["gathered_softmax", "query_block", "selected_index_scores"]
 
-#: elements of one block's gathered keys (float32: 16 MiB)
-BLOCK_ELEMENTS = 1 << 22
+#: elements of one block's gathered keys (float32: 4 MiB; larger blocks ran slower on CPU)
+BLOCK_ELEMENTS = 1 << 20
 
 
 def query_block(m: int, per_query: int) -> int:
@@ -38,15 +39,20 @@ def query_block(m: int, per_query: int) -> int:
 
 
 def _flat_rows(x: Tensor, count: int) -> Tensor:
-    """(L, N, f) -> (L·N, f) rows, where L = count."""
-    return x.reshape(count * x.shape[-2], x.shape[-1])
+    """(L, N, f) -> (L·N + 1, f): the rows of every item, then a row of zeros."""
+    flat = x.reshape(count * x.shape[-2], x.shape[-1])
+    return torch.cat([flat, flat.new_zeros(1, flat.shape[-1])])
 
 
-def _gather(flat: Tensor, index: Tensor, offsets: Tensor) -> tuple[Tensor, Tensor]:
-    """Rows of ``flat`` (L·N, f) at ``index`` (L, b, T) of each item -> (L, b, T, f) and the flat
-    row numbers (L·b·T,)."""
-    rows = (index + offsets).reshape(-1)
-    return flat.index_select(0, rows).view(*index.shape, flat.shape[-1]), rows
+def _rows(index: Tensor, ok: Tensor, offsets: Tensor, zero: int) -> Tensor:
+    """Flat row numbers (L·b·T,) of ``index`` (L, b, T) in :func:`_flat_rows`; the zero row where
+    not ``ok`` (so that nothing unselected, NaN included, is read)."""
+    return torch.where(ok, index + offsets, zero).reshape(-1)
+
+
+def _gather(flat: Tensor, rows: Tensor, shape: torch.Size) -> Tensor:
+    """``flat`` (R, f) at ``rows`` -> (*shape, f)."""
+    return flat.index_select(0, rows).view(*shape, flat.shape[-1])
 
 
 def _softmax(e: Tensor, ok: Tensor) -> Tensor:
@@ -62,18 +68,19 @@ class _GatheredSoftmax(torch.autograd.Function):
         count, m, t = index.shape
         kf, vf = _flat_rows(k, count), _flat_rows(v, count)
         offsets = torch.arange(count, device=q.device)[:, None, None] * k.shape[-2]
+        zero = count * k.shape[-2]
         out = q.new_empty(count, m, v.shape[-1])
         weights = q.new_empty(count, m, t)
         step = query_block(m, count * t * max(q.shape[-1], v.shape[-1]))
         for s in range(0, m, step):
             sl = slice(s, s + step)
-            drop = ~ok[:, sl, :, None]
-            kg, rows = _gather(kf, index[:, sl], offsets)
-            e = (q[:, sl, None, :] @ kg.masked_fill_(drop, 0.0).transpose(-1, -2)).squeeze(-2)
+            rows = _rows(index[:, sl], ok[:, sl], offsets, zero)
+            kg = _gather(kf, rows, index[:, sl].shape)  # (L, b, T, d)
+            e = (q[:, sl, None, :] @ kg.transpose(-1, -2)).squeeze(-2)
             e = e * scale if bias is None else e * scale + bias[:, sl]
             p = _softmax(e, ok[:, sl])
-            vg = vf.index_select(0, rows).view(*kg.shape[:-1], vf.shape[-1])
-            out[:, sl] = (p[:, :, None, :] @ vg.masked_fill_(drop, 0.0)).squeeze(-2)
+            vg = _gather(vf, rows, index[:, sl].shape)
+            out[:, sl] = (p[:, :, None, :] @ vg).squeeze(-2)
             weights[:, sl] = p
         ctx.save_for_backward(q, k, v, index, ok, weights)
         ctx.scale, ctx.has_bias = scale, bias is not None
@@ -86,6 +93,7 @@ class _GatheredSoftmax(torch.autograd.Function):
         count, m, t = index.shape
         kf, vf = _flat_rows(k, count), _flat_rows(v, count)
         offsets = torch.arange(count, device=q.device)[:, None, None] * k.shape[-2]
+        zero = count * k.shape[-2]
         dq = torch.zeros_like(q)
         dk = torch.zeros_like(kf)
         dv = torch.zeros_like(vf)
@@ -93,22 +101,21 @@ class _GatheredSoftmax(torch.autograd.Function):
         step = query_block(m, count * t * max(q.shape[-1], v.shape[-1]))
         for s in range(0, m, step):
             sl = slice(s, s + step)
-            drop = ~ok[:, sl, :, None]
             p = weights[:, sl]
             g = torch.zeros_like(p) if grad_weights is None else grad_weights[:, sl].clone()
-            kg, rows = _gather(kf, index[:, sl], offsets)
+            rows = _rows(index[:, sl], ok[:, sl], offsets, zero)
             if grad_out is not None:
                 go = grad_out[:, sl]
-                vg = vf.index_select(0, rows).view(*kg.shape[:-1], vf.shape[-1])
-                g += (go[:, :, None, :] @ vg.masked_fill_(drop, 0.0).transpose(-1, -2)).squeeze(-2)
+                vg = _gather(vf, rows, p.shape)
+                g += (go[:, :, None, :] @ vg.transpose(-1, -2)).squeeze(-2)
                 dv.index_add_(0, rows, (p[..., None] * go[:, :, None, :]).reshape(-1, dv.shape[-1]))
             de = p * (g - (p * g).sum(-1, keepdim=True))
             if dbias is not None:
                 dbias[:, sl] = de
             de = de * ctx.scale
-            dq[:, sl] = (de[:, :, None, :] @ kg.masked_fill_(drop, 0.0)).squeeze(-2)
+            dq[:, sl] = (de[:, :, None, :] @ _gather(kf, rows, p.shape)).squeeze(-2)
             dk.index_add_(0, rows, (de[..., None] * q[:, sl, None, :]).reshape(-1, dk.shape[-1]))
-        return dq, dk.view_as(k), dv.view_as(v), dbias, None, None, None
+        return dq, dk[:zero].view_as(k), dv[:zero].view_as(v), dbias, None, None, None
 
 
 def gathered_softmax(
@@ -149,57 +156,63 @@ def gathered_softmax(
 
 class _SelectedIndex(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, qi, wi, ki, index):
+    def forward(ctx, qi, wi, ki, index, ok):
         count, m, t = index.shape
         kf = _flat_rows(ki, count)
         offsets = torch.arange(count, device=qi.device)[:, None, None] * ki.shape[-2]
+        zero = count * ki.shape[-2]
         out = qi.new_empty(count, m, t)
         step = query_block(m, count * t * (qi.shape[-2] + qi.shape[-1]))
         for s in range(0, m, step):
             sl = slice(s, s + step)
-            kg, _ = _gather(kf, index[:, sl], offsets)  # (L, b, T, d_I)
+            rows = _rows(index[:, sl], ok[:, sl], offsets, zero)
+            kg = _gather(kf, rows, index[:, sl].shape)  # (L, b, T, d_I)
             dots = torch.relu(qi[:, sl] @ kg.transpose(-1, -2))  # (L, b, H_I, T)
             out[:, sl] = (wi[:, sl, None, :] @ dots).squeeze(-2)
-        ctx.save_for_backward(qi, wi, ki, index)
+        ctx.save_for_backward(qi, wi, ki, index, ok)
         return out
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad):
-        qi, wi, ki, index = ctx.saved_tensors
+        qi, wi, ki, index, ok = ctx.saved_tensors
         count, m, t = index.shape
         kf = _flat_rows(ki, count)
         offsets = torch.arange(count, device=qi.device)[:, None, None] * ki.shape[-2]
+        zero = count * ki.shape[-2]
         dqi, dwi, dk = torch.zeros_like(qi), torch.zeros_like(wi), torch.zeros_like(kf)
         step = query_block(m, count * t * (qi.shape[-2] + qi.shape[-1]))
         for s in range(0, m, step):
             sl = slice(s, s + step)
-            kg, rows = _gather(kf, index[:, sl], offsets)
+            rows = _rows(index[:, sl], ok[:, sl], offsets, zero)
+            kg = _gather(kf, rows, index[:, sl].shape)
             dots = qi[:, sl] @ kg.transpose(-1, -2)  # (L, b, H_I, T)
             g = grad[:, sl, None, :]  # (L, b, 1, T)
             dwi[:, sl] = (torch.relu(dots) * g).sum(-1)
             ddots = (wi[:, sl, :, None] * g).where(dots > 0, 0.0)
             dqi[:, sl] = ddots @ kg
             dk.index_add_(0, rows, (ddots.transpose(-1, -2) @ qi[:, sl]).reshape(-1, kf.shape[-1]))
-        return dqi, dwi, dk.view_as(ki), None
+        return dqi, dwi, dk[:zero].view_as(ki), None, None
 
 
-def selected_index_scores(qi: Tensor, wi: Tensor, ki: Tensor, index: Tensor) -> Tensor:
-    """DSA eq. 1 at the selected keys only: I_{m,t} = Σ_j w_{m,j} ReLU(q^I_{m,j} · k^I_{index[m,t]}).
+def selected_index_scores(qi: Tensor, wi: Tensor, ki: Tensor, index: Tensor, ok: Tensor) -> Tensor:
+    """DSA eq. 1 at the selected keys: I_{m,t} = Σ_j w_{m,j} ReLU(q^I_{m,j} · k^I_{index[m,t]}).
 
     Args:
         qi: (*lead, M, H^I, d^I) the indexer queries.
         wi: (*lead, M, H^I) the indexer head weights.
         ki: (*lead, N, d^I) the indexer keys.
         index: (*lead, M, T) int64 key numbers in [0, N).
+        ok: (*lead, M, T) bool, the entries to evaluate.
 
     Returns:
-        (*lead, M, T), differentiable (once) with respect to qi, wi and ki.
+        (*lead, M, T), 0 where not ``ok``, differentiable (once) with respect to qi, wi, ki.
     """
     lead, (m, t) = index.shape[:-2], index.shape[-2:]
     count = lead.numel()
     qi3 = qi.broadcast_to(*lead, *qi.shape[-3:]).reshape(count, m, *qi.shape[-2:])
     wi3 = wi.broadcast_to(*lead, *wi.shape[-2:]).reshape(count, m, wi.shape[-1])
     ki3 = ki.broadcast_to(*lead, *ki.shape[-2:]).reshape(count, ki.shape[-2], ki.shape[-1])
-    out = _SelectedIndex.apply(qi3, wi3, ki3, index.reshape(count, m, t))
+    ok3 = ok.broadcast_to(*lead, m, t).reshape(count, m, t)
+    out = _SelectedIndex.apply(qi3, wi3, ki3, index.reshape(count, m, t), ok3)
     return out.view(*lead, m, t)

@@ -6,9 +6,16 @@ preceding key cheaply, and the main attention reads only the top-k keys of each 
     u_t = Attn(h_t, {c_s | I_{t,s} ∈ Top-k(I_{t,:})})                            (eq. 2)
 
 with H^I indexer heads of size d^I, q^I_{t,j} and w^I_{t,j} from the query token and k^I_s from
-the key token (one indexer key shared by the indexer heads). The main attention is scaled-dot
-softmax over the k selected keys, gathered per query, so its cost is O(M k d) whatever N is; the
-indexer is dense but small (O(M N H^I d^I), ReLU instead of softmax).
+the key token (one indexer key shared by the indexer heads).
+
+Cost, with T = min(k, N) keys per query: the main attention is scaled-dot softmax over the
+selected keys, gathered a block of queries at a time with a hand-written backward
+(:mod:`attnkit.sparse_trainable._gathered`): O(M·T·d) time and O(M·T) memory kept, whatever N
+is. The indexer is dense but small (ReLU instead of softmax): O(M·N·H^I·d^I) time, quadratic for
+self-attention and the larger term once N ≫ k, plus the O(M·N log N) sort of the top-k; it runs
+without autograd a block of queries at a time (O(block·N) memory), and its training signal is
+evaluated at the selected keys only (O(M·T·H^I·d^I) time, O(M·T) memory). With k ≥ N (the
+default 2048 at shorter lengths) every term is quadratic: the part is full causal attention.
 
 Training (sec. 2.1, "sparse training stage"): the indexer is trained by the KL divergence from
 the main attention to its own distribution over the selected keys,
@@ -229,7 +236,7 @@ class DeepSeekSparseAttention(HeadAttention):
 
         trains = any(x.requires_grad for x in (qi, wi, ki))
         if self.indexer_loss_weight and torch.is_grad_enabled() and trains:
-            selected = self._selected_scores(qi, wi, ki, keys)
+            selected = self._selected_scores(qi, wi, ki, keys, ok)
             with torch.no_grad():
                 log_q = torch.log_softmax(selected.masked_fill(~ok, float("-inf")), -1)
                 rows_with_key = ok.any(-1, keepdim=True)
@@ -258,8 +265,8 @@ class DeepSeekSparseAttention(HeadAttention):
         with torch.no_grad():
             for s in range(0, m, step):
                 sl = slice(s, s + step)
-                index = group_sum(LightningIndexer.scores(qi[..., sl, :, :], wi[..., sl, :], ki),
-                                  self.group_size)  # fmt: skip
+                index = LightningIndexer.scores(qi[..., sl, :, :], wi[..., sl, :], ki)
+                index = group_sum(index, self.group_size)  # (*lead, b, N)
                 allowed = columns <= pos[sl, None]
                 if rows is not None:
                     allowed = allowed & (rows[..., sl, :] if rows.shape[-2] == m else rows)
@@ -291,17 +298,20 @@ class DeepSeekSparseAttention(HeadAttention):
         w = align(e, ok).weights
         return (w.unsqueeze(-1) * vg).sum(-2), w
 
-    def _selected_scores(self, qi: Tensor, wi: Tensor, ki: Tensor, keys: Tensor) -> Tensor:
+    def _selected_scores(
+        self, qi: Tensor, wi: Tensor, ki: Tensor, keys: Tensor, ok: Tensor
+    ) -> Tensor:
         """The group-summed index scores at the selected keys (*lead, M, T), differentiable with
         respect to the indexer: Σ over the group's heads b of I_b at head a's keys, as
         ``group_size`` evaluations in which head b reads the keys of head b − r."""
         g = self.group_size
         if g == 1:
-            return selected_index_scores(qi, wi, ki, keys)
-        grouped = keys.unflatten(-3, (-1, g))  # (…, H/g, g, M, T)
+            return selected_index_scores(qi, wi, ki, keys, ok)
+        keys, ok = keys.unflatten(-3, (-1, g)), ok.unflatten(-3, (-1, g))  # (…, H/g, g, M, T)
         total = None
         for r in range(g):
-            part = selected_index_scores(qi, wi, ki, grouped.roll(r, -3).flatten(-4, -3))
+            rolled = (x.roll(r, -3).flatten(-4, -3) for x in (keys, ok))
+            part = selected_index_scores(qi, wi, ki, *rolled)
             part = part.unflatten(-3, (-1, g)).roll(-r, -3).flatten(-4, -3)
             total = part if total is None else total + part
         return total

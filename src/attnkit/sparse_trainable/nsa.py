@@ -19,9 +19,12 @@ For query t at position p_t, with keys k_{1:p_t} and values v_{1:p_t}:
 
     o_t = Σ_{c ∈ {cmp, slc, win}} g_t^c · o_t^c,   g_t^c = σ(MLP(x_t)) ∈ (0, 1)   (eq. 5)
 
-Evaluation follows the selection: the selected and window keys are gathered per query,
-(…, M, n·l' + w, d), so the token-level cost is O(M (n l' + w) d) whatever N is; the compressed
-branch costs O(M N/s d).
+Evaluation follows the selection: the selected and window keys of each query, T = n·l' + w at
+most (and never more than N), are gathered a block of queries at a time with a hand-written
+backward (:mod:`attnkit.sparse_trainable._gathered`), so the token-level branches cost
+O(M·T·d) time and O(M·T) memory kept whatever N is; the compressed branch costs O(M·N/s·d) time
+and O(M·N/s) memory (quadratic for self-attention, s times below dense attention). Below
+N = n·l' + w the token-level term still grows with N.
 
 Differences from the paper, by necessity of the per-head slot: the gates read the head's query
 q_t (the paper's MLP reads the token's hidden state x_t, which a per-head part never sees), and φ

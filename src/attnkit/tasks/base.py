@@ -7,6 +7,10 @@ methods; it names no task.
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
+import typing
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -15,7 +19,35 @@ from torch import Tensor, nn
 
 from attnkit.registry import Registry
 
-__all__ = ["REGISTRY", "Metric", "Task", "TaskRegistry", "Unused"]
+__all__ = ["REGISTRY", "Metric", "Task", "TaskRegistry", "Unused", "setting"]
+
+_SCALARS = (bool, int, float, str)
+
+
+def setting(default: Any, help: str) -> Any:
+    """A field of a task's settings dataclass (:attr:`Task.settings`): its default and one line
+    saying what it sets, which ``attnkit run --help`` lists.
+
+    Example::
+
+        @dataclass(frozen=True)
+        class Settings:
+            num_pairs: int = setting(8, "key-value pairs in a sequence")
+    """
+    if not isinstance(help, str) or not help.strip():
+        raise TypeError(f"help must be a non-empty str, got {help!r}")
+    return dataclasses.field(default=default, metadata={"help": help})
+
+
+def _allowed_types(annotation: Any) -> tuple[type, ...]:
+    """The types a setting's value may have, from its annotation (``int``, ``float | None``,
+    ...); ``NoneType`` where None is allowed."""
+    args = typing.get_args(annotation) or (annotation,)
+    return tuple(a for a in args if isinstance(a, type))
+
+
+def _type_names(allowed: tuple[type, ...]) -> str:
+    return " or ".join("None" if t is type(None) else t.__name__ for t in allowed)
 
 
 @dataclass(frozen=True)
@@ -72,6 +104,13 @@ class Task:
       context_parallel` can turn into ring layers, the task implements
       :meth:`context_parallel_model` and :meth:`context_parallel_loss`, and its ``validate``
       refuses lengths that do not split.
+    - ``settings``: None, or a frozen dataclass listing the task's own settings (sizes of its
+      data, vocabularies, ...), each field with a default and one line of help
+      (:func:`setting`). The run configuration's ``settings`` key (``attnkit run --set
+      NAME=VALUE``, a ``[settings]`` table in a ``--config`` file) sets them by name;
+      :meth:`resolve_settings` fills the defaults and refuses unknown names and values of the
+      wrong type, and the dataclass's ``__post_init__`` refuses bad values, naming the setting.
+      An instance holds the resolved dataclass as ``self.settings``.
 
     ``unused(config)`` names the keys the configured model does not read (e.g. ``score`` for a
     mechanism with its own weights): setting one of them is refused, and the resolved
@@ -95,9 +134,11 @@ class Task:
     takes_position: ClassVar[bool] = False
     reads_data: ClassVar[bool] = False
     context_parallel: ClassVar[bool] = False
+    settings: ClassVar[type | None] = None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
+        _check_settings_class(cls)
         has_gold = cls.gold is not Task.gold
         declared = cls.__dict__.get("gold_alignment")
         if declared is not None and declared != has_gold:
@@ -117,6 +158,106 @@ class Task:
 
     def __init__(self, config: Any) -> None:
         self.config = config
+        self.settings = type(self).settings_of(config)
+
+    @classmethod
+    def setting_fields(cls) -> dict[str, tuple[tuple[type, ...], Any, str]]:
+        """Setting name -> (the types its value may have, its default, its help line); empty
+        for a task without settings."""
+        if cls.settings is None:
+            return {}
+        hints = typing.get_type_hints(cls.settings)
+        return {
+            f.name: (_allowed_types(hints[f.name]), f.default, f.metadata.get("help", ""))
+            for f in dataclasses.fields(cls.settings)
+        }
+
+    @classmethod
+    def resolve_settings(cls, values: Mapping[str, Any] | None) -> Any:
+        """The task's settings dataclass with ``values`` (name -> value) over its defaults;
+        None for a task without settings (then ``values`` must be empty).
+
+        Raises:
+            ValueError: an unknown name (the message names the task and its settings), a value
+                of the wrong type, or one the dataclass's ``__post_init__`` refuses.
+        """
+        values = {} if values is None else values
+        if not isinstance(values, Mapping):
+            raise TypeError(
+                f"settings must be a table of name -> value, got {type(values).__name__}"
+            )
+        known = cls.setting_fields()
+        task = getattr(cls, "registered_name", None) or cls.__name__
+        for name in values:
+            if name not in known:
+                close = difflib.get_close_matches(str(name), list(known), n=1)
+                hint = f"; did you mean {close[0]!r}?" if close else ""
+                offered = ", ".join(known) or "none"
+                raise ValueError(
+                    f"settings: task {task!r} has no setting {name!r}{hint} (its settings: "
+                    f"{offered})"
+                )
+        if cls.settings is None:
+            return None
+        checked = {}
+        for name, value in values.items():
+            allowed = known[name][0]
+            ok = isinstance(value, allowed) and not (
+                isinstance(value, bool) and bool not in allowed
+            )
+            if float in allowed and isinstance(value, int) and not isinstance(value, bool):
+                ok, value = True, float(value)
+            if not ok:
+                raise ValueError(
+                    f"setting {name} of task {task!r} must be {_type_names(allowed)}, got "
+                    f"{type(value).__name__} {value!r}"
+                )
+            checked[name] = value
+        try:
+            return cls.settings(**checked)
+        except ValueError as err:
+            raise ValueError(f"task {task!r}: {err}") from None
+
+    @classmethod
+    def settings_of(cls, config: Any) -> Any:
+        """The resolved settings dataclass of a run configuration (its ``settings`` key; a
+        configuration without one gets the defaults), or None for a task without settings."""
+        return cls.resolve_settings(getattr(config, "settings", None))
+
+    @classmethod
+    def parse_setting(cls, name: str, text: str) -> Any:
+        """A setting's value from command-line text, by the setting's type (``none`` for None
+        where the setting allows it); ValueError naming the task and the setting otherwise."""
+        known = cls.setting_fields()
+        if name not in known:
+            cls.resolve_settings({name: None})  # raises, naming the task's settings
+        allowed = known[name][0]
+        task = getattr(cls, "registered_name", None) or cls.__name__
+        if type(None) in allowed and text.lower() in ("none", "null"):
+            return None
+        if bool in allowed:
+            if text.lower() in ("true", "yes", "1"):
+                return True
+            if text.lower() in ("false", "no", "0"):
+                return False
+        else:
+            for kind in (int, float, str):
+                if kind in allowed:
+                    try:
+                        return kind(text)
+                    except ValueError:
+                        continue
+        raise ValueError(
+            f"setting {name} of task {task!r} must be {_type_names(allowed)}, got {text!r}"
+        )
+
+    @classmethod
+    def settings_help(cls) -> list[str]:
+        """One line per setting: ``name = default: help``."""
+        return [
+            f"{name} = {default!r}: {text}" if text else f"{name} = {default!r}"
+            for name, (_, default, text) in cls.setting_fields().items()
+        ]
 
     @classmethod
     def example_settings(cls, directory: Any) -> dict[str, Any]:
@@ -237,6 +378,34 @@ class Task:
         (same shape, bool), and either ``image`` or ``x_labels``/``y_labels`` with
         ``x_title``/``y_title``."""
         raise NotImplementedError
+
+
+def _check_settings_class(cls: type[Task]) -> None:
+    """Refuse, when the task class is defined, a ``settings`` that is not a frozen dataclass
+    whose every field has a default and a type of bool, int, float or str (or None)."""
+    settings = cls.__dict__.get("settings")
+    if settings is None:
+        return
+    who = f"task class {cls.__name__}"
+    if not (isinstance(settings, type) and dataclasses.is_dataclass(settings)):
+        raise TypeError(f"{who}: settings must be a frozen dataclass or None, got {settings!r}")
+    if not settings.__dataclass_params__.frozen:
+        raise TypeError(f"{who}: settings {settings.__name__} must be frozen "
+                        "(@dataclass(frozen=True))")  # fmt: skip
+    try:
+        hints = typing.get_type_hints(settings)
+    except Exception as err:  # an annotation that does not evaluate
+        raise TypeError(f"{who}: the annotations of {settings.__name__} do not resolve "
+                        f"({err})") from None  # fmt: skip
+    for f in dataclasses.fields(settings):
+        if f.default is dataclasses.MISSING:
+            raise TypeError(f"{who}: setting {f.name} of {settings.__name__} has no default")
+        allowed = _allowed_types(hints[f.name])
+        if not allowed or not all(t in (*_SCALARS, type(None)) for t in allowed):
+            raise TypeError(
+                f"{who}: setting {f.name} of {settings.__name__} must be annotated bool, int, "
+                f"float or str (or X | None), got {hints[f.name]!r}"
+            )
 
 
 class TaskRegistry(Registry[Task]):

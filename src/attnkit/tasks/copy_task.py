@@ -3,7 +3,9 @@ sequence of random bit vectors and a delimiter, then write the sequence back fro
 
 Training sequences have 1 … ``MAX_TRAIN`` vectors; the test also measures sequences of
 ``LONG`` vectors, longer than any seen in training (does the learned algorithm generalise?).
-Sequences are padded to a fixed number of steps; only the output steps are scored.
+Sequences are padded to a fixed number of steps; only the output steps are scored. The task's
+settings (:class:`CopySettings`, ``attnkit run copy --set NAME=VALUE``) change these lengths,
+the bits per vector and the NTM's memory locations; the module constants are their defaults.
 
 ``attention="lstm"`` (``attnkit run copy --attention lstm``) trains the paper's baseline instead:
 an LSTM of the same controller size with no memory and no attention.
@@ -14,6 +16,7 @@ memory location t and the read weighting of output step t on location t (:func:`
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, ClassVar, NamedTuple
 
 import torch
@@ -21,10 +24,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnkit.memory.ntm import NeuralTuringMachine
-from attnkit.tasks.base import REGISTRY, Metric, Task, Unused
+from attnkit.tasks.base import REGISTRY, Metric, Task, Unused, setting
 from attnkit.tasks.parts import build_alignment
 
-__all__ = ["CopyTask", "LSTMBaseline", "copy_gold", "make_copy"]
+__all__ = ["CopySettings", "CopyTask", "LSTMBaseline", "copy_gold", "make_copy"]
 
 WIDTH = 4  # bits per vector
 MAX_TRAIN = 5
@@ -32,21 +35,46 @@ LONG = 8
 MEMORY = 16  # memory locations of the NTM
 
 
-def make_copy(n: int, lengths: tuple[int, int], steps: int, *, seed: int = 0):
-    """n sequences with lengths in [lo, hi]: inputs (n, steps, WIDTH + 1) (the last channel is
-    the delimiter), targets (n, steps, WIDTH), and a (n, steps) mask of the output steps."""
+def _positive(settings: Any) -> None:
+    """Refuse a setting of ``settings`` (a dataclass of ints) below 1, naming it."""
+    for name, value in vars(settings).items():
+        if value < 1:
+            raise ValueError(f"setting {name} must be a positive int, got {value!r}")
+
+
+@dataclass(frozen=True)
+class CopySettings:
+    """The settings of ``copy`` (``attnkit run copy --set NAME=VALUE``)."""
+
+    max_train: int = setting(MAX_TRAIN, "longest training sequence, in vectors (from 1)")
+    long: int = setting(LONG, "length of the long test sequences (bit_errors_long)")
+    width: int = setting(WIDTH, "bits per vector")
+    memory: int = setting(MEMORY, "memory locations of the NTM")
+
+    def __post_init__(self) -> None:
+        _positive(self)
+        if self.memory < self.max_train:
+            raise ValueError(
+                f"setting memory ({self.memory}) must be >= max_train ({self.max_train}): one "
+                "location per vector of a training sequence"
+            )
+
+
+def make_copy(n: int, lengths: tuple[int, int], steps: int, *, seed: int = 0, width: int = WIDTH):
+    """n sequences with lengths in [lo, hi]: inputs (n, steps, width + 1) (the last channel is
+    the delimiter), targets (n, steps, width), and a (n, steps) mask of the output steps."""
     g = torch.Generator().manual_seed(seed)
     lo, hi = lengths
     if 2 * hi + 1 > steps:
         raise ValueError(f"steps = {steps} is too few for sequences of length {hi}")
     length = torch.randint(lo, hi + 1, (n,), generator=g)
-    bits = torch.randint(0, 2, (n, hi, WIDTH), generator=g).float()
-    x = torch.zeros(n, steps, WIDTH + 1)
-    y = torch.zeros(n, steps, WIDTH)
+    bits = torch.randint(0, 2, (n, hi, width), generator=g).float()
+    x = torch.zeros(n, steps, width + 1)
+    y = torch.zeros(n, steps, width)
     out = torch.zeros(n, steps, dtype=torch.bool)
     for i, n_i in enumerate(length.tolist()):
-        x[i, :n_i, :WIDTH] = bits[i, :n_i]
-        x[i, n_i, WIDTH] = 1.0
+        x[i, :n_i, :width] = bits[i, :n_i]
+        x[i, n_i, width] = 1.0
         y[i, n_i + 1 : 2 * n_i + 1] = bits[i, :n_i]
         out[i, n_i + 1 : 2 * n_i + 1] = True
     return x, y, out
@@ -107,17 +135,21 @@ class CopyTask(Task):
     }  # fmt: skip
     metrics: ClassVar[dict[str, Metric]] = {
         "bit_errors": Metric(
-            f"wrong bits per test sequence of 1-{MAX_TRAIN} vectors (chance: half the bits)",
+            f"wrong bits per test sequence of 1-max_train vectors (1-{MAX_TRAIN} by default; "
+            "chance: half the bits)",
             "lower",
         ),
         "bit_errors_long": Metric(
-            f"wrong bits per sequence of {LONG} vectors, longer than any trained on "
-            f"(chance {LONG * WIDTH // 2})",
+            f"wrong bits per sequence of long vectors ({LONG} by default), longer than any "
+            f"trained on (chance: half the bits, {LONG * WIDTH // 2} by default)",
             "lower",
         ),
-        "sequence_accuracy": Metric(f"share of test sequences (1-{MAX_TRAIN}) copied exactly"),
+        "sequence_accuracy": Metric(
+            f"share of test sequences (1-max_train, 1-{MAX_TRAIN} by default) copied exactly"
+        ),
     }
     attentions: ClassVar[tuple[str, ...]] = ("lstm",)  # the baseline without memory
+    settings = CopySettings
 
     @classmethod
     def unused(cls, config) -> dict[str, Unused]:
@@ -140,21 +172,29 @@ class CopyTask(Task):
 
     def __init__(self, config) -> None:
         super().__init__(config)
-        steps = 2 * MAX_TRAIN + 1
-        self.train = make_copy(config.n_train, (1, MAX_TRAIN), steps, seed=config.seed)
+        s = self.settings
+        steps, width = 2 * s.max_train + 1, s.width
+        self.train = make_copy(
+            config.n_train, (1, s.max_train), steps, seed=config.seed, width=width
+        )
         self.splits = {
-            name: make_copy(config.n_test, (1, MAX_TRAIN), steps, seed=config.seed + k)
+            name: make_copy(
+                config.n_test, (1, s.max_train), steps, seed=config.seed + k, width=width
+            )
             for k, name in ((1, "validation"), (2, "test"))
         }
-        self.long = make_copy(config.n_test, (LONG, LONG), 2 * LONG + 1, seed=config.seed + 3)
+        self.long = make_copy(
+            config.n_test, (s.long, s.long), 2 * s.long + 1, seed=config.seed + 3, width=width
+        )
 
     def build_model(self) -> nn.Module:
+        width = self.settings.width
         if self.config.attention == "lstm":
-            return LSTMBaseline(WIDTH + 1, WIDTH, self.config.d_model)
+            return LSTMBaseline(width + 1, width, self.config.d_model)
         return NeuralTuringMachine(
-            WIDTH + 1,
-            WIDTH,
-            memory_size=MEMORY,
+            width + 1,
+            width,
+            memory_size=self.settings.memory,
             memory_width=8,
             controller_size=self.config.d_model,
             align=build_alignment(self.config.align, 8),
@@ -178,7 +218,7 @@ class CopyTask(Task):
         """(B, 2T, 1, MEMORY) bool, rows as :meth:`supervised_weights`: see
         :func:`copy_gold`."""
         x, _, out = (t[index] for t in self._split(split))
-        return copy_gold(x, out, MEMORY).unsqueeze(-2)
+        return copy_gold(x, out, self.settings.memory).unsqueeze(-2)
 
     def supervised_weights(self, model, split: str, index: Tensor) -> Tensor:
         """(B, 2T, H, MEMORY): the write weightings of the T steps, then the read weightings

@@ -16,7 +16,7 @@ from torch import Tensor, nn
 from attnkit import alignments, arguments, hooks
 from attnkit import taxonomy as tx
 from attnkit.alignments.base import Alignment, AlignOutput
-from attnkit.attention import Attention
+from attnkit.core import Attention
 from attnkit.evaluation import attention_correctness, capture, entropy, uniform_weights
 from attnkit.models.vit import ViT
 from attnkit.tasks.base import REGISTRY, Metric, Task, Unused

@@ -5,7 +5,10 @@ key-value pairs, then a queried key; answer the value stored with it.
 Each pair is one position, its key and its value embedded and summed (two input channels);
 keys are distinct within a sequence (drawn from ``max(seq_len, 16)`` key tokens), values are
 one of ``VALUES`` classes. The last position holds the queried key with a query marker in the
-value channel, and the model is read there. Chance is 1 / ``VALUES``; the gold attention of the
+value channel, and the model is read there. Chance is 1 / ``VALUES``. The task's settings
+(:class:`KVRecallSettings`, ``attnkit run kv-recall --set NAME=VALUE``) change the number of
+pairs (fewer than ``seq_len - 1``: padding between the pairs and the query), the key
+vocabulary and the number of values. The gold attention of the
 read-out position is the pair holding the queried key (``--supervise-attention``: the last
 layer's weights at the read-out position, every head, with ``--attention full``).
 
@@ -15,42 +18,89 @@ over a ring of P processes, attention evaluated by ring attention.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from attnkit.tasks.base import REGISTRY, Metric
+from attnkit.tasks.base import REGISTRY, Metric, setting
 from attnkit.tasks.long_range import LongRangeTask
 
-__all__ = ["VALUES", "KVRecallTask", "make_kv_recall"]
+__all__ = ["VALUES", "KVRecallSettings", "KVRecallTask", "make_kv_recall"]
 
-VALUES = 10
-QUERY = VALUES  # the value channel's query marker
-
-
-def key_count(seq_len: int) -> int:
-    return max(seq_len, 16)
+VALUES = 10  # the default number of values
+QUERY = VALUES  # the value channel's query marker (with the default number of values)
+MIN_KEYS = 16  # the default smallest key vocabulary
 
 
-def make_kv_recall(n: int, seq_len: int, *, seed: int = 0) -> tuple[Tensor, Tensor, Tensor]:
+def key_count(seq_len: int, min_keys: int = MIN_KEYS) -> int:
+    return max(seq_len, min_keys)
+
+
+@dataclass(frozen=True)
+class KVRecallSettings:
+    """The settings of ``kv-recall`` (``attnkit run kv-recall --set NAME=VALUE``)."""
+
+    num_pairs: int | None = setting(
+        None, "key-value pairs before the query; None: seq_len - 1 (the whole context)"
+    )
+    keys: int | None = setting(
+        None, "key tokens the distinct keys are drawn from; None: max(seq_len, 16)"
+    )
+    values: int = setting(VALUES, "value classes (chance 1/values)")
+
+    def __post_init__(self) -> None:
+        if self.num_pairs is not None and self.num_pairs < 2:
+            raise ValueError(f"setting num_pairs must be an int >= 2, got {self.num_pairs!r}")
+        if self.keys is not None and self.keys < 2:
+            raise ValueError(f"setting keys must be an int >= 2, got {self.keys!r}")
+        if self.values < 2:
+            raise ValueError(f"setting values must be an int >= 2, got {self.values!r}")
+        if None not in (self.keys, self.num_pairs) and self.keys < self.num_pairs:
+            raise ValueError(
+                f"setting keys ({self.keys}) must be >= num_pairs ({self.num_pairs}): the "
+                "keys of a sequence are distinct"
+            )
+
+
+def make_kv_recall(
+    n: int,
+    seq_len: int,
+    *,
+    seed: int = 0,
+    pairs: int | None = None,
+    keys: int | None = None,
+    values: int = VALUES,
+) -> tuple[Tensor, Tensor, Tensor]:
     """tokens (n, seq_len, 2) (key, value channels), answers (n,), and the position of the
-    queried pair (n,)."""
+    queried pair (n,).
+
+    ``pairs`` key-value pairs (default ``seq_len - 1``) fill the first positions, keys distinct
+    and drawn from ``keys`` key tokens (default ``max(seq_len, 16)``), values from ``values``
+    classes; the query (its key, the value channel's marker ``values``) is the last position.
+    Positions between are padding: key token ``keys``, value token ``values + 1``."""
     if seq_len < 3:
         raise ValueError(
             f"seq_len must be >= 3 for kv-recall (2 pairs and the query), got {seq_len}"
         )
+    pairs = seq_len - 1 if pairs is None else pairs
+    keys = key_count(seq_len) if keys is None else keys
+    if not 2 <= pairs <= seq_len - 1:
+        raise ValueError(f"pairs must be in [2, seq_len - 1 = {seq_len - 1}], got {pairs}")
+    if keys < pairs:
+        raise ValueError(f"keys must be >= pairs ({pairs}), got {keys}")
     g = torch.Generator().manual_seed(seed)
-    pairs = seq_len - 1
-    keys = torch.argsort(torch.rand(n, key_count(seq_len), generator=g), dim=1)[:, :pairs]
-    values = torch.randint(0, VALUES, (n, pairs), generator=g)
+    stored = torch.argsort(torch.rand(n, keys, generator=g), dim=1)[:, :pairs]
+    value = torch.randint(0, values, (n, pairs), generator=g)
     where = torch.randint(0, pairs, (n,), generator=g)
     rows = torch.arange(n)
     tokens = torch.empty(n, seq_len, 2, dtype=torch.long)
-    tokens[:, :pairs, 0], tokens[:, :pairs, 1] = keys, values
-    tokens[:, -1, 0], tokens[:, -1, 1] = keys[rows, where], QUERY
-    return tokens, values[rows, where], where
+    tokens[:, :pairs, 0], tokens[:, :pairs, 1] = stored, value
+    tokens[:, pairs:-1, 0], tokens[:, pairs:-1, 1] = keys, values + 1  # padding
+    tokens[:, -1, 0], tokens[:, -1, 1] = stored[rows, where], values
+    return tokens, value[rows, where], where
 
 
 @REGISTRY.register("kv-recall")
@@ -67,7 +117,8 @@ class KVRecallTask(LongRangeTask):
     }  # fmt: skip
     metrics: ClassVar[dict[str, Metric]] = {
         "accuracy": Metric(
-            f"share of test queries answered with the stored value (chance 1/{VALUES})"
+            f"share of test queries answered with the stored value (chance 1/values, "
+            f"1/{VALUES} by default)"
         ),
         "majority_share": Metric(
             "share of the commonest value among the test answers (always guessing it)", None
@@ -77,11 +128,24 @@ class KVRecallTask(LongRangeTask):
     classes = VALUES
     readout = -1
     context_parallel = True
+    settings = KVRecallSettings
 
     @classmethod
     def validate(cls, config) -> None:
         if config.seq_len < 3:
             raise ValueError(f"seq_len must be >= 3 for kv-recall, got {config.seq_len}")
+        s = cls.settings_of(config)
+        if s.num_pairs is not None and s.num_pairs > config.seq_len - 1:
+            raise ValueError(
+                f"setting num_pairs {s.num_pairs} does not fit seq_len {config.seq_len}: at "
+                f"most seq_len - 1 = {config.seq_len - 1} pairs (the last position is the query)"
+            )
+        pairs = config.seq_len - 1 if s.num_pairs is None else s.num_pairs
+        if s.keys is not None and s.keys < pairs:
+            raise ValueError(
+                f"setting keys {s.keys} is fewer than the {pairs} pairs of a sequence (its keys "
+                "are distinct); set keys >= num_pairs"
+            )
         name = cls.attention_name(config)
         if config.supervise_attention > 0 and name != "full":
             raise ValueError(
@@ -92,13 +156,21 @@ class KVRecallTask(LongRangeTask):
 
     def __init__(self, config) -> None:
         super().__init__(config)
-        self.vocab = (key_count(config.seq_len), VALUES + 1)
-        tokens, answers, where = make_kv_recall(config.n_train, config.seq_len, seed=config.seed)
+        s = self.settings
+        pairs = config.seq_len - 1 if s.num_pairs is None else s.num_pairs
+        keys = key_count(config.seq_len) if s.keys is None else s.keys
+        padded = pairs < config.seq_len - 1  # a padding token in each channel
+        self.vocab = (keys + padded, s.values + 1 + padded)
+        self.classes = s.values
+        sizes = {"pairs": pairs, "keys": keys, "values": s.values}
+        tokens, answers, where = make_kv_recall(
+            config.n_train, config.seq_len, seed=config.seed, **sizes
+        )
         self.train, self.where = (tokens, answers), {"train": where}
         self.splits = {}
         for k, name in ((2, "validation"), (1, "test")):
             tokens, answers, where = make_kv_recall(
-                config.n_test // k, config.seq_len, seed=config.seed + 10 + k
+                config.n_test // k, config.seq_len, seed=config.seed + 10 + k, **sizes
             )
             self.splits[name], self.where[name] = (tokens, answers), where
 
@@ -117,4 +189,8 @@ class KVRecallTask(LongRangeTask):
         return model.last_weights(tokens)[:, :, self.readout]
 
     def token_labels(self, tokens: Tensor) -> list[str]:
-        return [f"{int(k)}:{'?' if int(v) == QUERY else int(v)}" for k, v in tokens]
+        query, pad = self.settings.values, self.settings.values + 1
+        return [
+            "pad" if int(v) == pad else f"{int(k)}:{'?' if int(v) == query else int(v)}"
+            for k, v in tokens
+        ]

@@ -8,7 +8,9 @@ value tokens, a vocabulary disjoint from the keys), then every stored key once m
 order, each followed by its value, ``q_1 a_1 … q_P a_P``; ``seq_len mod 4`` padding tokens end
 the sequence. A causal model reads the sequence left to right and, at each query key ``q_i``,
 predicts the value that was stored with it (chance 1 / ``VALUES``). The number of pairs is set
-through the sequence length: ``--seq-len 256`` asks for 64 pairs.
+through the sequence length (``--seq-len 256`` asks for 64 pairs) or by the task's setting
+``num_pairs`` (``--set num_pairs=16``: 16 pairs, 4 · 16 tokens, then padding to ``seq_len``);
+its other settings (:class:`MQARSettings`) are the key vocabulary and the number of values.
 
 The model is a small decoder: token embeddings, learned positions, 2 pre-norm layers of
 attention (causal) + MLP, a final LayerNorm and a linear read-out over the values. The attention
@@ -30,6 +32,7 @@ pair j), whose input carries both the key and the value. ``--supervise-attention
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
@@ -39,12 +42,13 @@ from torch import Tensor, nn
 import attnkit as ak
 from attnkit import arguments, masks
 from attnkit.tasks import parts
-from attnkit.tasks.base import REGISTRY, Metric, Task, Unused
+from attnkit.tasks.base import REGISTRY, Metric, Task, Unused, setting
 
 __all__ = [
     "ATTENTIONS",
     "VALUES",
     "MQARDecoder",
+    "MQARSettings",
     "MQARTask",
     "build_attention_layer",
     "key_count",
@@ -89,28 +93,68 @@ def key_count(pairs: int) -> int:
     return max(64, 2 * pairs)
 
 
-def make_mqar(n: int, seq_len: int, *, seed: int = 0) -> tuple[Tensor, Tensor, Tensor]:
-    """``n`` MQAR sequences.
+@dataclass(frozen=True)
+class MQARSettings:
+    """The settings of ``mqar`` (``attnkit run mqar --set NAME=VALUE``)."""
+
+    num_pairs: int | None = setting(
+        None, "key-value pairs in a sequence (4 tokens each); None: seq_len // 4"
+    )
+    keys: int | None = setting(
+        None, "key tokens the distinct keys are drawn from; None: max(64, 2 · pairs)"
+    )
+    values: int = setting(VALUES, "value tokens, the classes of an answer (chance 1/values)")
+
+    def __post_init__(self) -> None:
+        if self.num_pairs is not None and self.num_pairs < 2:
+            raise ValueError(f"setting num_pairs must be an int >= 2, got {self.num_pairs!r}")
+        if self.keys is not None and self.keys < 2:
+            raise ValueError(f"setting keys must be an int >= 2, got {self.keys!r}")
+        if self.values < 2:
+            raise ValueError(f"setting values must be an int >= 2, got {self.values!r}")
+        if None not in (self.keys, self.num_pairs) and self.keys < self.num_pairs:
+            raise ValueError(
+                f"setting keys ({self.keys}) must be >= num_pairs ({self.num_pairs}): the "
+                "keys of a sequence are distinct"
+            )
+
+
+def make_mqar(
+    n: int,
+    seq_len: int,
+    *,
+    seed: int = 0,
+    pairs: int | None = None,
+    keys: int | None = None,
+    values: int = VALUES,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """``n`` MQAR sequences of ``pairs`` key-value pairs (default ``seq_len // 4``), keys
+    distinct and drawn from ``keys`` key tokens (default ``key_count(P)``), values from
+    ``values`` value tokens (default ``VALUES``).
 
     Returns:
-        tokens (n, seq_len): key k is token k, value v is token ``key_count(P) + v``, padding
-        is ``key_count(P) + VALUES``; answers (n, P): the value (0 … VALUES − 1) that query i
+        tokens (n, seq_len): key k is token k, value v is token ``keys + v``, padding
+        is ``keys + values``; answers (n, P): the value (0 … values − 1) that query i
         (at position 2P + 2i) must recall; gold (n, P): the position of that pair's value.
     """
     if seq_len < 8:
         raise ValueError(
             f"seq_len must be >= 8 for mqar (2 pairs and their queries), got {seq_len}"
         )
+    p = pair_count(seq_len) if pairs is None else pairs
+    if not 2 <= p <= pair_count(seq_len):
+        raise ValueError(f"pairs must be in [2, seq_len // 4 = {pair_count(seq_len)}], got {p}")
+    k = key_count(p) if keys is None else keys
+    if k < p:
+        raise ValueError(f"keys must be >= pairs ({p}), got {k}")
     g = torch.Generator().manual_seed(seed)
-    p = pair_count(seq_len)
-    k = key_count(p)
-    keys = torch.argsort(torch.rand(n, k, generator=g), dim=1)[:, :p]
-    values = torch.randint(0, VALUES, (n, p), generator=g)
+    stored = torch.argsort(torch.rand(n, k, generator=g), dim=1)[:, :p]
+    value = torch.randint(0, values, (n, p), generator=g)
     order = torch.argsort(torch.rand(n, p, generator=g), dim=1)  # which pair query i asks
-    answers = values.gather(1, order)
-    tokens = torch.full((n, seq_len), k + VALUES, dtype=torch.long)
-    tokens[:, 0 : 2 * p : 2], tokens[:, 1 : 2 * p : 2] = keys, values + k
-    tokens[:, 2 * p : 4 * p : 2] = keys.gather(1, order)
+    answers = value.gather(1, order)
+    tokens = torch.full((n, seq_len), k + values, dtype=torch.long)
+    tokens[:, 0 : 2 * p : 2], tokens[:, 1 : 2 * p : 2] = stored, value + k
+    tokens[:, 2 * p : 4 * p : 2] = stored.gather(1, order)
     tokens[:, 2 * p + 1 : 4 * p : 2] = answers + k
     return tokens, answers, 2 * order + 1
 
@@ -170,7 +214,7 @@ class _Layer(nn.Module):
 class MQARDecoder(nn.Module):
     """A causal decoder for MQAR: E_tok[x_t] + E_prev[x_{t−1}] + E_pos[t] → ``LAYERS``
     pre-norm layers (attention, then an MLP of width 2 · embed_dim) → LayerNorm → logits over the
-    ``VALUES`` values at every position.
+    ``values`` values at every position.
 
     Args:
         vocab: the number of token ids (keys, values and padding).
@@ -178,10 +222,18 @@ class MQARDecoder(nn.Module):
         attention: a name from :data:`ATTENTIONS`.
         config: the run configuration (``score`` and ``align`` of ``"full"``), or None for
             scaled dot product and softmax.
+        values: the number of values, the read-out's classes.
     """
 
     def __init__(
-        self, vocab: int, *, embed_dim: int, max_len: int, attention: str = "full", config=None
+        self,
+        vocab: int,
+        *,
+        embed_dim: int,
+        max_len: int,
+        attention: str = "full",
+        config=None,
+        values: int = VALUES,
     ) -> None:
         super().__init__()
         if config is None:
@@ -197,10 +249,10 @@ class MQARDecoder(nn.Module):
             for i in range(LAYERS)
         )  # fmt: skip
         self.norm = nn.LayerNorm(embed_dim)
-        self.out = nn.Linear(embed_dim, VALUES)
+        self.out = nn.Linear(embed_dim, values)
 
     def forward(self, tokens: Tensor, *, need_weights: bool = False) -> tuple[Tensor, Tensor]:
-        """tokens (B, N) → logits (B, N, VALUES) and, with ``need_weights``, the last layer's
+        """tokens (B, N) → logits (B, N, values) and, with ``need_weights``, the last layer's
         weights (B, H, N, N) (else None)."""
         if tokens.dim() != 2:
             raise ValueError(f"tokens must be (B, N), got shape {tuple(tokens.shape)}")
@@ -238,7 +290,8 @@ class MQARTask(Task):
     }  # fmt: skip
     metrics: ClassVar[dict[str, Metric]] = {
         "accuracy": Metric(
-            f"share of test queries answered with the value stored with the key (chance 1/{VALUES})"
+            "share of test queries answered with the value stored with the key (chance "
+            f"1/values, 1/{VALUES} by default)"
         ),
         "gold_argmax": Metric(
             "share of test queries for which some head of the last layer puts its largest "
@@ -248,6 +301,7 @@ class MQARTask(Task):
         ),
     }
     attentions: ClassVar[tuple[str, ...]] = ATTENTIONS
+    settings = MQARSettings
 
     @classmethod
     def attention_name(cls, config) -> str:
@@ -275,6 +329,18 @@ class MQARTask(Task):
             raise ValueError(
                 f"d_model must be divisible by the {HEADS} heads, got {config.d_model}"
             )
+        s = cls.settings_of(config)
+        if s.num_pairs is not None and 4 * s.num_pairs > config.seq_len:
+            raise ValueError(
+                f"setting num_pairs {s.num_pairs} does not fit seq_len {config.seq_len}: a pair "
+                f"takes 4 tokens, so at most seq_len // 4 = {pair_count(config.seq_len)} pairs"
+            )
+        pairs = pair_count(config.seq_len) if s.num_pairs is None else s.num_pairs
+        if s.keys is not None and s.keys < pairs:
+            raise ValueError(
+                f"setting keys {s.keys} is fewer than the {pairs} pairs of a sequence (its keys "
+                "are distinct); set keys >= num_pairs"
+            )
         name = cls.attention_name(config)
         if config.supervise_attention > 0 and name != "full":
             raise ValueError(
@@ -286,19 +352,23 @@ class MQARTask(Task):
 
     def __init__(self, config) -> None:
         super().__init__(config)
-        n = config.seq_len
-        self.pairs = pair_count(n)
-        self.vocab = key_count(self.pairs) + VALUES + 1
-        self.train = make_mqar(config.n_train, n, seed=config.seed)
+        n, s = config.seq_len, self.settings
+        self.pairs = pair_count(n) if s.num_pairs is None else s.num_pairs
+        self.keys = key_count(self.pairs) if s.keys is None else s.keys
+        self.values = s.values
+        self.vocab = self.keys + self.values + 1
+        sizes = {"pairs": self.pairs, "keys": self.keys, "values": self.values}
+        self.train = make_mqar(config.n_train, n, seed=config.seed, **sizes)
         self.splits = {
-            name: make_mqar(max(config.n_test // k, 1), n, seed=config.seed + 10 + k)
+            name: make_mqar(max(config.n_test // k, 1), n, seed=config.seed + 10 + k, **sizes)
             for k, name in ((2, "validation"), (1, "test"))
         }
 
     def build_model(self) -> MQARDecoder:
         c = self.config
         return MQARDecoder(self.vocab, embed_dim=c.d_model, max_len=c.seq_len,
-                           attention=self.attention_name(c), config=c)  # fmt: skip
+                           attention=self.attention_name(c), config=c,
+                           values=self.values)  # fmt: skip
 
     def n_train(self) -> int:
         return self.train[0].shape[0]
@@ -361,7 +431,7 @@ class MQARTask(Task):
         predicted = logits[:, rows].argmax(-1)
         show_rows = min(self.pairs, 16)
         cols = min(2 * self.pairs, 64)  # the stored pairs (the first 64 positions at most)
-        k = key_count(self.pairs)
+        k = self.keys
         maps = []
         for i in range(tokens.shape[0]):
             if weights is None:
@@ -369,7 +439,7 @@ class MQARTask(Task):
             else:
                 w = weights[i, :, rows[:show_rows], :cols].float().mean(0)
             g = self.gold_matrix(gold[i : i + 1])[0, :show_rows, :cols]
-            labels = [self._label(int(t), k) for t in tokens[i]]
+            labels = [self._label(int(t), k, self.values) for t in tokens[i]]
             right = int((predicted[i] == answers[i]).sum())
             maps.append(
                 {
@@ -386,7 +456,7 @@ class MQARTask(Task):
         return maps
 
     @staticmethod
-    def _label(token: int, keys: int) -> str:
+    def _label(token: int, keys: int, values: int = VALUES) -> str:
         if token < keys:
             return f"k{token}"
-        return f"v{token - keys}" if token < keys + VALUES else "pad"
+        return f"v{token - keys}" if token < keys + values else "pad"

@@ -16,7 +16,7 @@ from torch import Tensor, nn
 
 import attnkit as ak
 from attnkit import alignments as al
-from attnkit.attention import Attention
+from attnkit.core import Attention
 from attnkit.scores import Score
 
 __all__ = [

@@ -4,11 +4,14 @@ read a list of items, then one of them as a query, and output the item that foll
 An item is ``ITEM`` random bit vectors of ``WIDTH`` bits; each item is preceded by a step with
 the item flag, the query by a step with the query flag, and the answer is expected after a
 closing query flag. Training lists have 2 … ``MAX_TRAIN`` items; the test also measures lists of
-``LONG`` items, longer than any trained on.
+``LONG`` items, longer than any trained on. The task's settings (:class:`RecallSettings`,
+``attnkit run associative-recall --set NAME=VALUE``) change these lengths, the vectors per item,
+the bits per vector and the NTM's memory locations; the module constants are their defaults.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
@@ -16,48 +19,79 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnkit.memory.ntm import NeuralTuringMachine
-from attnkit.tasks.base import REGISTRY, Metric, Task
-from attnkit.tasks.copy_task import CopyTask, LSTMBaseline
+from attnkit.tasks.base import REGISTRY, Metric, Task, setting
+from attnkit.tasks.copy_task import CopyTask, LSTMBaseline, _positive
 from attnkit.tasks.parts import build_alignment
 
-__all__ = ["AssociativeRecallTask", "make_recall"]
+__all__ = ["AssociativeRecallTask", "RecallSettings", "make_recall"]
 
 WIDTH = 4
 ITEM = 2  # vectors per item
 MAX_TRAIN = 4
 LONG = 6
+MEMORY = 32  # memory locations of the NTM
 
 
-def _steps(items: int) -> int:
+@dataclass(frozen=True)
+class RecallSettings:
+    """The settings of ``associative-recall`` (``attnkit run associative-recall --set
+    NAME=VALUE``)."""
+
+    max_train: int = setting(MAX_TRAIN, "most items in a training list (from 2)")
+    long: int = setting(LONG, "items in the long test lists (bit_errors_long)")
+    item: int = setting(ITEM, "vectors per item")
+    width: int = setting(WIDTH, "bits per vector")
+    memory: int = setting(MEMORY, "memory locations of the NTM")
+
+    def __post_init__(self) -> None:
+        _positive(self)
+        for name in ("max_train", "long"):
+            if getattr(self, name) < 2:
+                raise ValueError(
+                    f"setting {name} must be >= 2 (an item to query and the one after it), "
+                    f"got {getattr(self, name)!r}"
+                )
+
+
+def _steps(items: int, item: int = ITEM) -> int:
     """(flag + item) per item, flag + query + flag, then the answer."""
-    return items * (ITEM + 1) + ITEM + 2 + ITEM
+    return items * (item + 1) + item + 2 + item
 
 
-def make_recall(n: int, lengths: tuple[int, int], steps: int, *, seed: int = 0):
-    """n lists with lo … hi items: inputs (n, steps, WIDTH + 2) (the last two channels are the
-    item and query flags), targets (n, steps, WIDTH) and a (n, steps) mask of the answer steps."""
+def make_recall(
+    n: int,
+    lengths: tuple[int, int],
+    steps: int,
+    *,
+    seed: int = 0,
+    item: int = ITEM,
+    width: int = WIDTH,
+):
+    """n lists with lo … hi items of ``item`` vectors of ``width`` bits: inputs (n, steps,
+    width + 2) (the last two channels are the item and query flags), targets (n, steps, width)
+    and a (n, steps) mask of the answer steps."""
     g = torch.Generator().manual_seed(seed)
     lo, hi = lengths
-    if _steps(hi) > steps:
+    if _steps(hi, item) > steps:
         raise ValueError(f"steps = {steps} is too few for lists of {hi} items")
-    x = torch.zeros(n, steps, WIDTH + 2)
-    y = torch.zeros(n, steps, WIDTH)
+    x = torch.zeros(n, steps, width + 2)
+    y = torch.zeros(n, steps, width)
     out = torch.zeros(n, steps, dtype=torch.bool)
     for i in range(n):
         k = int(torch.randint(lo, hi + 1, (1,), generator=g))
-        items = torch.randint(0, 2, (k, ITEM, WIDTH), generator=g).float()
+        items = torch.randint(0, 2, (k, item, width), generator=g).float()
         q = int(torch.randint(0, k - 1, (1,), generator=g))  # an item that has a successor
         t = 0
-        for item in items:
-            x[i, t, WIDTH] = 1.0
-            x[i, t + 1 : t + 1 + ITEM, :WIDTH] = item
-            t += ITEM + 1
-        x[i, t, WIDTH + 1] = 1.0
-        x[i, t + 1 : t + 1 + ITEM, :WIDTH] = items[q]
-        t += ITEM + 1
-        x[i, t, WIDTH + 1] = 1.0
-        y[i, t + 1 : t + 1 + ITEM] = items[q + 1]
-        out[i, t + 1 : t + 1 + ITEM] = True
+        for vectors in items:
+            x[i, t, width] = 1.0
+            x[i, t + 1 : t + 1 + item, :width] = vectors
+            t += item + 1
+        x[i, t, width + 1] = 1.0
+        x[i, t + 1 : t + 1 + item, :width] = items[q]
+        t += item + 1
+        x[i, t, width + 1] = 1.0
+        y[i, t + 1 : t + 1 + item] = items[q + 1]
+        out[i, t + 1 : t + 1 + item] = True
     return x, y, out
 
 
@@ -72,15 +106,21 @@ class AssociativeRecallTask(CopyTask):
     }  # fmt: skip
     metrics: ClassVar[dict[str, Metric]] = {
         "bit_errors": Metric(
-            f"wrong bits per answer ({ITEM * WIDTH} bits, chance {ITEM * WIDTH // 2}) on lists "
-            f"of 2-{MAX_TRAIN} items",
+            f"wrong bits per answer (item × width bits, chance half of them; {ITEM * WIDTH} and "
+            f"{ITEM * WIDTH // 2} by default) on lists of 2-max_train items (2-{MAX_TRAIN} by "
+            "default)",
             "lower",
         ),
         "bit_errors_long": Metric(
-            f"wrong bits per answer on lists of {LONG} items, longer than any trained on", "lower"
+            f"wrong bits per answer on lists of long items ({LONG} by default), longer than any "
+            "trained on",
+            "lower",
         ),
-        "sequence_accuracy": Metric(f"share of answers (lists of 2-{MAX_TRAIN}) exactly right"),
+        "sequence_accuracy": Metric(
+            f"share of answers (lists of 2-max_train, 2-{MAX_TRAIN} by default) exactly right"
+        ),
     }
+    settings = RecallSettings
     # No gold attention (the copy task's is not inherited): the answer is read where the item
     # after the query was written, which depends on the layout the NTM chose for the list and
     # on content addressing by the query, not on a fixed location.
@@ -89,21 +129,27 @@ class AssociativeRecallTask(CopyTask):
 
     def __init__(self, config) -> None:
         Task.__init__(self, config)
-        steps = _steps(MAX_TRAIN)
-        self.train = make_recall(config.n_train, (2, MAX_TRAIN), steps, seed=config.seed)
+        s = self.settings
+        sizes = {"item": s.item, "width": s.width}
+        steps = _steps(s.max_train, s.item)
+        self.train = make_recall(config.n_train, (2, s.max_train), steps, seed=config.seed, **sizes)
         self.splits = {
-            name: make_recall(config.n_test, (2, MAX_TRAIN), steps, seed=config.seed + k)
+            name: make_recall(config.n_test, (2, s.max_train), steps, seed=config.seed + k, **sizes)
             for k, name in ((1, "validation"), (2, "test"))
         }
-        self.long = make_recall(config.n_test, (LONG, LONG), _steps(LONG), seed=config.seed + 3)
+        self.long = make_recall(
+            config.n_test, (s.long, s.long), _steps(s.long, s.item), seed=config.seed + 3,
+            **sizes,
+        )  # fmt: skip
 
     def build_model(self) -> nn.Module:
+        width = self.settings.width
         if self.config.attention == "lstm":  # the baseline without memory
-            return LSTMBaseline(WIDTH + 2, WIDTH, self.config.d_model)
+            return LSTMBaseline(width + 2, width, self.config.d_model)
         return NeuralTuringMachine(
-            WIDTH + 2,
-            WIDTH,
-            memory_size=32,
+            width + 2,
+            width,
+            memory_size=self.settings.memory,
             memory_width=12,
             controller_size=self.config.d_model,
             align=build_alignment(self.config.align, 12),

@@ -6,10 +6,17 @@ holding the i-th smallest number (:meth:`SortTask.gold`). Training uses teacher 
 evaluation decodes greedily, each input at most once. ``--supervise-attention`` is refused: a
 pointer network's attention is its output, so the supervision would repeat the objective's
 likelihood term.
+
+The task's settings (:class:`SortSettings`, ``attnkit run sort --set NAME=VALUE``) change the
+list lengths and the range of the numbers; the lists of exactly 5 and 20 numbers of the metrics
+``sequence_accuracy_5`` and ``sequence_accuracy_20`` stay (outside the training lengths they
+measure length generalisation).
 """
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
@@ -19,23 +26,45 @@ from torch import Tensor
 import attnkit as ak
 from attnkit import masks
 from attnkit.queries.pointer import PointerNetwork
-from attnkit.tasks.base import REGISTRY, Metric, Task
+from attnkit.tasks.base import REGISTRY, Metric, Task, setting
 from attnkit.tasks.parts import build_alignment, build_score
 
-__all__ = ["SortTask", "make_sort"]
+__all__ = ["SortSettings", "SortTask", "make_sort"]
 
 MIN_LEN, MAX_LEN = 5, 20
+FIXED = (5, 20)  # the lengths of the fixed-length test lists (sequence_accuracy_5, _20)
 
 
-def make_sort(n: int, lengths: tuple[int, int], *, seed: int = 0):
-    """n lists with lengths in [lo, hi]: values x (n, hi, 1) (0 where padded), a (n, hi) mask of
-    the real values, and targets (n, hi): the indices in increasing order of value (0 where
-    padded)."""
+@dataclass(frozen=True)
+class SortSettings:
+    """The settings of ``sort`` (``attnkit run sort --set NAME=VALUE``)."""
+
+    min_len: int = setting(MIN_LEN, "fewest numbers in a list")
+    max_len: int = setting(MAX_LEN, "most numbers in a list")
+    high: float = setting(1.0, "the numbers are drawn uniformly from [0, high)")
+
+    def __post_init__(self) -> None:
+        if self.min_len < 1:
+            raise ValueError(f"setting min_len must be a positive int, got {self.min_len!r}")
+        if self.max_len < self.min_len:
+            raise ValueError(
+                f"setting max_len ({self.max_len}) must be >= min_len ({self.min_len})"
+            )
+        if not (math.isfinite(self.high) and self.high > 0):
+            raise ValueError(f"setting high must be a finite number > 0, got {self.high!r}")
+
+
+def make_sort(n: int, lengths: tuple[int, int], *, seed: int = 0, high: float = 1.0):
+    """n lists with lengths in [lo, hi] of numbers from [0, high): values x (n, hi, 1) (0 where
+    padded), a (n, hi) mask of the real values, and targets (n, hi): the indices in increasing
+    order of value (0 where padded)."""
     g = torch.Generator().manual_seed(seed)
     lo, hi = lengths
     length = torch.randint(lo, hi + 1, (n,), generator=g)
     keep = masks.from_lengths(length, hi).squeeze(-2)
     x = torch.rand(n, hi, generator=g)
+    if high != 1.0:
+        x = x * high
     order = x.masked_fill(~keep, float("inf")).argsort(-1)  # padded values sort last
     targets = torch.where(keep, order, torch.zeros((), dtype=torch.long))
     return (x * keep).unsqueeze(-1), keep, targets
@@ -51,12 +80,13 @@ class SortTask(Task):
                   "d_model": 32},
     }  # fmt: skip
     metrics: ClassVar[dict[str, Metric]] = {
-        "sequence_accuracy": Metric(f"share of test lists ({MIN_LEN}-{MAX_LEN} numbers) sorted "
-                                    "exactly"),
+        "sequence_accuracy": Metric(f"share of test lists (min_len-max_len numbers, "
+                                    f"{MIN_LEN}-{MAX_LEN} by default) sorted exactly"),
         "position_accuracy": Metric("share of output positions holding the right number"),
         "sequence_accuracy_5": Metric("share of lists of 5 numbers sorted exactly"),
         "sequence_accuracy_20": Metric("share of lists of 20 numbers sorted exactly"),
     }  # fmt: skip
+    settings = SortSettings
 
     @classmethod
     def validate(cls, config: Any) -> None:
@@ -75,19 +105,22 @@ class SortTask(Task):
 
     def __init__(self, config) -> None:
         super().__init__(config)
-        lengths = (MIN_LEN, MAX_LEN)
-        self.train = make_sort(config.n_train, lengths, seed=config.seed)
+        s = self.settings
+        lengths, high = (s.min_len, s.max_len), s.high
+        self.train = make_sort(config.n_train, lengths, seed=config.seed, high=high)
         self.splits = {
-            "validation": make_sort(max(config.n_test // 2, 1), lengths, seed=config.seed + 1),
-            "test": make_sort(config.n_test, lengths, seed=config.seed + 2),
-        }
+            "validation": make_sort(max(config.n_test // 2, 1), lengths, seed=config.seed + 1,
+                                    high=high),
+            "test": make_sort(config.n_test, lengths, seed=config.seed + 2, high=high),
+        }  # fmt: skip
         self.fixed = {
-            n: make_sort(config.n_test, (n, n), seed=config.seed + 3 + n) for n in (5, MAX_LEN)
+            n: make_sort(config.n_test, (n, n), seed=config.seed + 3 + n, high=high) for n in FIXED
         }
 
     def build_model(self) -> PointerNetwork:
         d = self.config.d_model
-        score = build_score(self.config.score, head_dim=d, max_len=MAX_LEN)
+        longest = max(self.settings.max_len, *FIXED)
+        score = build_score(self.config.score, head_dim=d, max_len=longest)
         return PointerNetwork(
             1, d, score=score, align=build_alignment(self.config.align, d), exclusive=True
         )

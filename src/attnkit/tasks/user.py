@@ -62,6 +62,8 @@ CLASS_CHECKS = (
     + ", ".join(REQUIRED_DEFAULTS),
     "metrics: a non-empty dict of str -> Metric",
     "gold_alignment, takes_position, reads_data, context_parallel: bools; attentions: strs",
+    "settings: None, or a frozen dataclass whose fields (bool, int, float or str, or X | None) "
+    "all have defaults that its checks accept",
     "defines " + ", ".join(METHODS) + ", and objective (or loss)",
     "with gold attention (gold overridden): defines supervised_weights and objective, not loss "
     "(Task.loss adds the supervision to objective)",
@@ -78,7 +80,8 @@ RUN_CHECKS = (
     "heatmaps(model, n=1): dicts with title, a 2-D weights and a gold of its shape",
 )
 CHECKED = (
-    "class attributes (description, defaults full/quick, metrics, flags, methods) and a tiny "
+    "class attributes (description, defaults full/quick, metrics, flags, settings, methods) "
+    "and a tiny "
     "run (build_model, n_train, loss and its gradient, has_split, evaluate, final_metrics, "
     "heatmaps; n_train 4, n_test 4)"
 )
@@ -281,6 +284,10 @@ def check_task_class(cls: Any, source: str) -> None:
         raise ValueError(f"{who}: attentions must be a tuple of str, got {attentions!r}")
     if not all(isinstance(a, str) for a in attentions):
         raise ValueError(f"{who}: attentions must be a tuple of str, got {tuple(attentions)!r}")
+    try:
+        cls.resolve_settings({})  # the defaults pass the dataclass's own checks
+    except (ValueError, TypeError) as err:
+        raise ValueError(f"{who}: the defaults of its settings are refused: {err}") from None
     missing = [m for m in METHODS if getattr(cls, m) is getattr(Task, m)]
     if cls.objective is Task.objective and cls.loss is Task.loss:
         missing.append("objective")

@@ -23,7 +23,7 @@ from typing import Any
 from torch import Tensor, nn
 
 from attnkit import arguments
-from attnkit.attention import Attention
+from attnkit.core import Attention
 from attnkit.multihead import MultiHeadAttention
 
 __all__ = ["attention_modules", "capture_weights", "stack_head_weights"]

@@ -26,7 +26,7 @@ from torch import Tensor, nn
 from attnkit import arguments, checks
 from attnkit import taxonomy as tx
 from attnkit.alignments import Softmax
-from attnkit.attention import Attention
+from attnkit.core import Attention
 from attnkit.scores import Euclidean
 
 __all__ = ["SampleAttention", "SampleAttentionOutput"]

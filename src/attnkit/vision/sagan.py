@@ -16,7 +16,7 @@ from torch import Tensor, nn
 
 from attnkit import arguments
 from attnkit import taxonomy as tx
-from attnkit.attention import Attention
+from attnkit.core import Attention
 from attnkit.mechanisms import REGISTRY, example_tensor
 from attnkit.scores import Dot
 from attnkit.vision.channel import feature_map

@@ -282,7 +282,7 @@ def _softmax_reference(q, k, v, allowed):
 def test_key_padding_excludes_the_masked_keys_by_construction():
     """A mask the same for every query: masked keys and values become zeros in the call (no look
     at their content), the kernels are told so, and NaN there reaches nothing."""
-    from attnkit.attention import prepare_call
+    from attnkit.core import prepare_call
 
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(2, 3, 6, 4, generator=g, dtype=torch.float64) for _ in range(3))
@@ -311,7 +311,7 @@ def test_the_scores_at_masked_positions_are_returned_as_they_are():
 def test_a_per_query_mask_over_non_finite_keys_is_guarded_by_the_kernel():
     """A causal mask hides a later NaN key from the earlier queries only: the call cannot clear
     it, so SDPA (which would let it through) is passed over and the rows stay exact."""
-    from attnkit.attention import prepare_call
+    from attnkit.core import prepare_call
 
     g = torch.Generator().manual_seed(2)
     q, k, v = (torch.randn(1, 5, 4, generator=g, dtype=torch.float64) for _ in range(3))
@@ -329,7 +329,7 @@ def test_a_per_query_mask_over_non_finite_keys_is_guarded_by_the_kernel():
 
 
 def test_inputs_stated_finite_are_neither_looked_at_nor_cleared(monkeypatch):
-    from attnkit.attention import prepare_call
+    from attnkit.core import prepare_call
 
     q, k, v = (torch.randn(2, 5, 4) for _ in range(3))
     mask = ak.masks.from_lengths(torch.tensor([5, 2]), 5)
