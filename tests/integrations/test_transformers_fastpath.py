@@ -196,6 +196,9 @@ def test_the_mask_function_gives_eager_masks(m, n, offset, padding, causal_skip,
     if ref is None:
         assert got is None
         return
+    if got is None:  # allowed only where eager's mask allows every pair (adding it changes nothing)
+        assert m == 1 and bool((ref == 0).all())
+        return
     assert got.shape == ref.shape and got.dtype == ref.dtype
     assert torch.equal(got, ref)
     # the remembered boolean form is what converting the mask gives

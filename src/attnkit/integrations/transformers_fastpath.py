@@ -205,8 +205,8 @@ def eager_mask(
     :func:`split_mask`, so that no layer converts it back.
 
     A decoding step (one query) that transformers' SDPA path would run without a mask (every
-    key allowed: ``sdpa_mask`` skips the causal mask) gets the eager mask of that case, zeros
-    (B, 1, 1, N), without building the boolean mask first.
+    key allowed: ``sdpa_mask`` skips the causal mask) gets None, as full attention does: adding
+    the eager mask of that case, zeros, would change nothing.
 
     Takes the arguments of ``transformers.masking_utils.eager_mask``, and the
     ``allow_is_causal_skip`` that transformers passes to every mask function."""
@@ -234,12 +234,8 @@ def eager_mask(
         device=device,
         **kwargs,
     )
-    if allowed is None:
-        if not decoding:
-            return None
-        additive = torch.zeros(batch_size, 1, 1, kv_length, dtype=dtype, device=device)
-        _remember(additive, _Converted(None, None, True))
-        return additive
+    if allowed is None:  # full attention (or one decoding query seeing every key): no mask
+        return None
     zero = torch.zeros((), device=allowed.device, dtype=dtype)
     additive = torch.where(allowed, zero, torch.finfo(dtype).min)
     if not torch.compiler.is_compiling():

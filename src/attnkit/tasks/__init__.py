@@ -21,7 +21,7 @@ from attnkit.tasks import (
     sort_task,
     text_task,
 )
-from attnkit.tasks.base import REGISTRY, Metric, Task
+from attnkit.tasks.base import REGISTRY, Metric, Task, setting
 
 available = REGISTRY.available
 get = REGISTRY.get
@@ -44,6 +44,7 @@ __all__ = [
     "pairs_task",
     "rationale_task",
     "recall_task",
+    "setting",
     "sort_task",
     "text_task",
 ]
