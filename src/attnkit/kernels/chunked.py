@@ -1183,6 +1183,7 @@ def attend(
     chunk_size: int | None = None,
     block_mask: BlockMask | None = None,
     score_mod: ScoreMod | None = None,
+    finite: bool = False,
 ) -> AttentionOutput:
     """Evaluate attention block by block; inputs are assumed validated.
 
@@ -1192,7 +1193,9 @@ def attend(
     forward and backward. ``score_mod(e, b, h, q_idx, kv_idx)`` modifies each tile's scores
     (after the bias), differentiably; an ``nn.Module`` score_mod's parameters get gradients.
     With ``need_weights`` the weights and scores are recomputed block by block into (…, M, N)
-    tensors, without gradient.
+    tensors, without gradient. ``finite=True`` says the caller knows every value the mask
+    leaves in is finite and the masked ones are zero (the call's ``masked_finite``), so the
+    values are not scanned for the guarded path.
     """
     reasons = reasons_not_streamable(align)
     if reasons:
@@ -1269,7 +1272,7 @@ def attend(
         block_q=block_q,
         block_k=block_k,
         work=_work_dtype(v.dtype),
-        guard=(mask is not None or block_mask is not None) and not _finite(v),
+        guard=(mask is not None or block_mask is not None) and not finite and not _finite(v),
         block_mask=block_mask,
         score_mod=score_mod,
         span_k=span_k,
@@ -1318,6 +1321,7 @@ class Chunked(Kernel):
             chunk_size=call.chunk_size,
             block_mask=call.block_mask,
             score_mod=call.score_mod,
+            finite=call.masked_finite,
         )
 
 
