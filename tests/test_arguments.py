@@ -143,6 +143,7 @@ def _renamed_public_callables():
         *((cls, heads) for cls in per_head),
         *((cls, {"n_heads": "num_heads"}) for cls in spans),
         (ak.patterns.block_mask, heads),
+        (ak.kernels.BlockMask.from_mask_mod, heads),
         (layers.HeadwiseLinear, heads),
         (ak.positions.Sinusoidal, width),
         (ak.positions.Learned, width),

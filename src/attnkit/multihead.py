@@ -319,7 +319,7 @@ class MultiHeadAttention(nn.Module):
             block_mask: a :class:`attnkit.kernels.BlockMask` over (M, N) (e.g.
                 :func:`attnkit.patterns.block_mask`), combined with ``mask``: the chunked kernel
                 skips the tiles it leaves empty. Built without ``batch``/``heads`` it is the same
-                for every head; with ``batch=B, heads=H`` its b and h are the batch and head.
+                for every head; with ``batch=B, num_heads=H`` its b and h are the batch and head.
                 Not with ``cache`` (use the constructor's ``pattern``).
             score_mod: ``score_mod(e, b, h, q_idx, kv_idx) -> e'`` on the per-head scores
                 (B, H, M, N), after the layer's own ``score_mod``; q_idx counts cached positions.

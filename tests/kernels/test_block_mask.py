@@ -234,7 +234,7 @@ def test_kept_and_recomputed_partial_tiles_agree(keep, score):
 
 def test_batch_without_heads_is_refused_on_scores_with_head_dims():
     """A (B,) pattern would line up with the heads of (B, H, M, N) scores: refused, and with
-    heads=1 the batch index reaches the first dim on both kernels."""
+    num_heads=1 the batch index reaches the first dim on both kernels."""
     g = torch.Generator().manual_seed(3)
     q, k, v = (torch.randn(2, 3, 8, 4, generator=g, dtype=torch.float64) for _ in range(3))
     lengths = torch.tensor([3, 8])
@@ -242,7 +242,7 @@ def test_batch_without_heads_is_refused_on_scores_with_head_dims():
     loose = BlockMask.from_mask_mod(mask_mod, 8, 8, batch=2, block_q=4, block_k=4)
     with pytest.raises(ValueError, match="heads="):
         ak.attention(q, k, v, block_mask=loose)
-    ok = BlockMask.from_mask_mod(mask_mod, 8, 8, batch=2, heads=1, block_q=4, block_k=4)
+    ok = BlockMask.from_mask_mod(mask_mod, 8, 8, batch=2, num_heads=1, block_q=4, block_k=4)
     padding = (torch.arange(8) < lengths[:, None])[:, None, None, :]
     expected = ak.attention(q, k, v, mask=padding, kernel="dense").context
     for kernel in ("dense", "chunked"):

@@ -109,7 +109,7 @@ def test_build_slot_attention_refuses_what_it_cannot_build():
 
 
 class _PlainPart(nn.Module):
-    """A per-head part that is not an attnkit.head.HeadAttention (no for_heads)."""
+    """A module with the old slot signature that is not an attnkit.head.HeadAttention."""
 
     def __init__(self, d: int, n: int = 1, alpha: float = 1.0) -> None:
         super().__init__()
@@ -119,28 +119,44 @@ class _PlainPart(nn.Module):
         return ak.attention(q, k, v, mask=mask, bias=bias, need_weights=need_weights)
 
 
-def test_a_part_without_for_heads_is_built_by_parameter_names(registries):
+class _HeadPart(ak.HeadAttention):
+    """A per-head part whose sizes the base's ``for_heads`` fills by parameter name."""
+
+    def __init__(self, d: int, n: int = 1, alpha: float = 1.0) -> None:
+        super().__init__()
+        self.d, self.n, self.alpha = d, n, alpha
+
+    def forward(self, q, k, v, **kwargs):
+        return ak.attention(q, k, v)
+
+
+def test_a_module_that_is_not_a_head_part_is_refused(registries):
     ak.mechanisms.available()
     ak.mechanisms.REGISTRY.register("plain_part")(_PlainPart)
-    part = parts.build_slot_attention("plain_part", head_dim=8, num_heads=2, max_len=16)
-    assert (part.d, part.n, part.alpha) == (8, 16, 1.0)
+    assert "plain_part" not in parts.slot_mechanisms()
+    with pytest.raises(ValueError, match="'plain_part' is not a per-head attention part"):
+        parts.build_slot_attention("plain_part", head_dim=8, num_heads=2, max_len=16)
 
-    class Needy(_PlainPart):
+
+def test_a_head_part_is_built_by_its_for_heads_and_refused_when_it_cannot_be(registries):
+    ak.mechanisms.available()
+    ak.mechanisms.REGISTRY.register("head_part")(_HeadPart)
+    part = parts.build_slot_attention("head_part", head_dim=8, num_heads=2, max_len=16)
+    assert (part.d, part.alpha) == (8, 1.0)
+
+    class Needy(_HeadPart):
         def __init__(self, d: int, alpha: float) -> None:
             super().__init__(d, alpha=alpha)
 
     ak.mechanisms.REGISTRY.register("needy_part")(Needy)
-    with pytest.raises(ValueError, match="'needy_part' needs the argument 'alpha'"):
+    with pytest.raises(ValueError, match="'needy_part' cannot be built from the model's sizes"):
         parts.build_slot_attention("needy_part", head_dim=8, num_heads=2, max_len=16)
 
-
-def test_a_part_whose_for_heads_cannot_build_it_is_refused(registries):
-    class Refusing(_PlainPart):
+    class Refusing(_HeadPart):
         @classmethod
         def for_heads(cls, *, embed_dim, num_heads, head_dim, max_len, **overrides):
             raise TypeError("Refusing.for_heads: the argument 'alpha' cannot be filled")
 
-    ak.mechanisms.available()
     ak.mechanisms.REGISTRY.register("refusing_part")(Refusing)
     with pytest.raises(ValueError, match="'refusing_part' cannot be built from the model's sizes"):
         parts.build_slot_attention("refusing_part", head_dim=8, num_heads=2, max_len=16)

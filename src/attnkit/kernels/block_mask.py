@@ -119,11 +119,12 @@ class BlockMask:
     mask_mod: MaskMod | None = None
     dense: Tensor | None = None
     partial: dict[tuple[int, int], Tensor] | None = None
-    batch_only: bool = False  # from a mask function with ``batch=`` but no ``heads=``
+    batch_only: bool = False  # from a mask function with ``batch=`` but no ``num_heads=``
 
     # ---- construction ------------------------------------------------------------------------
 
     @classmethod
+    @arguments.renamed(heads="num_heads")
     def from_mask_mod(
         cls,
         mask_mod: MaskMod,
@@ -131,15 +132,17 @@ class BlockMask:
         n: int,
         *,
         batch: int | None = None,
-        heads: int | None = None,
+        num_heads: int | None = None,
         block_q: int = DEFAULT_BLOCK,
         block_k: int = DEFAULT_BLOCK,
         device: torch.device | str | None = None,
     ) -> BlockMask:
         """Evaluate ``mask_mod(b, h, q_idx, kv_idx)`` tile by tile (memory O(block_q·block_k)).
 
-        ``batch``/``heads`` None means the pattern does not depend on them (b, h are passed as 0).
+        ``batch``/``num_heads`` None means the pattern does not depend on them (b, h are passed
+        as 0).
         """
+        heads = num_heads
         if not callable(mask_mod):
             raise TypeError(f"mask_mod must be callable, got {type(mask_mod).__name__}")
         m, n = arguments.positive_int(m, "m"), arguments.positive_int(n, "n")
@@ -149,7 +152,7 @@ class BlockMask:
             batch = 1
         lead = tuple(
             arguments.positive_int(x, name)
-            for x, name in ((batch, "batch"), (heads, "heads"))
+            for x, name in ((batch, "batch"), (heads, "num_heads"))
             if x is not None
         )
         b, h = _indices(lead, device)
@@ -324,8 +327,8 @@ class BlockMask:
         if self.batch_only and len(shape) > 3:
             # lead (B,) would line up with the scores' last batch dim (heads), not the first.
             raise ValueError(
-                f"block_mask was built with batch={self.lead[0]} but no heads=, so it is "
-                f"(B, M, N); the scores {tuple(shape)} have more batch dims: pass heads= (heads=1 "
+                f"block_mask was built with batch={self.lead[0]} but no num_heads=, so it is "
+                f"(B, M, N); the scores {tuple(shape)} have more batch dims: pass num_heads= (num_heads=1 "
                 "when the pattern is the same for every head) so that b indexes the first dim"
             )
         try:

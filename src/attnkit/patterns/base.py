@@ -88,7 +88,7 @@ def block_mask(
         m,
         m if n is None else n,
         batch=batch,
-        heads=num_heads,
+        num_heads=num_heads,
         block_q=block_q,
         block_k=block_k,
     )

@@ -9,7 +9,6 @@ the argument it lacks, instead of being built with guessed values.
 
 from __future__ import annotations
 
-import inspect
 from typing import Any
 
 from torch import Tensor, nn
@@ -20,7 +19,6 @@ from attnkit.core import Attention
 from attnkit.scores import Score
 
 __all__ = [
-    "SLOT_SIZES",
     "build_alignment",
     "build_attention",
     "build_score",
@@ -30,28 +28,16 @@ __all__ = [
     "usable_scores",
 ]
 
-# FALLBACK, to be removed once every registered per-head part has ``for_heads`` (derives from
-# attnkit.head.HeadAttention): constructor parameters of a mechanism without ``for_heads`` that
-# are filled from the model's sizes by parameter name; every other parameter keeps its default,
-# and a required parameter not named here makes the mechanism unbuildable (refused).
-SLOT_SIZES: dict[str, str] = {
-    "d": "head_dim", "dim": "head_dim", "head_dim": "head_dim", "d_head": "head_dim",
-    "d_k": "head_dim", "seq_len": "max_len", "max_len": "max_len", "max_length": "max_len",
-    "n": "max_len", "length": "max_len", "num_heads": "num_heads", "n_heads": "num_heads",
-    "heads": "num_heads", "max_span": "max_len",
-}  # fmt: skip
-
 
 def _is_slot_part(cls: type) -> bool:
-    from attnkit.slots import ATTENTION_KEYWORDS
+    from attnkit.head import HeadAttention
 
-    params = inspect.signature(cls.forward).parameters
-    return all(name in params for name in ATTENTION_KEYWORDS)
+    return isinstance(cls, type) and issubclass(cls, HeadAttention)
 
 
 def slot_mechanisms(package: str | None = None) -> list[str]:
-    """Registered mechanisms that are per-head parts for the attention slot (``forward(q, k, v,
-    *, mask, bias, need_weights)``), optionally only those defined in ``package`` (e.g.
+    """Registered mechanisms that are per-head parts for the attention slot (subclasses of
+    :class:`attnkit.head.HeadAttention`), optionally only those defined in ``package`` (e.g.
     ``"attnkit.efficient"``). New registrations appear here without any list to update."""
     names = ak.mechanisms.available()  # imports the registering packages
     out = []
@@ -75,11 +61,9 @@ def build_slot_attention(name: str, *, head_dim: int, num_heads: int, max_len: i
     cls = ak.mechanisms.REGISTRY.get(name)  # unknown names: ValueError listing the options
     if not _is_slot_part(cls):
         raise ValueError(
-            f"mechanism {name!r} is not a per-head attention part (forward(q, k, v, *, mask, "
-            f"bias, need_weights)); usable: full, {', '.join(slot_mechanisms())}"
+            f"mechanism {name!r} is not a per-head attention part (an attnkit.HeadAttention); "
+            f"usable: full, {', '.join(slot_mechanisms())}"
         )
-    if not hasattr(cls, "for_heads"):
-        return _build_by_parameter_names(name, cls, head_dim, num_heads, max_len)
     try:
         return cls.for_heads(
             embed_dim=head_dim * num_heads, num_heads=num_heads, head_dim=head_dim, max_len=max_len
@@ -89,28 +73,6 @@ def build_slot_attention(name: str, *, head_dim: int, num_heads: int, max_len: i
             f"mechanism {name!r} cannot be built from the model's sizes ({err}); build it "
             "yourself and pass it as MultiHeadAttention(attention=...)"
         ) from None
-
-
-def _build_by_parameter_names(
-    name: str, cls: type, head_dim: int, num_heads: int, max_len: int
-) -> nn.Module:
-    """FALLBACK for a mechanism without ``for_heads`` (remove with :data:`SLOT_SIZES`): its
-    required constructor arguments filled by name from the sizes."""
-    sizes = {"head_dim": head_dim, "num_heads": num_heads, "max_len": max_len}
-    kwargs: dict[str, Any] = {}
-    for key, param in inspect.signature(cls).parameters.items():
-        if param.kind in (param.VAR_KEYWORD, param.VAR_POSITIONAL):
-            continue
-        if key in SLOT_SIZES:
-            if param.default is inspect.Parameter.empty or SLOT_SIZES[key] == "max_len":
-                kwargs[key] = sizes[SLOT_SIZES[key]]
-        elif param.default is inspect.Parameter.empty:
-            raise ValueError(
-                f"mechanism {name!r} needs the argument {key!r}, which attnkit cannot fill from "
-                f"the model's sizes ({', '.join(sorted(SLOT_SIZES))}); build it yourself and "
-                "pass it as MultiHeadAttention(attention=...)"
-            )
-    return ak.mechanisms.build(name, **kwargs)
 
 
 def usable_scores() -> list[str]:
