@@ -120,3 +120,43 @@ def test_segment_sum_matches_the_mamba2_reference():
     below = decay.tril(9)
     torch.testing.assert_close(ours[..., below], theirs[..., below], atol=1e-14, rtol=1e-12)
     assert (ours[..., ~below] == 0).all() and (theirs[..., ~below] == float("-inf")).all()
+
+
+def _elements_computed(step) -> int:
+    """The elements of every tensor the aten operators produce while ``step`` runs (forward and
+    backward): a count of the work that does not depend on the machine's load."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_leaves
+
+    class Count(TorchDispatchMode):
+        total = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            Count.total += sum(x.numel() for x in tree_leaves(out) if isinstance(x, torch.Tensor))
+            return out
+
+    with Count():
+        step()
+    return Count.total
+
+
+@pytest.mark.parametrize("vector", [True, False], ids=["per-dimension", "scalar"])
+def test_the_chunkwise_training_step_grows_linearly_in_the_length(vector):
+    """A forward and backward of the chunkwise form at 4N computes 4× the elements of one at N
+    (O(N·C) at a fixed chunk size), and its gradients equal the recurrence's at many chunks."""
+
+    def step(n, form="chunkwise"):
+        q, k, v, alpha = _inputs(lead=(1, 2), n=n, dk=4, dv=4, vector=vector, seed=5)
+        xs = [x.requires_grad_() for x in (q, k, v, alpha.log())]
+        if form == "chunkwise":
+            out = decay.chunkwise(*xs, 4)[0]
+        else:
+            out = decay.recurrent(*xs)[0]
+        (out * torch.linspace(-1, 1, out.numel()).view_as(out).double()).sum().backward()
+        return [x.grad for x in xs]
+
+    small, large = (_elements_computed(lambda n=n: step(n)) for n in (128, 512))
+    assert large / small < 4.4, f"{large / small:.2f}× the elements for 4× the length"
+    for a, b in zip(step(61), step(61, "recurrent"), strict=True):  # 16 chunks, the last short
+        torch.testing.assert_close(a, b, atol=1e-11, rtol=1e-9)

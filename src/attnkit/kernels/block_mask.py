@@ -328,8 +328,9 @@ class BlockMask:
             # lead (B,) would line up with the scores' last batch dim (heads), not the first.
             raise ValueError(
                 f"block_mask was built with batch={self.lead[0]} but no num_heads=, so it is "
-                f"(B, M, N); the scores {tuple(shape)} have more batch dims: pass num_heads= (num_heads=1 "
-                "when the pattern is the same for every head) so that b indexes the first dim"
+                f"(B, M, N); the scores {tuple(shape)} have more batch dims: pass num_heads= "
+                "(num_heads=1 when the pattern is the same for every head) so that b indexes the "
+                "first dim"
             )
         try:
             ok = torch.broadcast_shapes(tuple(self.has_key.shape[:-2]), shape[:-2]) == shape[:-2]

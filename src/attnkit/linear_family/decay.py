@@ -195,9 +195,11 @@ def chunkwise(
     through = cum[..., -1, :].exp().unsqueeze(-1)  # (…, chunks, e, 1): a whole chunk's decay
     s = q.new_zeros(*lead, k.shape[-1], v.shape[-1]) if state is None else state
     before = []
-    for i in range(q.shape[-3]):
+    # unbind once rather than index per chunk: the backward of writes[..., i, :, :] is a zero
+    # tensor of the whole of writes, which would make the loop's backward O((N/C)²·d_k·d_v).
+    for decay_i, write_i in zip(through.unbind(-3), writes.unbind(-3), strict=True):
         before.append(s)
-        s = through[..., i, :, :] * s + writes[..., i, :, :]
+        s = decay_i * s + write_i
     inter = (q * cum.exp()) @ torch.stack(before, -3)
     out = (intra + inter).flatten(-3, -2)[..., :n, :]
     return out, s

@@ -143,10 +143,13 @@ def delta_chunkwise(
     through = cum[..., -1:, :].exp()  # (…, chunks, 1, 1)
     s = q.new_zeros(*lead, k.shape[-1], v.shape[-1]) if state is None else state
     outs = []
-    for i in range(q.shape[-3]):
-        delta = u[..., i, :, :] - w[..., i, :, :] @ s
-        outs.append(q_start[..., i, :, :] @ s + causal_matmul(scores[..., i, :, :], delta))
-        s = through[..., i, :, :] * s + k_end[..., i, :, :].transpose(-1, -2) @ delta
+    # One unbind per tensor, not an index per chunk: the backward of x[..., i, :, :] is a
+    # zero tensor of x's whole size, which would make the loop's backward O(N²/C).
+    per_chunk = (x.unbind(-3) for x in (u, w, q_start, scores, k_end, through))
+    for u_i, w_i, q_i, scores_i, k_i, decay_i in zip(*per_chunk, strict=True):
+        delta = u_i - w_i @ s
+        outs.append(q_i @ s + causal_matmul(scores_i, delta))
+        s = decay_i * s + k_i.transpose(-1, -2) @ delta
     out = torch.stack(outs, -3).flatten(-3, -2)[..., :n, :]
     return out, s
 
