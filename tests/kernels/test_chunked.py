@@ -4,6 +4,7 @@ and gradients (inputs, bias, and every parameter), with ragged blocks and empty 
 from __future__ import annotations
 
 import itertools
+from types import SimpleNamespace
 from unittest import mock
 
 import pytest
@@ -289,6 +290,29 @@ def test_fused_path_is_skipped_when_it_would_not_be_exact():
     e = q @ k.transpose(-1, -2) / 8**0.5
     w = torch.softmax((5 * torch.tanh(e / 5)).masked_fill(~allowed, float("-inf")), -1)
     torch.testing.assert_close(capped, w @ v)
+
+
+def test_fused_path_is_only_for_cpu_tensors():
+    """The fused pieces are PyTorch's CPU kernel: inputs elsewhere take the tiled path."""
+    bm = ak.patterns.block_mask(ak.patterns.causal(), 40, block_q=8, block_k=8)
+    plan = SimpleNamespace(block_mask=bm, score_mod=None, multi=False, guard=False)
+    score, align = ak.scores.ScaledDot(), ak.alignments.Softmax()
+    on_cpu = [torch.zeros(1, 40, 8) for _ in range(3)]
+    assert chunked._fused_reasons(plan, *on_cpu, None, score, align, False) == []
+    elsewhere = [torch.zeros(1, 40, 8, device="meta") for _ in range(3)]
+    reasons = chunked._fused_reasons(plan, *elsewhere, None, score, align, False)
+    assert any("meta" in r for r in reasons)
+
+
+@pytest.mark.cuda
+def test_block_sparse_on_cuda_equals_the_masked_reference():
+    g = torch.Generator().manual_seed(14)
+    q, k, v = (torch.randn(2, 100, 16, generator=g) for _ in range(3))
+    window = ak.patterns.sliding_window(20)
+    bm = ak.kernels.BlockMask.from_mask_mod(window, 100, 100, block_q=32, block_k=32, device="cuda")
+    allowed = ak.patterns.dense(window, 100, 100)
+    out = ak.attention(q.cuda(), k.cuda(), v.cuda(), block_mask=bm).context
+    torch.testing.assert_close(out.cpu(), _reference(q, k, v, allowed), atol=1e-5, rtol=1e-5)
 
 
 def test_only_score_mods_of_the_form_e_plus_f_are_read_as_additive():

@@ -540,6 +540,8 @@ def _fused_reasons(
         reasons.append("a masked value is not finite")
     if v.dtype not in (torch.float32, torch.float64) or k.dtype != v.dtype:
         reasons.append(f"inputs {v.dtype} (float32 or float64 only)")
+    if v.device.type != "cpu":
+        reasons.append(f"inputs on {v.device.type} (the fused pieces are PyTorch's CPU kernel)")
     if bias is not None and bias.dtype != v.dtype:
         reasons.append(f"bias dtype {bias.dtype} differs from the values' {v.dtype}")
     tensors = [t for t in (q, k, v, bias) if t is not None]
