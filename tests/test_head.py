@@ -278,6 +278,21 @@ def test_a_plain_module_is_refused_with_how_to_derive_it():
         ak.MultiHeadAttention(E, H, attention=Plain())
 
 
+def test_a_part_that_declares_no_mask_form_is_told_how_to_declare_one():
+    class NoMask(HeadAttention):
+        def forward(self, q, k, v, *, mask=None, bias=None, need_weights=False):
+            return ak.AttentionOutput(torch.softmax(q @ k.transpose(-1, -2), -1) @ v)
+
+    x = torch.randn(2, N, E)
+    declare = r"declare the mask forms .* mask_forms = frozenset\("
+    pad = ak.masks.from_lengths(torch.tensor([N, 4]), N)
+    with pytest.raises(ValueError, match=rf"NoMask honours no mask .* key padding mask.*{declare}"):
+        ak.MultiHeadAttention(E, H, attention=NoMask())(x, mask=pad)
+    layer = ak.TransformerDecoderLayer(E, H, cross_attention=False, attention=NoMask())
+    with pytest.raises(ValueError, match=rf"NoMask honours no mask .* \(…, M, N\) mask.*{declare}"):
+        layer(x)  # the decoder's self-attention is causal: the layer passes the mask itself
+
+
 def test_for_heads_fills_sizes_by_name_and_refuses_what_it_cannot_fill():
     class Sized(HeadAttention):
         def __init__(self, head_dim, num_heads, *, max_len=3, scale=1.0):

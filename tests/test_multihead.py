@@ -497,3 +497,41 @@ def test_a_mask_on_another_device_is_refused_at_the_door():
     x = torch.randn(2, 5, E)
     with pytest.raises(ValueError, match="mask is on meta but query is on cpu"):
         mha(x, mask=torch.ones(5, 5, dtype=torch.bool, device="meta"))
+
+
+def test_the_old_spellings_of_the_sizes_are_refused_naming_the_new_ones():
+    with pytest.raises(TypeError, match=r"^MultiHeadAttention: `heads` is now `num_heads`$"):
+        ak.MultiHeadAttention(E, heads=H)
+    with pytest.raises(TypeError, match=r"^MultiHeadAttention: `d_model` is now `embed_dim`$"):
+        ak.MultiHeadAttention(d_model=E, num_heads=H)
+    mha = ak.MultiHeadAttention(embed_dim=E, num_heads=H)  # the documented keywords
+    assert (mha.embed_dim, mha.num_heads) == (E, H)
+
+
+def test_a_mask_or_bias_that_is_not_a_tensor_is_a_type_error_naming_it():
+    from attnkit import patterns as pt
+
+    mha = ak.MultiHeadAttention(E, H)
+    x = torch.randn(2, 5, E)
+    with pytest.raises(TypeError, match=r"mask must be a torch\.Tensor, got list$"):
+        mha(x, mask=[[True] * 5] * 5)
+    with pytest.raises(TypeError, match=r"bias must be a torch\.Tensor, got float$"):
+        mha(x, bias=0.5)
+    how = r"attnkit\.patterns\.dense\(pattern, M, N\).*pattern="
+    with pytest.raises(TypeError, match=rf"mask must be a torch\.Tensor, got function; .*{how}"):
+        mha(x, mask=pt.sliding_window(2))
+    with pytest.raises(TypeError, match=r"BlockMask, got function \(a pattern: .*block_mask\("):
+        mha(x, block_mask=pt.sliding_window(2))
+
+
+def test_a_refused_cache_says_who_refused_it_and_what_to_do():
+    x = torch.randn(1, 3, E)
+    with pytest.raises(
+        ValueError,
+        match=r"^MultiHeadAttention\.forward: attention part "
+        r"_NoMatrix does not declare decodes_with_cache.*; call without cache=$",
+    ):
+        ak.MultiHeadAttention(E, H, attention=_NoMatrix())(x, cache=ak.kv_cache.LayerCache())
+    mha = ak.MultiHeadAttention(E, H, "convolutional")
+    with pytest.raises(ValueError, match=r"^MultiHeadAttention\.forward: score Convolutional"):
+        mha(x, cache=ak.kv_cache.LayerCache())

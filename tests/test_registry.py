@@ -65,6 +65,8 @@ def test_override_replaces_a_different_class():
 def test_unknown_name_lists_options_and_the_closest():
     with pytest.raises(ValueError, match=r"did you mean 'cosine'\?.*Available: .*additive"):
         ak.scores.build("cosin")
+    with pytest.raises(ValueError, match=r"^unknown score 'zzz'\. Available: activated_general"):
+        ak.scores.build("zzz")  # nothing close: a full stop, then the names
 
 
 def test_unknown_and_missing_arguments():

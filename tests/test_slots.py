@@ -104,6 +104,13 @@ def test_attention_slot_refuses_what_it_cannot_use():
         ak.MultiHeadAttention(8, 2, attention=Plain())
 
 
+def test_attention_slot_given_a_class_asks_for_an_instance():
+    with pytest.raises(TypeError, match=r"got the class MeanOfValues; pass MeanOfValues\(\.\.\.\)"):
+        ak.MultiHeadAttention(8, 2, attention=MeanOfValues)
+    with pytest.raises(TypeError, match=r"got the class Attention; pass Attention\(\.\.\.\)"):
+        ak.TransformerEncoderLayer(8, 2, attention=ak.Attention)
+
+
 def test_position_slot_bias_scheme_equals_the_explicit_bias():
     torch.manual_seed(1)
     slopes = [0.5, 0.25]

@@ -194,6 +194,12 @@ def prepare_call(
         if not isinstance(block_mask, BlockMask):
             raise TypeError(
                 f"block_mask must be an attnkit.kernels.BlockMask, got {type(block_mask).__name__}"
+                + (
+                    " (a pattern: build its block mask with attnkit.patterns.block_mask(pattern, "
+                    "M, N), or give it to a layer when it is built, pattern=)"
+                    if callable(block_mask)
+                    else ""
+                )
             )
         block_mask.check(shape)
     if score_mod is not None and not callable(score_mod):

@@ -134,7 +134,13 @@ class HeadAttention(nn.Module):
         out = []
         form = mask_form(mask, m)
         if form is not None and not self.mask_forms:
-            out.append(f"attention part {name} honours no mask (mask_forms is empty)")
+            out.append(
+                f"attention part {name} honours no mask (mask_forms is empty) but is given a "
+                f"{'key padding' if form == 'key' else '(…, M, N)'} mask (a causal layer, such "
+                "as a decoder's self-attention, always passes one); declare the mask forms the "
+                "part honours as class data, e.g. mask_forms = frozenset({'key', 'padding', "
+                "'causal', 'full'})"
+            )
         for wanted, flag, what in (
             (bias, "accepts_bias", "an additive bias (its scores are never formed as a matrix)"),
             (block_mask, "accepts_block_mask", "a block mask (pattern= / block_mask=)"),
@@ -150,8 +156,7 @@ class HeadAttention(nn.Module):
                 f"attention part {name} does not declare decodes_with_cache = True: attending "
                 "over the cached keys step by step is not known to equal its causal pass (a "
                 "part that approximates over the whole sequence, e.g. with landmarks, "
-                "projections, hashing or sorting, gives other results per step); call without "
-                "cache="
+                "projections, hashing or sorting, gives other results per step)"
             )
         if q_offset and not self.takes_q_offset and not self.decodes_with_cache:
             out.append(

@@ -59,6 +59,12 @@ def check_call(
         if not isinstance(block_mask, BlockMask):
             raise TypeError(
                 f"block_mask must be an attnkit.kernels.BlockMask, got {type(block_mask).__name__}"
+                + (
+                    " (a pattern: build its block mask with attnkit.patterns.block_mask(pattern, "
+                    "M, N), or give it to a layer when it is built, pattern=)"
+                    if callable(block_mask)
+                    else ""
+                )
             )
         if has_pattern:
             raise ValueError(

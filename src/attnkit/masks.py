@@ -87,6 +87,19 @@ def combine(*masks: Tensor | None) -> Tensor | None:
     return out
 
 
+def not_a_tensor(given: object, name: str) -> TypeError:
+    """The error for a mask or bias ``given`` that is not a tensor; a function (a sparse pattern,
+    ``mask_mod(b, h, q_idx, kv_idx)``) is told how to pass it."""
+    hint = ""
+    if callable(given) and name == "mask":
+        hint = (
+            "; a pattern (a mask function) becomes a mask by attnkit.patterns.dense(pattern, "
+            "M, N), a block mask by attnkit.patterns.block_mask(pattern, M, N), or is given to "
+            "a layer when it is built (pattern=)"
+        )
+    return TypeError(f"{name} must be a torch.Tensor, got {type(given).__name__}{hint}")
+
+
 def check(mask: Tensor | None, scores_shape: torch.Size, *, name: str = "mask") -> None:
     """Raise if ``mask`` is not a boolean tensor broadcastable to ``scores_shape`` (B, …, M, N).
 
@@ -96,7 +109,7 @@ def check(mask: Tensor | None, scores_shape: torch.Size, *, name: str = "mask") 
     if mask is None:
         return
     if not isinstance(mask, Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(mask).__name__}")
+        raise not_a_tensor(mask, name)
     if mask.dtype != torch.bool:
         raise TypeError(
             f"{name} must be boolean (True = may attend), got dtype {mask.dtype}; "

@@ -89,6 +89,7 @@ class _MemoryCached(_NoCache):
         return q, k, v
 
 
+@arguments.renamed(d_model="embed_dim", heads="num_heads")
 class MultiHeadAttention(nn.Module):
     """H heads, each attending in its own d = E/H dimensional projection (eqs. 38-40):
     head_h = Attention(Q W_h^Q, K W_h^K, V W_h^V), output = concat(head_1 … head_H) W^O.
@@ -384,6 +385,9 @@ class MultiHeadAttention(nn.Module):
             score_mod=score_mod is not None,
             what="MultiHeadAttention.forward",
         )
+        for name, given in (("mask", mask), ("bias", bias)):
+            if given is not None and not isinstance(given, Tensor):
+                raise masks.not_a_tensor(given, name)
         if mask is not None and mask.dim() > query.dim() + 1:
             raise ValueError(
                 f"mask of shape {tuple(mask.shape)} has too many dims for query "
@@ -558,28 +562,32 @@ class MultiHeadAttention(nn.Module):
             out = out._replace(weights=None, scores=None)
         return out
 
-    def _check_cacheable(self) -> None:
+    def _check_cacheable(
+        self, who: str = "MultiHeadAttention.forward", remedy: str | None = None
+    ) -> None:
         """Refuse a KV cache where a step could not equal the whole sequence: an attention part
         decodes with a cache only when it declares so (``decodes_with_cache``: a step whose
-        queries attend over all cached keys equals those rows of the causal pass)."""
+        queries attend over all cached keys equals those rows of the causal pass). The error
+        starts with ``who`` and ends with ``remedy`` (by default: call without the cache)."""
         part = self.attention
         reason = part.refusal(cache=True)
+        remedy = "call without cache=" if remedy is None else remedy
         if reason is not None:
-            raise ValueError(reason)
+            raise ValueError(f"{who}: {reason}; {remedy}")
         score = getattr(part, "score", None)
         if getattr(score, "mixes_keys", False):
             raise ValueError(
-                f"score {type(score).__name__} mixes neighbouring keys (a key's score reads "
-                "the keys around it), so a key's score changes as later keys arrive; decoding "
-                "with a KV cache is not offered for it; call without cache= (a causal mask "
+                f"{who}: score {type(score).__name__} mixes neighbouring keys (a key's score "
+                "reads the keys around it), so a key's score changes as later keys arrive; "
+                f"decoding with a KV cache is not offered for it; {remedy} (a causal mask "
                 "passed to the whole sequence is honoured)"
             )
         align = getattr(self.attention, "align", None)
         if getattr(align, "query_position_based", False):
             raise ValueError(
-                f"alignment {type(align).__name__} takes row m of the scores to be the query at "
-                "position m, which a decoding step with a KV cache (queries after the cached "
-                "keys) is not; call without cache="
+                f"{who}: alignment {type(align).__name__} takes row m of the scores to be the "
+                "query at position m, which a decoding step with a KV cache (queries after the "
+                f"cached keys) is not; {remedy}"
             )
 
     def _check_mask_and_bias(

@@ -41,6 +41,11 @@ def attention_part(part: object) -> HeadAttention:
             "(mask_forms, accepts_bias, decodes_with_cache, takes_q_offset, ...), so that "
             "the layers know what they may ask of it"
         )
+    if isinstance(part, type) and issubclass(part, nn.Module):
+        raise TypeError(
+            f"attention must be an instance of a per-head part, got the class {part.__name__}; "
+            f"pass {part.__name__}(...)"
+        )
     raise TypeError(
         "attention must be an attnkit.HeadAttention called as part(q, k, v, *, mask, bias, "
         f"need_weights) -> AttentionOutput (e.g. attnkit.Attention), got {type(part).__name__}"

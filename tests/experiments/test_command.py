@@ -480,6 +480,9 @@ SETTINGS_BAD = [
     (["run", "kv-recall", "--compare", "set.values=4,04"], "the same value"),
     (["run", "kv-recall", "--set", "values=3", "--compare", "set.values=4,5"], "both set values"),
     (["run", "kv-recall", "--compare", "settings=1,2"], "settings are set one by one"),
+    (["run", "kv-recall", "--compare", "num_pairs=4,8"], "num_pairs is a setting of task "
+     "'kv-recall', not a configuration key; compare it as --compare set.num_pairs=4,8"),
+    (["run", "dates", "--compare", "num_pairs=4,8"], "unknown key 'num_pairs'"),
 ]  # fmt: skip
 
 
@@ -509,7 +512,12 @@ def test_a_grid_over_a_setting_records_each_and_reloads(tmp_path, capsys):
             "--threads", "1", "--set", "keys=9", "--compare", "set.num_pairs=3,7",
             "--out", str(out)]  # fmt: skip
     assert cli.main(argv) == 0
-    assert "| set.num_pairs |" in capsys.readouterr().out
+    text = capsys.readouterr().out
+    assert "| set.num_pairs |" in text
+    starts = [line for line in text.splitlines() if line.startswith("attnkit run kv-recall:")]
+    assert len(starts) == 2  # each run's first line names the settings set away from the defaults
+    for line, pairs in zip(starts, (3, 7), strict=True):
+        assert f"num_pairs={pairs}, keys=9, " in line and "values=" not in line, line
     for pairs in (3, 7):
         run_dir = out / f"set.num_pairs-{pairs}"
         saved = json.loads((run_dir / "config.json").read_text())
@@ -520,3 +528,13 @@ def test_a_grid_over_a_setting_records_each_and_reloads(tmp_path, capsys):
         assert ((stored == 11).sum(1) == 7 - pairs).all()  # padding after the pairs
     assert cli.main(["run", "--resume", str(out / "set.num_pairs-3"), "--set", "num_pairs=4"]) == 2
     _one_error_line(capsys, "setting num_pairs = 4 contradicts its num_pairs = 3")
+
+
+def test_the_first_line_of_a_supervised_run_says_it_is_supervised(tmp_path, capsys):
+    argv = ["run", "kv-recall", "--quick", "--seq-len", "8", "--n-train", "8", "--n-test", "4",
+            "--batch-size", "8", "--d-model", "8", "--epochs", "1", "--no-progress",
+            "--threads", "1", "--supervise-attention", "0.5",
+            "--out", str(tmp_path / "sup")]  # fmt: skip
+    assert cli.main(argv) == 0
+    first = capsys.readouterr().out.splitlines()[0]
+    assert first.startswith("attnkit run kv-recall: ") and "supervise_attention 0.5, " in first

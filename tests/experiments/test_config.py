@@ -25,6 +25,7 @@ BAD = [
     ({"task": "datse"}, "did you mean 'dates'"),
     ({"score": "additve"}, "did you mean 'additive'"),
     ({"align": "softmx"}, "did you mean 'softmax'"),
+    ({"score": "zzz"}, "of your own is known once the module that registers it is imported"),
     ({"epochs": 0}, "epochs must be a positive int, got 0"),
     ({"batch_size": 0}, "batch_size must be a positive int"),
     ({"n_train": 10, "batch_size": 32}, "no training step would run"),

@@ -161,23 +161,29 @@ def _gated_rule(q, k, v, beta, g):
     return torch.stack(outs, -2)
 
 
-def test_the_chunkwise_training_step_grows_linearly_in_the_length():
-    """A forward and backward of the gated chunkwise form at 4N computes 4× the elements of one
-    at N (O(N·C) at a fixed chunk size), and its gradients equal those of the rule at many
-    chunks."""
+@pytest.mark.parametrize("form", ["chunkwise", "recurrent"])
+def test_a_training_step_grows_linearly_in_the_length(form):
+    """A forward and backward of the gated chunkwise (recurrent) form at 4N computes 4× the
+    elements of one at N (O(N·C) at a fixed chunk size; O(N) steps), and its gradients equal
+    those of the rule at many chunks."""
 
-    def step(n, rule=None):
+    def step(n, rule):
         gen = torch.Generator().manual_seed(4)
         q, k, v = (torch.randn(1, 2, n, 4, generator=gen, dtype=torch.float64) for _ in range(3))
         k = k / k.norm(dim=-1, keepdim=True)
         beta = torch.rand(1, 2, n, 1, generator=gen, dtype=torch.float64)
         g = -torch.rand(1, 2, n, 1, generator=gen, dtype=torch.float64)
         xs = [x.requires_grad_() for x in (q, k, v, beta, g)]
-        out = rule(*xs) if rule else dn.delta_chunkwise(*xs, 4)[0]
+        out = rule(*xs)
         (out * torch.linspace(-1, 1, out.numel()).view_as(out).double()).sum().backward()
         return [x.grad for x in xs]
 
-    small, large = (_elements_computed(lambda n=n: step(n)) for n in (128, 512))
+    def ours(*xs):
+        if form == "chunkwise":
+            return dn.delta_chunkwise(*xs, 4)[0]
+        return dn.delta_recurrent(*xs)[0]
+
+    small, large = (_elements_computed(lambda n=n: step(n, ours)) for n in (128, 512))
     assert large / small < 4.4, f"{large / small:.2f}× the elements for 4× the length"
-    for a, b in zip(step(61), step(61, _gated_rule), strict=True):  # 16 chunks, the last short
+    for a, b in zip(step(61, ours), step(61, _gated_rule), strict=True):  # 16 chunks of 4
         torch.testing.assert_close(a, b, atol=1e-11, rtol=1e-9)

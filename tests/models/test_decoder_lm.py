@@ -157,3 +157,30 @@ def test_a_decoding_step_scans_no_tensor_and_builds_no_mask():
         assert scans.call_count == built.call_count == walks.call_count == 0
         whole = lm(tokens)[:, 8:]
     torch.testing.assert_close(torch.stack(steps, 1), whole)
+
+
+class _WholeSequenceOnly(ak.HeadAttention):
+    """Causal softmax attention that does not declare decodes_with_cache."""
+
+    causal_form = True
+    mask_forms = frozenset({"key", "causal", "full"})
+
+    def forward(self, q, k, v, *, mask=None, bias=None, need_weights=False):
+        e = q @ k.transpose(-1, -2)
+        if mask is not None:
+            e = e.masked_fill(~mask, float("-inf"))
+        return ak.AttentionOutput(torch.softmax(e, -1).nan_to_num(0.0) @ v)
+
+
+def test_generate_refuses_the_cache_for_a_part_that_cannot_decode_and_says_how_to_go_on():
+    torch.manual_seed(0)
+    lm = DecoderLM(11, 8, 2, 1, max_len=12, attention=_WholeSequenceOnly()).eval()
+    prompt = torch.tensor([[1, 2, 3]])
+    with pytest.raises(
+        ValueError,
+        match=r"^DecoderLM\.generate: attention part _WholeSequenceOnly does not declare "
+        r"decodes_with_cache = True.*; generate with use_cache=False",
+    ):
+        lm.generate(prompt, 2)
+    out = lm.generate(prompt, 2, use_cache=False)  # the remedy it names works
+    assert out.shape == (1, 5) and torch.equal(out[:, :3], prompt)

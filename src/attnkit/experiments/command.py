@@ -433,7 +433,7 @@ def _axes(specs: list[str], given: dict, flags: set[str], config_file) -> list[t
     """The compared keys, in order: (key, values as given, parsed values). Refuses a malformed
     spec, a key compared twice or also set otherwise (a flag, the --config file), and a value
     listed twice."""
-    from attnkit.experiments.config import ConfigError, parse_value
+    from attnkit.experiments.config import ConfigError, RunConfig, parse_value
 
     seen: dict[str, str] = {}
     axes: list[tuple[str, list[str], list]] = []
@@ -450,6 +450,13 @@ def _axes(specs: list[str], given: dict, flags: set[str], config_file) -> list[t
         if key.startswith("set."):
             axes.append(_setting_axis(spec, given, config_file))
             continue
+        if key not in RunConfig.names():
+            task = given.get("task", RunConfig.task)
+            if key in _task_of(task, f"--compare {key}").setting_fields():
+                raise ConfigError(
+                    f"--compare {key}=...: {key} is a setting of task {task!r}, not a "
+                    f"configuration key; compare it as --compare set.{spec}"
+                )
         if key in flags:
             raise ConfigError(
                 f"--compare {key}=... and the flag for {key} both set {key}; give one"

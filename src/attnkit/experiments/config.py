@@ -187,7 +187,14 @@ class RunConfig:
                 if "align" not in unused:
                     parts.build_alignment(out.align, 4)
         except (ValueError, TypeError) as err:
-            raise ConfigError(str(err).replace("Available:", "available:")) from None
+            why = str(err)
+            if why.startswith(("unknown score", "unknown alignment")):
+                why += (
+                    " (a score or alignment of your own is known once the module that registers "
+                    "it is imported: import it, then call attnkit.cli.main(['run', ...]) in the "
+                    "same Python process)"
+                )
+            raise ConfigError(why) from None
         if out.supervise_attention > 0 and "align" not in unused:
             why = _unsupervisable(out.align)
             if why:

@@ -171,6 +171,14 @@ def run(
                            ("align", config.align))
         if value not in (None, "default")
     ]  # fmt: skip
+    defaults = type(task).resolve_settings(None)  # the settings set away from their defaults
+    said += [
+        f"{name}={getattr(task.settings, name)}"
+        for name in type(task).setting_fields()
+        if getattr(task.settings, name) != getattr(defaults, name)
+    ]
+    if config.supervise_attention > 0:
+        said.append(f"supervise_attention {config.supervise_attention}")
     said += [
         f"{plural(config.epochs, 'epoch')} of {plural(steps, 'step')} (n_train {n}, batch "
         f"{config.batch_size})",

@@ -157,9 +157,12 @@ def recurrent(
     lead = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2], g.shape[:-2])
     s = q.new_zeros(*lead, k.shape[-1], v.shape[-1]) if state is None else state
     outs = []
-    for t in range(q.shape[-2]):
-        s = g[..., t, :].exp().unsqueeze(-1) * s + k[..., t, :, None] * v[..., t, None, :]
-        outs.append((q[..., t, :, None] * s).sum(-2))
+    # unbind, not index per position: the backward of x[..., t, :] is a zero tensor of all of x
+    for q_t, k_t, v_t, g_t in zip(
+        q.unbind(-2), k.unbind(-2), v.unbind(-2), g.unbind(-2), strict=True
+    ):
+        s = g_t.exp().unsqueeze(-1) * s + k_t[..., :, None] * v_t[..., None, :]
+        outs.append((q_t[..., :, None] * s).sum(-2))
     return torch.stack(outs, -2), s
 
 

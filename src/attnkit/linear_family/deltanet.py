@@ -72,12 +72,14 @@ def delta_recurrent(
     lead = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2], g.shape[:-2])
     s = q.new_zeros(*lead, k.shape[-1], v.shape[-1]) if state is None else state
     outs = []
-    for t in range(q.shape[-2]):
-        kt = k[..., t, :, None]
-        s = g[..., t, :, None].exp() * s
-        delta = beta[..., t, :] * (v[..., t, :] - (s * kt).sum(-2))
+    # unbind, not index per position: the backward of x[..., t, :] is a zero tensor of all of x
+    per_position = (x.unbind(-2) for x in (q, k, v, beta, g))
+    for q_t, k_t, v_t, beta_t, g_t in zip(*per_position, strict=True):
+        kt = k_t[..., :, None]
+        s = g_t[..., :, None].exp() * s
+        delta = beta_t * (v_t - (s * kt).sum(-2))
         s = s + kt * delta.unsqueeze(-2)
-        outs.append((q[..., t, :, None] * s).sum(-2))
+        outs.append((q_t[..., :, None] * s).sum(-2))
     return torch.stack(outs, -2), s
 
 

@@ -12,6 +12,7 @@ from torch import Tensor, nn
 from attnkit import arguments, trust
 from attnkit.kernels.block_mask import BlockMask, ScoreMod
 from attnkit.kv_cache import KVCache
+from attnkit.multihead import MultiHeadAttention
 from attnkit.positions import REGISTRY as POSITIONS
 from attnkit.transformer import TransformerDecoder
 
@@ -146,6 +147,13 @@ class DecoderLM(nn.Module):
         _token_ids(prompt, "prompt")
         if prompt.shape[1] < 1:
             raise ValueError(f"prompt must be (B, P) with P >= 1, got {tuple(prompt.shape)}")
+        if use_cache:  # refuse before the first step, naming the argument that avoids the cache
+            for module in self.modules():
+                if isinstance(module, MultiHeadAttention):
+                    module._check_cacheable(
+                        "DecoderLM.generate",
+                        "generate with use_cache=False (every step then runs the whole sequence)",
+                    )
         cache = self.new_cache() if use_cache else None
         out, new = prompt, prompt
         for _ in range(n):
