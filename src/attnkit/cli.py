@@ -6,6 +6,8 @@ import argparse
 import difflib
 import sys
 
+__all__ = ["main"]
+
 
 class _Parser(argparse.ArgumentParser):
     """Refusals in one line (``attnkit run: error: ...``, exit status 2), no usage dump."""

@@ -12,6 +12,8 @@ import attnkit as ak
 from attnkit import alignments as al
 from attnkit import scores as sc
 
+__all__ = ["main", "table", "variants"]
+
 
 def variants(d: int) -> dict[str, ak.Attention]:
     return {

@@ -8,6 +8,8 @@ import weakref
 from collections.abc import Callable
 from typing import Any, ClassVar, Generic, TypeVar
 
+__all__ = ["Registry"]
+
 T = TypeVar("T")
 
 

@@ -2,3 +2,5 @@
 
 ``attnkit bench`` runs the quick versions; ``benchmarks/*.py`` the full ones.
 """
+
+__all__: list[str] = []

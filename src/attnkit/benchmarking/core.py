@@ -11,6 +11,8 @@ from torch import nn
 import attnkit as ak
 from attnkit.benchmarking.timing import median_seconds
 
+__all__ = ["main", "paired_ratios", "score_costs", "versus_torch"]
+
 
 def _fwd_bwd(module, x, **kw):
     def step():

@@ -15,6 +15,16 @@ import attnkit as ak
 from attnkit.benchmarking.timing import in_subprocess
 from attnkit.kernels import chunked, dense
 
+__all__ = [
+    "additive_paired",
+    "additive_table",
+    "limits_table",
+    "main",
+    "sdpa_table",
+    "sparse_table",
+    "tanh_table",
+]
+
 GiB = 1 << 30
 
 

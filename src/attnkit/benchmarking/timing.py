@@ -13,6 +13,8 @@ from collections.abc import Callable
 import torch
 from torch.utils import benchmark
 
+__all__ = ["in_subprocess", "machine", "measure_step", "median_seconds", "peak_rss"]
+
 
 def median_seconds(fn, *, min_run_time: float = 2.0) -> float:
     """Median wall time of ``fn()`` after a warm-up call (torch.utils.benchmark)."""

@@ -18,6 +18,8 @@ import attnkit as ak
 from attnkit.benchmarking.timing import measure_step
 from attnkit.kernels import chunked, dense
 
+__all__ = ["build", "run"]
+
 
 def build(case: dict):
     """Return a zero-argument function doing one forward + backward of the case."""

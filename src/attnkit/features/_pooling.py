@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from torch import Tensor
 
+__all__ = ["attend_one", "key_mask", "masked_mean"]
+
 
 def masked_mean(x: Tensor, mask: Tensor | None) -> Tensor:
     """Mean of x (B, n, d) over n, counting only positions where mask (B, n) is True.

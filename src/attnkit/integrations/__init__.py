@@ -2,3 +2,5 @@
 
 Each integration imports its library only when used; attnkit itself does not depend on them.
 """
+
+__all__: list[str] = []
