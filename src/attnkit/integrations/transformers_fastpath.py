@@ -23,13 +23,12 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable
-from typing import Any, ClassVar, NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
 
 from attnkit import kernels
-from attnkit import taxonomy as tx
 from attnkit.alignments import Alignment
 from attnkit.inputs import broadcast_shapes
 from attnkit.kernels import sdpa
@@ -37,14 +36,14 @@ from attnkit.kernels.base import Call
 from attnkit.kernels.block_mask import from_dense_auto
 from attnkit.output import AttentionOutput
 from attnkit.scores import Score
-from attnkit.scores.multiplicative import Dot
+from attnkit.scores.multiplicative import FixedScaleDot
 
 __all__ = ["ModelScaledDot", "SdpaPath", "eager_mask", "model_score", "split_mask"]
 
 _HALF = (torch.float16, torch.bfloat16)
 
 
-class ModelScaledDot(Dot):
+class ModelScaledDot(FixedScaleDot):
     """The score of a transformers model's own attention: e_l = s · qᵀ k_l (Brauwers Table II,
     scaled multiplicative) with the model's ``scaling`` s (1/√d for most models, 1 for T5,
     1/(√d · (layer + 1)) for GPT-2 with ``scale_attn_by_inverse_layer_idx``).
@@ -56,18 +55,6 @@ class ModelScaledDot(Dot):
     Args:
         scale: s, the model's ``scaling``.
     """
-
-    scoring: ClassVar[tx.Scoring] = tx.Scoring.SCALED_MULTIPLICATIVE
-
-    def __init__(self, scale: float) -> None:
-        super().__init__()
-        self.fixed_scale = float(scale)
-
-    def scale(self, d_k: int) -> float:
-        return self.fixed_scale
-
-    def extra_repr(self) -> str:
-        return f"scale={self.fixed_scale:g}"
 
 
 _SCORES: dict[float, ModelScaledDot] = {}

@@ -47,7 +47,7 @@ from attnkit.core import Attention
 from attnkit.kv_cache import _Owned
 from attnkit.mechanisms import REGISTRY, example_tensor
 from attnkit.positions.rope import rotate
-from attnkit.scores.multiplicative import Dot
+from attnkit.scores.multiplicative import FixedScaleDot
 
 __all__ = [
     "LatentCache",
@@ -55,20 +55,6 @@ __all__ = [
     "MultiHeadLatentAttention",
     "cache_bytes_per_token",
 ]
-
-
-class _FixedScaleDot(Dot):
-    """qᵀk · s with a fixed s: MLA scales by 1/√(d_h + d_h^R) whatever the query's size (the
-    absorbed form's queries have d_c + d_h^R features)."""
-
-    scoring = tx.Scoring.SCALED_MULTIPLICATIVE
-
-    def __init__(self, scale: float) -> None:
-        super().__init__()
-        self.fixed = float(scale)
-
-    def scale(self, d_k: int) -> float:
-        return self.fixed
 
 
 class LatentOutput(NamedTuple):
@@ -244,7 +230,7 @@ class MultiHeadLatentAttention(nn.Module):
             self.kv_rank, h * (self.head_dim + self.v_head_dim), bias=False, **kw
         )
         self.w_o = nn.Linear(h * self.v_head_dim, embed_dim, bias=bias, **kw)
-        self.attention = Attention(_FixedScaleDot(1 / math.sqrt(dq)), Softmax())
+        self.attention = Attention(FixedScaleDot(1 / math.sqrt(dq)), Softmax())
 
     @classmethod
     def example(cls):

@@ -15,7 +15,7 @@ from attnkit import taxonomy as tx
 from attnkit.layers import HeadwiseLinear, resolve_activation
 from attnkit.scores.base import REGISTRY, Score, expect_features
 
-__all__ = ["ActivatedGeneral", "BiasedGeneral", "Dot", "General", "ScaledDot"]
+__all__ = ["ActivatedGeneral", "BiasedGeneral", "Dot", "FixedScaleDot", "General", "ScaledDot"]
 
 
 def _qk(qp: Tensor, kp: Tensor) -> Tensor:
@@ -73,6 +73,30 @@ class Dot(Score):
             raise NotImplementedError(f"{type(self).__name__} with softcap is not a dot product")
         self.check(q, k)
         return q, k, self.scale(k.shape[-1])
+
+
+class FixedScaleDot(Dot):
+    """Scaled multiplicative score with a fixed scale: e_l = s · qᵀ k_l (Brauwers Table II,
+    scaled dot product, with s given rather than 1/√d_k). For parts whose scale does not follow
+    the query's size: multi-head latent attention scales by 1/√(d_h + d_h^R) whatever the
+    absorbed queries' size, and a transformers model has its own ``scaling``. Not registered:
+    it needs its scale, which no size gives.
+
+    Args:
+        scale: s, a finite number > 0.
+    """
+
+    scoring = tx.Scoring.SCALED_MULTIPLICATIVE
+
+    def __init__(self, scale: float) -> None:
+        super().__init__()
+        self.fixed_scale = arguments.finite_float(scale, "scale", positive=True)
+
+    def scale(self, d_k: int) -> float:
+        return self.fixed_scale
+
+    def extra_repr(self) -> str:
+        return f"scale={self.fixed_scale:g}"
 
 
 @REGISTRY.register("scaled_dot")
