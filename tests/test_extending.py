@@ -47,6 +47,10 @@ def user_dir(tmp_path, monkeypatch):
     registries, the imported user modules and the loaded task files are as they were."""
     from attnkit.tasks import user
 
+    # Fill the lazily loaded registries first: a snapshot taken before a package registers its
+    # parts would drop them on restore, while the package stays imported and never re-registers.
+    for registry in (ak.mechanisms, ak.scores, ak.alignments, ak.positions, ak.tasks):
+        registry.available()
     tables = [(r, r.snapshot()) for r in list(Registry.instances)]
     monkeypatch.setattr(user, "_modules", {})
     for name, (_, text) in files_in_the_docs().items():

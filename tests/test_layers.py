@@ -29,6 +29,15 @@ def test_missing_head_dim_is_reported():
         HeadwiseLinear(5, 3, num_heads=4)(torch.randn(2, 3, 6, 5))
 
 
+def test_the_number_of_heads_is_kept_under_the_constructor_name():
+    layer = HeadwiseLinear(5, 3, num_heads=4)
+    assert layer.num_heads == 4 and layer.weight.shape == (4, 3, 5)
+    assert HeadwiseLinear(5, 3).num_heads is None
+    assert "num_heads=4" in repr(layer)
+    with pytest.raises(TypeError, match="`heads` is now `num_heads`"):
+        HeadwiseLinear(5, 3, heads=4)
+
+
 def test_activation_lookup():
     assert resolve_activation("relu")(torch.tensor(-1.0)) == 0
     with pytest.raises(ValueError, match="unknown activation"):

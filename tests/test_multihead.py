@@ -138,7 +138,7 @@ def test_named_scores_are_built_with_explicit_sizes():
     # d_q = d_k = d_w = E/H: each score's for_heads names its sizes (no keyword filtering).
     d = E // H
     additive = ak.MultiHeadAttention(E, H, score="additive").score
-    assert (additive.d_q, additive.d_k, additive.d_w, additive.heads) == (d, d, d, H)
+    assert (additive.d_q, additive.d_k, additive.d_w, additive.num_heads) == (d, d, d, H)
     deep = ak.MultiHeadAttention(E, H, score="deep").score
     assert (deep.d_w, deep.depth, len(deep.hidden)) == (d, 2, 1)
     assert ak.MultiHeadAttention(E, H, score="learned_query").score.query.shape == (H, 1, d)

@@ -19,11 +19,11 @@ class Table(Sized, nn.Module):
     """A part with a size table, an optional size, and a required non-size argument."""
 
     part_kind = "table"
-    size_arguments = {"d": "head_dim", "rows": "max_len", "heads": "num_heads"}  # noqa: RUF012
+    size_arguments = {"d": "head_dim", "rows": "max_len", "num_heads": "num_heads"}  # noqa: RUF012
 
-    def __init__(self, d, kind, *, rows=7, heads=None, device=None, dtype=None):
+    def __init__(self, d, kind, *, rows=7, num_heads=None, device=None, dtype=None):
         super().__init__()
-        self.d, self.kind, self.rows, self.heads = d, kind, rows, heads
+        self.d, self.kind, self.rows, self.num_heads = d, kind, rows, num_heads
         self.weight = nn.Parameter(torch.zeros(rows, d, device=device, dtype=dtype))
 
 
@@ -37,7 +37,7 @@ class Plain(Sized, nn.Module):
 
 def test_sizes_fill_the_declared_arguments_and_overrides_replace_them():
     part = Table.for_heads(4, 2, max_len=9, kind="a")
-    assert (part.d, part.rows, part.heads, part.kind) == (4, 9, 2, "a")
+    assert (part.d, part.rows, part.num_heads, part.kind) == (4, 9, 2, "a")
     # a size not given leaves its argument at the default
     assert Table.for_heads(head_dim=4, kind="a").rows == 7
     assert Table.for_heads(head_dim=4, max_len=9, kind="a", rows=3).rows == 3
@@ -81,13 +81,13 @@ def test_example_sizes():
         Table.example()  # the default example is for_heads at the example sizes
 
     class Kinded(Table):
-        def __init__(self, d, *, rows=7, heads=None):
-            super().__init__(d, "k", rows=rows, heads=heads)
+        def __init__(self, d, *, rows=7, num_heads=None):
+            super().__init__(d, "k", rows=rows, num_heads=num_heads)
 
     example = Kinded.example()
-    assert (example.d, example.rows, example.heads) == (4, 16, None)
+    assert (example.d, example.rows, example.num_heads) == (4, 16, None)
     example = Kinded.example(max_len=12, num_heads=2, head_dim=3)
-    assert (example.d, example.rows, example.heads) == (3, 12, 2)
+    assert (example.d, example.rows, example.num_heads) == (3, 12, 2)
     assert list(Kinded.examples()) == [""]
 
 
@@ -116,7 +116,7 @@ def test_every_score_is_built_by_keyword_or_position_and_per_head(name):
     sizes = {key: p.shape for key, p in by_keyword.named_parameters()}
     assert sizes == {key: p.shape for key, p in by_position.named_parameters()}
     if sizes:  # one parameter set per head: the head dim leads every parameter but scalars
-        assert by_keyword.heads == 2
+        assert by_keyword.num_heads == 2
     q, k = torch.randn(1, 2, 3, 6), torch.randn(1, 2, 5, 6)
     assert by_keyword(q, k).shape == (1, 2, 3, 5)
 

@@ -41,8 +41,8 @@ def resolve_activation(act: str | Callable[[Tensor], Tensor]) -> Callable[[Tenso
 
 @arguments.renamed(heads="num_heads")
 class HeadwiseLinear(nn.Module):
-    """``y = W x + b`` with, when ``num_heads`` is set (kept as ``heads``), one independent
-    (W, b) per attention head.
+    """``y = W x + b`` with, when ``num_heads`` is set (kept as the attribute ``num_heads``),
+    one independent (W, b) per attention head.
 
     Shapes: without heads, x (…, d_in) -> (…, d_out). With heads H, x (…, H, *inner, d_in) where
     ``inner`` is ``inner_dims`` dimensions (1 for (M, d), 2 for (M, N, d)) -> (…, H, *inner, d_out).
@@ -64,7 +64,7 @@ class HeadwiseLinear(nn.Module):
         arguments.positive_int(d_out, "d_out")
         arguments.optional_positive_int(num_heads, "num_heads")
         arguments.boolean(bias, "bias")
-        self.d_in, self.d_out, self.heads = d_in, d_out, num_heads
+        self.d_in, self.d_out, self.num_heads = d_in, d_out, num_heads
         lead = () if num_heads is None else (num_heads,)
         kw = {"device": device, "dtype": dtype}
         self.weight = nn.Parameter(torch.empty(*lead, d_out, d_in, **kw))
@@ -88,12 +88,12 @@ class HeadwiseLinear(nn.Module):
                 f"input has {x.shape[-1]} features (shape {tuple(x.shape)}) but this layer "
                 f"takes d_in = {d_in}"
             )
-        if self.heads is None:
+        if self.num_heads is None:
             return F.linear(x, weight, bias)
         lead = x.shape[: x.dim() - inner_dims - 1]
-        if len(lead) == 0 or lead[-1] != self.heads:
+        if len(lead) == 0 or lead[-1] != self.num_heads:
             raise ValueError(
-                f"expected a head dimension of size {self.heads} at dim "
+                f"expected a head dimension of size {self.num_heads} at dim "
                 f"{-(inner_dims + 2)} of input shape {tuple(x.shape)}"
             )
         inner = x.shape[x.dim() - inner_dims - 1 : -1]
@@ -104,4 +104,4 @@ class HeadwiseLinear(nn.Module):
         return y.reshape(*lead, *inner, self.d_out)
 
     def extra_repr(self) -> str:
-        return f"d_in={self.d_in}, d_out={self.d_out}, num_heads={self.heads}"
+        return f"d_in={self.d_in}, d_out={self.d_out}, num_heads={self.num_heads}"

@@ -92,7 +92,7 @@ def test_which_scores_take_the_tile():
 
 def _compare(score, dtype=torch.float32, mask=False, query_free=False, tol=2e-5):
     g = torch.Generator().manual_seed(3)
-    heads = score.heads
+    heads = score.num_heads
     lead = (2,) if heads is None else (2, heads)
     q = None if query_free else torch.randn(*lead, 13, 6, generator=g)
     k, v = torch.randn(*lead, 21, 6, generator=g), torch.randn(*lead, 21, 3, generator=g)

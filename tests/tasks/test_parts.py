@@ -23,10 +23,10 @@ def test_every_registered_score_is_built_by_its_class():
     assert parts.usable_scores() == ak.scores.available()
     for name in ak.scores.available():
         score = parts.build_score(name, head_dim=6, max_len=9)
-        assert score.registered_name == name and score.heads is None
+        assert score.registered_name == name and score.num_heads is None
         per_head = parts.build_score(name, head_dim=6, max_len=9, num_heads=2)
         # a score with parameters holds one set per head; one without has nothing to split
-        assert per_head.heads == 2 or not list(per_head.parameters()), name
+        assert per_head.num_heads == 2 or not list(per_head.parameters()), name
 
 
 def test_sizes_and_overrides_reach_the_score():
@@ -65,7 +65,7 @@ def test_unknown_names_name_the_closest():
 def test_alignments_are_built_by_their_class_and_refused_clearly(registries):
     local = parts.build_alignment("local", 6)
     assert (local.position, local.window, local.W_p.d_in) == ("predictive", 2, 6)
-    assert parts.build_alignment("query_temperature", 6, num_heads=2).predictor.heads == 2
+    assert parts.build_alignment("query_temperature", 6, num_heads=2).predictor.num_heads == 2
 
     @ak.alignments.REGISTRY.register("needs_scale")
     class NeedsScale(ak.alignments.Softmax):
@@ -196,12 +196,12 @@ class BilinearOneFile(ak.scores.Score):
     """e_l = qᵀ W k_l / √d, one W per head."""
 
     scoring = tx.Scoring.GENERAL
-    size_arguments = {"d": "head_dim", "heads": "num_heads"}
+    size_arguments = {"d": "head_dim", "num_heads": "num_heads"}
 
-    def __init__(self, d, *, heads=None, device=None, dtype=None):
+    def __init__(self, d, *, num_heads=None, device=None, dtype=None):
         super().__init__()
-        self.d, self.heads = d, heads
-        shape = (d, d) if heads is None else (heads, d, d)
+        self.d, self.num_heads = d, num_heads
+        shape = (d, d) if num_heads is None else (num_heads, d, d)
         self.W = torch.nn.Parameter(torch.randn(shape, device=device, dtype=dtype) / d)
 
     def project_query(self, q):
@@ -258,3 +258,6 @@ def test_a_score_registered_in_one_file_reaches_run_the_contract_suites_and_the_
     mha = ak.MultiHeadAttention(8, 2, score="bilinear_one_file")
     assert mha.score.W.shape == (2, 4, 4)
     assert mha(torch.randn(1, 5, 8)).context.shape == (1, 5, 8)
+    # its num_heads is read by the score's input check: inputs without the head dim are refused
+    with pytest.raises(ValueError, match="built with num_heads=2"):
+        mha.score(torch.randn(2, 5, 4), torch.randn(2, 5, 4))

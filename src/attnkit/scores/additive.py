@@ -58,7 +58,7 @@ class Additive(Score):
         arguments.positive_int(d_k, "d_k")
         arguments.positive_int(d_w, "d_w")
         arguments.optional_positive_int(d_out, "d_out")
-        self.heads = arguments.optional_positive_int(num_heads, "num_heads")
+        self.num_heads = arguments.optional_positive_int(num_heads, "num_heads")
         kw = {"num_heads": num_heads, "device": device, "dtype": dtype}
         self.d_q, self.d_k, self.d_w, self.d_out = d_q, d_k, d_w, d_out
         self.query_free = d_q is None
@@ -152,7 +152,7 @@ class Concat(Additive):
         kp = self.W(k, columns=slice(d_q, d_q + self.d_k))
         bias = self.W.bias
         assert bias is not None
-        return kp + (bias if self.W.heads is None else bias[:, None, :])
+        return kp + (bias if self.W.num_heads is None else bias[:, None, :])
 
 
 @REGISTRY.register("deep")

@@ -29,7 +29,7 @@ def expect_features(x: Tensor, d: int, name: str, what: str) -> None:
 def check_heads(score: Score, q: Tensor | None, k: Tensor) -> None:
     """Raise unless q and k carry the score's head dim at -3 after a batch dim (a per-head
     score given (B, M, d) would otherwise read the batch as heads)."""
-    h = score.heads
+    h = score.num_heads
     if h is None:
         return
     for name, x in (("q", q), ("k", k)):
@@ -69,9 +69,10 @@ class Score(Sized, nn.Module):
     - ``compile_tile``: the chunked kernel may compile ``pairwise`` for its tiles.
     - ``query_free``: the query's content is ignored (self-attentive scores, eq. 33–34); ``q``
       may be None, and the scores then have M = 1.
-    - ``heads``: H (the constructor's ``num_heads``) when the score holds one parameter set
-      per head; its inputs are then (B, …, H, L, d), the head dim at -3 with at least one
-      batch dim before it.
+    - ``num_heads``: H (as given to the constructor) when the score holds one parameter set
+      per head, None otherwise; its inputs are then (B, …, H, L, d), the head dim at -3 with
+      at least one batch dim before it. A score of one's own that holds per-head parameters
+      sets ``self.num_heads`` so that its inputs are checked.
 
     Built at given sizes by ``for_heads(head_dim, num_heads, *, max_len=None, **overrides)``
     (:class:`attnkit.sizing.Sized`): q and k of ``head_dim`` features, one parameter set per
@@ -92,7 +93,7 @@ class Score(Sized, nn.Module):
     # The chunked kernel may compile ``pairwise`` (torch.compile) for its tiles: worth it for
     # scores whose tile is elementwise work over (M_b, N_b, d_w), bound by memory traffic.
     compile_tile: ClassVar[bool] = False
-    heads: int | None = None
+    num_heads: int | None = None
 
     @property
     def multi_dimensional(self) -> bool:

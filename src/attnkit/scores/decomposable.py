@@ -64,7 +64,7 @@ class Decomposable(Score):
         self.d_q = arguments.positive_int(d_q, "d_q")
         self.d_k = arguments.positive_int(d_k, "d_k")
         self.d_w = arguments.positive_int(d_w, "d_w")
-        self.heads = arguments.optional_positive_int(num_heads, "num_heads")
+        self.num_heads = arguments.optional_positive_int(num_heads, "num_heads")
         self.act = resolve_activation(activation)
         kw = {"num_heads": num_heads, "bias": True, "device": device, "dtype": dtype}
         self.W1 = HeadwiseLinear(d_q, d_w, **kw)  # W_1, b_1: the query network

@@ -56,7 +56,7 @@ class Hermitian(Score):
         super().__init__()
         self.d_k = arguments.positive_int(d_k, "d_k")
         self.d_w = arguments.positive_int(d_w, "d_w")
-        self.heads = arguments.optional_positive_int(num_heads, "num_heads")
+        self.num_heads = arguments.optional_positive_int(num_heads, "num_heads")
         kw = {"num_heads": num_heads, "bias": False, "device": device, "dtype": dtype}
         self.W_re = HeadwiseLinear(d_k, d_w, **kw)
         self.W_im = HeadwiseLinear(d_k, d_w, **kw)
@@ -134,7 +134,7 @@ class DirectedHermitian(Hermitian):
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__(d_k, d_w, num_heads=num_heads, device=device, dtype=dtype)
-        shape = (d_w,) if self.heads is None else (self.heads, 1, d_w)
+        shape = (d_w,) if self.num_heads is None else (self.num_heads, 1, d_w)
         kw = {"device": device, "dtype": dtype}
         self.r_re = torch.nn.Parameter(torch.ones(shape, **kw))
         self.r_im = torch.nn.Parameter(torch.empty(shape, **kw).uniform_(-1.0, 1.0))

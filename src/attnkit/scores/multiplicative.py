@@ -126,7 +126,7 @@ class _QueryMapped(Score):
         super().__init__()
         self.d_q = arguments.positive_int(d_q, "d_q")
         self.d_k = arguments.positive_int(d_k, "d_k")
-        self.heads = arguments.optional_positive_int(num_heads, "num_heads")
+        self.num_heads = arguments.optional_positive_int(num_heads, "num_heads")
         self.W = HeadwiseLinear(
             d_q, d_k, num_heads=num_heads, bias=bias, device=device, dtype=dtype
         )

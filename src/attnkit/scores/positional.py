@@ -43,7 +43,7 @@ class Location(Score):
         super().__init__()
         self.d_q = arguments.positive_int(d_q, "d_q")
         self.max_len = arguments.positive_int(max_len, "max_len")
-        self.heads = arguments.optional_positive_int(num_heads, "num_heads")
+        self.num_heads = arguments.optional_positive_int(num_heads, "num_heads")
         self.W_a = HeadwiseLinear(
             d_q, max_len, num_heads=num_heads, bias=True, device=device, dtype=dtype
         )
@@ -129,7 +129,7 @@ class Convolutional(Score):
         super().__init__()
         self.d_k = arguments.positive_int(d_k, "d_k")
         self.width = arguments.positive_int(width, "width")
-        self.heads = arguments.optional_positive_int(num_heads, "num_heads")
+        self.num_heads = arguments.optional_positive_int(num_heads, "num_heads")
         self.act = resolve_activation(activation)
         h = 1 if num_heads is None else num_heads
         bound = 1.0 / math.sqrt(d_k * width)
@@ -145,7 +145,7 @@ class Convolutional(Score):
 
     def _taps(self, k: Tensor) -> Tensor:
         """P[…, l, t] = w_tᵀ k_l: key l's term in a window where it sits at tap t, (…, N, width)."""
-        if self.heads is None:
+        if self.num_heads is None:
             return torch.einsum("...nc,ct->...nt", k, self.filter[0])
         return torch.einsum("...hnc,hct->...hnt", k, self.filter)
 
@@ -157,7 +157,7 @@ class Convolutional(Score):
         padded = F.pad(taps, (0, 0, w - 1, w - 1))  # (…, N + 2(w-1), w)
         # energy of the window starting at key i - (w - 1), for i in [0, N + w - 1)
         energy = sum(padded[..., t : t + n + w - 1, t] for t in range(w))
-        bias = self.b[0] if self.heads is None else self.b.view(-1, *(1,) * (1 + rows))
+        bias = self.b[0] if self.num_heads is None else self.b.view(-1, *(1,) * (1 + rows))
         act = self.act(energy + bias)
         return sum(act[..., s : s + n] for s in range(w)) / w  # (…, N)
 

@@ -39,7 +39,7 @@ class LearnedQuery(Score):
         super().__init__()
         self.d_k = arguments.positive_int(d_k, "d_k")
         self.scaled = arguments.boolean(scaled, "scaled")
-        self.heads = arguments.optional_positive_int(num_heads, "num_heads")
+        self.num_heads = arguments.optional_positive_int(num_heads, "num_heads")
         shape = (1, d_k) if num_heads is None else (num_heads, 1, d_k)
         bound = 1.0 / math.sqrt(d_k)
         self.query = nn.Parameter(
