@@ -29,3 +29,10 @@ def test_every_module_lists_what_it_exports_and_each_name_exists(name):
 def test_the_package_exports_the_head_part_and_the_core():
     assert {"HeadAttention", "Attention", "attention", "AttentionOutput"} <= set(attnkit.__all__)
     assert attnkit.attention is importlib.import_module("attnkit.core").attention
+
+
+def test_subpackages_load_on_first_use():
+    for name in ("efficient", "linear_family", "modern", "sparse_trainable", "training"):
+        assert getattr(attnkit, name) is importlib.import_module(f"attnkit.{name}")
+    with pytest.raises(AttributeError, match="no attribute 'efficent'"):
+        attnkit.efficent  # noqa: B018

@@ -35,12 +35,33 @@ from attnkit.transformer import (
 __version__ = "0.1.0"
 
 
+# Subpackages loaded on first use (``ak.efficient.Performer``), so that ``import attnkit`` stays
+# light; ``import attnkit.efficient`` works as well.
+_LAZY = (
+    "distributed",
+    "efficient",
+    "experiments",
+    "integrations",
+    "linear_family",
+    "logits",
+    "models",
+    "modern",
+    "sparse_trainable",
+    "tasks",
+    "training",
+)
+
+
 def __getattr__(name: str):
     # load_run reaches the tasks and the experiment tool, which import the parts: load it on use.
     if name == "load_run":
         from attnkit.experiments.reload import load_run
 
         return load_run
+    if name in _LAZY:
+        import importlib
+
+        return importlib.import_module(f"attnkit.{name}")
     raise AttributeError(f"module 'attnkit' has no attribute {name!r}")
 
 
@@ -59,19 +80,30 @@ __all__ = [
     "alignments",
     "attention",
     "describe",
+    "distributed",
+    "efficient",
     "evaluation",
+    "experiments",
     "features",
     "hooks",
+    "integrations",
     "kernels",
+    "linear_family",
     "load_run",
+    "logits",
     "masks",
     "mechanisms",
     "memory",
+    "models",
+    "modern",
     "patterns",
     "positions",
     "queries",
     "regularisers",
     "scores",
+    "sparse_trainable",
+    "tasks",
     "taxonomy",
+    "training",
     "vision",
 ]
