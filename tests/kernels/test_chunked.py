@@ -292,6 +292,28 @@ def test_fused_path_is_skipped_when_it_would_not_be_exact():
     torch.testing.assert_close(capped, w @ v)
 
 
+@pytest.mark.parametrize("through", ["block_mask", "dense mask"])
+def test_a_nan_key_masked_for_some_rows_reaches_only_the_rows_that_attend_it(through):
+    """A key masked for some query rows is NaN: the rows that may attend it are NaN, the others
+    are exact (the fused pieces add the mask to the scores, and NaN + −inf would be NaN)."""
+    g = torch.Generator().manual_seed(14)
+    n = 1024  # a dense mask of this size is evaluated block-sparsely (from_dense_auto)
+    q, k, v = (torch.randn(1, 2, n, 8, generator=g, dtype=torch.float64) for _ in range(3))
+    pattern = ak.patterns.sliding_window(10, causal=True)
+    allowed = ak.patterns.dense(pattern, n, n)
+    k_nan = k.clone()
+    k_nan[..., 50, :] = float("nan")
+    if through == "block_mask":
+        bm = ak.patterns.block_mask(pattern, n, block_q=32, block_k=32)
+        out = ak.attention(q, k_nan, v, block_mask=bm).context
+    else:
+        out = ak.attention(q, k_nan, v, mask=allowed).context
+    reads = allowed[:, 50]  # the rows that may attend key 50
+    assert torch.isnan(out[..., reads, :]).all()
+    ref = _reference(q, k, v, allowed)
+    torch.testing.assert_close(out[..., ~reads, :], ref[..., ~reads, :])
+
+
 def test_fused_path_is_only_for_cpu_tensors():
     """The fused pieces are PyTorch's CPU kernel: inputs elsewhere take the tiled path."""
     bm = ak.patterns.block_mask(ak.patterns.causal(), 40, block_q=8, block_k=8)

@@ -523,10 +523,20 @@ def _has_key(mask: Tensor, block_mask: BlockMask) -> Tensor:
 
 
 def _fused_reasons(
-    plan: _Plan, q, k, v, bias, score: Score, align: Alignment, need_weights: bool
+    plan: _Plan,
+    q,
+    k,
+    v,
+    bias,
+    score: Score,
+    align: Alignment,
+    need_weights: bool,
+    finite: bool = False,
 ) -> list[str]:
     """Why a block-sparse call cannot take the fused path (:func:`_sparse_fused`); empty when
-    it can."""
+    it can. ``finite``: the caller knows that every masked key and value is finite (else the
+    keys are looked at: the fused pieces add the mask to the scores, and a NaN or infinite key
+    would give NaN + −inf = NaN in the rows that the mask hides it from)."""
     reasons = []
     if plan.block_mask is None:
         reasons.append("no block mask")
@@ -555,6 +565,8 @@ def _fused_reasons(
             reasons.append("a gradient is required for more than q, k and v")
     if torch.compiler.is_compiling():
         reasons.append("inside torch.compile")
+    if not reasons and not finite and not _finite(k):
+        reasons.append("a key is not finite (a masked one would reach the rows it is hidden from)")
     return reasons
 
 
@@ -1279,7 +1291,9 @@ def attend(
         score_mod=score_mod,
         span_k=span_k,
     )
-    if _FLASH is not None and not _fused_reasons(plan, q, k, v, bias, score, align, need_weights):
+    if _FLASH is not None and not _fused_reasons(
+        plan, q, k, v, bias, score, align, need_weights, finite
+    ):
         if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, v)):
             return AttentionOutput(_sparse_fused_grad(plan, q, k, v, bias, score, align))
         return AttentionOutput(_sparse_fused(plan, q, k, v, bias, score, align))
