@@ -68,6 +68,18 @@ def test_memory_cache_projects_the_memory_once():
         mha(y, memory, memory, cache=LayerCache(), memory_cache=fixed)
 
 
+def test_memory_cache_refuses_a_memory_changed_in_place_during_a_decode():
+    torch.manual_seed(0)
+    mha = ak.MultiHeadAttention(8, 2).double()
+    memory = torch.randn(1, 5, 8, dtype=torch.float64)
+    fixed = ak.kv_cache.MemoryCache()
+    y = torch.randn(1, 1, 8, dtype=torch.float64)
+    mha(y, memory, memory, memory_cache=fixed)
+    memory.mul_(2.0)  # stale projections would now be reused silently
+    with pytest.raises(ValueError, match="changed in place"):
+        mha(y, memory, memory, memory_cache=fixed)
+
+
 def _score(name, d, heads):
     return ak.scores.Location(d, 8, num_heads=heads) if name == "location" else name
 

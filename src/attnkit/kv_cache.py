@@ -75,6 +75,7 @@ class MemoryCache(_Owned):
         self.k: Tensor | None = None
         self.v: Tensor | None = None
         self._source: tuple[Tensor, Tensor] | None = None
+        self._versions: tuple[int, int] = (0, 0)
 
     def __len__(self) -> int:
         """N, the number of memory positions (0 before the first step)."""
@@ -86,7 +87,12 @@ class MemoryCache(_Owned):
         if self._source is None:
             return False
         if self._source[0] is key and self._source[1] is value:
-            return True
+            if self._versions == (key._version, value._version):
+                return True
+            raise ValueError(
+                "the memory this cache holds the projections of was changed in place during "
+                "the decode; start a new cache for a new memory"
+            )
         raise ValueError(
             "this cache holds the projections of another memory: a decode must pass the same "
             "encoder output (the same tensor) at every step; start a new cache for a new memory"
@@ -95,6 +101,7 @@ class MemoryCache(_Owned):
     def store(self, key: Tensor, value: Tensor, k: Tensor, v: Tensor) -> None:
         """Keep k and v, the projections of ``key`` and ``value``."""
         self._source, self.k, self.v = (key, value), k, v
+        self._versions = (key._version, value._version)
 
     @property
     def nbytes(self) -> int:
