@@ -151,18 +151,21 @@ def _recurrence(q, k, v, g):
     return torch.stack(outs, -2)
 
 
-@pytest.mark.parametrize("form", ["chunkwise", "recurrent"])
+@pytest.mark.parametrize("form", ["chunkwise", "sub-chunked", "recurrent"])
 @pytest.mark.parametrize("vector", [True, False], ids=["per-dimension", "scalar"])
 def test_a_training_step_grows_linearly_in_the_length(vector, form):
-    """A forward and backward of the chunkwise and recurrent forms at 4N computes 4× the
-    elements of one at N (O(N·C) at a fixed chunk size, O(N) steps), and their gradients equal
-    those of the recurrence at many chunks."""
+    """A forward and backward of the chunkwise form (chunks of 4, or of 2·SUB + 1 with
+    per-dimension decays split at sub-chunk ends) and of the recurrent form at 4N computes 4×
+    the elements of one at N (O(N·C) at a fixed chunk size, O(N) steps), and their gradients
+    equal those of the recurrence."""
 
     def step(n, form):
         q, k, v, alpha = _inputs(lead=(1, 2), n=n, dk=4, dv=4, vector=vector, seed=5)
         xs = [x.requires_grad_() for x in (q, k, v, alpha.log())]
         if form == "chunkwise":
             out = decay.chunkwise(*xs, 4)[0]
+        elif form == "sub-chunked":
+            out = decay.chunkwise(*xs, 2 * decay.SUB + 1)[0]
         elif form == "recurrent":
             out = decay.recurrent(*xs)[0]
         else:
@@ -172,5 +175,5 @@ def test_a_training_step_grows_linearly_in_the_length(vector, form):
 
     small, large = (_elements_computed(lambda n=n: step(n, form)) for n in (128, 512))
     assert large / small < 4.4, f"{large / small:.2f}× the elements for 4× the length"
-    for a, b in zip(step(61, form), step(61, "reference"), strict=True):  # 16 chunks of 4
+    for a, b in zip(step(61, form), step(61, "reference"), strict=True):  # chunks not dividing 61
         torch.testing.assert_close(a, b, atol=1e-11, rtol=1e-9)
