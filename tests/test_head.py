@@ -391,3 +391,11 @@ def test_head_output_is_attention_output_with_the_mechanism_members():
     halved = named.map(lambda t: t[:1])
     assert type(halved) is ak.AttentionOutput and halved.scores is None
     assert halved.context.shape == (1, 3) and halved.extra["near"].shape == (1,)
+
+
+def test_causal_attention_is_refused_for_parts_without_a_causal_form_or_mask():
+    assert "no causal form" in ak.efficient.Linformer(8, 16).refusal(causal=True)
+    assert "honours no causal mask" in ak.efficient.LinearAttention(causal=True).refusal(
+        causal=True
+    )
+    assert ak.Attention("scaled_dot", "softmax").refusal(causal=True) is None  # by a causal mask

@@ -121,6 +121,7 @@ class HeadAttention(nn.Module):
         score_mod: bool = False,
         cache: bool = False,
         q_offset: bool = False,
+        causal: bool = False,
     ) -> list[str]:
         """Every reason why a call asking for these is not supported (empty when it is).
 
@@ -129,9 +130,25 @@ class HeadAttention(nn.Module):
             bias, block_mask, score_mod: whether the call passes one.
             cache: whether the call decodes with a KV cache.
             q_offset: whether the queries sit after other positions (q_offset > 0).
+            causal: whether the part is to attend causally inside a decoder's self-attention,
+                which passes a causal mask: the part needs a causal form and to honour that
+                mask.
         """
         name = type(self).__name__
         out = []
+        if causal and not self.causal_form:
+            out.append(
+                f"attention part {name} has no causal form (causal_form is False): it cannot "
+                "attend causally, as a decoder's self-attention must"
+            )
+        elif causal and not {"causal", "full"} & set(self.mask_forms):
+            out.append(
+                f"attention part {name} honours no causal mask (mask_forms: "
+                f"{', '.join(sorted(self.mask_forms)) or 'none'}), and a decoder's "
+                "self-attention passes one with every call of more than one query; use it "
+                "causally on its own (its causal mode) or pick a part whose mask_forms include "
+                "'causal'"
+            )
         form = mask_form(mask, m)
         if form is not None and not self.mask_forms:
             out.append(

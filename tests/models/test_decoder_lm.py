@@ -184,3 +184,13 @@ def test_generate_refuses_the_cache_for_a_part_that_cannot_decode_and_says_how_t
         lm.generate(prompt, 2)
     out = lm.generate(prompt, 2, use_cache=False)  # the remedy it names works
     assert out.shape == (1, 5) and torch.equal(out[:, :3], prompt)
+
+
+def test_a_part_that_cannot_attend_causally_is_refused_when_the_model_is_built():
+    with pytest.raises(ValueError, match="Linformer has no causal form"):
+        DecoderLM(50, 16, 2, 1, max_len=16, attention=ak.efficient.Linformer(8, 16))
+    with pytest.raises(ValueError, match="LinearAttention honours no causal mask"):
+        DecoderLM(50, 16, 2, 1, max_len=16, attention=ak.efficient.LinearAttention(causal=True))
+    retention = ak.linear_family.Retention(8, num_heads=2)
+    lm = DecoderLM(50, 16, 2, 1, max_len=16, attention=retention)
+    assert lm(torch.randint(0, 50, (1, 5))).shape == (1, 5, 50)

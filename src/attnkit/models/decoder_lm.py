@@ -81,6 +81,9 @@ class DecoderLM(nn.Module):
         self.decoder = TransformerDecoder(
             layers, embed_dim, num_heads, d_ff, cross_attention=False, position=position, **layer
         )
+        for block in self.decoder.layers:  # refused now rather than at the first call
+            mha = getattr(block.self_attention, "module", block.self_attention)
+            mha.attention.check_supported(f"{type(self).__name__}(attention=...)", causal=True)
         self.head = nn.Linear(embed_dim, vocab_size, bias=False, **kw)
         if arguments.boolean(tie_embeddings, "tie_embeddings"):
             self.head.weight = self.tokens.weight
