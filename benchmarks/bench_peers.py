@@ -61,6 +61,8 @@ from torch import Tensor, nn
 
 import attnkit as ak
 from attnkit import patterns as pt
+from attnkit.benchmarking.memory import reset_peak as _reset_peak
+from attnkit.benchmarking.memory import status as _status
 from attnkit.benchmarking.timing import machine, peak_rss
 from attnkit.efficient import (
     LinearAttention,
@@ -325,28 +327,6 @@ def difference(pair: Pair) -> tuple[float, int, int]:
     scale = b.abs().max()
     rows = (a - b).abs().amax(-1) / scale
     return float(rows.max()), int((rows > 1e-4).sum()), rows.numel()
-
-
-def _status(field: str) -> int | None:
-    """A ``/proc/self/status`` memory field in bytes (Linux), or None."""
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith(field + ":"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        return None
-    return None
-
-
-def _reset_peak() -> bool:
-    """Reset this process's peak resident memory (VmHWM; Linux ≥ 4.0), True when done."""
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-    except OSError:
-        return False
-    return _status("VmHWM") is not None
 
 
 def _trim() -> None:

@@ -28,6 +28,8 @@ import torch
 from torch import Tensor
 
 import attnkit as ak
+from attnkit.benchmarking.memory import reset_peak as _reset_peak
+from attnkit.benchmarking.memory import status as _status
 from attnkit.benchmarking.timing import machine
 
 MiB = float(1 << 20)
@@ -178,26 +180,6 @@ def _cases() -> dict[str, Case]:
             _layer(lambda: ISAB(256, H, 32), 256),
         ),
     }
-
-
-def _status(field: str) -> int | None:
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith(field + ":"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        return None
-    return None
-
-
-def _reset_peak() -> bool:
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-    except OSError:
-        return False
-    return True
 
 
 def _trim() -> None:

@@ -45,7 +45,6 @@ same run.
 
 from __future__ import annotations
 
-import ctypes
 import json
 import math
 import statistics
@@ -55,6 +54,9 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
 
 import torch
+
+from attnkit.benchmarking.memory import reset_peak as _reset_peak
+from attnkit.benchmarking.memory import status as _status
 
 __all__ = ["FORMS", "LINEAR", "Sizes", "main", "run_cell", "sizes", "table"]
 
@@ -153,30 +155,6 @@ def _decoder(form: str, layer: torch.nn.Module, cache) -> Callable[[torch.Tensor
     if form == "mla-absorbed":
         return lambda x: layer(x, cache=cache, absorbed=True)
     return lambda x: layer(x, cache=cache)
-
-
-def _status(field: str) -> int | None:
-    """``VmRSS`` or ``VmHWM`` of this process in bytes (None where /proc is not there)."""
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith(field + ":"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        return None
-    return None
-
-
-def _reset_peak() -> bool:
-    """Return free heap memory to the system and reset this process's peak resident memory
-    (``VmHWM``) to the current one; False where that is not possible."""
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-    except (OSError, AttributeError):
-        return False
-    return True
 
 
 def run_cell(case: dict) -> dict:

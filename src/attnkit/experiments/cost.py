@@ -10,13 +10,13 @@ the process's lifetime maximum (``ru_maxrss``) and says so (``peak_is_lifetime``
 
 from __future__ import annotations
 
-import ctypes
-import gc
 import resource
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 
+from attnkit.benchmarking.memory import reset_peak as _reset_peak
+from attnkit.benchmarking.memory import status as _status
 from attnkit.tasks.base import Metric
 
 __all__ = ["METRICS", "measure"]
@@ -27,29 +27,6 @@ METRICS: dict[str, Metric] = {
         "peak resident memory added by training, MiB (above the data and model)", "lower"
     ),
 }
-
-
-def _status(field: str) -> int | None:
-    try:
-        with open("/proc/self/status", encoding="ascii") as f:
-            for line in f:
-                if line.startswith(field + ":"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        return None
-    return None
-
-
-def _reset_peak() -> bool:
-    gc.collect()
-    with suppress(OSError, AttributeError):  # glibc only
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    try:
-        with open("/proc/self/clear_refs", "w", encoding="ascii") as f:
-            f.write("5")
-    except OSError:
-        return False
-    return _status("VmHWM") is not None
 
 
 @contextmanager
