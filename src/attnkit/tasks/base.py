@@ -19,7 +19,7 @@ from torch import Tensor, nn
 
 from attnkit.registry import Registry
 
-__all__ = ["REGISTRY", "Metric", "Task", "TaskRegistry", "Unused", "setting"]
+__all__ = ["REGISTRY", "Metric", "Task", "TaskRegistry", "Unused", "at_least", "setting"]
 
 _SCALARS = (bool, int, float, str)
 
@@ -37,6 +37,16 @@ def setting(default: Any, help: str) -> Any:
     if not isinstance(help, str) or not help.strip():
         raise TypeError(f"help must be a non-empty str, got {help!r}")
     return dataclasses.field(default=default, metadata={"help": help})
+
+
+def at_least(settings: Any, minimum: int, *names: str) -> None:
+    """Refuse a setting of ``settings`` (a settings dataclass) below ``minimum``, naming it:
+    the settings ``names`` (all of them when none are given); None (not set) passes."""
+    for name in names or [f.name for f in dataclasses.fields(settings)]:
+        value = getattr(settings, name)
+        if value is not None and value < minimum:
+            kind = "a positive int" if minimum == 1 else f"an int >= {minimum}"
+            raise ValueError(f"setting {name} must be {kind}, got {value!r}")
 
 
 def _allowed_types(annotation: Any) -> tuple[type, ...]:

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnkit.memory.ntm import NeuralTuringMachine
-from attnkit.tasks.base import REGISTRY, Metric, Task, Unused, setting
+from attnkit.tasks.base import REGISTRY, Metric, Task, Unused, at_least, setting
 from attnkit.tasks.parts import build_alignment
 
 __all__ = ["CopySettings", "CopyTask", "LSTMBaseline", "copy_gold", "make_copy"]
@@ -33,13 +33,6 @@ WIDTH = 4  # bits per vector
 MAX_TRAIN = 5
 LONG = 8
 MEMORY = 16  # memory locations of the NTM
-
-
-def _positive(settings: Any) -> None:
-    """Refuse a setting of ``settings`` (a dataclass of ints) below 1, naming it."""
-    for name, value in vars(settings).items():
-        if value < 1:
-            raise ValueError(f"setting {name} must be a positive int, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -52,7 +45,7 @@ class CopySettings:
     memory: int = setting(MEMORY, "memory locations of the NTM")
 
     def __post_init__(self) -> None:
-        _positive(self)
+        at_least(self, 1)
         if self.memory < self.max_train:
             raise ValueError(
                 f"setting memory ({self.memory}) must be >= max_train ({self.max_train}): one "

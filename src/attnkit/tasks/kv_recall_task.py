@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from attnkit.tasks.base import REGISTRY, Metric, setting
+from attnkit.tasks.base import REGISTRY, Metric, at_least, setting
 from attnkit.tasks.long_range import LongRangeTask
 
 __all__ = ["VALUES", "KVRecallSettings", "KVRecallTask", "make_kv_recall"]
@@ -52,12 +52,7 @@ class KVRecallSettings:
     values: int = setting(VALUES, "value classes (chance 1/values)")
 
     def __post_init__(self) -> None:
-        if self.num_pairs is not None and self.num_pairs < 2:
-            raise ValueError(f"setting num_pairs must be an int >= 2, got {self.num_pairs!r}")
-        if self.keys is not None and self.keys < 2:
-            raise ValueError(f"setting keys must be an int >= 2, got {self.keys!r}")
-        if self.values < 2:
-            raise ValueError(f"setting values must be an int >= 2, got {self.values!r}")
+        at_least(self, 2, "num_pairs", "keys", "values")
         if None not in (self.keys, self.num_pairs) and self.keys < self.num_pairs:
             raise ValueError(
                 f"setting keys ({self.keys}) must be >= num_pairs ({self.num_pairs}): the "

@@ -42,7 +42,7 @@ from torch import Tensor, nn
 import attnkit as ak
 from attnkit import arguments, masks
 from attnkit.tasks import parts
-from attnkit.tasks.base import REGISTRY, Metric, Task, Unused, setting
+from attnkit.tasks.base import REGISTRY, Metric, Task, Unused, at_least, setting
 
 __all__ = [
     "ATTENTIONS",
@@ -106,12 +106,7 @@ class MQARSettings:
     values: int = setting(VALUES, "value tokens, the classes of an answer (chance 1/values)")
 
     def __post_init__(self) -> None:
-        if self.num_pairs is not None and self.num_pairs < 2:
-            raise ValueError(f"setting num_pairs must be an int >= 2, got {self.num_pairs!r}")
-        if self.keys is not None and self.keys < 2:
-            raise ValueError(f"setting keys must be an int >= 2, got {self.keys!r}")
-        if self.values < 2:
-            raise ValueError(f"setting values must be an int >= 2, got {self.values!r}")
+        at_least(self, 2, "num_pairs", "keys", "values")
         if None not in (self.keys, self.num_pairs) and self.keys < self.num_pairs:
             raise ValueError(
                 f"setting keys ({self.keys}) must be >= num_pairs ({self.num_pairs}): the "

@@ -19,8 +19,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnkit.memory.ntm import NeuralTuringMachine
-from attnkit.tasks.base import REGISTRY, Metric, Task, setting
-from attnkit.tasks.copy_task import CopyTask, LSTMBaseline, _positive
+from attnkit.tasks.base import REGISTRY, Metric, Task, at_least, setting
+from attnkit.tasks.copy_task import CopyTask, LSTMBaseline
 from attnkit.tasks.parts import build_alignment
 
 __all__ = ["AssociativeRecallTask", "RecallSettings", "make_recall"]
@@ -44,7 +44,7 @@ class RecallSettings:
     memory: int = setting(MEMORY, "memory locations of the NTM")
 
     def __post_init__(self) -> None:
-        _positive(self)
+        at_least(self, 1)
         for name in ("max_train", "long"):
             if getattr(self, name) < 2:
                 raise ValueError(
