@@ -16,7 +16,7 @@ from attnkit import checks, hooks, kernels, trust
 from attnkit.alignments import Alignment
 from attnkit.head import HeadAttention
 from attnkit.kernels.base import Call
-from attnkit.kernels.block_mask import BlockMask, ScoreMod, from_dense_auto
+from attnkit.kernels.block_mask import BlockMask, ScoreMod, check_type, from_dense_auto
 from attnkit.kernels.chunked import DENSE_LIMIT
 from attnkit.output import AttentionOutput
 from attnkit.scores import Score
@@ -191,16 +191,7 @@ def prepare_call(
     ):
         raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}")
     if block_mask is not None:
-        if not isinstance(block_mask, BlockMask):
-            raise TypeError(
-                f"block_mask must be an attnkit.kernels.BlockMask, got {type(block_mask).__name__}"
-                + (
-                    " (a pattern: build its block mask with attnkit.patterns.block_mask(pattern, "
-                    "M, N), or give it to a layer when it is built, pattern=)"
-                    if callable(block_mask)
-                    else ""
-                )
-            )
+        check_type(block_mask)
         block_mask.check(shape)
     if score_mod is not None and not callable(score_mod):
         raise TypeError(f"score_mod must be callable, got {type(score_mod).__name__}")

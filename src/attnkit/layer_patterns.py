@@ -19,7 +19,7 @@ from collections import OrderedDict
 import torch
 from torch import Tensor, nn
 
-from attnkit.kernels.block_mask import BlockMask, MaskMod, ScoreMod
+from attnkit.kernels.block_mask import BlockMask, MaskMod, ScoreMod, check_type
 
 __all__ = [
     "arguments",
@@ -56,16 +56,7 @@ def check_call(
 ) -> None:
     """Validate ``block_mask`` / ``score_mod`` of a multi-head call at its public entry."""
     if block_mask is not None:
-        if not isinstance(block_mask, BlockMask):
-            raise TypeError(
-                f"block_mask must be an attnkit.kernels.BlockMask, got {type(block_mask).__name__}"
-                + (
-                    " (a pattern: build its block mask with attnkit.patterns.block_mask(pattern, "
-                    "M, N), or give it to a layer when it is built, pattern=)"
-                    if callable(block_mask)
-                    else ""
-                )
-            )
+        check_type(block_mask)
         if has_pattern:
             raise ValueError(
                 "this layer was built with pattern=, which sets its block mask; pass further "

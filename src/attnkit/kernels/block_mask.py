@@ -27,6 +27,7 @@ __all__ = [
     "MaskMod",
     "ScoreMod",
     "apply_score_mod",
+    "check_type",
     "from_dense_auto",
 ]
 
@@ -404,3 +405,18 @@ def from_dense_auto(mask: Tensor | None, shape: torch.Size) -> BlockMask | None:
             _AUTO_CACHE[key] = (weakref.ref(mask), kept)
             weakref.finalize(mask, _AUTO_CACHE.pop, key, None)
     return None if kept is None else dataclasses.replace(kept, dense=mask)
+
+
+def check_type(block_mask: object) -> None:
+    """Raise TypeError unless ``block_mask`` is a :class:`BlockMask` (a pattern function passed
+    instead is told how to build one)."""
+    if not isinstance(block_mask, BlockMask):
+        raise TypeError(
+            f"block_mask must be an attnkit.kernels.BlockMask, got {type(block_mask).__name__}"
+            + (
+                " (a pattern: build its block mask with attnkit.patterns.block_mask(pattern, "
+                "M, N), or give it to a layer when it is built, pattern=)"
+                if callable(block_mask)
+                else ""
+            )
+        )
