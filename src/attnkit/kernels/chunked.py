@@ -570,8 +570,8 @@ def _fused_reasons(
     return reasons
 
 
-# score_mod -> whether it is e + f(b, h, q_idx, kv_idx) (read once per function).
-_ADDITIVE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+# score_mod -> (additive, relative), read from one trace per function (see _form).
+_FORMS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def _additive(score_mod: ScoreMod) -> bool | None:
@@ -579,19 +579,36 @@ def _additive(score_mod: ScoreMod) -> bool | None:
     (a relative-position bias such as ALiBi), read from its traced graph: then its effect is the
     additive term f = score_mod(0, …) that the fused kernel adds to its scores. None otherwise
     (a score_mod is a pointwise function of its arguments, as in FlexAttention)."""
+    return _form(score_mod)[0] or None
+
+
+def _relative(score_mod: ScoreMod) -> bool:
+    """True when ``score_mod`` is additive (:func:`_additive`) and its traced graph reads
+    ``q_idx`` and ``kv_idx`` only through their difference (``kv_idx − q_idx`` or
+    ``q_idx − kv_idx``): then f(b, h, q_idx, kv_idx) = g(b, h, kv_idx − q_idx), as for ALiBi
+    (Press et al.) and relative position biases, and one evaluation per offset gives every
+    tile (a Toeplitz matrix per head)."""
+    return all(_form(score_mod))
+
+
+def _form(score_mod: ScoreMod) -> tuple[bool, bool]:
+    """(additive, relative) of ``score_mod``, traced once per function and remembered."""
     try:
-        known = _ADDITIVE.get(score_mod)
+        known = _FORMS.get(score_mod)
     except TypeError:  # not weakly referable or not hashable: read it each time
         known = None
-    if known is not None:
-        return known or None
-    found = _trace_additive(score_mod)
-    with contextlib.suppress(TypeError):  # not weakly referable: not kept
-        _ADDITIVE[score_mod] = found
-    return found or None
+    if known is None:
+        graph = _trace(score_mod)
+        additive = graph is not None and _reads_as_additive(graph)
+        known = (additive, additive and _reads_as_relative(graph))
+        with contextlib.suppress(TypeError):  # not weakly referable: not kept
+            _FORMS[score_mod] = known
+    return known
 
 
-def _trace_additive(score_mod: ScoreMod) -> bool:
+def _trace(score_mod: ScoreMod) -> torch.fx.Graph | None:
+    """The graph of ``score_mod`` traced on small inputs, or None when it cannot be traced
+    (data-dependent control flow, an unsupported op, ...): then nothing is proved about it."""
     from torch.fx.experimental.proxy_tensor import make_fx
 
     e = torch.zeros(2, 2, 3, 5)
@@ -599,9 +616,12 @@ def _trace_additive(score_mod: ScoreMod) -> bool:
     q_idx = torch.arange(3).view(1, 1, 3, 1)
     kv_idx = torch.arange(5).view(1, 1, 1, 5)
     try:
-        graph = make_fx(score_mod, tracing_mode="real")(e, b, h, q_idx, kv_idx).graph
-    except Exception:  # data-dependent control flow, unsupported op, ...: not provably additive
-        return False
+        return make_fx(score_mod, tracing_mode="real")(e, b, h, q_idx, kv_idx).graph
+    except Exception:
+        return None
+
+
+def _reads_as_additive(graph: torch.fx.Graph) -> bool:
     nodes = list(graph.nodes)
     scores = next((n for n in nodes if n.op == "placeholder"), None)
     output = next((n for n in nodes if n.op == "output"), None)
@@ -634,41 +654,7 @@ def _trace_additive(score_mod: ScoreMod) -> bool:
     return True
 
 
-# score_mod -> whether its f reads the positions only as kv_idx − q_idx (read once per function).
-_RELATIVE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-def _relative(score_mod: ScoreMod) -> bool:
-    """True when ``score_mod`` is additive (:func:`_additive`) and its traced graph reads
-    ``q_idx`` and ``kv_idx`` only through their difference (``kv_idx − q_idx`` or
-    ``q_idx − kv_idx``): then f(b, h, q_idx, kv_idx) = g(b, h, kv_idx − q_idx), as for ALiBi
-    (Press et al.) and relative position biases, and one evaluation per offset gives every
-    tile (a Toeplitz matrix per head)."""
-    if not _additive(score_mod):
-        return False
-    try:
-        known = _RELATIVE.get(score_mod)
-    except TypeError:
-        known = None
-    if known is not None:
-        return known
-    found = _trace_relative(score_mod)
-    with contextlib.suppress(TypeError):
-        _RELATIVE[score_mod] = found
-    return found
-
-
-def _trace_relative(score_mod: ScoreMod) -> bool:
-    from torch.fx.experimental.proxy_tensor import make_fx
-
-    e = torch.zeros(2, 2, 3, 5)
-    b, h = _indices_like(e)
-    q_idx = torch.arange(3).view(1, 1, 3, 1)
-    kv_idx = torch.arange(5).view(1, 1, 1, 5)
-    try:
-        graph = make_fx(score_mod, tracing_mode="real")(e, b, h, q_idx, kv_idx).graph
-    except Exception:  # not traceable: not provably relative
-        return False
+def _reads_as_relative(graph: torch.fx.Graph) -> bool:
     places = [n for n in graph.nodes if n.op == "placeholder"]
     if len(places) != 5:
         return False
