@@ -159,7 +159,7 @@ class HeadAttention(nn.Module):
                 "'causal', 'full'})"
             )
         for wanted, flag, what in (
-            (bias, "accepts_bias", "an additive bias (its scores are never formed as a matrix)"),
+            (bias, "accepts_bias", "an additive bias on its scores"),
             (block_mask, "accepts_block_mask", "a block mask (pattern= / block_mask=)"),
             (score_mod, "accepts_score_mod", "a score_mod"),
         ):
