@@ -18,6 +18,13 @@ def test_headwise_equals_linear_per_head(inner_dims):
         torch.testing.assert_close(y[:, h], ref)
 
 
+@pytest.mark.parametrize("inner_dims", [1, 2])
+def test_headwise_takes_an_empty_batch(inner_dims):
+    lin = HeadwiseLinear(4, 3, num_heads=2)
+    x = torch.randn(0, 2, *([5] * inner_dims), 4)
+    assert lin(x, inner_dims).shape == (0, 2, *([5] * inner_dims), 3)
+
+
 def test_column_slice_uses_part_of_the_weight_without_bias():
     layer = HeadwiseLinear(5, 3)
     x = torch.randn(2, 2)

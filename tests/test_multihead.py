@@ -127,6 +127,21 @@ def test_any_score_and_alignment(score, align):
         assert p.grad is not None, f"{name} got no gradient"
 
 
+@pytest.mark.parametrize("score", ALL_SCORES)
+def test_an_empty_batch_gives_an_empty_result_with_every_score(score):
+    """B = 0 through every score's per-head parameters (one weight set per head reshapes its
+    input), with and without weights, masks and a backward pass."""
+    mha = ak.MultiHeadAttention(E, H, score=_score_for(score)).double()
+    x = torch.randn(0, 5, E, dtype=torch.float64, requires_grad=True)
+    out = mha(x, need_weights=True)
+    assert out.context.shape == (0, 5, E)
+    assert out.weights.shape == (0, H, 5, 5)
+    pad = ak.masks.from_lengths(torch.zeros(0, dtype=torch.long), 5)
+    assert mha(x, mask=pad).context.shape == (0, 5, E)
+    out.context.sum().backward()
+    assert x.grad.shape == x.shape
+
+
 @pytest.mark.parametrize("score", ["general", "biased_general", "additive", "deep"])
 def test_named_scores_get_one_parameter_set_per_head(score):
     mha = ak.MultiHeadAttention(E, H, score=score)

@@ -97,7 +97,8 @@ class HeadwiseLinear(nn.Module):
                 f"{-(inner_dims + 2)} of input shape {tuple(x.shape)}"
             )
         inner = x.shape[x.dim() - inner_dims - 1 : -1]
-        flat = x.reshape(*lead, -1, d_in)
+        # the inner size is spelled out: with an empty batch a -1 would be ambiguous
+        flat = x.reshape(*lead, math.prod(inner), d_in)
         y = torch.matmul(flat, weight.transpose(-1, -2))
         if bias is not None:
             y = y + bias[:, None, :]
