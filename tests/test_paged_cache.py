@@ -230,7 +230,7 @@ def test_a_ragged_batch_refuses_a_scheme_that_reads_absolute_positions():
         torch.testing.assert_close(got, want, atol=1e-12, rtol=1e-12)
         c = paged.add()
         with (
-            pytest.raises(ValueError, match="may read absolute positions"),
+            pytest.raises(ValueError, match="does not declare translation_invariant = True"),
             paged.step([a, c], [1, 2]) as step,
         ):
             mha(torch.zeros(2, 2, E, dtype=F64), cache=paged[0], mask=step.mask)
@@ -300,8 +300,12 @@ def test_which_schemes_a_ragged_batch_takes():
             alone = mha(x[None], mask=masks.causal(len(x))).context[0]
             torch.testing.assert_close(got, alone, atol=1e-12, rtol=1e-12)
     scaling = rope_scaling.DynamicNTKScaling(factor=2.0, max_len=4)
-    for refused in (rope_scaling.ScaledRotary(scaling=scaling), _ScaleByPosition()):
-        with pytest.raises(ValueError, match="may read absolute positions"):
+    refusals = {
+        rope_scaling.ScaledRotary(scaling=scaling): "reads the length of the whole sequence",
+        _ScaleByPosition(): "does not declare translation_invariant = True",
+    }
+    for refused, reason in refusals.items():
+        with pytest.raises(ValueError, match=reason):
             _decode_ragged(_mha(refused), xs, prompts=[3, 1], join_at=0)
     static = rope_scaling.ScaledRotary(scaling=rope_scaling.LinearScaling(factor=2.0))
     _decode_ragged(_mha(static), xs, prompts=[3, 1], join_at=0)  # accepted

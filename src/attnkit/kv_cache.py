@@ -34,7 +34,7 @@ from torch import Tensor, nn
 from attnkit import arguments
 from attnkit.head import HeadAttention
 
-__all__ = ["KVCache", "LayerCache", "MemoryCache", "attention_part"]
+__all__ = ["KVCache", "LayerCache", "MemoryCache", "attention_part", "check_positions"]
 
 
 def attention_part(layer: nn.Module) -> HeadAttention | None:
@@ -42,6 +42,24 @@ def attention_part(layer: nn.Module) -> HeadAttention | None:
     None when the layer holds none."""
     part = getattr(layer, "attention", None)
     return part if isinstance(part, HeadAttention) else None
+
+
+def check_positions(layer: nn.Module, who: str, remedy: str | None = None) -> None:
+    """Raise ValueError when ``layer``'s position scheme declares ``reads_total_length``
+    (:class:`attnkit.positions.PositionScheme`): its transform at every position changes as the
+    sequence grows (dynamic NTK RoPE rescales all frequencies with the length), so a step over a
+    cache equals a pass over the prefix, never the causal pass over the whole sequence; a cache
+    that accepted it would decode differently from the model it caches without saying so."""
+    scheme = getattr(layer, "position", None)
+    if scheme is not None and scheme.reads_total_length:
+        remedy = remedy or "decode without a cache (re-run the whole sequence each step)"
+        raise ValueError(
+            f"{who}: the position scheme {type(scheme).__name__} of {type(layer).__name__} "
+            "reads the length of the whole sequence (e.g. dynamic NTK RoPE), so the outputs "
+            "of earlier positions change as tokens are added and cached decoding cannot equal "
+            f"one causal pass; {remedy}, or use a scaling that does not read the length (NTK, "
+            "YaRN, linear, Llama 3)"
+        )
 
 
 class _Owned:
@@ -128,6 +146,7 @@ class LayerCache(_Owned):
         layer's attention part; raise ValueError when another layer owns it."""
         if self._owner is None:
             self.check_part(attention_part(layer), layer)
+            check_positions(layer, type(self).__name__)  # also for a direct call with a cache
         super().claim(layer)
 
     def check_part(self, part: HeadAttention | None, layer: nn.Module) -> None:

@@ -14,7 +14,7 @@ from attnkit.alignments import Alignment
 from attnkit.core import Attention
 from attnkit.head import HeadAttention
 from attnkit.kernels.block_mask import BlockMask, MaskMod, ScoreMod
-from attnkit.kv_cache import LayerCache, MemoryCache
+from attnkit.kv_cache import LayerCache, MemoryCache, check_positions
 from attnkit.output import AttentionOutput
 from attnkit.positions import PositionScheme
 from attnkit.scores import REGISTRY as SCORES
@@ -574,6 +574,7 @@ class MultiHeadAttention(nn.Module):
         remedy = "call without cache=" if remedy is None else remedy
         if reason is not None:
             raise ValueError(f"{who}: {reason}; {remedy}")
+        check_positions(self, who, remedy)
         score = getattr(part, "score", None)
         if getattr(score, "mixes_keys", False):
             raise ValueError(

@@ -32,8 +32,9 @@ between a sequence's query and key columns is the distance between the tokens, s
 scheme that reads only i − j (RoPE, ALiBi, T5's buckets, Shaw's, Music Transformer's and
 Transformer-XL's relative positions, no positions) sees every sequence at its own positions.
 When the batch is ragged (some sequence has padding columns), a layer whose scheme may read
-absolute positions (dynamic-NTK RoPE, which reads the length; an unknown scheme that does not
-declare ``translation_invariant = True``), a sparse ``pattern`` or a ``score_mod`` is refused;
+absolute positions (one that does not declare
+:attr:`~attnkit.positions.PositionScheme.translation_invariant`, such as dynamic-NTK RoPE, which
+reads the length), a sparse ``pattern`` or a ``score_mod`` is refused;
 an absolute position embedding added to the token embeddings takes ``step.positions``, each new
 token's position in its own sequence. With all sequences of equal length there is no padding
 and the view is the contiguous cache.
@@ -57,26 +58,8 @@ from torch import Tensor, nn
 from attnkit import arguments
 from attnkit.head import HeadAttention
 from attnkit.kv_cache import KVCache, LayerCache
-from attnkit.positions.alibi import ALiBi
-from attnkit.positions.music import MusicRelative
-from attnkit.positions.none import NoPosition
-from attnkit.positions.rope import Rotary
-from attnkit.positions.rope_scaling import (
-    LinearScaling,
-    Llama3Scaling,
-    NTKScaling,
-    ScaledRotary,
-    YaRNScaling,
-)
-from attnkit.positions.shaw import ShawRelative
-from attnkit.positions.t5 import T5Relative
-from attnkit.positions.transformer_xl import XLRelative
 
 __all__ = ["PagedKVCache", "PagedLayerCache", "PagedStep"]
-
-# Position schemes whose result depends on the query and key positions only through i − j.
-_RELATIVE = (NoPosition, Rotary, ALiBi, T5Relative, ShawRelative, MusicRelative, XLRelative)
-_STATIC_SCALINGS = (LinearScaling, NTKScaling, YaRNScaling, Llama3Scaling)
 
 
 def _translation_invariant(layer: nn.Module) -> str | None:
@@ -86,21 +69,15 @@ def _translation_invariant(layer: nn.Module) -> str | None:
         if getattr(layer, name, None) is not None:
             return f"it has a {name} (whose q_idx and kv_idx may be read as absolute places)"
     scheme = getattr(layer, "position", None)
-    if scheme is None:
+    if scheme is None or scheme.translation_invariant:
         return None
-    declared = getattr(scheme, "translation_invariant", None)
-    if declared is not None:
-        return None if declared else f"its position scheme {type(scheme).__name__} says so"
-    if type(scheme) in _RELATIVE:
-        return None
-    if type(scheme) is ScaledRotary and (
-        scheme.scaling is None or type(scheme.scaling) in _STATIC_SCALINGS
-    ):
-        return None
-    return (
-        f"its position scheme {type(scheme).__name__} may read absolute positions (declare "
-        "translation_invariant = True on a scheme that reads only i - j)"
+    why = (
+        "reads the length of the whole sequence"
+        if scheme.reads_total_length
+        else "does not declare translation_invariant = True (declare it on a scheme that reads "
+        "only i - j)"
     )
+    return f"its position scheme {type(scheme).__name__} {why}"
 
 
 class PagedStep:

@@ -120,6 +120,25 @@ def test_the_door_refuses_what_a_state_cannot_do():
         part(q, q, q, cache={})
 
 
+def test_a_recurrent_cache_belongs_to_one_part_and_one_batch_when_called_directly():
+    """Parts called without a layer: a second part may not continue the first part's state,
+    nor a step of another batch size; the first part's own next step is taken."""
+    torch.manual_seed(0)
+    first, second = (ak.mechanisms.build("gla", head_dim=4, num_heads=2) for _ in range(2))
+    q = torch.randn(1, 2, 3, 4)
+    cache = lf.RecurrentCache()
+    first(q, q, q, cache=cache)
+    with pytest.raises(ValueError, match="holds the state of another part, not of GatedLinear"):
+        second(q[..., :1, :], q[..., :1, :], q[..., :1, :], q_offset=3, cache=cache)
+    wider = torch.randn(2, 2, 1, 4)
+    with pytest.raises(ValueError, match=r"a state for inputs .* = \(1, 2\), .* \(2, 2\)"):
+        first(wider, wider, wider, q_offset=3, cache=cache)
+    assert len(cache) == 3  # neither refused step moved it
+    step = q[..., :1, :]
+    first(step, step, step, q_offset=3, cache=cache)
+    assert len(cache) == 4
+
+
 def test_a_recurrent_cache_is_refused_by_a_part_that_does_not_read_it():
     mha = ak.MultiHeadAttention(E, H)
     with pytest.raises(ValueError, match=r"RecurrentCache holds the state .* holds Attention"):

@@ -79,3 +79,80 @@ def test_sizes_a_scheme_needs_are_named():
         ak.positions.REGISTRY.get("learned").for_heads(head_dim=4, num_heads=2, max_len=8)
     learned = ak.positions.REGISTRY.get("learned").for_model(6, max_len=9)
     assert learned.weight.shape == (9, 6)
+
+
+def _declared_schemes():
+    """Every per-head scheme's example, and RoPE with each scaling (whose declarations follow
+    the scaling)."""
+    from attnkit.positions import rope_scaling as rs
+
+    out = {name: ak.positions.REGISTRY.get(name).example() for name in PER_HEAD}
+    scalings = {
+        "linear": rs.LinearScaling(2.0),
+        "ntk": rs.NTKScaling(2.0),
+        "dynamic_ntk": rs.DynamicNTKScaling(2.0, 4),
+        "yarn": rs.YaRNScaling(2.0, 4),
+        "llama3": rs.Llama3Scaling(2.0, 4),
+    }
+    for label, scaling in scalings.items():
+        out[f"rope_scaled[{label}]"] = rs.ScaledRotary(scaling=scaling)
+    return out
+
+
+DECLARED = _declared_schemes()
+
+
+def _scores(scheme, q, k, offset):
+    """The scores (…, M, N) the scheme makes of q, k placed at ``offset`` (its q/k transform,
+    then its bias)."""
+    out = scheme(q, k, q_offset=offset, k_offset=offset)
+    e = out.q @ out.k.transpose(-1, -2)
+    return e if out.bias is None else e + out.bias
+
+
+@pytest.mark.parametrize("name", list(DECLARED))
+def test_translation_invariance_is_declared_exactly_when_a_shift_changes_nothing(name):
+    """A scheme that declares ``translation_invariant`` gives the same scores when every
+    position moves by the same amount; one that does not, gives other scores for some shift
+    (a declaration of False that could be True would refuse a paged cache for nothing)."""
+    scheme = DECLARED[name].double()
+    g = torch.Generator().manual_seed(0)
+    q, k = (torch.randn(1, 2, 6, 4, generator=g, dtype=torch.float64) for _ in range(2))
+    base = _scores(scheme, q, k, 0)
+    shifted = [_scores(scheme, q, k, s) for s in (1, 7, 40)]
+    same = all(torch.allclose(s, base, rtol=1e-9, atol=1e-9) for s in shifted)
+    assert scheme.translation_invariant == same, name
+
+
+@pytest.mark.parametrize("name", list(DECLARED))
+def test_reading_the_total_length_is_declared_exactly_when_a_prefix_changes_with_it(name):
+    """``reads_total_length``: the scores among the first positions change when the sequence
+    is longer (dynamic NTK past its trained length) iff the scheme declares it."""
+    scheme = DECLARED[name].double()
+    g = torch.Generator().manual_seed(1)
+    q, k = (torch.randn(1, 2, 12, 4, generator=g, dtype=torch.float64) for _ in range(2))
+    prefix = _scores(scheme, q[..., :3, :], k[..., :3, :], 0)
+    whole = _scores(scheme, q, k, 0)[..., :3, :3]
+    changes = not torch.allclose(prefix, whole, rtol=1e-9, atol=1e-9)
+    assert scheme.reads_total_length == changes, name
+
+
+def test_a_scheme_that_reads_the_total_length_is_refused_by_every_cache():
+    """Dynamic NTK: a cached step equals a pass over the prefix, which differs from the causal
+    pass over the whole sequence, so every cache refuses it by name; without a cache the
+    decoder generates."""
+    from attnkit.models.decoder_lm import DecoderLM
+    from attnkit.positions import rope_scaling as rs
+
+    dynamic = rs.ScaledRotary(scaling=rs.DynamicNTKScaling(2.0, 4))
+    mha = ak.MultiHeadAttention(8, 2, position=dynamic, dtype=torch.float64)
+    x = torch.randn(1, 3, 8, dtype=torch.float64)
+    with pytest.raises(ValueError, match=r"ScaledRotary .* reads the length of the whole sequence"):
+        mha(x, mask=ak.masks.causal(3), cache=ak.kv_cache.LayerCache())
+    with pytest.raises(ValueError, match="reads the length"):
+        ak.kv_cache.LayerCache().claim(mha)
+    lm = DecoderLM(20, 8, 2, 1, max_len=16, position=dynamic)
+    prompt = torch.zeros(1, 2, dtype=torch.long)
+    with pytest.raises(ValueError, match="generate with use_cache=False"):
+        lm.generate(prompt, 3)
+    assert lm.generate(prompt, 3, use_cache=False).shape == (1, 5)

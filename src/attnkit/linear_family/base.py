@@ -16,6 +16,7 @@ varies over queries otherwise (a window) is refused with a ValueError.
 
 from __future__ import annotations
 
+import weakref
 from typing import ClassVar, NamedTuple
 
 import torch
@@ -87,6 +88,26 @@ class RecurrentCache(LayerCache):
         super().__init__()
         self.state: Tensor | None = None
         self._seen = 0
+        self._part: weakref.ref[nn.Module] | None = None
+
+    def read(self, part: nn.Module, lead: tuple[int, ...]) -> Tensor | None:
+        """The state to continue from for ``part``, whose inputs have the leading dims ``lead``
+        (B, …, H); None before the first step. Raises ValueError when another part wrote the
+        state (a state belongs to the part that made it, also when parts are called directly,
+        without a layer claiming the cache) or when it was made for other leading dims (another
+        batch size)."""
+        if self._part is not None and self._part() is not part:
+            raise ValueError(
+                f"this RecurrentCache holds the state of another part, not of "
+                f"{type(part).__name__}: give every part its own cache"
+            )
+        if self.state is not None and tuple(self.state.shape[: len(lead)]) != tuple(lead):
+            raise ValueError(
+                f"this RecurrentCache holds a state for inputs (B, …, H) = "
+                f"{tuple(self.state.shape[:-2])}, but the step has {tuple(lead)} (another batch "
+                "size?): start a new cache for a new batch"
+            )
+        return self.state
 
     def __len__(self) -> int:
         """The number of positions seen (the position of the next token)."""
@@ -97,10 +118,12 @@ class RecurrentCache(LayerCache):
         state (:meth:`advance`)."""
         return k, v
 
-    def advance(self, state: Tensor, positions: int) -> None:
-        """Store the state after ``positions`` more positions."""
+    def advance(self, state: Tensor, positions: int, part: nn.Module | None = None) -> None:
+        """Store the state after ``positions`` more positions, made by ``part``."""
         self.state = state
         self._seen += positions
+        if part is not None and self._part is None:
+            self._part = weakref.ref(part)
 
     def check_part(self, part: HeadAttention | None, layer: nn.Module) -> None:
         """Refuse a part that does not declare ``decodes_with_cache`` (see
@@ -306,8 +329,8 @@ class LinearFamilyPart(HeadAttention):
             x = x._replace(g=_zero(x.g, keep), beta=None if x.beta is None else _zero(x.beta, keep))
         if stateful:
             form = "recurrent" if self.form == "recurrent" else "chunkwise"
-            out, state = self.run(x, form, cache.state)
-            cache.advance(state, m)
+            out, state = self.run(x, form, cache.read(self, tuple(lead)))
+            cache.advance(state, m, self)
         else:
             out, _ = self.run(x, self.form, None)
         out = _zero(self.finish(out, x), rows)[..., length - m :, :].to(dtype)

@@ -40,6 +40,8 @@ class ALiBi(PositionScheme):
     heads is read from q (…, H, M, d).
     """
 
+    translation_invariant = True  # reads only i − j
+
     def forward(self, q: Tensor, k: Tensor, *, q_offset: int = 0, k_offset: int = 0) -> Positioned:
         check_qk(q, k, "alibi", num_heads=None, q_offset=q_offset, k_offset=k_offset)
         if q.dim() < 3:

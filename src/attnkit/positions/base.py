@@ -81,6 +81,19 @@ class PositionScheme(Sized, nn.Module):
     part_kind: ClassVar[str] = "position scheme"
     example_sizes: ClassVar[Sizes] = dataclasses.replace(EXAMPLE, num_heads=2)
 
+    # Capabilities, read by the caches and kernels instead of a list of types. The defaults claim
+    # nothing that would let a cache run a scheme it cannot; a scheme (or an instance, through a
+    # property) declares what holds for it.
+    #: The result depends on the query and key positions only through i − j: shifting every
+    #: position by the same amount changes nothing. A paged cache, whose sequences sit at
+    #: other offsets in its batch view, needs it.
+    translation_invariant: ClassVar[bool] = False
+    #: The transform at a position depends on the length of the whole sequence (dynamic NTK
+    #: RoPE rescales every frequency as the sequence grows), so a prefix's outputs change when
+    #: tokens are added after it and cached decoding cannot equal one pass over the whole
+    #: sequence: key/value caches refuse it.
+    reads_total_length: ClassVar[bool] = False
+
     def forward(self, q: Tensor, k: Tensor, *, q_offset: int = 0, k_offset: int = 0) -> Positioned:
         raise NotImplementedError
 

@@ -47,6 +47,8 @@ class MusicRelative(PositionScheme):
         scale: factor of S^rel (default 1/√d, matching the default scaled-dot score).
     """
 
+    translation_invariant = True  # reads only i − j
+
     def __init__(
         self,
         head_dim: int,

@@ -32,6 +32,8 @@ class Rotary(PositionScheme):
         base: 10000 in the paper (θ_i = base^{−2i/d}).
     """
 
+    translation_invariant = True  # reads only i − j
+
     def __init__(self, base: float = 10000.0) -> None:
         super().__init__()
         self.base = float(base)

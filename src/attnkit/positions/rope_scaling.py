@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 from torch import Tensor
@@ -67,7 +68,10 @@ def inverse_frequencies(rotary_dim: int, base: float) -> Tensor:
 
 class RopeScaling:
     """A scaling of RoPE's frequencies: ``frequencies(rotary_dim, base, seq_len)`` ->
-    (θ (r/2,) float64, attention factor)."""
+    (θ (r/2,) float64, attention factor). ``reads_length`` declares whether the frequencies
+    depend on ``seq_len`` (then :attr:`ScaledRotary.reads_total_length` holds)."""
+
+    reads_length: ClassVar[bool] = False
 
     def frequencies(self, rotary_dim: int, base: float, seq_len: int) -> tuple[Tensor, float]:
         raise NotImplementedError
@@ -116,6 +120,7 @@ class DynamicNTKScaling(RopeScaling):
 
     factor: float
     max_len: int
+    reads_length: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "factor", _factor(self.factor))
@@ -314,6 +319,16 @@ class ScaledRotary(PositionScheme):
             )
         self.layout = layout
         self.scaling = scaling
+
+    @property
+    def reads_total_length(self) -> bool:  # type: ignore[override]
+        """Whether the scaling reads the sequence length (dynamic NTK does)."""
+        return self.scaling is not None and self.scaling.reads_length
+
+    @property
+    def translation_invariant(self) -> bool:  # type: ignore[override]
+        """A rotation by position reads only i − j, unless the frequencies follow the length."""
+        return not self.reads_total_length
 
     def rotary_dim(self, head_dim: int) -> int:
         """r = ⌊fraction · d⌋; raises unless it is even and ≥ 2."""

@@ -41,6 +41,8 @@ class ShawRelative(PositionScheme):
         scale: factor of the key term (default 1/√d).
     """
 
+    translation_invariant = True  # reads only i − j
+
     def __init__(
         self,
         head_dim: int,

@@ -59,6 +59,8 @@ class T5Relative(PositionScheme):
             for a causal decoder.
     """
 
+    translation_invariant = True  # reads only i − j
+
     def __init__(
         self,
         num_heads: int,

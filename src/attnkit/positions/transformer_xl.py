@@ -35,6 +35,8 @@ class XLRelative(PositionScheme):
         scale: factor of the bias (default 1/√d, matching the default scaled-dot score).
     """
 
+    translation_invariant = True  # reads only i − j
+
     def __init__(
         self,
         head_dim: int,
