@@ -50,6 +50,24 @@ def _torch_mask(mask: Tensor, name: str, dtype: torch.dtype) -> tuple[Tensor, Te
     return allowed, torch.where(allowed, mask, torch.zeros((), dtype=dtype, device=mask.device))
 
 
+def _padded(x: Tensor, name: str) -> tuple[Tensor, Tensor]:
+    """A nested tensor (N, L_i, D) -> the padded (N, max L_i, D) with zeros and the lengths."""
+    if x.dim() != 3:
+        raise ValueError(
+            f"{name} is a nested tensor of {x.dim()} dims; nested inputs are (N, L_i, D), "
+            "one sequence per batch item"
+        )
+    parts = x.unbind()
+    sizes = sorted({part.shape[-1] for part in parts})
+    if len(sizes) > 1:
+        raise ValueError(
+            f"{name} holds sequences with feature sizes {sizes}; the sequences of a nested "
+            "input differ in length only"
+        )
+    lengths = torch.tensor([part.shape[0] for part in parts], device=x.device)
+    return torch.nested.to_padded_tensor(x, 0.0), lengths
+
+
 class TorchMultiheadAttention(MultiHeadAttention):
     """``torch.nn.MultiheadAttention`` with attnkit's score and alignment slots.
 
@@ -93,6 +111,10 @@ class TorchMultiheadAttention(MultiHeadAttention):
     read the projection weights and compute torch's own attention without calling ``forward``;
     ``_qkv_same_embed_dim`` is therefore always False, which makes torch's Transformer layers
     call this module. Whether the input projection is one packed matrix is ``packed``.
+    ``torch.nn.TransformerEncoder`` may still pack a padded batch into nested tensors at
+    inference (it decides when it is built, from torch's attention); this module takes nested
+    inputs (N, L_i, ·) and returns nested outputs, so a swapped encoder computes what torch's
+    does in every mode.
     """
 
     def __init__(
@@ -283,7 +305,12 @@ class TorchMultiheadAttention(MultiHeadAttention):
         """Torch's multi-head attention call.
 
         Args:
-            query: (L, N, E), or (N, L, E) with ``batch_first``, or unbatched (L, E).
+            query: (L, N, E), or (N, L, E) with ``batch_first``, or unbatched (L, E). With
+                ``batch_first``, query, key and value may be nested tensors (N, L_i, ·), one
+                sequence per batch item (as ``torch.nn.TransformerEncoder`` passes its layers
+                at inference): the sequences attend over their own keys, a nested query gives
+                a nested output, the weights come padded to the longest sequences with zeros
+                outside each one, and the masks must be None (the lengths are the padding).
             key: (S, N, kdim) / (N, S, kdim) / (S, kdim).
             value: (S, N, vdim) / (N, S, vdim) / (S, vdim).
             key_padding_mask: (N, S), or (S,) unbatched: boolean with True = ignore this key,
@@ -307,15 +334,26 @@ class TorchMultiheadAttention(MultiHeadAttention):
         """
         need_weights = arguments.boolean(need_weights, "need_weights")
         average_attn_weights = arguments.boolean(average_attn_weights, "average_attn_weights")
+        for name, x in (("query", query), ("key", key), ("value", value)):
+            if not isinstance(x, Tensor):
+                raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+        if query.is_nested or key.is_nested or value.is_nested:
+            return self._nested_forward(
+                query,
+                key,
+                value,
+                key_padding_mask,
+                need_weights,
+                attn_mask,
+                average_attn_weights,
+                is_causal,
+            )
         if arguments.boolean(is_causal, "is_causal") and attn_mask is None:
             raise ValueError(
                 "is_causal=True is a hint that attn_mask is the causal mask and needs attn_mask "
                 "(as in torch); build it with torch.nn.Transformer.generate_square_subsequent_"
                 "mask(L) or ~attnkit.masks.causal(L, S)"
             )
-        for name, x in (("query", query), ("key", key), ("value", value)):
-            if not isinstance(x, Tensor):
-                raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
         if query.dim() not in (2, 3):
             raise ValueError(
                 f"query must be (L, N, E), (N, L, E) with batch_first, or unbatched (L, E), "
@@ -354,6 +392,70 @@ class TorchMultiheadAttention(MultiHeadAttention):
             return context.squeeze(0), weights
         if not self.batch_first:
             context = context.transpose(0, 1)
+        return context, weights
+
+    def _nested_forward(
+        self,
+        query: Tensor,
+        key: Tensor,
+        value: Tensor,
+        key_padding_mask: Tensor | None,
+        need_weights: bool,
+        attn_mask: Tensor | None,
+        average_attn_weights: bool,
+        is_causal: bool,
+    ) -> tuple[Tensor, Tensor | None]:
+        """The call on nested tensors (N, L_i, ·), one sequence per batch item: each is padded
+        to the longest, its padding masked as keys, and the output nested again like query.
+
+        This is what ``torch.nn.TransformerEncoder`` hands its layers at inference when it
+        packs a padded batch (``enable_nested_tensor`` with a ``src_key_padding_mask``).
+        """
+        if not self.batch_first:
+            raise ValueError(
+                "nested inputs are (N, L_i, E), batch first, but this module has "
+                "batch_first=False; build it with batch_first=True or pass padded tensors"
+            )
+        for name, x in (("key_padding_mask", key_padding_mask), ("attn_mask", attn_mask)):
+            if x is not None:
+                raise ValueError(
+                    f"{name} cannot be given with nested inputs: the lengths of the nested "
+                    "sequences are their padding, and one mask shape cannot fit sequences of "
+                    "different lengths; pass padded tensors with masks instead"
+                )
+        if key.is_nested != value.is_nested:
+            raise ValueError(
+                f"key and value must both be nested or both be padded, got key nested = "
+                f"{key.is_nested} and value nested = {value.is_nested}"
+            )
+        padded: dict[int, tuple[Tensor, Tensor | None]] = {}
+        for name, x in (("query", query), ("key", key), ("value", value)):
+            if id(x) not in padded:  # self-attention pads once and keeps its packed projection
+                padded[id(x)] = _padded(x, name) if x.is_nested else (x, None)
+        (q, q_lengths), (k, k_lengths), (v, v_lengths) = (
+            padded[id(x)] for x in (query, key, value)
+        )
+        if k_lengths is not None and v_lengths is not None:
+            if not torch.equal(k_lengths, v_lengths):
+                raise ValueError(
+                    f"key and value must hold sequences of the same lengths, got "
+                    f"{k_lengths.tolist()} and {v_lengths.tolist()}"
+                )
+            positions = torch.arange(k.shape[1], device=k_lengths.device)
+            key_padding_mask = positions >= k_lengths[:, None]  # True = padding, as torch
+        context, weights = self.forward(
+            q, k, v, key_padding_mask, need_weights, None, average_attn_weights, is_causal
+        )
+        if q_lengths is None:
+            return context, weights
+        rows = q_lengths.tolist()
+        context = torch.nested.as_nested_tensor(
+            [context[i, :n] for i, n in enumerate(rows)], layout=query.layout
+        )
+        if weights is not None:  # padded: zeros for keys and queries outside the sequences
+            outside = torch.arange(q.shape[1], device=q_lengths.device) >= q_lengths[:, None]
+            outside = outside[:, None, :, None] if weights.dim() == 4 else outside[..., None]
+            weights = weights.masked_fill(outside, 0.0)
         return context, weights
 
     def _batch_first(
