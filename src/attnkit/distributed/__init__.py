@@ -6,10 +6,12 @@ sequence whose parts live on the ranks of a ``torch.distributed`` process group;
 :class:`RingAttention` is the per-head part that gives :class:`attnkit.MultiHeadAttention`
 context parallelism through its ``attention=`` slot, with position schemes applied by global
 positions (:mod:`attnkit.distributed.positions`); :func:`context_parallel` turns a model built
-from those layers into its ring twin, sharing the parameters.
+from those layers into its ring twin, sharing the parameters; :func:`ring_groups` makes the
+process groups of the rings with a timeout.
 """
 
 from attnkit.distributed.attention import RingAttention
+from attnkit.distributed.groups import ring_groups
 from attnkit.distributed.layout import LAYOUTS, shard, unshard
 from attnkit.distributed.parallel import context_parallel
 from attnkit.distributed.positions import RingPositions, global_positions
@@ -25,6 +27,7 @@ __all__ = [
     "global_positions",
     "reasons_not_supported",
     "ring_attention",
+    "ring_groups",
     "shard",
     "unshard",
 ]

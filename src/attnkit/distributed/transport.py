@@ -98,7 +98,9 @@ class Ring:
             raise RingError(
                 f"ring attention on rank {self.rank} of {self.size}: {what} failed; a rank of "
                 "the group has probably stopped, or did not answer within the process group's "
-                f"timeout (init_process_group(timeout=...)). Cause: {type(err).__name__}: {err}"
+                "timeout (init_process_group(timeout=...) for the default group; "
+                "new_group(timeout=...) or attnkit.distributed.ring_groups for a ring of its "
+                f"own). Cause: {type(err).__name__}: {err}"
             ) from err
 
     def exchange(self, tensors: Sequence[Tensor], base_tag: int) -> tuple[list[Tensor], list]:
