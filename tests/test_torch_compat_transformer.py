@@ -214,9 +214,11 @@ def test_swapped_model_equals_torch_in_every_mode(kind, batch_first, norm_first)
     # torch packs a padded source into nested tensors only at inference, without a source
     # mask, when its encoder was built on batch-first, norm-last torch attention
     packs = kind != "decoder" and batch_first and not norm_first
-    padded_only = [i for i, c in enumerate(_calls(kind)) if "src_key_padding_mask" in c]
-    padded_only = [i for i in padded_only if "src_mask" not in _calls(kind)[i]]
-    padded_only = [i for i in padded_only if "mask" not in _calls(kind)[i]]
+    padded_only = [
+        i
+        for i, c in enumerate(_calls(kind))
+        if "src_key_padding_mask" in c and not {"mask", "src_mask"} & c.keys()
+    ]
     expected_cells = {
         (True, mode, i) for mode in ("no_grad", "inference_mode") for i in padded_only
     }
