@@ -26,6 +26,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from attnkit import tasks
+from attnkit.distributed.groups import ring_groups
 from attnkit.experiments import checkpoints, cost, environment
 from attnkit.experiments.config import ConfigError, RunConfig, check_output_dir
 from attnkit.experiments.report import metric_rows, write_report
@@ -80,17 +81,6 @@ def _distributed(timeout: float = TIMEOUT) -> tuple[int, int]:
             timeout=datetime.timedelta(seconds=timeout),
         )
     return (dist.get_rank(), world) if world > 1 else (0, 1)
-
-
-def _rings(world: int, size: int):
-    """This rank's ring: the process group of ranks replica·size … replica·size + size − 1
-    (every rank makes every group, as torch.distributed requires)."""
-    mine = None
-    for start in range(0, world, size):
-        group = dist.new_group(list(range(start, start + size)))
-        if start <= dist.get_rank() < start + size:
-            mine = group
-    return mine
 
 
 def run(
@@ -206,7 +196,7 @@ def run(
         say(f"resuming at epoch {position.epoch + 1}, step {position.step + 1} of {steps}")
     ring, trained = None, None
     if cp > 1:
-        ring = _rings(world, cp)
+        ring = ring_groups(cp, timeout=timeout)  # the ring waits --timeout, as the world
         trained = task.context_parallel_model(model, ring)
     elif world > 1:
         trained = DistributedDataParallel(model)
