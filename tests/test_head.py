@@ -399,3 +399,28 @@ def test_causal_attention_is_refused_for_parts_without_a_causal_form_or_mask():
         causal=True
     )
     assert ak.Attention("scaled_dot", "softmax").refusal(causal=True) is None  # by a causal mask
+
+
+def _takes_dtype(name: str) -> bool:
+    cls = ak.mechanisms.REGISTRY.get(name.partition(" ")[0])
+    return "dtype" in inspect.signature(cls).parameters
+
+
+@pytest.mark.parametrize(
+    "name", [n for n in PARTS if n not in ("attention", "toy") and _takes_dtype(n)]
+)
+def test_a_part_cast_to_float64_holds_the_buffers_of_one_built_in_float64(name):
+    """Buffers derived from hyperparameters (decays, seeded random features) are exact after
+    ``.double()``, not the float32 values cast (attnkit.derived)."""
+    base, _, variant = name.partition(" ")
+    cls = ak.mechanisms.REGISTRY.get(base)
+    extra = {"causal": True} if variant == "(causal)" else {}
+    sizes = {"embed_dim": E, "num_heads": H, "head_dim": D, "max_len": MAX_LEN, **extra}
+    torch.manual_seed(0)
+    cast = cls.for_heads(**sizes).double()
+    torch.manual_seed(0)
+    built = cls.for_heads(**sizes, dtype=torch.float64)
+    for (key, x), (_, y) in zip(cast.named_buffers(), built.named_buffers(), strict=True):
+        if x.is_floating_point():
+            assert x.dtype == y.dtype == torch.float64, f"{name}: {key}"
+            assert torch.equal(x, y), f"{name}: {key} differs by {(x - y).abs().max().item()}"

@@ -37,6 +37,7 @@ from torch import Tensor
 
 from attnkit import arguments, masks
 from attnkit import taxonomy as tx
+from attnkit.derived import DerivedBuffers
 from attnkit.efficient import kernelized as kz
 from attnkit.efficient.feature_maps import (
     attend,
@@ -75,7 +76,7 @@ def orthogonal_gaussian_features(m: int, d: int, generator: torch.Generator) -> 
 
 
 @REGISTRY.register("performer")
-class Performer(HeadAttention):
+class Performer(DerivedBuffers, HeadAttention):
     """FAVOR+ attention, a per-head part ``part(q, k, v, *, mask, bias, need_weights)`` with q
     (B, …, M, d), k (B, …, N, d), v (B, …, N, d_v) → context (B, …, M, d_v).
 
@@ -126,8 +127,7 @@ class Performer(HeadAttention):
         self.chunk_size = arguments.positive_int(chunk_size, "chunk_size")
         self._generator = torch.Generator().manual_seed(arguments.nonnegative_int(seed, "seed"))
         self._calls = 0
-        dtype = dtype or torch.get_default_dtype()
-        self.register_buffer("omega", self._draw().to(device=device, dtype=dtype))
+        self.register_derived("omega", self._draw(), device=device, dtype=dtype)
         self.align = kz.KernelNormalized()
 
     @property
@@ -152,12 +152,12 @@ class Performer(HeadAttention):
 
     def _draw(self) -> Tensor:
         draw = orthogonal_gaussian_features if self.orthogonal else gaussian_features
-        return draw(self.n_features, self.d, self._generator)
+        return draw(self.n_features, self.d, self._generator).double()
 
     @torch.no_grad()
     def redraw(self) -> None:
         """Draw new random features (the next draw of this module's generator)."""
-        self.omega.copy_(self._draw().to(self.omega.dtype))
+        self.set_derived("omega", self._draw())
 
     def features(self, x: Tensor, *, is_query: bool, keep: Tensor | None = None) -> Tensor:
         """φ(x) (…, L, m) for x (…, L, d); ``keep`` (…, L, 1) marks the keys that count for the

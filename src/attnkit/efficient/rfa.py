@@ -30,6 +30,7 @@ from torch import Tensor, nn
 
 from attnkit import arguments, hooks, masks
 from attnkit import taxonomy as tx
+from attnkit.derived import DerivedBuffers
 from attnkit.efficient import kernelized as kz
 from attnkit.efficient.feature_maps import attend_inputs, causal_rows, check_causal, refuse_bias
 from attnkit.head import HeadAttention, check_head_inputs
@@ -45,7 +46,7 @@ def _unit(x: Tensor) -> Tensor:
 
 
 @REGISTRY.register("rfa")
-class RandomFeatureAttention(HeadAttention):
+class RandomFeatureAttention(DerivedBuffers, HeadAttention):
     """RFA, a per-head part ``part(q, k, v, *, mask, bias, need_weights)`` with q (B, …, M, d),
     k (B, …, N, d), v (B, …, N, d_v) → context (B, …, M, d_v).
 
@@ -97,7 +98,7 @@ class RandomFeatureAttention(HeadAttention):
         g = torch.Generator().manual_seed(arguments.nonnegative_int(seed, "seed"))
         kw = {"device": device, "dtype": dtype or torch.get_default_dtype()}
         omega = torch.randn(n_features, d, generator=g, dtype=torch.float64)
-        self.register_buffer("omega", omega.to(**kw))
+        self.register_derived("omega", omega, **kw)
         self.log_sigma = nn.Parameter(torch.full((d,), math.log(sigma), **kw))
         if self.gated:
             self.gate_weight = nn.Parameter(torch.zeros(d, **kw))

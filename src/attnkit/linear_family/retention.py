@@ -25,6 +25,7 @@ from torch import Tensor, nn
 
 from attnkit import arguments
 from attnkit import taxonomy as tx
+from attnkit.derived import DerivedBuffers
 from attnkit.linear_family.base import Inputs, _DecayFamily
 from attnkit.mechanisms import REGISTRY
 
@@ -38,7 +39,7 @@ def retention_decays(num_heads: int) -> Tensor:
 
 
 @REGISTRY.register("retention")
-class Retention(_DecayFamily):
+class Retention(DerivedBuffers, _DecayFamily):
     """Multi-scale retention as a per-head part (see :class:`LinearFamilyPart` for the call).
 
     Args:
@@ -66,8 +67,8 @@ class Retention(_DecayFamily):
         self.group_norm = arguments.boolean(group_norm, "group_norm")
         self.eps = arguments.finite_float(eps, "eps", positive=True)
         kw = {"device": device, "dtype": dtype or torch.get_default_dtype()}
-        log_gamma = torch.log(retention_decays(num_heads)).to(**kw)
-        self.register_buffer("log_gamma", log_gamma.view(num_heads, 1, 1))
+        log_gamma = torch.log(retention_decays(num_heads).double()).view(num_heads, 1, 1)
+        self.register_derived("log_gamma", log_gamma, **kw)
         if self.group_norm:
             self.norm_weight = nn.Parameter(torch.ones(num_heads, 1, head_dim, **kw))
             self.norm_bias = nn.Parameter(torch.zeros(num_heads, 1, head_dim, **kw))

@@ -9,9 +9,10 @@ For query t at position p_t, with keys k_{1:p_t} and values v_{1:p_t}:
   K̃ᶜᵐᵖ_t = {φ(k_{is+1 : is+l}) | 0 ≤ i ≤ ⌊(p_t − l)/s⌋} (likewise the values), and
   oᶜᵐᵖ_t = Σ_i pᶜᵐᵖ_{t,i} ṽ_i with pᶜᵐᵖ_t = softmax(q_tᵀ K̃ᶜᵐᵖ_t / √d) (eq. 8).
 - **selected** (eqs. 8-12): the keys are cut into selection blocks of length l'; block j's
-  importance is the compressed attention that falls on it, pˢˡᶜ_t[j] = Σ_{i overlaps j}
-  pᶜᵐᵖ_{t,i} (eq. 9; with l' a multiple of s and l this is the paper's double sum), summed over
-  the heads of a GQA group (eq. 10) so that the group reads the same blocks; the top n blocks
+  importance is the compressed attention that falls on it,
+  pˢˡᶜ_t[j] = Σ_{i : [is, is + l) ∩ [jl', (j + 1)l') ≠ ∅} pᶜᵐᵖ_{t,i}, each compressed block that
+  shares a key with block j counted once, summed over the heads of a GQA group (eq. 10) so
+  that the group reads the same blocks; the top n blocks
   (eq. 11) give the keys and values attended at token level, oˢˡᶜ_t = softmax(q_tᵀKˢˡᶜ_t/√d)Vˢˡᶜ_t.
   As in the paper's set-up, the first ``num_initial`` blocks and the ``num_local`` blocks ending
   at the query's own are always selected (they count towards n).
@@ -25,6 +26,14 @@ backward (:mod:`attnkit.sparse_trainable._gathered`), so the token-level branche
 O(M·T·d) time and O(M·T) memory kept whatever N is; the compressed branch costs O(M·N/s·d) time
 and O(M·N/s) memory (quadratic for self-attention, s times below dense attention). Below
 N = n·l' + w the token-level term still grows with N.
+
+Eq. 9 is not the paper's double sum. The paper states the intent — selection scores "according
+to their spatial relationship" with the compression blocks, reducing to pˢˡᶜ = pᶜᵐᵖ when
+l' = l = s — and writes pˢˡᶜ_t[j] = Σ_{m<l'/s} Σ_{n<l/s} pᶜᵐᵖ_t[(l'/s)·j − m − n]. Read
+literally at its defaults (l = 32, s = 16, l' = 64) that sums compressed blocks 4j − 4 … 4j with
+multiplicities 1, 2, 2, 2, 1: blocks starting at tokens 64j − 64 … 64j, mostly before selection
+block j (keys 64j … 64j + 63), of which blocks 4j + 1 … 4j + 3 inside it are left out. The
+overlap sum above follows the stated intent; both reduce to pˢˡᶜ = pᶜᵐᵖ when l' = l = s.
 
 Differences from the paper, by necessity of the per-head slot: the gates read the head's query
 q_t (the paper's MLP reads the token's hidden state x_t, which a per-head part never sees), and φ
