@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
+import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
@@ -23,7 +24,7 @@ from attnkit import checks
 from attnkit.alignments import Alignment
 from attnkit.distributed.layout import check_layout
 from attnkit.distributed.positions import RingPositions, global_positions
-from attnkit.distributed.ring import reasons_not_supported, ring_attention
+from attnkit.distributed.ring import attend, reasons_not_supported
 from attnkit.distributed.transport import Ring
 from attnkit.head import HeadAttention
 from attnkit.kernels.block_mask import BlockMask, ScoreMod
@@ -50,15 +51,18 @@ class RingAttention(HeadAttention):
             registered name) applied by global positions: RoPE (scaled or not), ALiBi or T5
             buckets (:mod:`attnkit.distributed.positions`); None for no positions here.
 
-    The layer's ``mask`` may only mark padded keys, (B, 1, 1, N_l) or (B, 1, N_l) as
-    :func:`attnkit.masks.from_lengths` gives for this rank's tokens; a bias and weights are
-    not offered. The parameters' gradients on each rank are its tokens' part: sum them over the
-    group (``torch.distributed.all_reduce``) before the optimiser step.
+    The layer's ``mask`` may mark padded keys, (B, 1, 1, N_l) or (B, 1, N_l) as
+    :func:`attnkit.masks.from_lengths` gives for this rank's tokens; a causal part also takes
+    a causal mask of this rank's tokens ∧ padded keys (what a decoder layer passes: the part is
+    causal by global positions already, and the mask's causal triangle adds only the padding).
+    A bias and weights are not offered. A refusal on one rank (a mask of another form, an odd
+    part under zigzag, ...) reaches every rank of the group as the same ValueError. The parameters'
+    gradients on each rank are its tokens' part: sum them over the group
+    (``torch.distributed.all_reduce``) before the optimiser step.
     """
 
     # capabilities (attnkit.head.HeadAttention)
     causal_form: ClassVar[bool] = True
-    mask_forms: ClassVar[frozenset[str]] = frozenset({"key"})
 
     decodes_with_cache: ClassVar[bool] = False
 
@@ -96,6 +100,11 @@ class RingAttention(HeadAttention):
             )
         self.position = None if position is None else RingPositions(position)
 
+    @property
+    def mask_forms(self) -> frozenset[str]:  # type: ignore[override]
+        """Key padding; and a causal mask (∧ key padding) when the part is causal."""
+        return frozenset({"key", "causal"}) if self.causal else frozenset({"key"})
+
     def forward(
         self,
         q: Tensor,
@@ -108,15 +117,22 @@ class RingAttention(HeadAttention):
         block_mask: BlockMask | None = None,
         score_mod: ScoreMod | None = None,
     ) -> AttentionOutput:
-        if bias is not None:
-            raise ValueError("RingAttention takes no bias (a bias over the whole sequence)")
-        if need_weights:
-            raise ValueError(
-                "RingAttention does not return weights: each rank never holds a whole row"
-            )
-        if self.position is not None:
-            q, k, score_mod = self._positioned(q, k, score_mod)
-        return ring_attention(
+        # A refusal here is agreed on with the other ranks (ring.attend), never raised alone:
+        # they would wait in the ring for this rank until the group's timeout.
+        refusal, pad = None, None
+        try:
+            if bias is not None:
+                raise ValueError("RingAttention takes no bias (a bias over the whole sequence)")
+            if need_weights:
+                raise ValueError(
+                    "RingAttention does not return weights: each rank never holds a whole row"
+                )
+            if self.position is not None:
+                q, k, score_mod = self._positioned(q, k, score_mod)
+            pad = None if mask is None else _key_padding(mask, q, k, self.causal)
+        except (ValueError, TypeError) as err:
+            refusal = err
+        return attend(
             q,
             k,
             v,
@@ -124,11 +140,12 @@ class RingAttention(HeadAttention):
             align=self.align,
             group=self.group,
             causal=self.causal,
-            key_padding_mask=None if mask is None else _key_padding(mask, k),
+            key_padding_mask=pad,
             layout=self.layout,
             block_mask=block_mask,
             score_mod=score_mod,
             chunk_size=self.chunk_size,
+            refusal=refusal,
         )
 
     def _positioned(
@@ -166,14 +183,52 @@ class _Composed(nn.Module):
         return second(self.first(e, b, h, q_idx, kv_idx), b, h, q_idx, kv_idx)
 
 
-def _key_padding(mask: Tensor, k: Tensor) -> Tensor:
-    """(B, N_l) from a mask that marks keys only: every dim but the batch's and the keys' 1."""
-    n = k.shape[-2]
+def _key_padding(mask: Tensor, q: Tensor, k: Tensor, causal: bool) -> Tensor:
+    """(B, N_l) or (1, N_l) from the layer's mask: padded keys, (B, 1, …, 1, N_l), or — for a
+    causal part — a causal mask of this rank's tokens ∧ padded keys, (…, M_l, N_l), as a decoder
+    layer passes: the part attends causally by global positions already, and within its causal
+    triangle such a mask says only which keys are padding."""
+    m, n = q.shape[-2], k.shape[-2]
+    if not isinstance(mask, Tensor) or mask.dtype != torch.bool:
+        what = mask.dtype if isinstance(mask, Tensor) else type(mask).__name__
+        raise TypeError(f"mask must be a boolean tensor, True = may attend, got {what}")
     shape = tuple(mask.shape)
-    if mask.dim() < 2 or shape[-1] != n or any(s != 1 for s in shape[1:-1]) or mask.dim() < 3:
+    if mask.dim() >= 2 and shape[-1] == n and shape[-2] == m and m > 1:
+        if not causal:
+            raise ValueError(
+                f"RingAttention takes a mask of padded keys only, (B, 1, …, 1, N_l) with N_l = "
+                f"{n} (e.g. masks.from_lengths), got {shape}: a mask over this rank's queries × "
+                "keys; for a causal mask (a decoder layer's) make the part causal: "
+                "RingAttention(causal=True) attends causally by global positions "
+                "(context_parallel makes a decoder's self-attention so)"
+            )
+        mask = _causal_keys(mask, m, n)
+        shape = tuple(mask.shape)
+    if mask.dim() < 2 or shape[-1] != n or shape[-2] != 1 or any(s != 1 for s in shape[1:-1]):
         raise ValueError(
             f"RingAttention takes a mask of padded keys only, (B, 1, …, 1, N_l) with N_l = {n} "
             f"(e.g. masks.from_lengths), got {shape}; pass causal=True to RingAttention for a "
             "causal mask (by global positions)"
         )
-    return mask.reshape(shape[0], n)
+    return mask if mask.dim() == 2 else mask.reshape(shape[0], n)
+
+
+def _causal_keys(mask: Tensor, m: int, n: int) -> Tensor:
+    """(…, 1, N_l): the keys a causal mask ∧ key padding (…, M_l, N_l) keeps; ValueError when,
+    within the causal triangle, its rows differ otherwise."""
+    if m != n:
+        raise ValueError(
+            f"a causal mask (…, M_l, N_l) needs as many keys as queries on each rank, got "
+            f"{tuple(mask.shape)}"
+        )
+    below = torch.ones(m, n, dtype=torch.bool, device=mask.device).tril()
+    seen = mask & below
+    keep = seen.any(-2, keepdim=True)  # a key that some query at or after it may attend
+    if not bool((seen == (keep & below)).all()):
+        raise ValueError(
+            f"RingAttention(causal=True) takes a causal mask ∧ padded keys of this rank's "
+            f"tokens (a decoder layer's), got a mask of shape {tuple(mask.shape)} that varies "
+            "over queries otherwise within the causal triangle (a window or a pattern: give a "
+            "block_mask over the whole sequence instead)"
+        )
+    return keep

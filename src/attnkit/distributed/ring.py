@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
+from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -40,7 +41,8 @@ from torch import Tensor, nn
 
 from attnkit import checks
 from attnkit.alignments import Alignment
-from attnkit.distributed.layout import check_layout
+from attnkit.distributed.agreement import Call, agree
+from attnkit.distributed.layout import LAYOUTS, check_layout
 from attnkit.distributed.tiles import Plan, rows_of
 from attnkit.distributed.transport import GRAD_TAG, KV_TAG, Ring
 from attnkit.kernels.block_mask import BlockMask, ScoreMod
@@ -55,8 +57,6 @@ from attnkit.output import AttentionOutput
 from attnkit.scores import Score
 
 __all__ = ["reasons_not_supported", "ring_attention"]
-
-_DTYPES = (torch.float64, torch.float32, torch.float16, torch.bfloat16)
 
 
 def reasons_not_supported(score: Score, align: Alignment) -> list[str]:
@@ -289,30 +289,6 @@ def _tile_grads(
             target += g.sum_to_size(target.shape)
 
 
-def _signature(q: Tensor, k: Tensor, v: Tensor, pad: Tensor | None, **flags: int) -> Tensor:
-    """What every rank must agree on, as int64: shapes, dtype, padding shape, flags."""
-    row: list[int] = []
-    for x in (q, k, v, pad):
-        shape = () if x is None else tuple(x.shape)
-        row += [len(shape) if x is not None else -1, *shape, *([-2] * (6 - len(shape)))]
-    code = _DTYPES.index(q.dtype) if q.dtype in _DTYPES else len(_DTYPES)
-    row += [code, *flags.values()]
-    return torch.tensor(row, dtype=torch.int64, device=q.device)
-
-
-def _describe(row: list[int], flag_names: list[str]) -> str:
-    parts, i = [], 0
-    for name in ("q", "k", "v", "key_padding_mask"):
-        n = row[i]
-        shape = tuple(row[i + 1 : i + 1 + max(n, 0)])
-        parts.append(f"{name} {shape if n >= 0 else None}")
-        i += 7
-    dtype = _DTYPES[row[i]] if row[i] < len(_DTYPES) else "other"
-    parts.append(f"dtype {dtype}")
-    parts += [f"{k}={v}" for k, v in zip(flag_names, row[i + 1 :], strict=True)]
-    return ", ".join(parts)
-
-
 def _without_padded(k: Tensor, v: Tensor, key_padding_mask: Tensor) -> tuple[Tensor, Tensor]:
     """Keys and values with the padded positions zeroed when one of them is not finite: a
     padded position's content must not reach anything (0·NaN is NaN), as in
@@ -329,6 +305,80 @@ def _without_padded(k: Tensor, v: Tensor, key_padding_mask: Tensor) -> tuple[Ten
     k = k if k_ok else torch.where(keep(k), k, zero)
     v = v if v_ok else torch.where(keep(v), v, zero)
     return k, v
+
+
+class _Checked(NamedTuple):
+    score: Score
+    align: Alignment
+    lead: torch.Size
+    m_local: int
+    n_local: int
+
+
+def _check_locally(
+    q, k, v, score, align, causal, key_padding_mask, layout, block_mask, score_mod, chunk_size
+) -> _Checked:
+    """Every check of a call that needs nothing of the group; raises ValueError/TypeError."""
+    score_part = checks.resolve_score(score)
+    align_mod = checks.resolve_alignment(align)
+    if q is None:
+        raise ValueError("q is None; ring attention splits the queries over the ranks")
+    checks.validate(q, k, v, score_part, mask=None, bias=None, align=align_mod)
+    reasons = reasons_not_supported(score_part, align_mod)
+    if reasons:
+        raise ValueError("ring attention cannot evaluate this call: " + "; ".join(reasons))
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal must be a bool, got {causal!r}")
+    check_layout(layout)
+    if chunk_size is not None and (
+        isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1
+    ):
+        raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}")
+    if score_mod is not None and not callable(score_mod):
+        raise TypeError(f"score_mod must be callable, got {type(score_mod).__name__}")
+    lead = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
+    m_local, n_local = q.shape[-2], k.shape[-2]
+    if m_local == 0:
+        raise ValueError(f"q has no queries on this rank (shape {tuple(q.shape)})")
+    if key_padding_mask is not None:
+        if not isinstance(key_padding_mask, Tensor) or key_padding_mask.dtype != torch.bool:
+            raise TypeError(
+                "key_padding_mask must be a boolean tensor (B, N_l), True = a real key, got "
+                f"{getattr(key_padding_mask, 'dtype', type(key_padding_mask).__name__)}"
+            )
+        if (
+            min(k.dim(), v.dim()) < 3
+            or key_padding_mask.dim() != 2
+            or key_padding_mask.shape[1] != n_local
+            or key_padding_mask.shape[0] not in (1, lead[0])
+        ):
+            batch = lead[0] if k.dim() >= 3 else None
+            raise ValueError(
+                f"key_padding_mask must be (B, N_l) = ({batch}, {n_local}) for keys "
+                f"{tuple(k.shape)} (batch first), got {tuple(key_padding_mask.shape)}"
+            )
+    if block_mask is not None and not isinstance(block_mask, BlockMask):
+        raise TypeError(
+            f"block_mask must be an attnkit.kernels.BlockMask, got {type(block_mask).__name__}"
+        )
+    for seg_len, name in ((m_local, "q"), (n_local, "k")):
+        if layout == "zigzag" and seg_len % 2:
+            raise ValueError(
+                f"the zigzag layout holds a front and a back chunk of equal length per rank, so "
+                f"each rank's {name} length must be even, got {seg_len}"
+            )
+    return _Checked(score_part, align_mod, lead, m_local, n_local)
+
+
+def _check_on_ring(
+    ring: Ring, checked: _Checked, q: Tensor, k: Tensor, layout: str, block_mask
+) -> None:
+    """The checks that need the ring: the tensors' device for its backend, the block mask's
+    size against the whole sequence."""
+    ring.check_device(q, "q")
+    if block_mask is not None:
+        p = ring.size
+        block_mask.check(torch.Size((*checked.lead, p * checked.m_local, p * checked.n_local)))
 
 
 def ring_attention(
@@ -383,83 +433,83 @@ def ring_attention(
     run the backward pass (it is a turn of the ring). A rank that stops makes the others raise
     :class:`attnkit.distributed.RingError` within the group's timeout.
     """
-    score_part = checks.resolve_score(score)
-    align_mod = checks.resolve_alignment(align)
+    return attend(
+        q,
+        k,
+        v,
+        score=score,
+        align=align,
+        group=group,
+        causal=causal,
+        key_padding_mask=key_padding_mask,
+        layout=layout,
+        block_mask=block_mask,
+        score_mod=score_mod,
+        chunk_size=chunk_size,
+    )
+
+
+def attend(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor | None,
+    *,
+    score: str | Score,
+    align: str | Alignment,
+    group: dist.ProcessGroup | None,
+    causal: bool,
+    key_padding_mask: Tensor | None,
+    layout: str,
+    block_mask: BlockMask | None,
+    score_mod: ScoreMod | None,
+    chunk_size: int | None,
+    refusal: Exception | None = None,
+) -> AttentionOutput:
+    """:func:`ring_attention`, with ``refusal``: an error the caller met on this rank before
+    the call (:class:`attnkit.distributed.RingAttention`'s own checks), agreed on with the
+    other ranks as this function's own checks are (:mod:`attnkit.distributed.agreement`)."""
     if v is None:
         v = k
-    if q is None:
-        raise ValueError("q is None; ring attention splits the queries over the ranks")
-    checks.validate(q, k, v, score_part, mask=None, bias=None, align=align_mod)
-    reasons = reasons_not_supported(score_part, align_mod)
-    if reasons:
-        raise ValueError("ring attention cannot evaluate this call: " + "; ".join(reasons))
-    if not isinstance(causal, bool):
-        raise TypeError(f"causal must be a bool, got {causal!r}")
-    check_layout(layout)
-    if chunk_size is not None and (
-        isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1
-    ):
-        raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}")
-    if score_mod is not None and not callable(score_mod):
-        raise TypeError(f"score_mod must be callable, got {type(score_mod).__name__}")
-    lead = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
-    m_local, n_local = q.shape[-2], k.shape[-2]
-    if m_local == 0:
-        raise ValueError(f"q has no queries on this rank (shape {tuple(q.shape)})")
-    if key_padding_mask is not None:
-        if not isinstance(key_padding_mask, Tensor) or key_padding_mask.dtype != torch.bool:
-            raise TypeError(
-                "key_padding_mask must be a boolean tensor (B, N_l), True = a real key, got "
-                f"{getattr(key_padding_mask, 'dtype', type(key_padding_mask).__name__)}"
-            )
-        if (
-            min(k.dim(), v.dim()) < 3
-            or key_padding_mask.dim() != 2
-            or key_padding_mask.shape[1] != n_local
-            or key_padding_mask.shape[0] not in (1, lead[0])
-        ):
-            batch = lead[0] if k.dim() >= 3 else None
-            raise ValueError(
-                f"key_padding_mask must be (B, N_l) = ({batch}, {n_local}) for keys "
-                f"{tuple(k.shape)} (batch first), got {tuple(key_padding_mask.shape)}"
-            )
-    if block_mask is not None and not isinstance(block_mask, BlockMask):
-        raise TypeError(
-            f"block_mask must be an attnkit.kernels.BlockMask, got {type(block_mask).__name__}"
-        )
-    ring = Ring.of(group)
-    ring.check_device(q, "q")
-    for seg_len, name in ((m_local, "q"), (n_local, "k")):
-        if layout == "zigzag" and seg_len % 2:
-            raise ValueError(
-                f"the zigzag layout holds a front and a back chunk of equal length per rank, so "
-                f"each rank's {name} length must be even, got {seg_len}"
-            )
-    if key_padding_mask is not None:
+    checked = None
+    if refusal is None:
+        try:
+            checked = _check_locally(
+                q, k, v, score, align, causal, key_padding_mask, layout, block_mask, score_mod,
+                chunk_size,
+            )  # fmt: skip
+        except (ValueError, TypeError) as err:
+            refusal = err
+    try:
+        ring = Ring.of(group)
+    except (ValueError, TypeError):
+        if refusal is not None:  # no group to agree with: this call's own error first
+            raise refusal from None
+        raise
+    if checked is not None:
+        try:
+            _check_on_ring(ring, checked, q, k, layout, block_mask)
+        except (ValueError, TypeError) as err:
+            refusal = err
+    if checked is not None and refusal is None and key_padding_mask is not None:
         k, v = _without_padded(k, v, key_padding_mask)
-    # Every rank must hold its part of the same call: compare what each one was given.
-    v_finite = bool(torch.isfinite(v).all())
-    flags = {
-        "world_size": ring.size,
-        "layout": ("contiguous", "zigzag").index(layout),
-        "causal": int(causal),
-        "block_mask_m": -1 if block_mask is None else block_mask.m,
-        "block_mask_n": -1 if block_mask is None else block_mask.n,
-        "score_mod": int(score_mod is not None),
-    }
-    mine = _signature(q, k, v, key_padding_mask, **flags, v_finite=int(v_finite))
-    table = ring.all_gather(mine, "checking that every rank holds its part of the same call")
-    if not bool((table[:, :-1] == mine[:-1]).all()):
-        names = [*flags, "v_finite"]
-        lines = "; ".join(
-            f"rank {r}: {_describe(row.tolist()[:-1], names[:-1])}" for r, row in enumerate(table)
-        )
-        raise ValueError(
-            "the ranks of the group were given different calls (each must pass its part of the "
-            f"same sequence, the same group, layout and options): {lines}"
-        )
-    if block_mask is not None:
-        block_mask.check(torch.Size((*lead, ring.size * m_local, ring.size * n_local)))
+    # Every rank must accept its part of the same call: agree on that before any ring turn.
+    call = Call()
+    for name, x in (("q", q), ("k", k), ("v", v), ("key_padding_mask", key_padding_mask)):
+        call.tensor(name, x)
+    call.dtype(q)
+    call.value("world_size", ring.size, ring.size)
+    call.value("layout", LAYOUTS.index(layout) if layout in LAYOUTS else -1, layout)
+    call.value("causal", int(causal) if isinstance(causal, bool) else -1, causal)
+    for name, x in (("block_mask_m", "m"), ("block_mask_n", "n")):
+        size = getattr(block_mask, x, -1) if isinstance(block_mask, BlockMask) else -1
+        call.value(name, size, None if block_mask is None else size)
+    call.value("score_mod", int(score_mod is not None), score_mod is not None)
+    call.part("score", score if checked is None else checked.score)
+    call.part("align", align if checked is None else checked.align)
+    call.facts["v_finite"] = isinstance(v, Tensor) and bool(torch.isfinite(v).all())
+    facts = agree(ring, call, refusal, ring.device_of(q))
+    assert checked is not None  # every rank accepted: this one too
+    score_part, align_mod, lead, m_local, n_local = checked
     width = tile_width(score_part) * max(1, math.prod(lead))
     budget = TILE_ELEMENTS if tile_width(score_part) == 1 else WIDE_TILE_ELEMENTS
     half = n_local if layout == "contiguous" else n_local // 2
@@ -480,7 +530,7 @@ def ring_attention(
         block_k=block_k,
         stat_k=min(half, chunk_size or max(1, budget // (m_local * width))),
         padded=mb is not None,
-        guard=masked and not bool(table[:, -1].all()),
+        guard=masked and not facts["v_finite"],
         block_mask=block_mask,
         score_mod=score_mod,
         device=q.device,

@@ -87,6 +87,17 @@ class Ring:
                 f"{x.device}; use an nccl group for CUDA tensors"
             )
 
+    def device_of(self, x: object) -> torch.device:
+        """Where this ring's small messages about ``x`` are made: x's device when the backend
+        sends it (nccl: CUDA, gloo: CPU), else the backend's own (a refused call still takes
+        part in the agreement)."""
+        wanted = "cuda" if self.backend.lower() == "nccl" else "cpu"
+        if isinstance(x, Tensor) and x.device.type == wanted:
+            return x.device
+        if wanted == "cuda":
+            return torch.device("cuda", torch.cuda.current_device())
+        return torch.device("cpu")
+
     @contextmanager
     def guard(self, what: str) -> Iterator[None]:
         """Turn a transport failure during ``what`` into a :class:`RingError`."""
