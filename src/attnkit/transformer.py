@@ -5,7 +5,7 @@ cross-attention (decoder). Brauwers 3.3.2 reads a stack of them as multi-head + 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
@@ -174,6 +174,11 @@ class TransformerDecoderLayer(_Block):
     ``position`` fill the self-attention's slots, and the cross-attention uses
     ``score``/``align``. ``cross_attention=False`` leaves the cross-attention out: a layer of a
     decoder-only model (GPT)."""
+
+    # The attention submodules that attend causally (the layer passes them a causal mask), as
+    # data for whoever splits the sequence: attnkit.distributed.context_parallel makes them
+    # causal by global positions.
+    causal_attention: ClassVar[tuple[str, ...]] = ("self_attention",)
 
     def __init__(
         self,

@@ -14,12 +14,13 @@ from attnkit.distributed.attention import RingAttention
 from attnkit.distributed.groups import ring_groups
 from attnkit.distributed.layout import LAYOUTS, shard, unshard
 from attnkit.distributed.parallel import context_parallel
-from attnkit.distributed.positions import RingPositions, global_positions
+from attnkit.distributed.positions import RingAbsolute, RingPositions, global_positions
 from attnkit.distributed.ring import reasons_not_supported, ring_attention
 from attnkit.distributed.transport import RingError
 
 __all__ = [
     "LAYOUTS",
+    "RingAbsolute",
     "RingAttention",
     "RingError",
     "RingPositions",

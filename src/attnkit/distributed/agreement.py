@@ -88,12 +88,19 @@ def identity(part: object) -> str:
     return f"{type(part).__name__}({', '.join(inner)})"
 
 
-def agree(ring: Ring, call: Call, refusal: Exception | None, device: torch.device) -> dict:
+def agree(
+    ring: Ring,
+    call: Call,
+    refusal: Exception | None,
+    device: torch.device,
+    what: str = "ring attention",
+) -> dict:
     """Gather every rank's verdict and call; return the facts AND-ed over the ranks when every
     rank accepted the same call, else raise on every rank the same ValueError.
 
     ``refusal`` is this rank's error (None when it accepted its part); with a ring of one the
-    error itself is raised. ``device``: where the row is made (the backend's device)."""
+    error itself is raised. ``device``: where the row is made (the backend's device); ``what``
+    names the call in the message."""
     if refusal is not None and ring.size == 1:
         raise refusal
     names = list(call.columns)
@@ -118,7 +125,7 @@ def agree(ring: Ring, call: Call, refusal: Exception | None, device: torch.devic
     heads = []
     if any(refused):
         who = ", ".join(str(r) for r, flag in enumerate(refused) if flag)
-        heads.append(f"ring attention was refused on rank {who} of {ring.size}")
+        heads.append(f"{what} was refused on rank {who} of {ring.size}")
     if differ:
         heads.append(
             "the ranks of the group were given different calls (each must pass its part of the "

@@ -16,6 +16,10 @@ A rank holds the positions of its layout's segments (:func:`global_positions`: o
 
 Schemes whose terms depend on the contents (Transformer-XL's u, v terms, Shaw's value term,
 music's skewed relative logits) are refused by name.
+
+Absolute embeddings added to the token embeddings (learned tables, sinusoids: a module with
+``absolute = True`` called as ``forward(x, *, offset)``) are per token too: :class:`RingAbsolute`
+adds each of this rank's segments at its global offset.
 """
 
 from __future__ import annotations
@@ -23,7 +27,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from attnkit.distributed.agreement import Call, agree
 from attnkit.distributed.layout import check_layout, segments
+from attnkit.distributed.transport import Ring
 from attnkit.positions.alibi import ALiBi, alibi_slopes
 from attnkit.positions.base import PositionScheme
 from attnkit.positions.none import NoPosition
@@ -31,7 +37,7 @@ from attnkit.positions.rope import Rotary, rotate
 from attnkit.positions.rope_scaling import ScaledRotary, rotate_partial
 from attnkit.positions.t5 import T5Relative, t5_bucket
 
-__all__ = ["SUPPORTED", "RingPositions", "global_positions"]
+__all__ = ["SUPPORTED", "RingAbsolute", "RingPositions", "global_positions"]
 
 SUPPORTED = (NoPosition, Rotary, ScaledRotary, ALiBi, T5Relative)
 
@@ -115,3 +121,53 @@ class RingPositions(nn.Module):
             )
             return e + s.weight[bucket, h].to(e.dtype)
         return e
+
+
+class RingAbsolute(nn.Module):
+    """An absolute position embedding on one rank of a ring: this rank's tokens at their global
+    positions.
+
+    Args:
+        embedding: a module declaring ``absolute = True``, called as ``forward(x, *, offset)``
+            and adding P[offset + l] to position l of x (B, …, L, D); kept as a submodule, so
+            its parameters are the model's.
+        group: the ring's process group (None: the default group).
+        layout: how the tokens are laid out over the ranks (``"contiguous"`` or ``"zigzag"``).
+
+    ``forward(x, *, offset=0)`` with this rank's part x (B, …, L_l, D) adds the embedding at
+    global positions ``offset + global_positions(rank, P, L_l, layout)``, one call per segment.
+    A refusal on one rank (positions past the embedding's table, an odd part under zigzag)
+    reaches every rank of the group as the same ValueError (:mod:`attnkit.distributed.agreement`).
+    """
+
+    def __init__(
+        self, embedding: nn.Module, *, group: object = None, layout: str = "contiguous"
+    ) -> None:
+        super().__init__()
+        if not getattr(type(embedding), "absolute", False):
+            raise TypeError(
+                "embedding must be an absolute position embedding (a module declaring "
+                f"absolute = True, forward(x, *, offset)), got {type(embedding).__name__}"
+            )
+        self.embedding = embedding
+        self.group = group
+        self.layout = check_layout(layout)
+
+    def forward(self, x: Tensor, *, offset: int = 0) -> Tensor:
+        ring = Ring.of(self.group)
+        refusal, out = None, x
+        try:
+            segs = segments(ring.rank, ring.size, x.shape[-2], self.layout)
+            parts = [
+                self.embedding(x.narrow(-2, s.local, s.length), offset=offset + s.start)
+                for s in segs
+            ]
+            out = parts[0] if len(parts) == 1 else torch.cat(parts, dim=-2)
+        except (ValueError, TypeError, IndexError) as err:
+            refusal = err
+        call = Call()
+        call.tensor("x", x)
+        call.value("offset", offset if isinstance(offset, int) else -1, offset)
+        call.value("layout", ("contiguous", "zigzag").index(self.layout), self.layout)
+        agree(ring, call, refusal, ring.device_of(x), "the absolute position embedding")
+        return out

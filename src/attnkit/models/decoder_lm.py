@@ -4,7 +4,7 @@ and a linear head over the vocabulary; incremental decoding through a KV cache."
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
@@ -174,11 +174,18 @@ class DecoderLM(nn.Module):
 class _LearnedTable(nn.Embedding):
     """GPT's learned absolute positions: x + P[offset : offset + L]."""
 
+    absolute: ClassVar[bool] = True  # an absolute embedding, forward(x, *, offset)
+
     def __init__(self, max_len: int, embed_dim: int, **kw: Any) -> None:
         super().__init__(max_len, embed_dim, **kw)
         nn.init.normal_(self.weight, std=0.02)
 
     def forward(self, x: Tensor, *, offset: int = 0) -> Tensor:  # type: ignore[override]
+        if offset < 0 or offset + x.shape[-2] > self.num_embeddings:
+            raise ValueError(
+                f"positions {offset}..{offset + x.shape[-2] - 1} are outside the learned table "
+                f"of max_len = {self.num_embeddings}"
+            )
         steps = torch.arange(offset, offset + x.shape[-2], device=x.device)
         return x + super().forward(steps)
 
