@@ -132,6 +132,13 @@ def _encoder_decoder(rank, layout, failures):
         out = t(s, p, src_mask=sp, tgt_mask=tp, memory_mask=sp)
         return out, shard(w, rank, WORLD, layout=layout)
 
+    try:  # the decoder called non-causally: the twin's causal part refuses it on every rank
+        memory = shard(src, rank, WORLD, layout=layout)
+        twin.decoder(shard(tgt, rank, WORLD, layout=layout), memory, causal=False)
+        failures.append("a decoder called with causal=False ran on a causal twin")
+    except ValueError as err:
+        if "passed no causal mask" not in str(err) or "refused on rank 0, 1 of 2" not in str(err):
+            failures.append(f"unclear message for a decoder called with causal=False: {err}")
     _check_twin(
         model,
         twin,

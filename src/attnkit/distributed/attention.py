@@ -55,10 +55,12 @@ class RingAttention(HeadAttention):
     :func:`attnkit.masks.from_lengths` gives for this rank's tokens; a causal part also takes
     a causal mask of this rank's tokens ∧ padded keys (what a decoder layer passes: the part is
     causal by global positions already, and the mask's causal triangle adds only the padding).
-    A bias and weights are not offered. A refusal on one rank (a mask of another form, an odd
-    part under zigzag, ...) reaches every rank of the group as the same ValueError. The parameters'
-    gradients on each rank are its tokens' part: sum them over the group
-    (``torch.distributed.all_reduce``) before the optimiser step.
+    ``causal_by_mask`` (set by :func:`attnkit.distributed.context_parallel` for a layer the model
+    declares causal) refuses a call of more than one query without a causal mask: the layer was
+    called non-causally. A bias and weights are not offered. A refusal on one rank (a mask of
+    another form, an odd part under zigzag, ...) reaches every rank of the group as the same
+    ValueError. The parameters' gradients on each rank are its tokens' part: sum them over the
+    group (``torch.distributed.all_reduce``) before the optimiser step.
     """
 
     # capabilities (attnkit.head.HeadAttention)
@@ -99,6 +101,10 @@ class RingAttention(HeadAttention):
                 f"PositionScheme), its registered name or None, got {type(position).__name__}"
             )
         self.position = None if position is None else RingPositions(position)
+        # Set by context_parallel for a layer its model declares causal: such a layer passes a
+        # causal mask with every call of more than one query, so a call without one is the
+        # layer called non-causally (a decoder with causal=False), which this part is not.
+        self.causal_by_mask = False
 
     @property
     def mask_forms(self) -> frozenset[str]:  # type: ignore[override]
@@ -129,6 +135,12 @@ class RingAttention(HeadAttention):
                 )
             if self.position is not None:
                 q, k, score_mod = self._positioned(q, k, score_mod)
+            if self.causal_by_mask and q.shape[-2] > 1 and (mask is None or mask.shape[-2] == 1):
+                raise ValueError(
+                    "this causal ring part belongs to a layer that the model declares causal, "
+                    "but the layer passed no causal mask (called with causal=False?); the twin "
+                    "attends causally by global positions, as the model declares"
+                )
             pad = None if mask is None else _key_padding(mask, q, k, self.causal)
         except (ValueError, TypeError) as err:
             refusal = err

@@ -105,6 +105,7 @@ def context_parallel(
             raise ValueError(f"layer {name!r}: {err}") from None
         if scheme is not None:
             ring.position = RingPositions(scheme)
+        ring.causal_by_mask = causal is None and layer_causal  # the layer's mask says so
         layer.attention = ring
         layer.position = NoPosition()
     for parent in list(twin.modules()):
