@@ -49,6 +49,10 @@ def _version() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the ``attnkit`` command line ``argv``; the exit status. Every failure ends in one
+    line on stderr: status 2 for bad input or the machine's state (a full disk, a damaged run),
+    1 for a diverged run or an internal error (the line names a log file with the traceback),
+    130 for Ctrl-C (:mod:`attnkit.experiments.failures`)."""
     parser = _Parser(
         prog="attnkit", description="Attention mechanisms of the survey taxonomy, runnable."
     )
@@ -77,11 +81,25 @@ def main(argv: list[str] | None = None) -> int:
     )
     bench.add_argument("--full", action="store_true", help="the full sizes (slow: many minutes)")
     args = parser.parse_args(argv)
+    try:
+        return _dispatch(args, run_parser)
+    except KeyboardInterrupt:
+        print(f"\nattnkit {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as err:  # one line and an exit status, never a traceback
+        from attnkit.experiments.failures import report
+
+        return report(err, f"attnkit {args.command}")
+
+
+def _dispatch(args: argparse.Namespace, run_parser: argparse.ArgumentParser) -> int:
     if args.command == "run":
         from attnkit.experiments.command import execute
 
         return execute(args, run_parser)
     if args.command == "explain":
+        from attnkit.experiments import explain
+
         return explain.execute(args)
     if args.command == "demo":
         from attnkit import demo

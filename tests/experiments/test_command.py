@@ -174,23 +174,43 @@ DAMAGE = [
     ("rng.safetensors", lambda p: p.unlink(), "file missing"),
     ("rng.safetensors", lambda p: p.write_bytes(os.urandom(64)), "checksum"),
     ("state.json", lambda p: p.write_text("{"), "not valid JSON"),
-    ("state.json", lambda p: _edit_state(p, epoch="one"), "the saved position must be"),
-]
+    ("state.json", lambda p: _edit_state(p, epoch=99), "saved position differs from the checksum"),
+    ("state.json", lambda p: _edit_state(p, epoch="one", rehash=True),
+     "the saved position must be"),
+    ("state.json", lambda p: _edit_state(p, epoch=99, history=[{}] * 99, rehash=True),
+     "(epoch 99, step 0, 99 epochs of history) is not one of this run (1 epoch of 2 steps)"),
+    ("config.json", lambda p: _edit_config(p, lr=0.5),
+     "differs from the configuration the checkpoint"),
+]  # fmt: skip
 
 
-def _edit_state(path, **changes):
+def _edit_state(path, rehash=False, **changes):
+    """Change the saved position; with ``rehash``, write its checksum anew (as a deliberate
+    edit would), so that only the check of the position against the run can refuse it."""
+    import hashlib
+
     data = json.loads(path.read_text())
     data["state"].update(changes)
+    if rehash:
+        text = json.dumps(data["state"], sort_keys=True, separators=(",", ":"))
+        data["state_sha256"] = hashlib.sha256(text.encode()).hexdigest()
     path.write_text(json.dumps(data))
+
+
+def _edit_config(path, **changes):
+    """Edit a run's config.json to other valid values (the path given is a checkpoint file's)."""
+    config = path.parent.parent.parent / "config.json"
+    config.write_text(json.dumps({**json.loads(config.read_text()), **changes}))
 
 
 @pytest.mark.parametrize(("name", "damage", "message"), DAMAGE, ids=[d[0] for d in DAMAGE])
 def test_a_damaged_checkpoint_is_one_line_naming_the_file(finished, capsys, name, damage, message):
     path = checkpoints.latest(finished) / name
     damage(path)
+    named = finished / "config.json" if name == "config.json" else path
     capsys.readouterr()
     assert cli.main(["run", "--resume", str(finished), "--no-progress"]) == 2
-    _one_error_line(capsys, str(path), message)
+    _one_error_line(capsys, str(named), message)
 
 
 @pytest.mark.parametrize(

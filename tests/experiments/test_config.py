@@ -42,7 +42,14 @@ BAD = [
     ({"epochs": "3"}, "epochs must be int or null, got str '3'"),
     ({"quick": 1}, "quick must be bool, got int 1"),
     ({"epochs": True}, "epochs must be int or null, got bool True"),
-]
+    # absurd sizes: refused, never trained until killed or failing to allocate
+    ({"epochs": 10**22}, "epochs must be at most 100_000 (far above any run that finishes), "
+     "got 10000000000000000000000"),
+    ({"epochs": 1e22}, "epochs must be int or null, got float 1e+22"),
+    ({"d_model": 2**30}, "d_model must be at most 65_536"),
+    ({"n_train": 10**12}, "n_train must be at most 1_000_000_000"),
+    ({"batch_size": 2**21}, "batch_size must be at most 1_048_576"),
+]  # fmt: skip
 
 
 @pytest.mark.parametrize(("values", "message"), BAD, ids=[str(v) for v, _ in BAD])
@@ -166,6 +173,17 @@ def test_from_json_refuses_unknown_keys_and_wrong_types(text, message):
     with pytest.raises(ConfigError) as err:
         RunConfig.from_json(text, source="run/config.json")
     assert str(err.value).startswith("run/config.json: ") and message in str(err.value)
+
+
+def test_the_upper_bounds_admit_every_tasks_own_sizes():
+    """No task's defaults (full or quick) reach a bound: the bounds refuse typos only."""
+    from attnkit import tasks
+    from attnkit.experiments.config import LIMITS
+
+    for name in tasks.available():
+        for mode in ("full", "quick"):
+            for key, value in tasks.get(name).defaults[mode].items():
+                assert key not in LIMITS or value <= LIMITS[key], (name, mode, key, value)
 
 
 def test_parse_value_by_the_key_type():

@@ -72,6 +72,36 @@ def test_an_unfinished_run_is_refused_with_exit_2(finished, tmp_path, capsys):
         explain(finished, examples=6, other_seeds=[stopped], echo=lambda s: None)
 
 
+@pytest.mark.parametrize(
+    ("damage", "message"),
+    [
+        (lambda d: (d / "metrics.json").write_text("garbage"), "metrics.json: cannot be read"),
+        (lambda d: (d / "metrics.json").write_text('"done"'), "not the held-out metrics"),
+        (lambda d: _edit_state(d, epoch=99), "saved position differs from the checksum"),
+    ],
+)
+def test_a_damaged_run_is_one_line_and_exit_2(finished, tmp_path, capsys, damage, message):
+    copy = tmp_path / "copy"
+    shutil.copytree(finished, copy)
+    (copy / "explanation.json").unlink(missing_ok=True)
+    damage(copy)
+    capsys.readouterr()
+    assert main(["explain", str(copy), "--examples", "4"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("attnkit explain: error: "), err
+    assert message in err[0], err[0]
+    assert not (copy / "explanation.json").exists()
+
+
+def _edit_state(run_dir, **changes):
+    from attnkit.experiments import checkpoints
+
+    manifest = checkpoints.latest(run_dir) / checkpoints.MANIFEST
+    data = json.loads(manifest.read_text())
+    data["state"].update(changes)
+    manifest.write_text(json.dumps(data))
+
+
 def test_section_says_n_a_for_undefined_numbers_and_a_missing_page_is_created(tmp_path):
     results = {
         "n_examples": 2,

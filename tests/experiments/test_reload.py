@@ -70,3 +70,39 @@ def test_a_damaged_checkpoint_names_the_file(tmp_path, finished):
     weights.write_bytes(b"not weights")
     with pytest.raises(CheckpointError, match=r"model\.safetensors"):
         ak.load_run(copy)
+
+
+def _copy(finished, tmp_path):
+    import shutil
+
+    copy = tmp_path / "copy"
+    shutil.copytree(finished[0], copy)
+    return copy
+
+
+def test_an_edited_saved_position_config_or_metrics_file_is_refused_naming_the_file(
+    tmp_path, finished
+):
+    """Every file load_run reads is under a checksum or validated: state.json's position
+    (epoch 99), config.json changed to other valid values, a metrics.json of garbage."""
+    copy = _copy(finished, tmp_path)
+    manifest = checkpoints.latest(copy) / checkpoints.MANIFEST
+    data = json.loads(manifest.read_text())
+    data["state"]["epoch"] = 99
+    manifest.write_text(json.dumps(data))
+    with pytest.raises(CheckpointError, match="saved position differs from the checksum") as err:
+        ak.load_run(copy)
+    assert str(manifest) in str(err.value)
+
+    copy = _copy(finished, tmp_path / "b")
+    config = json.loads((copy / "config.json").read_text())
+    (copy / "config.json").write_text(json.dumps({**config, "lr": 0.5}))
+    with pytest.raises(CheckpointError, match=r"config\.json differs from the configuration"):
+        ak.load_run(copy)
+
+    copy = _copy(finished, tmp_path / "c")
+    for garbage, message in (("{", "cannot be read as JSON"), ("[1, 2]", "got list"),
+                             ('{"accuracy": "high"}', "metric 'accuracy' is 'high'")):  # fmt: skip
+        (copy / "metrics.json").write_text(garbage)
+        with pytest.raises(ConfigError, match="metrics.json: .*" + message):
+            ak.load_run(copy)

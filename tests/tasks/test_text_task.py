@@ -2,6 +2,7 @@
 tokens and vocabulary, macro F1 against scikit-learn, and a model that learns a keyword rule."""
 
 import json
+import re
 from types import SimpleNamespace
 
 import pytest
@@ -81,6 +82,39 @@ def test_bad_files_are_refused_with_the_file_and_line(tmp_path, content, suffix,
         read_examples(path)
     with pytest.raises(ValueError, match="is not a file"):
         read_examples(tmp_path / "missing.jsonl")
+
+
+@pytest.mark.parametrize(
+    ("content", "line", "fields"),
+    [
+        ("text,label\ngood film,pos\nbad, really bad,neg\nfine,pos\n", 3, 3),
+        ("text,label\ngood film,pos\nno label here\n", 3, 1),
+        # a quoted text over two lines: the record ends on line 4
+        ('text,label\n"two\nlines",pos\n"a, b\nc",neg,extra\n', 5, 3),
+    ],
+)
+def test_a_ragged_csv_row_is_refused_naming_its_line(tmp_path, content, line, fields):
+    path = tmp_path / "d.csv"
+    path.write_text(content, encoding="utf-8")
+    expected = f"d.csv:{line}: {fields} fields, but the header names 2 (text, label)"
+    with pytest.raises(ValueError, match=re.escape(expected)) as err:
+        read_examples(path)
+    assert "double quotes" in str(err.value)
+
+
+def test_data_with_a_single_label_or_an_empty_split_is_refused(tmp_path):
+    rows = [{"text": f"film {i}", "label": "pos"} for i in range(30)]
+    path = _jsonl(tmp_path / "d.jsonl", rows)
+    with pytest.raises(ValueError, match="every training text has the label 'pos'; a classifier"):
+        make_text_data(path, seq_len=4, n_train=99, n_test=99)
+    rows = [{"text": f"film {i}", "label": ("pos", "neg")[i % 2], "split": "train"}
+            for i in range(8)] + [{"text": "film", "label": "pos", "split": "test"}]  # fmt: skip
+    path = _jsonl(tmp_path / "d.jsonl", rows)
+    with pytest.raises(ValueError, match="the validation split is empty \\(no row has split"):
+        make_text_data(path, seq_len=4, n_train=99, n_test=99)
+    path = _jsonl(tmp_path / "d.jsonl", [{"text": "film", "label": "pos"}])
+    with pytest.raises(ValueError, match="split is empty \\(1 row cannot be cut 80 / 10 / 10"):
+        make_text_data(path, seq_len=4, n_train=99, n_test=99)
 
 
 def test_splits_vocabulary_and_truncation(tmp_path):

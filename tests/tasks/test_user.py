@@ -162,6 +162,8 @@ RUN_BROKEN = [
      "weights must be 2-D"),
     ({"return MarkedModel(self.config.d_model)": "return MarkedModel(self.config.d_model[0])"},
      "TypeError"),
+    ({'"gold_weight": float(weights[rows, where].mean()),': '"gold_weight": float("nan"),'},
+     "evaluate('validation')['gold_weight'] must be a finite number, got nan"),
 ]  # fmt: skip
 
 

@@ -3,10 +3,13 @@
 A checkpoint is one directory ``<run>/checkpoints/<n>/`` holding ``model.safetensors``,
 ``optimizer.pt`` (plain tensors only, loaded with ``torch.load(weights_only=True)``),
 ``rng.safetensors`` and, written last, ``state.json``: the progress plus the SHA-256 of every
-other file. The files are written into a hidden partial directory, which is then renamed to the
-next number in one step; only then are older checkpoints removed. A process killed at any point
+other file, of the progress itself and of the run's ``config.json`` (when the run directory has
+one), so an edit of any of them is named when the checkpoint is loaded. The files are written
+into a hidden partial directory, which is then renamed to the next number in one step; only
+then are older checkpoints removed. A process killed at any point
 leaves either the previous checkpoint or the new one complete, and a damaged file is named
-instead of loaded.
+instead of loaded. A save that fails (a full disk, a file-size limit) removes its partial
+directory and raises an OSError naming the file.
 """
 
 from __future__ import annotations
@@ -25,12 +28,15 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from attnkit.experiments import failures
+
 __all__ = ["CheckpointError", "atomic_write", "latest", "load", "save"]
 
 FOLDER = "checkpoints"
 PARTIAL = ".partial-"
 MANIFEST = "state.json"
 FILES = ("model.safetensors", "optimizer.pt", "rng.safetensors")
+CONFIG = "config.json"  # the run's configuration, beside the checkpoints folder
 
 
 class CheckpointError(RuntimeError):
@@ -63,6 +69,23 @@ def _sha256(path: Path) -> str:
         for block in iter(lambda: f.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
+
+
+def _state_sha256(state: Any) -> str:
+    """The SHA-256 of ``state`` written as canonical JSON (sorted keys, no spaces): the same
+    for the state saved and the state read back (JSON numbers and strings round-trip)."""
+    text = json.dumps(state, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _manifest_of(run_dir: Path, state: dict[str, Any], hashes: dict[str, str]) -> dict:
+    config = run_dir / CONFIG
+    return {
+        "state": state,
+        "sha256": hashes,
+        "state_sha256": _state_sha256(json.loads(json.dumps(state))),
+        "config_sha256": _sha256(config) if config.is_file() else None,
+    }
 
 
 def _numbered(root: Path) -> list[Path]:
@@ -101,15 +124,22 @@ def save(
         "rng.safetensors": lambda p: save_file({"torch": torch.get_rng_state()}, str(p)),
     }
     hashes = {}
-    for name in FILES:
-        writers[name](partial / name)
-        _sync(partial / name)
-        hashes[name] = _sha256(partial / name)
-        _written(partial / name)
-    manifest = partial / MANIFEST
-    manifest.write_text(json.dumps({"state": state, "sha256": hashes}, indent=2))
-    _sync(manifest)
-    _written(manifest)
+    try:
+        for name in FILES:
+            writers[name](partial / name)
+            _sync(partial / name)
+            hashes[name] = _sha256(partial / name)
+            _written(partial / name)
+        name = MANIFEST
+        manifest = partial / MANIFEST
+        manifest.write_text(json.dumps(_manifest_of(run_dir, state, hashes), indent=2))
+        _sync(manifest)
+        _written(manifest)
+    except Exception as err:  # a full disk, a size limit: the newest checkpoint stays
+        shutil.rmtree(partial, ignore_errors=True)
+        if failures.write_failed(err):
+            raise failures.as_os_error(err, partial / name) from err
+        raise
     previous = _numbered(root)
     final = root / str(int(previous[-1].name) + 1 if previous else 1)
     os.rename(partial, final)
@@ -145,6 +175,29 @@ def _manifest(directory: Path) -> dict[str, Any]:
         or set(data["sha256"]) != set(FILES)
     ):
         raise _damaged(path, "not a checkpoint manifest (expected keys 'state' and 'sha256')")
+    if not isinstance(data.get("state_sha256"), str) or not isinstance(
+        data.get("config_sha256", 0), str | None
+    ):
+        raise _damaged(
+            path,
+            "no checksums of the saved position and of config.json (keys 'state_sha256' and "
+            "'config_sha256'; a checkpoint of an older attnkit cannot be resumed: start a new run)",
+        )
+    if _state_sha256(data["state"]) != data["state_sha256"]:
+        raise _damaged(
+            path,
+            "the saved position differs from the checksum recorded when it was saved (edited "
+            "or overwritten)",
+        )
+    config = directory.parent.parent / CONFIG
+    if data["config_sha256"] is not None and (
+        not config.is_file() or _sha256(config) != data["config_sha256"]
+    ):
+        what = "differs from" if config.is_file() else "is missing, unlike"
+        raise CheckpointError(
+            f"damaged run: {config} {what} the configuration the checkpoint {directory} was "
+            "trained with (edited after the run started?); restore it, or start a new run"
+        )
     return data
 
 

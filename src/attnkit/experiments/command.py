@@ -228,13 +228,14 @@ def _say(message: str) -> None:
 
 
 def execute(args: argparse.Namespace, parser: argparse.ArgumentParser | None = None) -> int:
-    """Run what ``args`` asks; the exit status (0, 1 diverged, 2 refused, 130 interrupted).
+    """Run what ``args`` asks; the exit status (0; 1 diverged or an internal error; 2 refused,
+    a damaged run, a full disk, a failing task of the user's own; 130 interrupted): every
+    failure is one line on stderr (:func:`attnkit.experiments.failures.report`).
 
     Without a task (and without ``--resume``) nothing runs: ``parser``'s help goes to stderr,
     then the refusal, and the status is 2 (a required argument is missing)."""
-    from attnkit.experiments.checkpoints import CheckpointError
-    from attnkit.experiments.config import ConfigError
-    from attnkit.experiments.runner import Interrupted, TrainingError
+    from attnkit.experiments import failures
+    from attnkit.experiments.runner import Interrupted
 
     if (
         "task" not in vars(args)
@@ -252,18 +253,14 @@ def execute(args: argparse.Namespace, parser: argparse.ArgumentParser | None = N
         return 2
     try:
         return _execute(args)
-    except (ConfigError, CheckpointError) as err:
-        _say(str(err))
-        return 2
-    except TrainingError as err:
-        _say(str(err))
-        return 1
     except Interrupted as err:
         print(f"\nattnkit run: {err}", file=sys.stderr)
         return 130
     except KeyboardInterrupt:
         print("\nattnkit run: interrupted", file=sys.stderr)
         return 130
+    except Exception as err:  # every other failure: one line (failures.report)
+        return failures.report(err, "attnkit run")
 
 
 def _execute(args: argparse.Namespace) -> int:

@@ -16,9 +16,28 @@ import torch
 from attnkit import alignments, tasks
 from attnkit.tasks import parts
 
-__all__ = ["ConfigError", "RunConfig", "check_output_dir", "parse_value", "supervision_support"]
+__all__ = [
+    "LIMITS",
+    "ConfigError",
+    "RunConfig",
+    "check_output_dir",
+    "parse_value",
+    "supervision_support",
+]
 
 MAX_SEED = 2**32
+# Upper bounds of the sizes: far above what any run on one machine finishes, so that a typo
+# (epochs = 1e22 written as an int, a d_model of 10**9) is refused instead of training until
+# killed or failing to allocate.
+LIMITS = {
+    "epochs": 100_000,
+    "batch_size": 2**20,
+    "n_train": 10**9,
+    "n_test": 10**9,
+    "seq_len": 2**20,
+    "d_model": 2**16,
+    "context_parallel": 2**12,
+}
 
 
 class ConfigError(ValueError):
@@ -116,6 +135,12 @@ class RunConfig:
             raise ConfigError(
                 f"context_parallel must be a positive int, got {out.context_parallel!r}"
             )
+        for name, most in LIMITS.items():
+            if getattr(out, name) is not None and getattr(out, name) > most:
+                raise ConfigError(
+                    f"{name} must be at most {most:_} (far above any run that finishes), got "
+                    f"{getattr(out, name)!r}"
+                )
         if out.context_parallel > 1 and not task.context_parallel:
             takers = [n for n in tasks.available() if tasks.get(n).context_parallel]
             raise ConfigError(

@@ -24,7 +24,7 @@ import torch
 from attnkit import tasks
 from attnkit.evaluation.diagnostics import seed_variance
 from attnkit.evaluation.suite import explanation_suite
-from attnkit.experiments import checkpoints
+from attnkit.experiments import checkpoints, metrics_file
 from attnkit.experiments.config import ConfigError
 from attnkit.experiments.report import add_section, explanation_section
 from attnkit.experiments.runner import load_config, plural, resume_command
@@ -113,8 +113,9 @@ def explain(
 
 def _check_finished(run_dir: Path) -> None:
     """Raise ConfigError unless the run in ``run_dir`` finished training (its held-out metrics,
-    metrics.json, are written last): the suite explains a trained model, not one mid-way."""
-    if (run_dir / "metrics.json").is_file():
+    metrics.json, are written last): the suite explains a trained model, not one mid-way.
+    A metrics.json that is not the metrics of a run is refused naming the file."""
+    if metrics_file.read(run_dir) is not None:
         return
     if checkpoints.latest(run_dir) is None:
         raise ConfigError(f"{str(run_dir)!r} has no checkpoint yet: train it first")
@@ -199,8 +200,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
 
 def execute(args: argparse.Namespace) -> int:
-    """Run ``attnkit explain``; exit status 0, or 2 with one line on stderr when refused."""
-    from attnkit.experiments.checkpoints import CheckpointError
+    """Run ``attnkit explain``; exit status 0, or one line on stderr and 2 when refused (1 for
+    an internal error, 130 for Ctrl-C)."""
+    from attnkit.experiments import failures
 
     try:
         explain(
@@ -210,7 +212,9 @@ def execute(args: argparse.Namespace) -> int:
             seed=args.seed,
             other_seeds=args.other_seeds,
         )
-    except (ConfigError, CheckpointError) as err:
-        print(f"attnkit explain: error: {err}", file=sys.stderr)
-        return 2
+    except KeyboardInterrupt:
+        print("\nattnkit explain: interrupted", file=sys.stderr)
+        return 130
+    except Exception as err:  # one line (failures.report)
+        return failures.report(err, "attnkit explain")
     return 0

@@ -13,7 +13,6 @@ checkpoint's saved random state is not applied), and the thread count is left al
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,7 +20,7 @@ import torch
 from torch import nn
 
 from attnkit import tasks
-from attnkit.experiments import checkpoints
+from attnkit.experiments import checkpoints, metrics_file
 from attnkit.experiments.config import ConfigError, RunConfig
 from attnkit.tasks.base import Task
 
@@ -64,7 +63,8 @@ def load_run(run_dir: str | Path, *, require_finished: bool = False) -> LoadedRu
     Raises:
         ConfigError: not a run directory, or a damaged ``config.json`` / ``metrics.json``;
             a run with no checkpoint yet; an unfinished run with ``require_finished``.
-        CheckpointError: a checkpoint file missing or damaged.
+        CheckpointError: a checkpoint file missing or damaged, its saved position edited, or
+            ``config.json`` changed since the checkpoint was saved (each is under a checksum).
     """
     if not isinstance(run_dir, str | Path):
         raise TypeError(f"run_dir must be a path, got {type(run_dir).__name__}")
@@ -75,14 +75,8 @@ def load_run(run_dir: str | Path, *, require_finished: bool = False) -> LoadedRu
 
     with torch.random.fork_rng(devices=[]):  # resolving builds a small part to check names
         config = load_config(directory).resolved()
-    metrics_path = directory / "metrics.json"
-    metrics = None
-    if metrics_path.is_file():
-        try:
-            metrics = json.loads(metrics_path.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-            raise ConfigError(f"{metrics_path}: cannot be read ({err})") from None
-    elif require_finished:
+    metrics = metrics_file.read(directory)
+    if metrics is None and require_finished:
         raise ConfigError(
             f"load_run: {str(directory)!r} has no metrics.json: the run has not finished "
             "(continue it with attnkit run --resume, or pass require_finished=False)"

@@ -27,7 +27,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from attnkit import tasks
 from attnkit.distributed.groups import ring_groups
-from attnkit.experiments import checkpoints, cost, environment
+from attnkit.experiments import checkpoints, cost, environment, failures, metrics_file
 from attnkit.experiments.config import ConfigError, RunConfig, check_output_dir
 from attnkit.experiments.report import metric_rows, write_report
 from attnkit.experiments.threads import choose_threads, count_flops
@@ -139,10 +139,23 @@ def run(
             )
         except OSError as err:
             raise ConfigError(f"output directory {str(run_dir)!r}: {err.strerror}") from None
+    with failures.in_run(run_dir):  # a failure from here on says how to continue
+        return _train(
+            config, run_dir, resume, rank, world, replicas, say, progress, threads, timeout
+        )
+
+
+def _train(config: RunConfig, run_dir: Path, resume: Path | None, rank: int, world: int,
+           replicas: int, say: Callable[[str], None], progress: bool,
+           threads: int | None, timeout: float) -> tuple[Path, dict]:  # fmt: skip
+    """The run after its directory is made: train, evaluate, report."""
+    cp = config.context_parallel
     try:  # making the data can take a while: Ctrl-C here still says how to continue
         torch.manual_seed(config.seed)
         task = tasks.get(config.task)(config)
         model = task.build_model()
+    except ValueError as err:  # the task refuses its data (a file of the user's)
+        raise ConfigError(str(err)) from err
     except KeyboardInterrupt:
         raise Interrupted(
             f"interrupted before training started; the configuration is in {run_dir}\n"
@@ -186,7 +199,7 @@ def run(
         if state is None:
             say(f"no checkpoint in {run_dir} yet: starting at epoch 1")
         else:
-            position = _position(state, checkpoints.latest(run_dir))
+            position = _position(state, checkpoints.latest(run_dir), config, steps)
     if resume is not None and position.epoch >= config.epochs:
         say(
             f"all {plural(config.epochs, 'epoch')} {'is' if config.epochs == 1 else 'are'} "
@@ -223,9 +236,8 @@ def run(
             run_dir / "cost.json", lambda p: p.write_text(json.dumps(spent, indent=2))
         )
         metrics = task.final_metrics(model)
-        checkpoints.atomic_write(
-            run_dir / "metrics.json", lambda p: p.write_text(json.dumps(metrics, indent=2))
-        )
+        metrics_file.check(metrics, config.task, type(task), "final_metrics (held-out)")
+        metrics_file.write(run_dir, metrics)
         maps = task.heatmaps(model)
         env = environment.collect(
             threads=n_threads,
@@ -247,15 +259,23 @@ def run(
     return run_dir, metrics
 
 
-def _position(state: dict, directory: Path) -> Position:
+def _position(state: dict, directory: Path, config: RunConfig, steps: int) -> Position:
     """The training position saved in a checkpoint; CheckpointError naming the file if the
-    saved values are not a position."""
+    saved values are not a position of this run (``steps`` steps per epoch)."""
     kinds = {"epoch": int, "step": int, "loss_sum": (int, float), "history": list}
+    path = directory / checkpoints.MANIFEST
     if set(state) != set(kinds) or not all(
         isinstance(state[k], kind) and not isinstance(state[k], bool) for k, kind in kinds.items()
     ):
         raise checkpoints.CheckpointError(
-            f"damaged checkpoint: {directory / checkpoints.MANIFEST}: the saved position must "
+            f"damaged checkpoint: {path}: the saved position must "
             f"be {', '.join(kinds)} (ints, a number and a list), got {state!r:.200}"
+        )
+    epoch, step, history = state["epoch"], state["step"], state["history"]
+    if not (0 <= epoch <= config.epochs and 0 <= step <= steps and len(history) == epoch):
+        raise checkpoints.CheckpointError(
+            f"damaged checkpoint: {path}: the saved position (epoch {epoch}, step {step}, "
+            f"{plural(len(history), 'epoch')} of history) is not one of this run "
+            f"({plural(config.epochs, 'epoch')} of {plural(steps, 'step')})"
         )
     return Position(**state)

@@ -27,7 +27,7 @@ import torch.distributed as dist
 from torch import nn
 
 from attnkit.distributed import RingError
-from attnkit.experiments import checkpoints
+from attnkit.experiments import checkpoints, metrics_file
 from attnkit.experiments.config import RunConfig
 from attnkit.experiments.interrupts import StepGuard
 from attnkit.experiments.logs import RunLog
@@ -229,6 +229,12 @@ class Trainer:
         line = f"epoch {p.epoch + 1}/{self.config.epochs}  loss {record['loss']:.4f}"
         if self.rank == 0 and self.task.has_split("validation"):
             val = self.task.evaluate(self.model, "validation")
+            metrics_file.check(
+                val,
+                self.config.task,
+                type(self.task),
+                f"evaluate('validation') at epoch {p.epoch + 1}",
+            )
             record.update({f"val_{k}": v for k, v in val.items()})
             line += f"  validation: {format_metrics(val)}"
         note = self.task.end_epoch(self.model, p.epoch + 1)  # every rank: the same change

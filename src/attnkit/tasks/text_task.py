@@ -34,7 +34,7 @@ from attnkit.tasks.base import REGISTRY, Metric, Task
 from attnkit.tasks.parts import build_attention, task_loss
 from attnkit.tasks.rationale_task import RationaleModel
 
-__all__ = ["TextData", "TextTask", "read_examples", "tokenize"]
+__all__ = ["TextData", "TextTask", "checked_splits", "read_examples", "tokenize"]
 
 PAD, UNK = "<pad>", "<unk>"
 SPLITS = ("train", "validation", "test")
@@ -68,7 +68,7 @@ def read_examples(path: str | Path) -> list[dict[str, str]]:
                         f"data: {path}: the header must name the columns text and label "
                         f"(missing {', '.join(sorted(missing))}; found {reader.fieldnames})"
                     )
-                rows = [dict(r, line=i + 2) for i, r in enumerate(reader)]
+                rows = [_csv_row(r, reader, path) for r in reader]
             else:
                 for i, line in enumerate(f, 1):
                     if not line.strip():
@@ -99,6 +99,22 @@ def read_examples(path: str | Path) -> list[dict[str, str]]:
     return out
 
 
+def _csv_row(row: dict, reader: csv.DictReader, path: Path) -> dict:
+    """A CSV record with its line; ValueError naming the line when it has more or fewer
+    fields than the header (an unquoted comma in a text moves words into the label)."""
+    names = reader.fieldnames or []
+    extra = row.get(None) or []
+    missing = [k for k in names if row.get(k) is None]
+    if extra or missing:
+        found = len(names) + len(extra) - len(missing)
+        raise ValueError(
+            f"data: {path}:{reader.line_num}: {found} fields, but the header names "
+            f"{len(names)} ({', '.join(names)}); a text with a comma must be in double quotes "
+            '("good, not great")'
+        )
+    return dict(row, line=reader.line_num)
+
+
 @dataclass(frozen=True)
 class TextData:
     """``words`` (id -> word), ``labels`` (id -> label) and ``splits[name]`` with ``tokens``
@@ -124,15 +140,44 @@ def _assign_splits(rows: list[dict], seed: int) -> dict[str, list[dict]]:
     }
 
 
+def checked_splits(
+    path: str | Path, rows: list[dict], *, n_train: int, n_test: int, seed: int = 0
+) -> dict[str, list[dict]]:
+    """The rows of each split (``n_train`` and ``n_test`` cap training and test); ValueError
+    naming the file for an empty split, fewer than two labels in training, or a label that
+    only other splits have."""
+    parts = _assign_splits(rows, seed)
+    parts["train"], parts["test"] = parts["train"][:n_train], parts["test"][:n_test]
+    for name in SPLITS:
+        if not parts[name]:
+            why = (
+                f"no row has split {name!r}"
+                if rows[0]["split"]
+                else f"{len(rows)} row{'' if len(rows) == 1 else 's'} cannot be cut 80 / 10 / "
+                "10 into three non-empty splits"
+            )
+            raise ValueError(f"data: {path}: the {name} split is empty ({why})")
+    labels = sorted({r["label"] for r in parts["train"]})
+    if len(labels) < 2:
+        raise ValueError(
+            f"data: {path}: every training text has the label {labels[0]!r}; a classifier "
+            "needs at least 2 labels"
+        )
+    for name, split in parts.items():
+        unseen = sorted({r["label"] for r in split} - set(labels))
+        if unseen:
+            raise ValueError(
+                f"data: {path}: the {name} split has labels not in training: {unseen[:5]}"
+            )
+    return parts
+
+
 def make_text_data(
     path: str | Path, *, seq_len: int, n_train: int, n_test: int, seed: int = 0
 ) -> TextData:
     """Read, split, tokenise and number the examples of ``path`` (see the module docstring)."""
-    parts = _assign_splits(read_examples(path), seed)
-    parts["train"], parts["test"] = parts["train"][:n_train], parts["test"][:n_test]
-    for name in SPLITS:
-        if not parts[name]:
-            raise ValueError(f"data: {path}: the {name} split is empty")
+    rows = read_examples(path)
+    parts = checked_splits(path, rows, n_train=n_train, n_test=n_test, seed=seed)
     counts = Counter(w for r in parts["train"] for w in tokenize(r["text"]))
     words = [PAD, UNK, *sorted(w for w, c in counts.items() if c >= 2)]
     ids = {w: i for i, w in enumerate(words)}
@@ -140,9 +185,6 @@ def make_text_data(
     label_ids = {lab: i for i, lab in enumerate(labels)}
     splits = {}
     for name, rows in parts.items():
-        unseen = sorted({r["label"] for r in rows} - set(label_ids))
-        if unseen:
-            raise ValueError(f"data: the {name} split has labels not in training: {unseen[:5]}")
         tokens = torch.zeros(len(rows), seq_len, dtype=torch.long)
         keep = torch.zeros(len(rows), seq_len, dtype=torch.bool)
         for i, r in enumerate(rows):
@@ -209,7 +251,10 @@ class TextTask(Task):
     def validate(cls, config: Any) -> None:
         if getattr(config, "data", None) is None:
             raise ValueError("data: task 'text' needs --data FILE (JSONL or CSV)")
-        read_examples(config.data)
+        rows = read_examples(config.data)
+        checked_splits(
+            config.data, rows, n_train=config.n_train, n_test=config.n_test, seed=config.seed
+        )
 
     def __init__(self, config) -> None:
         super().__init__(config)

@@ -26,6 +26,7 @@ import hashlib
 import importlib
 import importlib.metadata
 import importlib.util
+import math
 import numbers
 import re
 import sys
@@ -75,8 +76,8 @@ RUN_CHECKS = (
     "with gold attention: gold('train', index) broadcasts to supervised_weights of 2 examples, "
     "and KL(gold ‖ weights) is finite and backpropagates",
     "has_split('validation') and has_split('test')",
-    "evaluate('validation'): numbers named by metrics",
-    "final_metrics: a number for every metric",
+    "evaluate('validation'): finite numbers named by metrics",
+    "final_metrics: a finite number for every metric",
     "heatmaps(model, n=1): dicts with title, a 2-D weights and a gold of its shape",
 )
 CHECKED = (
@@ -377,9 +378,9 @@ def _exercise(cls: type[Task], config: Any, who: str) -> None:
             fail(f"{what} gives {extra[0]!r}, which metrics does not describe")
         if exact and set(found) != set(cls.metrics):
             fail(f"{what} lacks {sorted(set(cls.metrics) - set(found))[0]!r}")
-        bad = [k for k, v in found.items() if not _is_number(v)]
+        bad = [k for k, v in found.items() if not (_is_number(v) and math.isfinite(v))]
         if bad:
-            fail(f"{what}[{bad[0]!r}] must be a number, got {found[bad[0]]!r}")
+            fail(f"{what}[{bad[0]!r}] must be a finite number, got {found[bad[0]]!r}")
     maps = task.heatmaps(model, n=1)
     if not isinstance(maps, list) or not maps:
         fail("heatmaps(model, n=1) must return a non-empty list of dicts")
