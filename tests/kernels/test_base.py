@@ -207,6 +207,28 @@ CAPABILITIES = [
     ),
     ("accepts_dropout", False, True, {"dropout": 0.25}, "does not apply dropout (dropout=0.25)"),
     ("accepts_chunk_size", False, True, {"chunk_size": 2}, "chunk_size is not an argument"),
+    (
+        "needs_equal_head_sizes",
+        True,
+        False,
+        {"v": torch.randn(2, 5, 3)},
+        "needs as many value features as query and key features (d_v = 3, d = 4)",
+    ),
+    ("needs_block_mask", True, False, {}, "evaluates block-sparse calls only (a block_mask)"),
+    (
+        "gradients",
+        "inputs",
+        "all",
+        {"bias": torch.zeros(3, 5, requires_grad=True)},
+        "gives gradients for q, k and v only",
+    ),
+    (
+        "gradients",
+        "none",
+        "inputs",
+        {"q": torch.randn(2, 3, 4, requires_grad=True)},
+        "gives no gradients (one is required)",
+    ),
 ]
 
 
@@ -308,3 +330,27 @@ def test_a_streaming_alignment_defined_here_runs_chunked_exactly(chunk):
     for a, b in zip(g_out, g_ref, strict=True):
         torch.testing.assert_close(a, b)
     assert math.isclose(float(out.context[1, 2].detach().abs().sum()), 0.0)
+
+
+def test_equal_head_sizes_are_read_from_the_score_dot_form():
+    """A score whose dot form projects the keys compares them at its own width: d_v is
+    checked against that width, not against d_k."""
+    score = ak.scores.build("general", d_q=4, d_k=6)
+    q, k = torch.randn(2, 3, 4), torch.randn(2, 5, 6)
+    assert kernels.base.head_size(_call(q=q, k=k, v=k, score=score)) == 6
+    probe = _probe(needs_equal_head_sizes=True)
+    assert probe.reasons_not_supported(_call(q=q, k=k, v=k, score=score)) == []
+    reasons = probe.reasons_not_supported(_call(q=q, k=k, v=torch.randn(2, 5, 4), score=score))
+    assert reasons == [
+        "the probe kernel needs as many value features as query and key features (d_v = 4, d = 6)"
+    ]
+
+
+def test_runs_compiled_refuses_inside_torch_compile():
+    from unittest import mock
+
+    probe = _probe(runs_compiled=False)
+    assert probe.reasons_not_supported(_call()) == []
+    with mock.patch.object(torch.compiler, "is_compiling", return_value=True):
+        reasons = probe.reasons_not_supported(_call())
+    assert reasons == ["the probe kernel does not run inside torch.compile"]

@@ -4,7 +4,6 @@ and gradients (inputs, bias, and every parameter), with ragged blocks and empty 
 from __future__ import annotations
 
 import itertools
-from types import SimpleNamespace
 from unittest import mock
 
 import pytest
@@ -12,7 +11,8 @@ import torch
 from registered_parts import ALIGNMENTS, SCORES, Dims
 
 import attnkit as ak
-from attnkit.kernels import chunked, dense
+from attnkit.core import prepare_call
+from attnkit.kernels import Call, chunked, dense
 
 DIMS = Dims(max_len=32)
 STREAMABLE = [a for a in ALIGNMENTS if chunked.supports(ALIGNMENTS[a](DIMS))]
@@ -314,16 +314,54 @@ def test_a_nan_key_masked_for_some_rows_reaches_only_the_rows_that_attend_it(thr
     torch.testing.assert_close(out[..., ~reads, :], ref[..., ~reads, :])
 
 
+def _block_call(q, k, v, bm):
+    score, align = ak.scores.ScaledDot(), ak.alignments.Softmax()
+    return Call(q, k, v, score, align, torch.Size((*q.shape[:-1], k.shape[-2])), block_mask=bm)
+
+
 def test_fused_path_is_only_for_cpu_tensors():
     """The fused pieces are PyTorch's CPU kernel: inputs elsewhere take the tiled path."""
     bm = ak.patterns.block_mask(ak.patterns.causal(), 40, block_q=8, block_k=8)
-    plan = SimpleNamespace(block_mask=bm, score_mod=None, multi=False, guard=False)
-    score, align = ak.scores.ScaledDot(), ak.alignments.Softmax()
+    fused = ak.kernels.get("chunked").path("fused")
     on_cpu = [torch.zeros(1, 40, 8) for _ in range(3)]
-    assert chunked._fused_reasons(plan, *on_cpu, None, score, align, False) == []
+    assert fused.reasons_not_supported(_block_call(*on_cpu, bm)) == []
     elsewhere = [torch.zeros(1, 40, 8, device="meta") for _ in range(3)]
-    reasons = chunked._fused_reasons(plan, *elsewhere, None, score, align, False)
-    assert any("meta" in r for r in reasons)
+    reasons = fused.reasons_not_supported(_block_call(*elsewhere, bm))
+    assert reasons == ["the chunked kernel's fused path runs on cpu, not on meta"]
+
+
+@pytest.mark.parametrize("through", ["dense mask", "block_mask", "Attention"])
+def test_values_of_another_size_than_the_keys_take_the_tiled_path(through):
+    """The fused kernel wants one head size for q, k and v: d_v != d_k is evaluated by the tiled
+    path, and explain says so."""
+    g = torch.Generator().manual_seed(15)
+    n = 1152  # a dense window mask of this size is evaluated block-sparsely (from_dense_auto)
+    q, k = (torch.randn(1, 2, n, 8, generator=g, dtype=torch.float64) for _ in range(2))
+    v = torch.randn(1, 2, n, 4, generator=g, dtype=torch.float64)
+    pattern = ak.patterns.sliding_window(64)
+    allowed = ak.patterns.dense(pattern, n, n)
+    kwargs = {"mask": allowed}
+    if through == "block_mask":
+        kwargs = {"block_mask": ak.patterns.block_mask(pattern, n, block_q=64, block_k=64)}
+    with _fused_spy() as spy:
+        if through == "Attention":
+            out = ak.Attention()(q, k, v, **kwargs).context
+        else:
+            out = ak.attention(q, k, v, **kwargs).context
+    assert spy.call_count == 0
+    torch.testing.assert_close(out, _reference(q, k, v, allowed))
+    told = ak.kernels.explain(q, k, v, **kwargs)
+    assert (told.chosen, told.path) == ("chunked", "tiled")
+    skipped = dict(told.verdict("chunked").skipped_paths)
+    assert skipped["fused"] == (
+        "the chunked kernel's fused path needs as many value features as query and key "
+        "features (d_v = 4, d = 8)",
+    )
+    forced = ak.kernels.get("chunked").path("fused")
+    with pytest.raises(
+        ValueError, match=r"kernel 'chunked', path 'fused' cannot evaluate.*d_v = 4"
+    ):
+        forced.run(prepare_call(q, k, v, **kwargs))
 
 
 @pytest.mark.cuda

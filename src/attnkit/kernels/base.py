@@ -8,6 +8,11 @@ it for a call it supports. :func:`select` picks by priority, or runs the kernel 
 and, when that kernel cannot run the call, raises with its reasons;
 :func:`attnkit.kernels.explain` says which kernel a call gets and why every other one does not.
 
+A kernel with several ways of evaluating a call (a fast path and a general one) lists them as
+:class:`attnkit.kernels.paths.Path` objects in ``paths``; each path declares what it needs with
+the same capabilities (:class:`Capabilities`), and the kernel takes the first that serves the
+call (:meth:`Kernel.choose_path`), so no fast path runs on a call it did not declare.
+
 Kernels live in the shared :class:`attnkit.registry.Registry` (:data:`REGISTRY`), one class per
 name; :func:`get` returns the class's single instance.
 """
@@ -17,7 +22,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import ClassVar, TypeVar
+from typing import TYPE_CHECKING, ClassVar, TypeVar
 
 import torch
 from torch import Tensor
@@ -29,15 +34,20 @@ from attnkit.output import AttentionOutput
 from attnkit.registry import Registry
 from attnkit.scores import Score
 
+if TYPE_CHECKING:
+    from attnkit.kernels.paths import Path
+
 __all__ = [
     "REGISTRY",
     "Call",
+    "Capabilities",
     "Kernel",
     "KernelRegistry",
     "available",
     "forced_kernel",
     "get",
     "guarded_sum",
+    "head_size",
     "register",
     "select",
 ]
@@ -75,20 +85,18 @@ class Call:
         return self.q, self.k, self.v, self.score, self.align
 
 
-class Kernel:
-    """How attention is evaluated.
+class Capabilities:
+    """What evaluates a call (a kernel, or a path inside one) declares it can evaluate, as class
+    data; :meth:`capability_reasons` turns every unmet capability into a sentence naming it.
 
-    Subclasses set ``name`` and ``priority`` (higher is tried first by automatic selection),
-    declare their capabilities by overriding the class attributes below, and implement
-    :meth:`attend`. The base class derives the generic reasons from the capabilities; a kernel
-    adds what they cannot say in :meth:`extra_reasons` (data-dependent limits, for instance).
+    Capabilities (the defaults describe something that evaluates any call densely):
 
-    Capabilities (class data; the defaults describe a kernel that evaluates any call densely):
-
-    - ``supports_dtypes``: the input dtypes it evaluates (None: every floating dtype).
+    - ``supports_dtypes``: the dtypes of q, k and v it evaluates (None: every floating dtype).
     - ``supports_devices``: the device types (``"cpu"``, ``"cuda"``, …) it runs on (None: all).
     - ``max_tokens``: the most queries or keys (max(M, N)) it takes (None: no limit).
     - ``needs_dot_product_score``: only scores in dot-product form (``score.dot_product_form``).
+    - ``needs_equal_head_sizes``: only calls whose values have as many features (d_v) as the
+      queries and keys have in the score's dot form (or d_k, for a score not in that form).
     - ``supports_multi_dimensional``: multi-dimensional scores (…, M, N, d_v) (eq. 31).
     - ``needs_softmax``: only softmax with a constant temperature (``align.softmax_temperature()``).
     - ``needs_streaming_alignment``: only alignments implementing the streaming protocol
@@ -96,64 +104,73 @@ class Kernel:
     - ``masks_key_mixing_scores``: hands a score that mixes neighbouring keys (``mixes_keys``)
       the whole mask, as such a score needs.
     - ``returns_weights``: returns the weights and scores (``need_weights=True``).
+    - ``needs_block_mask``: only block-sparse calls (a ``block_mask``).
     - ``accepts_mask``, ``accepts_bias``, ``accepts_block_mask``, ``accepts_score_mod``,
       ``accepts_dropout``, ``accepts_chunk_size``: the call's optional arguments it honours.
-    - ``preference``: the calls automatic selection takes it for, among those it supports (what
-      :meth:`prefers` decides), in words completing "taken automatically only …"; empty when
-      :meth:`prefers` is always True.
+    - ``gradients``: which gradients it gives when grad mode is on: ``"all"`` (q, k, v, the
+      bias and every parameter of the score, alignment and score_mod), ``"inputs"`` (q, k and v
+      only) or ``"none"`` (forward only).
+    - ``runs_compiled``: it may run inside ``torch.compile``.
     """
-
-    name: ClassVar[str]
-    priority: ClassVar[int]
 
     supports_dtypes: ClassVar[frozenset[torch.dtype] | None] = None
     supports_devices: ClassVar[frozenset[str] | None] = None
     max_tokens: ClassVar[int | None] = None
     needs_dot_product_score: ClassVar[bool] = False
+    needs_equal_head_sizes: ClassVar[bool] = False
     supports_multi_dimensional: ClassVar[bool] = True
     needs_softmax: ClassVar[bool] = False
     needs_streaming_alignment: ClassVar[bool] = False
     masks_key_mixing_scores: ClassVar[bool] = True
     returns_weights: ClassVar[bool] = True
+    needs_block_mask: ClassVar[bool] = False
     accepts_mask: ClassVar[bool] = True
     accepts_bias: ClassVar[bool] = True
     accepts_block_mask: ClassVar[bool] = True
     accepts_score_mod: ClassVar[bool] = True
     accepts_dropout: ClassVar[bool] = True
     accepts_chunk_size: ClassVar[bool] = False
-    preference: ClassVar[str] = ""
+    gradients: ClassVar[str] = "all"
+    runs_compiled: ClassVar[bool] = True
+
+    @property
+    def label(self) -> str:
+        """How its reasons name it (e.g. "the chunked kernel")."""
+        raise NotImplementedError
 
     def reasons_not_supported(self, call: Call) -> list[str]:
-        """Why this kernel cannot evaluate ``call`` exactly; empty when it can.
+        """Why this cannot evaluate ``call`` exactly; empty when it can.
 
-        The reasons derived from the capabilities (:meth:`capability_reasons`), then the
-        kernel's own (:meth:`extra_reasons`)."""
+        The reasons derived from the capabilities (:meth:`capability_reasons`), then its own
+        (:meth:`extra_reasons`)."""
         return self.capability_reasons(call) + self.extra_reasons(call)
 
+    def extra_reasons(self, call: Call) -> list[str]:
+        """Its own reasons, beyond what its capabilities say; none by default."""
+        return []
+
     def capability_reasons(self, call: Call) -> list[str]:
-        """One sentence for every declared capability that ``call`` needs and this kernel lacks.
+        """One sentence for every declared capability that ``call`` needs and this lacks.
 
         Reads attributes of the call and its parts only (no pass over a tensor's values)."""
-        name = self.name
+        name = self.label
         reasons: list[str] = []
         score, align = call.score, call.align
         device = call.k.device.type
         if self.supports_devices is not None and device not in self.supports_devices:
-            reasons.append(
-                f"the {name} kernel runs on {_listed(self.supports_devices)}, not on {device}"
-            )
-        dtype = call.k.dtype
-        if self.supports_dtypes is not None and dtype not in self.supports_dtypes:
-            listed = _listed(str(d).removeprefix("torch.") for d in self.supports_dtypes)
-            reasons.append(
-                f"the {name} kernel takes {listed} inputs, not {str(dtype).removeprefix('torch.')}"
-            )
+            reasons.append(f"{name} runs on {_listed(self.supports_devices)}, not on {device}")
+        if self.supports_dtypes is not None:
+            seen = [t.dtype for t in (call.k, call.q, call.v) if t is not None]
+            for dtype in dict.fromkeys(d for d in seen if d not in self.supports_dtypes):
+                listed = _listed(str(d).removeprefix("torch.") for d in self.supports_dtypes)
+                reasons.append(
+                    f"{name} takes {listed} inputs, not {str(dtype).removeprefix('torch.')}"
+                )
         if self.max_tokens is not None:
             m, n = call.shape[-2], call.shape[-1]
             if max(m, n) > self.max_tokens:
                 reasons.append(
-                    f"the {name} kernel takes at most {self.max_tokens} queries and keys, "
-                    f"got M = {m}, N = {n}"
+                    f"{name} takes at most {self.max_tokens} queries and keys, got M = {m}, N = {n}"
                 )
         if self.needs_streaming_alignment:
             reasons.extend(_not_streamable(align))
@@ -165,46 +182,85 @@ class Kernel:
             reasons.append(f"the {type(score).__name__} score is not in dot-product form")
         if score.multi_dimensional and not self.supports_multi_dimensional:
             reasons.append(
-                f"the {name} kernel does not evaluate multi-dimensional scores "
+                f"{name} does not evaluate multi-dimensional scores "
                 f"(the {type(score).__name__} score gives one per value feature)"
             )
+        if self.needs_equal_head_sizes and not score.multi_dimensional:
+            d, d_v = head_size(call), call.v.shape[-1]
+            if d != d_v:
+                reasons.append(
+                    f"{name} needs as many value features as query and key features "
+                    f"(d_v = {d_v}, d = {d})"
+                )
         masked = call.mask is not None or call.block_mask is not None
         if score.mixes_keys and masked and not self.masks_key_mixing_scores:
             reasons.append(
                 f"score {type(score).__name__} mixes neighbouring keys, so it must see the whole "
-                f"mask at once, which the {name} kernel does not give it (the dense kernel does)"
+                f"mask at once, which {name} does not give it (the dense kernel does)"
             )
         if call.need_weights and not self.returns_weights:
-            reasons.append(f"the {name} kernel does not return the weights (need_weights=True)")
+            reasons.append(f"{name} does not return the weights (need_weights=True)")
+        if call.block_mask is None and self.needs_block_mask:
+            reasons.append(f"{name} evaluates block-sparse calls only (a block_mask)")
         if call.mask is not None and not self.accepts_mask:
-            reasons.append(f"the {name} kernel takes no mask")
+            reasons.append(f"{name} takes no mask")
         if call.bias is not None and not self.accepts_bias:
-            reasons.append(f"the {name} kernel takes no bias")
+            reasons.append(f"{name} takes no bias")
         if call.block_mask is not None and not self.accepts_block_mask:
             reasons.append(
-                f"the {name} kernel takes no block mask (block masks and score_mod run on the "
+                f"{name} takes no block mask (block masks and score_mod run on the "
                 f"{_kernels_with('accepts_block_mask')} kernel)"
             )
         if call.score_mod is not None:
             if not self.accepts_score_mod:
                 reasons.append(
-                    f"the {name} kernel takes no score_mod (score_mod runs on the "
+                    f"{name} takes no score_mod (score_mod runs on the "
                     f"{_kernels_with('accepts_score_mod')} kernel)"
                 )
             elif score.multi_dimensional:
                 reasons.append("score_mod applies to single-dimensional scores (…, M, N) only")
         if call.dropout > 0.0 and not self.accepts_dropout:
-            reasons.append(f"the {name} kernel does not apply dropout (dropout={call.dropout})")
+            reasons.append(f"{name} does not apply dropout (dropout={call.dropout})")
         if call.chunk_size is not None and not self.accepts_chunk_size:
             reasons.append(
-                f"chunk_size is not an argument of the {name} kernel (it is the key block size "
+                f"chunk_size is not an argument of {name} (it is the key block size "
                 "of the chunked kernel)"
             )
+        if self.gradients != "all":
+            reasons.extend(_gradient_reasons(self.gradients, name, call))
+        if not self.runs_compiled and torch.compiler.is_compiling():
+            reasons.append(f"{name} does not run inside torch.compile")
         return reasons
 
-    def extra_reasons(self, call: Call) -> list[str]:
-        """The kernel's own reasons, beyond what its capabilities say; none by default."""
-        return []
+
+class Kernel(Capabilities):
+    """How attention is evaluated.
+
+    Subclasses set ``name`` and ``priority`` (higher is tried first by automatic selection),
+    declare their capabilities by overriding the class attributes of :class:`Capabilities`, and
+    implement :meth:`attend`. The base class derives the generic reasons from the capabilities;
+    a kernel adds what they cannot say in :meth:`extra_reasons` (data-dependent limits, for
+    instance).
+
+    Besides the capabilities:
+
+    - ``preference``: the calls automatic selection takes it for, among those it supports (what
+      :meth:`prefers` decides), in words completing "taken automatically only …"; empty when
+      :meth:`prefers` is always True.
+    - ``paths``: the ways the kernel evaluates a call it supports (:class:`attnkit.kernels.paths.
+      Path`), fast paths first and its general path last; each declares what it needs beyond
+      the kernel, and the kernel takes the first that serves the call (:meth:`choose_path`).
+      Empty for a kernel with one way.
+    """
+
+    name: ClassVar[str]
+    priority: ClassVar[int]
+    preference: ClassVar[str] = ""
+    paths: ClassVar[tuple[Path, ...]] = ()
+
+    @property
+    def label(self) -> str:
+        return f"the {self.name} kernel"
 
     def prefers(self, call: Call) -> bool:
         """Whether automatic selection should take this kernel for a supported ``call``."""
@@ -216,11 +272,73 @@ class Kernel:
             return f"supported, but taken automatically only {self.preference}"
         return "supported, but not taken automatically for this call"
 
+    def path(self, name: str) -> Path:
+        """The path of this kernel called ``name``; an unknown name lists the kernel's paths."""
+        for path in self.paths:
+            if path.name == name:
+                return path
+        known = ", ".join(repr(p.name) for p in self.paths) or "none"
+        raise ValueError(f"kernel {self.name!r} has no path {name!r} (its paths: {known})")
+
+    def path_verdicts(self, call: Call) -> list[tuple[str, list[str]]]:
+        """Each path tried for ``call`` in order, with why it does not serve it, up to and
+        including the one that does (its reasons empty); empty for a kernel with one way."""
+        out = []
+        for path in self.paths:
+            reasons = path.reasons_not_supported(call)
+            out.append((path.name, reasons))
+            if not reasons:
+                break
+        return out
+
+    def choose_path(self, call: Call) -> Path | None:
+        """The path that evaluates a call this kernel supports: the first that serves it;
+        None for a kernel with one way. A kernel whose every path refuses the call raises."""
+        if not self.paths:
+            return None
+        verdicts = self.path_verdicts(call)
+        if verdicts[-1][1]:
+            raise ValueError(
+                f"no path of kernel {self.name!r} can evaluate this call: "
+                + " | ".join(f"{name!r}: {'; '.join(why)}" for name, why in verdicts)
+            )
+        return self.path(verdicts[-1][0])
+
     def attend(self, call: Call) -> AttentionOutput:
         raise NotImplementedError
 
     def __repr__(self) -> str:
         return f"<kernel {self.name!r}>"
+
+
+def head_size(call: Call) -> int:
+    """The queries' and keys' features as the score compares them: the width of its dot form
+    (read from the form of no rows), else d_k."""
+    score, q, k = call.score, call.q, call.k
+    if not score.dot_product_form:
+        return k.shape[-1]
+    with torch.no_grad():
+        _, kp, _ = score.dot_form(None if q is None else q[..., :0, :], k[..., :0, :])
+    return kp.shape[-1]
+
+
+def _gradient_reasons(gradients: str, name: str, call: Call) -> list[str]:
+    """Why a call needs gradients that ``gradients`` ("inputs" or "none") does not give."""
+    if not torch.is_grad_enabled():
+        return []
+    inputs = [t for t in (call.q, call.k, call.v) if t is not None]
+    others = [t for t in (call.bias,) if t is not None]
+    others += [*call.score.parameters(), *call.align.parameters()]
+    if isinstance(call.score_mod, torch.nn.Module):
+        others += list(call.score_mod.parameters())
+    if gradients == "none" and any(t.requires_grad for t in (*inputs, *others)):
+        return [f"{name} gives no gradients (one is required)"]
+    if gradients == "inputs" and any(t.requires_grad for t in others):
+        return [
+            f"{name} gives gradients for q, k and v only (the bias or a parameter of the score, "
+            "alignment or score_mod requires one)"
+        ]
+    return []
 
 
 def _listed(items) -> str:

@@ -14,10 +14,13 @@ The backward pass recomputes each block's scores from the saved per-row statisti
 gradients for q, k, v, the bias and every parameter of the score and alignment (via
 ``torch.autograd.grad`` on the block), so training needs no more memory than inference.
 
-Block-sparse dot-product softmax attention with a constant temperature takes a faster path when
-only q, k and v need gradients (or none does): PyTorch's fused CPU kernel evaluates the pieces
-of each group of query blocks, merged by their log-sum-exp, and its backward gives each piece's
-share of the gradients from the merged context and log-sum-exp (:func:`_sparse_fused`).
+The kernel has two paths (:mod:`attnkit.kernels.paths`), and takes the first that serves a call:
+:class:`Fused`, for block-sparse dot-product softmax attention with a constant temperature on
+float32/float64 CPU tensors with d_v equal to the queries' and keys' features, when only q, k and
+v need gradients (or none does): PyTorch's fused CPU kernel evaluates the pieces of each group of
+query blocks, merged by their log-sum-exp, and its backward gives each piece's share of the
+gradients from the merged context and log-sum-exp (:func:`_sparse_fused`); and :class:`Tiled`,
+the general path, for every call the kernel supports.
 """
 
 from __future__ import annotations
@@ -35,14 +38,17 @@ from torch import Tensor, nn
 from attnkit.alignments import Alignment
 from attnkit.alignments.streaming import Streaming
 from attnkit.kernels import compiled, dense
-from attnkit.kernels.base import Call, Kernel, guarded_sum, register
+from attnkit.kernels.base import Call, Kernel, get, guarded_sum, register
 from attnkit.kernels.block_mask import BlockMask, ScoreMod, apply_score_mod
+from attnkit.kernels.paths import Path
 from attnkit.output import AttentionOutput
 from attnkit.scores import Score
 
 __all__ = [
     "DENSE_LIMIT",
     "Chunked",
+    "Fused",
+    "Tiled",
     "attend",
     "default_chunk_size",
     "reasons_not_streamable",
@@ -520,54 +526,6 @@ def _has_key(mask: Tensor, block_mask: BlockMask) -> Tensor:
         rows.append(hit)
     shapes = torch.broadcast_shapes(*(r.shape[:-2] for r in rows))
     return torch.cat([r.expand(*shapes, *r.shape[-2:]) for r in rows], dim=-2)
-
-
-def _fused_reasons(
-    plan: _Plan,
-    q,
-    k,
-    v,
-    bias,
-    score: Score,
-    align: Alignment,
-    need_weights: bool,
-    finite: bool = False,
-) -> list[str]:
-    """Why a block-sparse call cannot take the fused path (:func:`_sparse_fused`); empty when
-    it can. ``finite``: the caller knows that every masked key and value is finite (else the
-    keys are looked at: the fused pieces add the mask to the scores, and a NaN or infinite key
-    would give NaN + −inf = NaN in the rows that the mask hides it from)."""
-    reasons = []
-    if plan.block_mask is None:
-        reasons.append("no block mask")
-    if need_weights:
-        reasons.append("weights requested")
-    if plan.score_mod is not None and _additive(plan.score_mod) is None:
-        reasons.append("a score_mod that is not e + f(b, h, q_idx, kv_idx)")
-    if not score.dot_product_form or plan.multi or align.softmax_temperature() is None:
-        reasons.append("not dot-product softmax attention")
-    if plan.guard:
-        reasons.append("a masked value is not finite")
-    if v.dtype not in (torch.float32, torch.float64) or k.dtype != v.dtype:
-        reasons.append(f"inputs {v.dtype} (float32 or float64 only)")
-    if v.device.type != "cpu":
-        reasons.append(f"inputs on {v.device.type} (the fused pieces are PyTorch's CPU kernel)")
-    if bias is not None and bias.dtype != v.dtype:
-        reasons.append(f"bias dtype {bias.dtype} differs from the values' {v.dtype}")
-    tensors = [t for t in (q, k, v, bias) if t is not None]
-    tensors += [*score.parameters(), *align.parameters()]
-    if isinstance(plan.score_mod, nn.Module):
-        tensors += list(plan.score_mod.parameters())
-    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
-        # The fused backward gives gradients for q, k and v only.
-        others = [t for t in tensors[3 if q is not None else 2 :] if t.requires_grad]
-        if _FLASH_BACKWARD is None or others or (q is not None and q.dtype != v.dtype):
-            reasons.append("a gradient is required for more than q, k and v")
-    if torch.compiler.is_compiling():
-        reasons.append("inside torch.compile")
-    if not reasons and not finite and not _finite(k):
-        reasons.append("a key is not finite (a masked one would reach the rows it is hidden from)")
-    return reasons
 
 
 # score_mod -> (additive, relative), read from one trace per function (see _form).
@@ -1196,6 +1154,9 @@ def attend(
     tensors, without gradient. ``finite=True`` says the caller knows every value the mask
     leaves in is finite and the masked ones are zero (the call's ``masked_finite``), so the
     values are not scanned for the guarded path.
+
+    The call is evaluated on the kernel's first path that serves it (:data:`PATHS`: the fused
+    block-sparse path, then the tiled one).
     """
     reasons = reasons_not_streamable(align)
     if reasons:
@@ -1204,20 +1165,6 @@ def attend(
         isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1
     ):
         raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}")
-    # A mask or bias of rank < 2 broadcasts over rows (and keys): give it the (…, M, N) rank.
-    mask, bias = (
-        x if x is None or x.dim() >= 2 else x.reshape((1,) * (2 - x.dim()) + tuple(x.shape))
-        for x in (mask, bias)
-    )
-    n = k.shape[-2]
-    m = 1 if q is None else q.shape[-2]
-    # The output's batch dims: values, masks and biases may carry more than q and k do.
-    lead = torch.broadcast_shapes(
-        k.shape[:-2],
-        () if q is None else q.shape[:-2],
-        v.shape[:-2],
-        *(x.shape[:-2] for x in (mask, bias) if x is not None and x.dim() > 2),
-    )
     if score_mod is not None and score.multi_dimensional:
         raise ValueError("score_mod applies to single-dimensional scores (…, M, N) only")
     if score.mixes_keys and (mask is not None or block_mask is not None):
@@ -1225,6 +1172,57 @@ def attend(
             f"chunked evaluation: score {type(score).__name__} mixes neighbouring keys and must "
             "see the whole mask at once; evaluate it with the dense kernel"
         )
+    if block_mask is not None and chunk_size is not None and chunk_size != block_mask.block_k:
+        raise ValueError(
+            f"chunk_size={chunk_size} differs from the block mask's key block "
+            f"{block_mask.block_k}; leave chunk_size out"
+        )
+    mask, bias = _rank2(mask), _rank2(bias)
+    lead, m, n = _sizes(q, k, v, mask, bias)
+    call = Call(
+        q,
+        k,
+        v,
+        score,
+        align,
+        torch.Size((*lead, m, n)),
+        mask=mask,
+        bias=bias,
+        need_weights=need_weights,
+        chunk_size=chunk_size,
+        block_mask=block_mask,
+        score_mod=score_mod,
+        masked_finite=finite,
+    )
+    path = get("chunked").choose_path(call)
+    assert path is not None
+    return path.attend(call)
+
+
+def _rank2(x: Tensor | None) -> Tensor | None:
+    """A mask or bias of rank < 2 with the (…, M, N) rank (it broadcasts over rows and keys)."""
+    if x is None or x.dim() >= 2:
+        return x
+    return x.reshape((1,) * (2 - x.dim()) + tuple(x.shape))
+
+
+def _sizes(q, k, v, mask, bias) -> tuple[torch.Size, int, int]:
+    """The output's batch dims (values, masks and biases may carry more than q and k do), M, N."""
+    lead = torch.broadcast_shapes(
+        k.shape[:-2],
+        () if q is None else q.shape[:-2],
+        v.shape[:-2],
+        *(x.shape[:-2] for x in (mask, bias) if x is not None and x.dim() > 2),
+    )
+    return lead, 1 if q is None else q.shape[-2], k.shape[-2]
+
+
+def _evaluate(call: Call, fused: bool) -> AttentionOutput:
+    """Evaluate ``call`` on the fused block-sparse path (``fused``) or the tiled one; the
+    caller has checked that the path serves the call."""
+    q, k, v, score, align = call.parts()
+    mask, bias, block_mask = _rank2(call.mask), _rank2(call.bias), call.block_mask
+    lead, m, n = _sizes(q, k, v, mask, bias)
     if m == 0 or n == 0 or math.prod(lead) == 0 or v.shape[-1] == 0:
         # Nothing to stream; the dense path returns the empty result with its autograd graph.
         return dense.attend(
@@ -1235,17 +1233,12 @@ def attend(
             align,
             mask=mask,
             bias=bias,
-            need_weights=need_weights,
+            need_weights=call.need_weights,
             block_mask=block_mask,
-            score_mod=score_mod,
+            score_mod=call.score_mod,
         )
     assert isinstance(align, Streaming)
     if block_mask is not None:
-        if chunk_size is not None and chunk_size != block_mask.block_k:
-            raise ValueError(
-                f"chunk_size={chunk_size} differs from the block mask's key block "
-                f"{block_mask.block_k}; leave chunk_size out"
-            )
         block_q, block_k = block_mask.block_q, block_mask.block_k
         # Adjacent visited tiles merge into one as long as it holds about a tile budget.
         per_key = block_q * tile_width(score) * max(1, math.prod(lead))
@@ -1253,13 +1246,15 @@ def attend(
         span_k = max(block_k, (budget // per_key) // block_k * block_k)
     else:
         span_k = 0
-        block_k = min(default_chunk_size(n, score) if chunk_size is None else chunk_size, n)
+        chunk = call.chunk_size
+        block_k = min(default_chunk_size(n, score) if chunk is None else chunk, n)
         per_row = block_k * tile_width(score) * max(1, math.prod(lead))
         budget = TILE_ELEMENTS if tile_width(score) == 1 else WIDE_TILE_ELEMENTS
         block_q = max(1, min(m, budget // per_row))
     has_key = None if mask is None else mask.any(dim=-1, keepdim=True)
     if block_mask is not None:
         has_key = block_mask.has_key if mask is None else _has_key(mask, block_mask)
+    masked = mask is not None or block_mask is not None
     plan = _Plan(
         score=score,
         align=align,
@@ -1272,27 +1267,96 @@ def attend(
         block_q=block_q,
         block_k=block_k,
         work=_work_dtype(v.dtype),
-        guard=(mask is not None or block_mask is not None) and not finite and not _finite(v),
+        guard=masked and not fused and not call.masked_finite and not _finite(v),
         block_mask=block_mask,
-        score_mod=score_mod,
+        score_mod=call.score_mod,
         span_k=span_k,
     )
-    if _FLASH is not None and not _fused_reasons(
-        plan, q, k, v, bias, score, align, need_weights, finite
-    ):
+    if fused:
         if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, v)):
             return AttentionOutput(_sparse_fused_grad(plan, q, k, v, bias, score, align))
         return AttentionOutput(_sparse_fused(plan, q, k, v, bias, score, align))
     qp = score.project_query(q)
     kp = score.project_key(k)
+    score_mod = call.score_mod
     mod_params = score_mod.parameters() if isinstance(score_mod, nn.Module) else ()
     params = [p for p in (*score.parameters(), *align.parameters(), *mod_params) if p.requires_grad]
     # A strided v (heads split off by a transpose) would be copied by every tile's matmuls.
     context = _Chunked.apply(plan, qp, kp, v.contiguous(), bias, *params)
-    if not need_weights:
+    if not call.need_weights:
         return AttentionOutput(context)
     weights, scores = _weights(plan, qp, kp, v, bias)
     return AttentionOutput(context, weights, scores)
+
+
+class Fused(Path):
+    """Block-sparse dot-product softmax attention through PyTorch's fused CPU kernel, piece by
+    piece, merged by the log-sum-exp (:func:`_sparse_fused`); gradients for q, k and v through
+    the fused kernel's backward (:func:`_sparse_fused_grad`). Same result as the tiled path."""
+
+    kernel = "chunked"
+    name = "fused"
+    supports_dtypes = frozenset({torch.float32, torch.float64})
+    supports_devices = frozenset({"cpu"})
+    needs_dot_product_score = True
+    needs_equal_head_sizes = True  # the fused kernel wants one head size for q, k and v
+    supports_multi_dimensional = False
+    needs_softmax = True
+    returns_weights = False
+    needs_block_mask = True
+    gradients = "inputs"
+    runs_compiled = False
+
+    def extra_reasons(self, call: Call) -> list[str]:
+        """The fused kernel's presence, a score_mod of the form e + f, one dtype, and (only
+        when nothing else refuses: it reads the tensors) finite keys and masked values (the
+        pieces add the mask to the scores, and NaN + −inf is NaN)."""
+        label = self.label
+        reasons = []
+        if _FLASH is None:
+            reasons.append(
+                f"{label} needs torch.ops.aten._scaled_dot_product_flash_attention_for_cpu"
+            )
+        if call.score_mod is not None and _additive(call.score_mod) is None:
+            reasons.append(f"{label} takes a score_mod of the form e + f(b, h, q_idx, kv_idx) only")
+        dtypes = {t.dtype for t in (call.q, call.k, call.v) if t is not None}
+        if len(dtypes) > 1:
+            reasons.append(f"{label} takes q, k and v of one dtype")
+        if call.bias is not None and call.bias.dtype != call.v.dtype:
+            reasons.append(
+                f"{label} takes a bias of the values' dtype {call.v.dtype}, not {call.bias.dtype}"
+            )
+        wants_grad = torch.is_grad_enabled() and any(
+            t is not None and t.requires_grad for t in (call.q, call.k, call.v)
+        )
+        if wants_grad and _FLASH_BACKWARD is None:
+            reasons.append(
+                f"{label} gives gradients with "
+                "torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward only"
+            )
+        if reasons or self.capability_reasons(call) or call.masked_finite:
+            return reasons
+        if not _finite(call.v):
+            reasons.append(f"{label} needs finite values (a masked one is not)")
+        elif not _finite(call.k):
+            reasons.append(
+                f"{label} needs finite keys (a masked one would reach the rows it is hidden from)"
+            )
+        return reasons
+
+    def attend(self, call: Call) -> AttentionOutput:
+        return _evaluate(call, fused=True)
+
+
+class Tiled(Path):
+    """The general path: query × key tiles of any score and streaming alignment, with the
+    kernel's own backward (:class:`_Chunked`); it serves every call the kernel supports."""
+
+    kernel = "chunked"
+    name = "tiled"
+
+    def attend(self, call: Call) -> AttentionOutput:
+        return _evaluate(call, fused=False)
 
 
 class Chunked(Kernel):
@@ -1308,6 +1372,7 @@ class Chunked(Kernel):
         "for a block mask, or when the dense score tensor (B·…·M·N·d_w elements) would "
         "exceed DENSE_LIMIT"
     )
+    paths = (Fused(), Tiled())
 
     def prefers(self, call: Call) -> bool:
         if call.block_mask is not None:

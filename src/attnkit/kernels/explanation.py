@@ -1,8 +1,9 @@
-"""Which kernel evaluates a call, and why every other registered kernel does not.
+"""Which kernel evaluates a call, on which of its paths, and why every other registered kernel
+and every skipped path does not.
 
-:func:`explain` runs the selection :func:`attnkit.attention` runs (:func:`attnkit.kernels.select`)
-without evaluating anything, and asks every registered kernel for its reasons. Its answer prints
-as a table::
+:func:`explain` runs the selection :func:`attnkit.attention` runs (:func:`attnkit.kernels.select`,
+then the kernel's :meth:`attnkit.kernels.Kernel.choose_path`) without evaluating anything, and
+asks every registered kernel for its reasons. Its answer prints as a table::
 
     >>> print(ak.kernels.explain(q, k, v, align="sparsemax"))
     kernel 'dense' evaluates this call (automatic selection, by priority)
@@ -36,6 +37,10 @@ class Verdict:
         prefers: for a supported call, whether automatic selection would take it (None when
             it cannot evaluate the call).
         not_preferred: for a supported call it does not prefer, why it passes (else "").
+        path: for a supported call, the path of the kernel that would evaluate it (None for a
+            kernel with one way, or when it cannot evaluate the call).
+        skipped_paths: the kernel's paths tried before ``path``, each with why it does not
+            serve the call.
     """
 
     kernel: str
@@ -43,6 +48,8 @@ class Verdict:
     reasons: tuple[str, ...]
     prefers: bool | None
     not_preferred: str = ""
+    path: str | None = None
+    skipped_paths: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
     @property
     def supported(self) -> bool:
@@ -64,6 +71,12 @@ class Explanation:
     chosen: str | None
     forced: str | None
     verdicts: tuple[Verdict, ...]
+
+    @property
+    def path(self) -> str | None:
+        """The path of the chosen kernel that evaluates the call (None for a kernel with one
+        way, or when no kernel can)."""
+        return None if self.chosen is None else self.verdict(self.chosen).path
 
     def verdict(self, kernel: str) -> Verdict:
         """The verdict of the kernel registered as ``kernel``."""
@@ -119,13 +132,20 @@ class Explanation:
             rank = f"(priority {v.priority})"
             label = f"{v.kernel:<{width}}  {rank:<14}"
             if v.kernel == self.chosen:
-                text = "chosen"
+                text = "chosen" + _path_text(v)
             elif v.reasons:
                 text = "not supported: " + "; ".join(v.reasons)
             else:
                 text = "; ".join(self.why_not(v.kernel))
             lines.append(f"  {label}  {text}")
         return "\n".join(lines)
+
+
+def _path_text(v: Verdict) -> str:
+    if v.path is None:
+        return ""
+    skipped = "; ".join(f"path {name!r} skipped: {'; '.join(why)}" for name, why in v.skipped_paths)
+    return f", path {v.path!r}" + (f" ({skipped})" if skipped else "")
 
 
 def explain(
@@ -155,7 +175,8 @@ def explain(
             ``score_mod``): as for :func:`attnkit.attention`, validated the same way.
 
     Returns:
-        :class:`Explanation`; ``print`` it for a table of every kernel's verdict.
+        :class:`Explanation`; ``print`` it for a table of every kernel's verdict, with the
+        path the chosen kernel takes and why it skips the paths before it.
     """
     if isinstance(q, Call):
         if k is not None or v is not None:
@@ -191,7 +212,13 @@ def explain(
         reasons = tuple(candidate.reasons_not_supported(call))
         prefers = None if reasons else candidate.prefers(call)
         why = candidate.not_preferred_reason(call) if prefers is False else ""
-        verdicts.append(Verdict(name, candidate.priority, reasons, prefers, why))
+        path, skipped = None, ()
+        if not reasons:
+            tried = candidate.path_verdicts(call)
+            if tried and not tried[-1][1]:
+                path = tried[-1][0]
+                skipped = tuple((p, tuple(r)) for p, r in tried[:-1])
+        verdicts.append(Verdict(name, candidate.priority, reasons, prefers, why, path, skipped))
         if not reasons and (forced == name or (forced is None and prefers and chosen is None)):
             chosen = name
     return Explanation(chosen, forced, tuple(verdicts))
