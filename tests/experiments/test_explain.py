@@ -6,6 +6,7 @@ import math
 import shutil
 
 import pytest
+import torch
 
 from attnkit.cli import main
 from attnkit.experiments.config import ConfigError, RunConfig
@@ -91,6 +92,74 @@ def test_a_damaged_run_is_one_line_and_exit_2(finished, tmp_path, capsys, damage
     assert len(err) == 1 and err[0].startswith("attnkit explain: error: "), err
     assert message in err[0], err[0]
     assert not (copy / "explanation.json").exists()
+
+
+def test_explain_runs_the_suite_on_the_threads_it_names_and_shows_progress(
+    finished, tmp_path, capsys, monkeypatch
+):
+    """With --threads 2 the whole suite runs on 2 threads; a progress line goes to stderr
+    before each stage; the caller's thread count is restored."""
+    from attnkit.evaluation import suite
+
+    copy = tmp_path / "copy"
+    shutil.copytree(finished, copy)
+    seen = []
+    stages = suite.explanation_suite
+
+    def counted(*args, progress, **kwargs):
+        def spy(text):
+            seen.append(torch.get_num_threads())
+            progress(text)
+
+        return stages(*args, progress=spy, **kwargs)
+
+    monkeypatch.setattr("attnkit.experiments.explain.explanation_suite", counted)
+    before = torch.get_num_threads()
+    capsys.readouterr()
+    assert main(["explain", str(copy), "--examples", "4", "--threads", "2"]) == 0
+    out, err = capsys.readouterr()
+    assert "threads: 2 (chosen with --threads)" in out
+    assert len(seen) >= 4 and set(seen) == {2}
+    lines = err.strip().splitlines()
+    assert len(lines) == len(seen) and all(line.startswith("... ") for line in lines)
+    assert "... importance by gradients" in err and "... erasure by each ordering" in err
+    assert torch.get_num_threads() == before
+
+
+class _Stop(KeyboardInterrupt):
+    """Ends explain where the suite would start (exit 130), after the choice of threads."""
+
+
+@pytest.mark.parametrize(
+    ("flags", "environ", "expected", "why"),
+    [
+        (["--no-progress"], "3", 3, "from OMP_NUM_THREADS"),
+        ([], None, 1, "auto: "),  # the tiny model's step is far below 2 GFLOP per thread
+    ],
+)
+def test_explain_chooses_threads_as_run_does(
+    finished, capsys, monkeypatch, flags, environ, expected, why
+):
+    if environ is None:
+        monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    else:
+        monkeypatch.setenv("OMP_NUM_THREADS", environ)
+    seen = []
+
+    def stop(*args, progress, **kwargs):
+        seen.append((torch.get_num_threads(), progress))
+        raise _Stop
+
+    monkeypatch.setattr("attnkit.experiments.explain.explanation_suite", stop)
+    before = torch.get_num_threads()
+    capsys.readouterr()
+    assert main(["explain", str(finished), *flags]) == 130
+    assert f"threads: {expected} ({why}" in capsys.readouterr().out
+    ((threads, progress),) = seen
+    assert threads == expected and (progress is None) == ("--no-progress" in flags)
+    assert torch.get_num_threads() == before
+    assert main(["explain", str(finished), "--threads", "0"]) == 2
+    assert "--threads must be a positive int, got 0" in capsys.readouterr().err
 
 
 def _edit_state(run_dir, **changes):

@@ -107,6 +107,7 @@ def explanation_suite(
     n_plot: int = 4,
     seed: int = 0,
     wp_steps: int = 150,
+    progress: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """Every measure of the suite on the probe's examples; returns a JSON-ready dict (see the
     module docstring), plus ``examples``: the first ``n_plot`` examples' items, gold and scores
@@ -115,7 +116,10 @@ def explanation_suite(
     The output explained is the log-probability of the class predicted on the full input
     (Jain & Wallace's choice). Importance measures: ``gradient`` (norm), ``input_x_gradient``,
     ``integrated_gradients`` and ``leave_one_out`` (signed: positive supports the decision).
+    ``progress``, when given, is called with a few words before each stage (the suite takes
+    minutes on a few hundred examples).
     """
+    say = progress or (lambda text: None)
     model, keep, x = probe.model, probe.keep, probe.inputs.detach()
     with torch.no_grad():
         full = probe.logits(x, keep)
@@ -124,6 +128,7 @@ def explanation_suite(
     def f(inputs: Tensor, keep: Tensor) -> Tensor:
         return probe.logits(inputs, keep).log_softmax(-1).gather(-1, predicted[:, None])[:, 0]
 
+    say(f"importance by gradients, integrated gradients and leave-one-out ({x.shape[0]} examples)")
     measures = {
         "gradient": imp.gradient(f, x, keep),
         "input_x_gradient": imp.input_x_gradient(f, x, keep),
@@ -151,6 +156,10 @@ def explanation_suite(
     def run() -> Tensor:
         return probe.logits(x, keep)
 
+    say(
+        f"counterfactual weights: {n_permutations} permutations, {adversarial_steps} steps of "
+        "the adversary"
+    )
     permuted = cf.permuted_weights(
         model, run, n_permutations=n_permutations, seed=seed, only=probe.attention_part
     )
@@ -175,6 +184,7 @@ def explanation_suite(
         "leave_one_out": measures["leave_one_out"],
         "random": random_order(keep, seed),
     }
+    say("erasure by each ordering")
     out["erasure"] = {}
     for name, order in orders.items():
         result = erasure(probe.logits, x, keep, order)
@@ -199,6 +209,7 @@ def explanation_suite(
             target = probe.labels if probe.labels is not None else predicted
             return float((logits.argmax(-1) == target).double().mean())
 
+        say("heads: importance by masking and the pruning curve")
         importance = head_importance_by_masking(model, accuracy)
         curve = pruning_curve(model, accuracy, importance)
         out["heads"] = {
@@ -206,6 +217,7 @@ def explanation_suite(
             "pruning": {"fraction": curve.fraction, "metric": curve.metric},
         }
     if wp_steps > 0 and x.shape[0] >= 2:
+        say(f"Wiegreffe & Pinter: a trained adversary and frozen-weights MLPs ({wp_steps} steps)")
         out["wiegreffe_pinter"] = _wiegreffe_pinter(probe, predicted, wp_steps, seed)
     examples = []
     for i in range(min(n_plot, x.shape[0])):

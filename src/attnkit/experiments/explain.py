@@ -28,6 +28,7 @@ from attnkit.experiments import checkpoints, metrics_file
 from attnkit.experiments.config import ConfigError
 from attnkit.experiments.report import add_section, explanation_section
 from attnkit.experiments.runner import load_config, plural, resume_command
+from attnkit.experiments.threads import choose_threads, count_flops
 
 __all__ = ["add_parser", "execute", "explain", "explainable_tasks"]
 
@@ -45,10 +46,17 @@ def explain(
     seed: int = 0,
     other_seeds: Sequence[Path] = (),
     echo: Callable[[str], None] | None = None,
+    threads: int | None = None,
+    progress: Callable[[str], None] | None = None,
 ) -> dict:
     """Run the suite on the run in ``run_dir``; write explanation.json and the report section.
     Returns the results. Raises ConfigError for a directory that is not a finished run of a
-    task with an explanation probe, CheckpointError for a damaged checkpoint."""
+    task with an explanation probe, CheckpointError for a damaged checkpoint.
+
+    ``threads``: intra-op threads while the suite runs, chosen as ``attnkit run`` chooses them
+    when None (:func:`attnkit.experiments.threads.choose_threads`: ``OMP_NUM_THREADS``, else by
+    the size of the model's training step); the caller's count is restored afterwards.
+    ``progress`` is called with a few words before each stage of the suite."""
     say = echo or (lambda text: print(text, flush=True))
     if isinstance(examples, bool) or not isinstance(examples, int) or examples < 1:
         raise ConfigError(f"--examples must be a positive int, got {examples!r}")
@@ -74,11 +82,22 @@ def explain(
         f"attnkit explain {run_dir}: task {config.task}, "
         f"{plural(examples, 'held-out example')}, ε {epsilon}"
     )
-    probe = task.explanation_probe(model, examples)
-    results = explanation_suite(probe, epsilon=epsilon, seed=seed)
-    results = {"run": run_dir.name, "task": config.task, **results}
-    if other_seeds:
-        results["seed_variance"] = _seed_variance(task, config, probe, other_seeds, examples)
+    first = torch.arange(min(config.batch_size, task.n_train()))  # a training step, as run's
+    flops = count_flops(lambda: task.loss(model, first)) if threads is None else 0
+    n_threads, why = choose_threads(threads, flops)
+    say(f"threads: {n_threads} ({why})")
+    before = torch.get_num_threads()
+    torch.set_num_threads(n_threads)
+    try:
+        probe = task.explanation_probe(model, examples)
+        results = explanation_suite(probe, epsilon=epsilon, seed=seed, progress=progress)
+        results = {"run": run_dir.name, "task": config.task, **results}
+        if other_seeds:
+            if progress is not None:
+                progress(f"the runs of the other seeds ({len(other_seeds)})")
+            results["seed_variance"] = _seed_variance(task, config, probe, other_seeds, examples)
+    finally:
+        torch.set_num_threads(before)
     checkpoints.atomic_write(
         run_dir / "explanation.json", lambda p: p.write_text(json.dumps(results, indent=2))
     )
@@ -188,6 +207,14 @@ def add_parser(sub) -> argparse.ArgumentParser:
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of the random parts")
     parser.add_argument(
+        "--threads",
+        type=int,
+        metavar="N",
+        help="intra-op threads (default: as attnkit run chooses them: OMP_NUM_THREADS if set, "
+        "else by the model's size: 1 for the embedded tasks)",
+    )
+    parser.add_argument("--no-progress", action="store_true", help="no progress lines on stderr")
+    parser.add_argument(
         "--other-seeds",
         type=Path,
         nargs="+",
@@ -204,13 +231,20 @@ def execute(args: argparse.Namespace) -> int:
     an internal error, 130 for Ctrl-C)."""
     from attnkit.experiments import failures
 
+    def progress(text: str) -> None:
+        print(f"... {text}", file=sys.stderr, flush=True)
+
     try:
+        if args.threads is not None and args.threads < 1:
+            raise ConfigError(f"--threads must be a positive int, got {args.threads}")
         explain(
             args.run_dir,
             examples=args.examples,
             epsilon=args.epsilon,
             seed=args.seed,
             other_seeds=args.other_seeds,
+            threads=args.threads,
+            progress=None if args.no_progress else progress,
         )
     except KeyboardInterrupt:
         print("\nattnkit explain: interrupted", file=sys.stderr)
