@@ -9,13 +9,18 @@ STAMP := $(VENV)/.installed
 $(PY):
 	$(PYTHON) -m venv $(VENV)
 
-# torch first, pinned to the release the project is tested with, but only when none is importable:
-# an unpinned install would pull a multi-GB CUDA build.
+# torch first, pinned to the release the project is tested with, but only when none is importable,
+# from pip's configured index unless TORCH_INDEX names another. On Linux, PyPI's torch is the build
+# with CUDA (several GB); the CPU build comes from PyTorch's own index:
+#   make demo TORCH_INDEX=https://download.pytorch.org/whl/cpu
+TORCH_INDEX ?=
+TORCH_FROM := $(if $(TORCH_INDEX),from $(TORCH_INDEX),from pip's configured index; on Linux PyPI's build includes CUDA (several GB): make TORCH_INDEX=https://download.pytorch.org/whl/cpu takes the CPU build)
+
 $(STAMP): $(PY) pyproject.toml
 	@echo "Setting up .venv (first time only: a few minutes; pip's own messages follow)"
 	$(PY) -m pip install -q --upgrade pip
-	@$(PY) -c "import torch" 2>/dev/null || echo "Installing torch 2.13.0 (the CPU build) ..."
-	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q --progress-bar on torch==2.13.0
+	@$(PY) -c "import torch" 2>/dev/null || echo "Installing torch 2.13.0 $(TORCH_FROM) ..."
+	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q --progress-bar on $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)) torch==2.13.0
 	@echo "Installing attnkit with its test, Hugging Face and documentation extras ..."
 	$(PY) -m pip install -q --progress-bar on -e ".[dev,hf]"
 	touch $(STAMP)
