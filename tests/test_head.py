@@ -424,3 +424,20 @@ def test_a_part_cast_to_float64_holds_the_buffers_of_one_built_in_float64(name):
         if x.is_floating_point():
             assert x.dtype == y.dtype == torch.float64, f"{name}: {key}"
             assert torch.equal(x, y), f"{name}: {key} differs by {(x - y).abs().max().item()}"
+
+
+@pytest.mark.parametrize("name", ["attention", "toy", "performer", "gla"])
+def test_a_mask_whose_batch_would_line_up_with_the_heads_is_refused(name):
+    """A (B, 1, N) padding mask for per-head inputs (B, H, M, d), with B = H: right-aligned,
+    its batch would be read as the heads (item 1's padding applied to head 1 of every item);
+    it is refused, and the full-rank (B, 1, 1, N) and a (1, 1, N) are taken."""
+    part = _build(name)
+    q, k, v = _inputs()  # B = H = 2
+    pad = ak.masks.from_lengths(torch.tensor([6, 3]), N)  # (B, 1, N)
+    assert pad.shape == (2, 1, N)
+    with pytest.raises(ValueError, match=r"mask of shape \(2, 1, 6\) has 3 dims .* \(2, 2, 6, 6\)"):
+        _call(part, q, k, v, mask=pad)
+    full = _call(part, q, k, v, mask=pad[:, None]).context
+    short = _call(part, q[1:, :, :3], k[1:, :, :3], v[1:, :, :3]).context
+    _assert_rows_equal(full[1:, :, :3], short, f"{name}: (B, 1, 1, N) padding = truncation")
+    _call(part, q, k, v, mask=pad[1:])  # (1, 1, N): leading dims of 1 are unambiguous

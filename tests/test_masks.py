@@ -69,3 +69,16 @@ def test_check_refuses_non_boolean_masks_and_says_what_to_do(dtype):
     mask = torch.full((2, 3, 5), 0.5).to(dtype)
     with pytest.raises(TypeError, match=rf"mask must be boolean.*{dtype}.*bias=.*mask\.bool\(\)"):
         masks.check(mask, torch.Size((2, 3, 5)))
+
+
+def test_a_short_mask_that_fits_two_ways_is_refused_and_one_that_fits_one_way_taken():
+    scores = torch.Size((2, 2, 5, 5))  # B = H = 2
+    with pytest.raises(ValueError, match=r"\(2, 1, 5\) has 3 dims .* both readings fit"):
+        masks.check(torch.ones(2, 1, 5, dtype=torch.bool), scores)
+    masks.check(torch.ones(2, 1, 1, 5, dtype=torch.bool), scores)  # every dim given
+    masks.check(torch.ones(1, 1, 5, dtype=torch.bool), scores)  # leading 1s
+    masks.check(torch.ones(5, 5, dtype=torch.bool), scores)  # (M, N)
+    # per-head (H, M, N) with B != H: read batch first it would not fit, so it is unambiguous
+    masks.check(torch.ones(2, 5, 5, dtype=torch.bool), torch.Size((3, 2, 5, 5)))
+    with pytest.raises(ValueError, match="bias of shape"):
+        masks.check_unambiguous(torch.zeros(2, 1, 5), scores, name="bias")

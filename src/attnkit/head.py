@@ -291,6 +291,7 @@ def check_head_inputs(
     if bias is not None:
         if not isinstance(bias, Tensor) or not bias.is_floating_point():
             raise TypeError(f"{who}: bias must be a floating tensor, got {bias!r:.60}")
+        masks.check_unambiguous(bias, shape, name=f"{who}: bias")
         try:
             if broadcast_shapes(bias.shape, shape) != shape:
                 raise RuntimeError

@@ -12,7 +12,7 @@ from torch import Tensor
 
 from attnkit import arguments
 
-__all__ = ["causal", "check", "combine", "from_lengths", "window"]
+__all__ = ["causal", "check", "check_unambiguous", "combine", "from_lengths", "window"]
 
 
 def from_lengths(lengths: Tensor, n: int) -> Tensor:
@@ -104,7 +104,8 @@ def check(mask: Tensor | None, scores_shape: torch.Size, *, name: str = "mask") 
     """Raise if ``mask`` is not a boolean tensor broadcastable to ``scores_shape`` (B, …, M, N).
 
     A mask may have fewer dimensions than the scores (leading dims broadcast) but never more, and
-    each of its dimensions must be 1 or equal to the matching score dimension.
+    each of its dimensions must be 1 or equal to the matching score dimension; a shorter mask
+    that could be lined up two ways is refused (:func:`check_unambiguous`).
     """
     if mask is None:
         return
@@ -123,6 +124,28 @@ def check(mask: Tensor | None, scores_shape: torch.Size, *, name: str = "mask") 
         raise ValueError(
             f"{name} of shape {tuple(mask.shape)} does not broadcast to the scores' shape "
             f"{expected} (B, …, M, N)"
+        )
+    check_unambiguous(mask, scores_shape, name=name)
+
+
+def check_unambiguous(x: Tensor, scores_shape: torch.Size, *, name: str = "mask") -> None:
+    """Raise if ``x`` (a mask or bias with fewer dims than the scores) could be read two ways.
+
+    Broadcasting lines a short tensor up from the right, so a (B, 1, N) key padding mask given
+    for (B, H, M, N) scores puts its batch on the heads; when B = H nothing fails and every item
+    gets another item's padding. Such a tensor, whose leading dims are not all 1 and would
+    broadcast as well read batch first, is refused: give every dim (``mask[:, None]``).
+    """
+    lead, expected = tuple(x.shape[:-2]), tuple(scores_shape[:-2])
+    if not lead or len(lead) >= len(expected) or all(s == 1 for s in lead):
+        return
+    if all(m in (1, s) for m, s in zip(lead, expected, strict=False)):
+        raise ValueError(
+            f"{name} of shape {tuple(x.shape)} has {x.dim()} dims for scores of shape "
+            f"{tuple(scores_shape)}: broadcasting would line its dim 0 up with dim "
+            f"{len(expected) - len(lead)} of the scores, not with the batch, and both readings "
+            f"fit; give every dim (e.g. {name.rsplit(' ', 1)[-1]}[:, None] for a (B, 1, N) key "
+            "padding mask over (B, H, M, N) scores)"
         )
 
 

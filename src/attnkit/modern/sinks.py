@@ -79,7 +79,12 @@ class SinkSoftmax(Alignment):
         super().__init__()
         self.num_heads = arguments.positive_int(num_heads, "num_heads")
         self.sinks = nn.Parameter(
-            torch.full((self.num_heads,), float(init), device=device, dtype=dtype)
+            torch.full(
+                (self.num_heads,),
+                arguments.finite_float(init, "init"),
+                device=device,
+                dtype=dtype,
+            )
         )
 
     def extra_repr(self) -> str:

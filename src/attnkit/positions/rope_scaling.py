@@ -157,6 +157,12 @@ class YaRNScaling(RopeScaling):
         arguments.positive_int(self.original_max_len, "original_max_len")
         arguments.finite_float(self.beta_fast, "beta_fast", positive=True)
         arguments.finite_float(self.beta_slow, "beta_slow", positive=True)
+        if not self.beta_fast > self.beta_slow:
+            raise ValueError(
+                f"beta_fast must be > beta_slow (the ramp γ(r) rises from r = beta_slow to r = "
+                f"beta_fast, eq. 18), got beta_fast={self.beta_fast!r}, "
+                f"beta_slow={self.beta_slow!r}"
+            )
         arguments.boolean(self.truncate, "truncate")
 
     def _dimension(self, rotations: float, rotary_dim: int, base: float) -> float:
