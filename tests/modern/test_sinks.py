@@ -140,3 +140,9 @@ def test_bad_arguments_name_themselves():
         SinkSoftmax(3)(torch.randn(2, 2, 4, 5))
     with pytest.raises(TypeError, match="need_weights"):
         SinkAttention(2)(*(torch.randn(1, 2, 3, 4) for _ in range(3)), need_weights=1)
+
+
+@pytest.mark.parametrize("init", [float("nan"), float("inf"), "0"])
+def test_a_sink_init_that_is_not_a_finite_number_is_refused(init):
+    with pytest.raises((ValueError, TypeError), match="init must be"):
+        SinkAttention(2, init=init)

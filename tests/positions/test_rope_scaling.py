@@ -161,3 +161,9 @@ def test_refusals_name_the_argument():
         rs.Llama3Scaling(low_freq_factor=4.0, high_freq_factor=1.0)
     with pytest.raises(ValueError, match="rows"):
         rs.permute_heads(torch.randn(7, 3), 2)
+
+
+@pytest.mark.parametrize(("fast", "slow"), [(1.0, 32.0), (4.0, 4.0)])
+def test_yarn_refuses_a_ramp_that_does_not_rise(fast, slow):
+    with pytest.raises(ValueError, match="beta_fast must be > beta_slow"):
+        rs.YaRNScaling(2.0, 64, beta_fast=fast, beta_slow=slow)
