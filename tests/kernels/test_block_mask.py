@@ -4,7 +4,6 @@ kernel visits only the tiles the pattern needs; score_mod is differentiable."""
 
 from __future__ import annotations
 
-import gc
 import itertools
 from unittest import mock
 
@@ -383,7 +382,7 @@ def test_auto_block_mask_only_when_most_tiles_are_empty():
     assert from_dense_auto(small, torch.Size((512, 512))) is None
 
 
-def test_auto_block_mask_is_cached_by_tensor_and_version():
+def test_auto_block_mask_is_cached_by_contents():
     from attnkit.kernels import block_mask as bmm
 
     n = 1024
@@ -392,15 +391,25 @@ def test_auto_block_mask_is_cached_by_tensor_and_version():
     with mock.patch.object(BlockMask, "_from_flags", wraps=BlockMask._from_flags) as spy:
         first = bmm.from_dense_auto(window, shape)
         again = bmm.from_dense_auto(window, shape)
-        assert spy.call_count == 1  # read once for the same tensor
+        assert spy.call_count == 1  # read once for the same values
         assert torch.equal(first.any_allowed, again.any_allowed)
+        same_values = ak.masks.window(n, n, 16)  # another tensor, the same values: one entry
+        assert bmm.from_dense_auto(same_values, shape).dense is same_values
+        assert spy.call_count == 1
         window[:, :] = True  # an in-place change: read again, now dense
         assert bmm.from_dense_auto(window, shape) is None
         assert spy.call_count == 2
-        same_values = ak.masks.window(n, n, 16)  # another tensor: its own entry
-        assert bmm.from_dense_auto(same_values, shape) is not None
-        assert spy.call_count == 3
-    before = len(bmm._AUTO_CACHE)
-    del window, first, again, spy  # (the spy keeps its call arguments, in reference cycles)
-    gc.collect()
-    assert len(bmm._AUTO_CACHE) < before  # entries leave with their mask
+        window.numpy()[:, :] = ak.masks.window(n, n, 16).numpy()  # unseen by _version: back
+        assert torch.equal(bmm.from_dense_auto(window, shape).any_allowed, first.any_allowed)
+        assert spy.call_count == 2
+    for size in range(bmm._AUTO_CACHE_SIZE + 3):  # new values at each step: the cache is bounded
+        bmm.from_dense_auto(ak.masks.window(n, n, size), shape)
+    assert len(bmm._AUTO_CACHE) <= bmm._AUTO_CACHE_SIZE
+
+
+def test_a_block_mask_from_a_dense_mask_is_what_the_mask_was_when_built():
+    mask = ak.patterns.dense(ak.patterns.sliding_window(3), 32, 32)
+    bm = BlockMask.from_dense(mask, block_q=8, block_k=8)
+    mask.numpy()[0, 31] = True  # a later change does not reach it
+    assert not bm.to_dense()[0, 31]
+    assert not bm.any_allowed[0, 3]

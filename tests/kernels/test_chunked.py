@@ -621,3 +621,45 @@ def test_a_dense_mask_turned_into_a_block_mask_keeps_its_schedule_without_keepin
     del mask
     gc.collect()
     assert gone() is None
+
+
+def _open_a_tile(m):
+    return (0, slice(m - 1, m)), True  # an empty tile gets one allowed pair
+
+
+def _close_a_tile(m):
+    return (slice(128, 256), slice(0, 128)), False  # a visited tile: now empty
+
+
+def _fill_a_tile(m):
+    return (slice(0, 128), slice(0, 128)), True  # a partial tile: now full
+
+
+def _inside_a_tile(m):
+    return (500, slice(500, 501)), False  # one pair of a partial tile
+
+
+@pytest.mark.parametrize("change", [_open_a_tile, _close_a_tile, _fill_a_tile, _inside_a_tile])
+@pytest.mark.parametrize("write", ["numpy", "data"])
+@pytest.mark.parametrize("d_v", [8, 4])  # the fused path, the tiled path
+def test_a_mask_changed_where_its_version_does_not_see_is_converted_again(change, write, d_v):
+    """A dense mask converted to a block mask on a first call, then changed through ``.numpy()``
+    or ``.data`` (no version bump): the next call equals the same call on a fresh copy of the
+    mask and the dense reference."""
+    g = torch.Generator().manual_seed(28)
+    n = 1152
+    q, k = (torch.randn(1, 2, n, 8, generator=g, dtype=torch.float64) for _ in range(2))
+    v = torch.randn(1, 2, n, d_v, generator=g, dtype=torch.float64)
+    mask = ak.patterns.dense(ak.patterns.sliding_window(64), n, n).clone()
+    path = "fused" if d_v == 8 else "tiled"
+    assert ak.kernels.explain(q, k, v, mask=mask).path == path
+    ak.attention(q, k, v, mask=mask)  # the first call converts and keeps the conversion
+    where, value = change(n)
+    target = mask.numpy() if write == "numpy" else mask.data
+    version = mask._version
+    target[where] = value
+    assert mask._version == version  # unseen by the version counter
+    out = ak.attention(q, k, v, mask=mask).context
+    fresh = ak.attention(q, k, v, mask=mask.clone()).context
+    torch.testing.assert_close(out, fresh, atol=0, rtol=0)
+    torch.testing.assert_close(out, _reference(q, k, v, mask))

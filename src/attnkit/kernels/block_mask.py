@@ -11,10 +11,12 @@ function only on the partial tiles it visits (forward and backward).
 from __future__ import annotations
 
 import dataclasses
-import weakref
+import hashlib
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -28,6 +30,7 @@ __all__ = [
     "ScoreMod",
     "apply_score_mod",
     "check_type",
+    "content_key",
     "from_dense_auto",
 ]
 
@@ -121,6 +124,9 @@ class BlockMask:
     dense: Tensor | None = None
     partial: dict[tuple[int, int], Tensor] | None = None
     batch_only: bool = False  # from a mask function with ``batch=`` but no ``num_heads=``
+    # The contents of ``dense`` (:func:`content_key`) when :func:`from_dense_auto` made it:
+    # what the kernels derive from the mask's values is kept by this key.
+    contents: tuple | None = None
 
     # ---- construction ------------------------------------------------------------------------
 
@@ -198,7 +204,10 @@ class BlockMask:
     def from_dense(
         cls, mask: Tensor, *, block_q: int = DEFAULT_BLOCK, block_k: int = DEFAULT_BLOCK
     ) -> BlockMask:
-        """From a boolean mask (*lead, M, N), True = may attend."""
+        """From a boolean mask (*lead, M, N), True = may attend.
+
+        The block mask holds a copy of ``mask``: it is what the mask was when the block mask
+        was built (later changes to ``mask`` do not reach it; build it again after one)."""
         if not isinstance(mask, Tensor) or mask.dtype != torch.bool or mask.dim() < 2:
             got = (
                 f"{mask.dtype} of shape {tuple(mask.shape)}"
@@ -211,7 +220,7 @@ class BlockMask:
         m, n = mask.shape[-2:]
         if m == 0 or n == 0:
             raise ValueError(f"mask has no queries or keys (shape {tuple(mask.shape)})")
-        return cls._from_flags(mask, block_q, block_k)
+        return cls._from_flags(mask.clone(), block_q, block_k)
 
     @classmethod
     def _from_flags(cls, mask: Tensor, block_q: int, block_k: int) -> BlockMask:
@@ -350,26 +359,20 @@ class BlockMask:
         )
 
 
-# (id, data pointer, version, shape, strides, device) -> (weak reference to the mask, its block
-# mask without the dense tensor, or None when the mask is not sparse enough). An entry leaves
-# when its mask is freed; the weak reference guards against an id reused by another tensor.
-_AUTO_CACHE: dict[tuple, tuple[weakref.ref, BlockMask | None]] = {}
+# The contents of a dense mask (:func:`content_key`) -> its block mask without the dense tensor,
+# or None when the mask is not sparse enough; the most recently used entries.
+_AUTO_CACHE: OrderedDict[tuple, BlockMask | None] = OrderedDict()
 _AUTO_CACHE_SIZE = 64
 
 
-def _auto_key(mask: Tensor) -> tuple | None:
-    try:
-        version = mask._version
-    except RuntimeError:  # an inference tensor has no version counter: not cached
-        return None
-    return (
-        id(mask),
-        mask.data_ptr(),
-        version,
-        tuple(mask.shape),
-        mask.stride(),
-        str(mask.device),
-    )
+def content_key(mask: Tensor) -> tuple:
+    """A key of a boolean CPU ``mask`` that changes with any of its values: its shape and a
+    128-bit BLAKE2 digest of its values packed eight to a byte (one pass over M·N bytes, much
+    less than attention over them). Two tensors with the same values share it, whatever their
+    identity, strides or version counter; a write the version counter does not see (through
+    ``.numpy()`` or ``.data``) changes it."""
+    packed = np.packbits(mask.detach().numpy())
+    return (tuple(mask.shape), hashlib.blake2b(packed, digest_size=16).digest())
 
 
 def from_dense_auto(mask: Tensor | None, shape: torch.Size) -> BlockMask | None:
@@ -378,10 +381,11 @@ def from_dense_auto(mask: Tensor | None, shape: torch.Size) -> BlockMask | None:
     the CPU, spans at least :data:`AUTO_MIN_BLOCKS` blocks of :data:`DEFAULT_BLOCK` each way,
     and at most :data:`AUTO_MAX_DENSITY` of its tiles hold an allowed pair. None otherwise.
 
-    The tile flags come from one pass over the mask and are cached by the tensor's identity,
-    storage and version, so a mask shared by every layer of a model is read once (an in-place
-    change to the mask bumps its version and is read again). The block mask holds ``mask``
-    itself for its partial tiles, so attention with it equals attention with ``mask``.
+    The tile flags come from one pass over the mask and are kept by the mask's contents
+    (:func:`content_key`), so a mask shared by every layer of a model, or made again with the
+    same values at each step, is converted once, and a mask changed in any way (in place,
+    through ``.numpy()`` or ``.data`` included) is converted again. The block mask holds
+    ``mask`` itself for its partial tiles, so attention with it equals attention with ``mask``.
     """
     if mask is None or mask.dtype != torch.bool or mask.dim() < 2 or mask.device.type != "cpu":
         return None
@@ -390,20 +394,18 @@ def from_dense_auto(mask: Tensor | None, shape: torch.Size) -> BlockMask | None:
         return None
     if min(-(-m // DEFAULT_BLOCK), -(-n // DEFAULT_BLOCK)) < AUTO_MIN_BLOCKS:
         return None
-    key = _auto_key(mask)
-    hit = None if key is None else _AUTO_CACHE.get(key)
-    if hit is not None and hit[0]() is mask:
-        kept = hit[1]
+    key = content_key(mask)
+    if key in _AUTO_CACHE:
+        _AUTO_CACHE.move_to_end(key)
+        kept = _AUTO_CACHE[key]
     else:
         found = BlockMask._from_flags(mask, DEFAULT_BLOCK, DEFAULT_BLOCK)
         kept = None
         if found.density <= AUTO_MAX_DENSITY:
-            kept = dataclasses.replace(found, dense=None)
-        if key is not None:
-            if len(_AUTO_CACHE) >= _AUTO_CACHE_SIZE:  # e.g. a mask changed in place each step
-                _AUTO_CACHE.pop(next(iter(_AUTO_CACHE)))
-            _AUTO_CACHE[key] = (weakref.ref(mask), kept)
-            weakref.finalize(mask, _AUTO_CACHE.pop, key, None)
+            kept = dataclasses.replace(found, dense=None, contents=key)
+        if len(_AUTO_CACHE) >= _AUTO_CACHE_SIZE:  # e.g. a mask of new values at each step
+            _AUTO_CACHE.popitem(last=False)
+        _AUTO_CACHE[key] = kept
     return None if kept is None else dataclasses.replace(kept, dense=mask)
 
 

@@ -660,8 +660,9 @@ _NARROW_KEYS = 1536
 _NARROW = 4
 # id(block mask) -> (weak reference, its schedule): the pieces of every query block.
 _SCHEDULES: dict[int, tuple[weakref.ref, list]] = {}
-# (id(tile flags), id(dense mask), its version) -> (weak reference to the flags, the schedule).
-_DENSE_SCHEDULES: dict[tuple[int, int, int], tuple[weakref.ref, list]] = {}
+# The contents of a dense mask (BlockMask.contents) -> (weak reference to their tile flags, the
+# schedule).
+_DENSE_SCHEDULES: dict[tuple, tuple[weakref.ref, list]] = {}
 # Partial-tile elements whose additive (0 / −inf) masks a schedule keeps.
 _ADDITIVE_CACHE_ELEMENTS = 1 << 24
 
@@ -676,14 +677,10 @@ def _schedule(plan: _Plan) -> list[tuple[int, int, list[_Piece]]]:
         return hit[1]
     # A block mask of a dense mask is made again on each call that passes the mask (the tile
     # flags are shared, :func:`attnkit.kernels.block_mask.from_dense_auto`): its schedule is
-    # kept by the flags and the mask's identity and version, and holds copies of the mask's
-    # tiles, not views, so that it does not keep the mask alive.
-    dense_key = None
-    if bm.dense is not None:
-        try:
-            dense_key = (id(bm.any_allowed), id(bm.dense), bm.dense._version)
-        except RuntimeError:  # an inference tensor has no version: kept by the block mask
-            dense_key = None
+    # kept by the mask's contents (read on that call) while their flags live, and holds copies
+    # of the mask's tiles, not views, so that it neither keeps the mask alive nor sees later
+    # changes to it.
+    dense_key = bm.contents if bm.dense is not None else None
     if dense_key is not None:
         hit = _DENSE_SCHEDULES.get(dense_key)
         if hit is not None and hit[0]() is bm.any_allowed:
