@@ -558,3 +558,80 @@ def test_the_first_line_of_a_supervised_run_says_it_is_supervised(tmp_path, caps
     assert cli.main(argv) == 0
     first = capsys.readouterr().out.splitlines()[0]
     assert first.startswith("attnkit run kv-recall: ") and "supervise_attention 0.5, " in first
+
+
+MANHATTAN = """
+import attnkit as ak
+from attnkit import taxonomy as tx
+
+
+@ak.scores.REGISTRY.register("manhattan_cli")
+class Manhattan(ak.scores.Score):
+    scoring = tx.Scoring.SIMILARITY
+
+    def pairwise(self, qp, kp, key_offset=0):
+        return -(qp.unsqueeze(-2) - kp.unsqueeze(-3)).abs().sum(-1)
+"""
+
+
+@pytest.fixture
+def fresh_scores(monkeypatch):
+    """The score registry, the imported user files, sys.path and sys.modules put back as they
+    were (as in a new process)."""
+    import sys
+
+    import attnkit as ak
+    from attnkit.tasks import user
+
+    ak.scores.available()
+    table = ak.scores.REGISTRY.snapshot()
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.setattr(user, "_modules", {})
+    modules = set(sys.modules)
+
+    def forget():
+        ak.scores.REGISTRY.restore(table)
+        user._modules.clear()
+        for name in set(sys.modules) - modules:
+            if name.startswith("attnkit_user_task_my_scores"):
+                del sys.modules[name]
+
+    yield forget
+    forget()
+
+
+def test_import_registers_a_score_for_a_built_in_task_and_the_run_imports_it_again(
+    tmp_path, capsys, fresh_scores
+):
+    (tmp_path / "my_scores.py").write_text(MANHATTAN)
+    out = tmp_path / "run"
+    capsys.readouterr()
+    argv = ["run", "dates", *TINY, "--score", "manhattan_cli", "--out", str(out)]
+    assert cli.main(argv) == 2  # not imported: unknown, and the line says how
+    _one_error_line(capsys, "unknown score 'manhattan_cli'", "--import MODULE")
+    assert cli.main([*argv, "--import", str(tmp_path / "my_scores.py")]) == 0
+    saved = json.loads((out / "config.json").read_text())
+    assert (
+        saved["imports"] == [str(tmp_path / "my_scores.py")] and saved["score"] == "manhattan_cli"
+    )
+    fresh_scores()  # a new process: the score is not registered
+    capsys.readouterr()
+    assert cli.main(["run", "--resume", str(out), "--no-progress"]) == 0
+    assert "all 1 epoch is trained: evaluating" in capsys.readouterr().out
+    fresh_scores()
+    import attnkit as ak
+
+    assert ak.load_run(out).config.imports == saved["imports"]
+
+
+def test_an_import_that_fails_is_one_line_before_anything_is_written(
+    tmp_path, capsys, fresh_scores
+):
+    out = tmp_path / "run"
+    for spec, message in [
+        ("no_such_module_xyz", "--import 'no_such_module_xyz': no module named"),
+        (str(tmp_path / "missing.py"), "no such file"),
+    ]:
+        assert cli.main(["run", "dates", *TINY, "--import", spec, "--out", str(out)]) == 2
+        _one_error_line(capsys, message)
+        assert not out.exists()

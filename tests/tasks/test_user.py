@@ -290,3 +290,58 @@ def test_a_task_of_ones_own_declares_settings_the_same_way(tmp_path):
         RunConfig(task=name, task_module=spec, settings={"top": 9}).resolved()
     with pytest.raises(ConfigError, match="task 'sized' has no setting 'bottom'"):
         RunConfig(task=name, task_module=spec, settings={"bottom": 1}).resolved()
+
+
+@pytest.fixture
+def import_path(monkeypatch):
+    """sys.path and sys.modules as they were afterwards (a task file puts its folder first)."""
+    import sys
+
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    before = set(sys.modules)
+    monkeypatch.setattr(user, "_modules", {})
+    yield
+    for name in set(sys.modules) - before:
+        if name.startswith("attnkit_user_task_") or name in ("marked_sizes", "sibling_part"):
+            del sys.modules[name]
+
+
+def test_a_task_file_may_import_the_files_beside_it(tmp_path, import_path):
+    """The file's folder goes first on sys.path (as for a script), so a task can import its own
+    part from a sibling file, also when it is not the working directory."""
+    import sys
+
+    folder = tmp_path / "project"
+    folder.mkdir()
+    (folder / "marked_sizes.py").write_text("EMBED = 12\n")
+    path = write_task(
+        folder,
+        **{"VOCAB, LENGTH = 8, 6": "from marked_sizes import EMBED\n\nVOCAB, LENGTH = 8, 6",
+           "return MarkedModel(self.config.d_model)": "return MarkedModel(EMBED)"},
+    )  # fmt: skip
+    assert str(folder) not in sys.path
+    name, _ = user.load_task_module(f"{path}:MarkedTask")
+    assert sys.path[0] == str(folder)
+    config = RunConfig(task=name, quick=True).resolved()
+    assert tasks.get(name)(config).build_model().query.shape == (12,)
+
+
+def test_load_import_takes_a_module_or_a_file_and_names_what_fails(tmp_path, import_path):
+    import sys
+
+    (tmp_path / "sibling_part.py").write_text("VALUE = 3\n")
+    (tmp_path / "my_parts.py").write_text("from sibling_part import VALUE\nLOADED = VALUE\n")
+    spec = user.load_import(str(tmp_path / "my_parts.py"))
+    assert spec == str((tmp_path / "my_parts.py").resolve())
+    assert sys.path[0] == str(tmp_path)
+    assert user.load_import("sibling_part") == "sibling_part"  # now on the import path
+    for bad, message in [
+        ("no_such_module_xyz", "--import 'no_such_module_xyz': no module named"),
+        (str(tmp_path / "missing.py"), "no such file"),
+        ("not a module", "not a dotted module name"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            user.load_import(bad)
+    (tmp_path / "broken_part.py").write_text("raise RuntimeError('half-written')\n")
+    with pytest.raises(ValueError, match=r"importing .* failed: RuntimeError: half-written"):
+        user.load_import(str(tmp_path / "broken_part.py"))

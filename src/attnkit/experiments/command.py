@@ -52,7 +52,8 @@ _CONFIG_FLAGS: dict[str, tuple[str, type, str, str]] = {
                       "pkg.mod:Class or path/to/file.py:Class, optionally =NAME (else its "
                       "class attribute name, else the class name lowercased); checked against "
                       "the task contract, then run like a built-in task (the task argument may "
-                      "be left out); recorded in config.json for --resume"),
+                      "be left out); a file's folder is put on the import path (it may import "
+                      "the files beside it); recorded in config.json for --resume"),
 }  # fmt: skip
 
 
@@ -160,6 +161,18 @@ def add_parser(sub) -> argparse.ArgumentParser:
             flag, dest=key, type=kind, metavar=metavar, default=argparse.SUPPRESS,
             help=text.format(**names),
         )  # fmt: skip
+    runp.add_argument(
+        "--import",
+        dest="imports",
+        action="append",
+        metavar="MODULE",
+        default=argparse.SUPPRESS,
+        help="import a module of your own before the run (give it again for another): a dotted "
+        "module name (installed or on PYTHONPATH) or path/to/file.py (its folder put on the "
+        "import path), e.g. one that registers a score, alignment or attention part which "
+        "--score/--align/--attention then name for a built-in task; recorded in config.json "
+        "for --resume, attnkit explain and ak.load_run",
+    )
     runp.add_argument(
         "--set",
         dest="set_values",
@@ -275,6 +288,8 @@ def _execute(args: argparse.Namespace) -> int:
                               "was configured")  # fmt: skip
         in_file = RunConfig.from_file(args.config)
         given = {**in_file, **flags}
+    if given.get("imports") is not None:
+        given["imports"] = [_load_import(spec) for spec in given["imports"]]
     if given.get("task_module") is not None:
         name, given["task_module"] = _load_task_module(given["task_module"])
         given.setdefault("task", name)
@@ -346,6 +361,17 @@ def _load_task_module(spec: str) -> tuple[str, str]:
 
     try:
         return load_task_module(spec)
+    except (ValueError, TypeError) as err:
+        raise ConfigError(str(err)) from None
+
+
+def _load_import(spec: str) -> str:
+    """Import the user's module (``--import``); the spec as config.json records it."""
+    from attnkit.experiments.config import ConfigError
+    from attnkit.tasks.user import load_import
+
+    try:
+        return load_import(spec)
     except (ValueError, TypeError) as err:
         raise ConfigError(str(err)) from None
 

@@ -73,6 +73,10 @@ class RunConfig:
     # (attnkit run --task-module): imported before the task is looked up, so a resumed, explained
     # or reloaded run finds it again (attnkit.tasks.user)
     task_module: str | None = None
+    # the user's modules imported before the run (attnkit run --import, each a dotted module or
+    # an absolute .py path), e.g. ones that register a part for a built-in task: imported again
+    # when the run is resumed, explained or reloaded
+    imports: list | None = None
     # ranks that split each sequence (ring attention, Task.context_parallel); with torchrun the
     # world is data-parallel replicas × this; a resumed run may change it (the weights do not
     # depend on it)
@@ -95,6 +99,7 @@ class RunConfig:
     def resolved(self) -> RunConfig:
         """Fill the task's defaults and validate; raises ConfigError naming the key."""
         _check_types(asdict(self), "")
+        _load_imports(self.imports)
         try:
             if self.task_module is not None:
                 from attnkit.tasks.user import load_task_module
@@ -123,8 +128,8 @@ class RunConfig:
                 f"{', '.join(with_length)})"
             )
         for key in self.names():
-            if (key == "seq_len" and not takes_length) or key in ("data", "task_module",
-                                                                    "settings"):  # fmt: skip
+            optional = ("data", "task_module", "imports", "settings")
+            if (key == "seq_len" and not takes_length) or key in optional:
                 continue  # data: checked by the tasks that read it
             if getattr(out, key) is None:
                 raise ConfigError(f"{key} is not set and task {self.task!r} gives no default")
@@ -216,8 +221,7 @@ class RunConfig:
             if why.startswith(("unknown score", "unknown alignment")):
                 why += (
                     " (a score or alignment of your own is known once the module that registers "
-                    "it is imported: import it, then call attnkit.cli.main(['run', ...]) in the "
-                    "same Python process)"
+                    "it is imported: attnkit run --import MODULE or --import path/to/file.py)"
                 )
             raise ConfigError(why) from None
         if out.supervise_attention > 0 and "align" not in unused:
@@ -310,6 +314,24 @@ def _resolve_settings(task: type, name: str, given: dict | None) -> dict | None:
     except (ValueError, TypeError) as err:
         raise ConfigError(str(err)) from None
     return None if resolved is None else asdict(resolved)
+
+
+def _load_imports(imports: list | None) -> None:
+    """Import the user's modules of ``imports`` (:func:`attnkit.tasks.user.load_import`);
+    ConfigError naming the one that fails."""
+    if imports is None:
+        return
+    from attnkit.tasks.user import load_import
+
+    for spec in imports:
+        if not isinstance(spec, str):
+            raise ConfigError(
+                f"imports must be a list of module names or .py files, got {imports!r:.80}"
+            )
+        try:
+            load_import(spec)
+        except ValueError as err:
+            raise ConfigError(str(err)) from None
 
 
 def _task_or_none(name: str) -> type | None:

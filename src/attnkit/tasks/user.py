@@ -16,6 +16,11 @@ the lowercased class name. :func:`load_task_module` returns the spec normalised 
 absolute, the name written out), which is what a run's ``config.json`` records, so that a run can
 be resumed, explained and reloaded from any directory.
 
+``attnkit run --import MODULE`` (:func:`load_import`) imports a module of the user's own before
+the run, e.g. one that registers a part for a built-in task; a run's ``config.json`` records it
+(key ``imports``). A file named by ``--task-module`` or ``--import`` has its folder put first on
+``sys.path``, so it can import the files beside it.
+
 An entry point's name is the task's name and its value the class (``mytask = pkg.mod:MyTask``);
 it is imported on the first lookup of that name (:meth:`attnkit.tasks.base.TaskRegistry.get`).
 """
@@ -49,6 +54,7 @@ __all__ = [
     "entry_point_names",
     "is_builtin",
     "load_entry_point",
+    "load_import",
     "load_task_module",
     "parse_spec",
 ]
@@ -122,17 +128,23 @@ def _is_file(target: str) -> bool:
     return target.endswith(".py") or "/" in target or "\\" in target
 
 
-def _import_file(path: Path, spec: str) -> Any:
+def _import_file(path: Path, source: str) -> Any:
+    """The module made from the file ``path`` (executed once per process), its folder first on
+    ``sys.path`` so that it can import the files beside it; ValueError starting with
+    ``source`` (the flag and its value) when it cannot be imported."""
     if path in _modules:
         return _modules[path]
     if not path.is_file():
-        raise ValueError(f"--task-module {spec!r}: no such file {str(path)!r}")
+        raise ValueError(f"{source}: no such file {str(path)!r}")
     digest = hashlib.sha1(str(path).encode()).hexdigest()[:10]
     stem = re.sub(r"\W", "_", path.stem)
     module_name = f"attnkit_user_task_{stem}_{digest}"
     found = importlib.util.spec_from_file_location(module_name, path)
     if found is None or found.loader is None:
-        raise ValueError(f"--task-module {spec!r}: {str(path)!r} cannot be imported as Python")
+        raise ValueError(f"{source}: {str(path)!r} cannot be imported as Python")
+    folder = str(path.parent)
+    if folder not in sys.path:  # as Python does for a script: its siblings are importable
+        sys.path.insert(0, folder)
     module = importlib.util.module_from_spec(found)
     sys.modules[module_name] = module  # dataclasses and pickling look the module up here
     try:
@@ -142,28 +154,54 @@ def _import_file(path: Path, spec: str) -> Any:
         if isinstance(err, KeyboardInterrupt | SystemExit):
             raise
         raise ValueError(
-            f"--task-module {spec!r}: importing {str(path)!r} failed: {type(err).__name__}: {err}"
+            f"{source}: importing {str(path)!r} failed: {type(err).__name__}: {err}"
         ) from err
     _modules[path] = module
     return module
 
 
-def _import_module(target: str, spec: str) -> Any:
+def _import_module(target: str, source: str) -> Any:
     try:
         return importlib.import_module(target)
     except ModuleNotFoundError as err:
         if err.name is not None and target.startswith(err.name.split(".")[0]):
+            form = "path/to/file.py:CLASS" if source.startswith("--task-module") else "a .py file"
             raise ValueError(
-                f"--task-module {spec!r}: no module named {err.name!r} (a module must be "
-                "importable: installed or on PYTHONPATH; or give the file, path/to/file.py:CLASS)"
+                f"{source}: no module named {err.name!r} (a module must be importable: "
+                f"installed or on PYTHONPATH; or give the file, {form})"
             ) from None
         raise ValueError(
-            f"--task-module {spec!r}: importing {target!r} failed: {type(err).__name__}: {err}"
+            f"{source}: importing {target!r} failed: {type(err).__name__}: {err}"
         ) from err
     except Exception as err:
         raise ValueError(
-            f"--task-module {spec!r}: importing {target!r} failed: {type(err).__name__}: {err}"
+            f"{source}: importing {target!r} failed: {type(err).__name__}: {err}"
         ) from err
+
+
+def load_import(spec: str) -> str:
+    """Import the user's module named by ``spec`` (``attnkit run --import``): a dotted module
+    name (installed or on ``PYTHONPATH``) or a path to a ``.py`` file (its folder put first on
+    ``sys.path``), typically one that registers a part, a score or an alignment that a built-in
+    task then builds by name. A file is executed once per process.
+
+    Returns:
+        the spec normalised, as ``config.json`` records it: a file path made absolute.
+
+    Raises:
+        ValueError: naming ``--import`` and the spec, when it cannot be imported.
+    """
+    if not isinstance(spec, str) or not spec.strip():
+        raise ValueError(f"--import must be a module name or a .py file, got {spec!r}")
+    source = f"--import {spec!r}"
+    if _is_file(spec):
+        path = Path(spec).expanduser().resolve()
+        _import_file(path, source)
+        return str(path)
+    if not all(part.isidentifier() for part in spec.split(".")):
+        raise ValueError(f"{source}: not a dotted module name (pkg.module) nor a .py file")
+    _import_module(spec, source)
+    return spec
 
 
 def _register(cls: type[Task], name: str, source: str) -> None:
@@ -200,9 +238,9 @@ def load_task_module(spec: str) -> tuple[str, str]:
     target, class_name, name = parse_spec(spec)
     if _is_file(target):
         path = Path(target).expanduser().resolve()
-        module, target = _import_file(path, spec), str(path)
+        module, target = _import_file(path, f"--task-module {spec!r}"), str(path)
     else:
-        module = _import_module(target, spec)
+        module = _import_module(target, f"--task-module {spec!r}")
     cls = getattr(module, class_name, None)
     if cls is None:
         classes = sorted(
