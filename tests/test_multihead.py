@@ -550,3 +550,26 @@ def test_a_refused_cache_says_who_refused_it_and_what_to_do():
     mha = ak.MultiHeadAttention(E, H, "convolutional")
     with pytest.raises(ValueError, match=r"^MultiHeadAttention\.forward: score Convolutional"):
         mha(x, cache=ak.kv_cache.LayerCache())
+
+
+def test_a_part_returning_a_context_of_the_wrong_shape_is_refused_by_name():
+    """A part that pools its queries, (B, H, 1, d_v) for M queries: the heads merge and the
+    output projection runs, and a residual connection would broadcast the one row over every
+    position; the layer refuses it."""
+
+    class Pooled(ak.HeadAttention):
+        mask_forms = frozenset({"key"})
+
+        def forward(self, q, k, v, *, mask=None, bias=None, need_weights=False):
+            w = torch.softmax(q @ k.transpose(-1, -2), -1)
+            return ak.AttentionOutput((w @ v).mean(-2, keepdim=True))
+
+    class NotAnOutput(Pooled):
+        def forward(self, q, k, v, *, mask=None, bias=None, need_weights=False):
+            return q
+
+    x = torch.randn(2, 5, E)
+    with pytest.raises(ValueError, match=r"Pooled returned a context of shape \(2, 3, 1, 4\)"):
+        ak.MultiHeadAttention(E, H, attention=Pooled())(x)
+    with pytest.raises(TypeError, match="NotAnOutput returned Tensor, not an attnkit"):
+        ak.MultiHeadAttention(E, H, attention=NotAnOutput())(x)

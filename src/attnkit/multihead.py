@@ -550,6 +550,7 @@ class MultiHeadAttention(nn.Module):
         # as given (attnkit.trust; attnkit.head.check_head_inputs reads only their sizes).
         with trust.trusted():
             out = part(q, k, v, **kwargs)
+        _check_part_output(out, q, k, v, type(part).__name__)
         if value_term is None:
             return out
         if out.weights is None:
@@ -678,3 +679,22 @@ def _pad_queries(mask: Tensor, m: int) -> Tensor:
     truncation also for the real queries' results."""
     real = mask.any(-2, keepdim=True).transpose(-1, -2)  # (…, N, 1)
     return mask & real[..., real.shape[-2] - m :, :]
+
+
+def _check_part_output(out: object, q: Tensor, k: Tensor, v: Tensor, who: str) -> None:
+    """Raise unless a part returned an AttentionOutput whose context is (B, …, H, M, d_v) for
+    q (B, …, H, M, d) and v (…, N, d_v): a context of another shape could be merged into the
+    wrong heads or positions without an error (a (B, M, H, d_v) context when M = H)."""
+    if not isinstance(out, AttentionOutput):
+        raise TypeError(
+            f"attention part {who} returned {type(out).__name__}, not an attnkit.AttentionOutput"
+        )
+    lead = inputs.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
+    want = (*lead, q.shape[-2], v.shape[-1])
+    context = out.context
+    if not isinstance(context, Tensor) or tuple(context.shape) != want:
+        got = tuple(context.shape) if isinstance(context, Tensor) else type(context).__name__
+        raise ValueError(
+            f"attention part {who} returned a context of shape {got}; for q {tuple(q.shape)} "
+            f"and v {tuple(v.shape)} it must be (B, …, H, M, d_v) = {want}"
+        )
