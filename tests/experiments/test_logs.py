@@ -79,3 +79,26 @@ def test_disabled_logs_write_nothing(tmp_path):
     log.step(1, 1, 0.5)
     log.epoch({"epoch": 1, "loss": 0.5})
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_resumed_log_that_cannot_be_rewritten_keeps_the_old_rows(tmp_path, monkeypatch):
+    """Resuming drops the rows after the checkpoint by rewriting the log; a disk that fills
+    half-way through leaves the old file whole (nothing lost), not a truncated one."""
+    import errno
+
+    log = RunLog(tmp_path, steps_per_epoch=2, tensorboard=False)
+    for step in (1, 2):
+        log.step(1, step, 0.5)
+    log.step(2, 1, 0.25)
+    before = (tmp_path / "steps.csv").read_bytes()
+    writerows = csv.DictWriter.writerows
+
+    def full_disk(self, rows):
+        writerows(self, list(rows)[:1])
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(csv.DictWriter, "writerows", full_disk)
+    with pytest.raises(OSError, match="No space left"):
+        RunLog(tmp_path, steps_per_epoch=2, epoch=1, step=0, tensorboard=False)
+    assert (tmp_path / "steps.csv").read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["steps.csv"]

@@ -17,6 +17,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from attnkit.experiments.checkpoints import atomic_write
+
 __all__ = ["RunLog", "tensorboard_available"]
 
 STEP_FIELDS = ("epoch", "step", "global_step", "loss", "seconds")
@@ -87,10 +89,16 @@ class RunLog:
 
     @staticmethod
     def _rewrite(path: Path, fields: list[str], rows: list[dict[str, str]]) -> None:
-        with path.open("w", newline="", encoding="utf-8") as f:
-            writer = csv.DictWriter(f, fieldnames=fields)
-            writer.writeheader()
-            writer.writerows(rows)
+        """Replace ``path`` by ``fields`` and ``rows`` in one step: a write that fails (a full
+        disk) leaves the old log whole."""
+
+        def write(tmp: Path) -> None:
+            with tmp.open("w", newline="", encoding="utf-8") as f:
+                writer = csv.DictWriter(f, fieldnames=fields)
+                writer.writeheader()
+                writer.writerows(rows)
+
+        atomic_write(path, write)
 
     def step(self, epoch: int, step: int, loss: float) -> None:
         """Record finished step ``step`` (1-based) of epoch ``epoch`` (1-based)."""
