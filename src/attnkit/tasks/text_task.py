@@ -6,9 +6,9 @@ naming ``text`` and ``label`` columns; an optional ``split`` field (``train``, `
 ``test``) fixes the splits, otherwise the rows are shuffled with the run's seed and cut 80 / 10 /
 10. Labels may be strings or numbers; they are numbered in sorted order. A CSV row with more or
 fewer fields than the header (a text with an unquoted comma) is refused naming its line, and so
-is data whose training split has fewer than two labels, or whose split comes out empty. Words are lower-cased
-runs of letters and digits or single punctuation marks; the vocabulary is built from the
-training split (words seen fewer than twice there become ``<unk>``), and texts are cut to
+is data whose training split has fewer than two labels, or whose split comes out empty. Words
+are lower-cased runs of letters and digits or single punctuation marks; the vocabulary is built
+from the training split (words seen fewer than twice there become ``<unk>``), and texts are cut to
 ``seq_len`` words. ``n_train`` and ``n_test`` cap the number of training and test rows used.
 
 The model is the one of the ``rationale`` task (Jain & Wallace's classifier: embeddings, a
