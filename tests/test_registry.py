@@ -121,3 +121,29 @@ def test_part_names_are_snake_case():
     for registry in part_registries:
         bad = [name for name in registry.available() if not pattern.fullmatch(name)]
         assert not bad, f"{registry.kind} names not in snake_case: {bad}"
+
+
+def test_a_lazy_registry_finds_a_part_of_an_unloaded_package_by_name(monkeypatch):
+    """get() before available(): the registry imports its packages, so a part of a subpackage
+    not imported yet is found, not reported unknown."""
+    reg = Registry("widget", packages=("attnkit.linear_family",))
+    calls = []
+    monkeypatch.setattr("importlib.import_module", lambda name: calls.append(name))
+    with pytest.raises(ValueError, match="unknown widget 'gla'"):
+        reg.get("gla")  # the (stubbed) import registered nothing
+    assert calls == ["attnkit.linear_family"]
+    reg.available()
+    assert calls == ["attnkit.linear_family"]  # once only
+
+
+def test_the_mechanism_registry_loads_its_subpackages_on_get():
+    import subprocess
+    import sys
+
+    code = (
+        "import attnkit as ak; "
+        "print(ak.mechanisms.REGISTRY.get('gla').__name__, "
+        "ak.mechanisms.REGISTRY.get('deepseek_sparse').__name__)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["GatedLinearAttention", "DeepSeekSparseAttention"]

@@ -12,7 +12,7 @@ from typing import ClassVar
 import torch
 from torch import Tensor
 
-from attnkit import checks, hooks, kernels, trust
+from attnkit import checks, hooks, inputs, kernels, trust
 from attnkit.alignments import Alignment
 from attnkit.head import HeadAttention
 from attnkit.kernels.base import Call
@@ -193,8 +193,8 @@ def prepare_call(
     if block_mask is not None:
         check_type(block_mask)
         block_mask.check(shape)
-    if score_mod is not None and not callable(score_mod):
-        raise TypeError(f"score_mod must be callable, got {type(score_mod).__name__}")
+    if score_mod is not None:
+        inputs.score_mod(score_mod)
     call = Call(
         q,
         k,

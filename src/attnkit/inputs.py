@@ -4,6 +4,8 @@ so any part may use it."""
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 from torch import Tensor, nn
 
@@ -15,6 +17,7 @@ __all__ = [
     "broadcasts_to",
     "part_matches",
     "same_kind",
+    "score_mod",
     "tensor",
 ]
 
@@ -107,3 +110,22 @@ def alignment_inputs(part: nn.Module, scores: object, mask: object) -> Tensor:
         raise ValueError(f"mask is on {mask.device} but the scores are on {scores.device}")  # type: ignore[union-attr]
     part_matches(part, "alignment", "the scores", scores, check_dtype=False)
     return scores
+
+
+def score_mod(fn: object) -> None:
+    """Raise unless ``fn`` can be a score_mod: a callable taking the five arguments
+    ``(score, b, h, q_idx, kv_idx)`` (FlexAttention's signature), so that a wrong arity is
+    named here rather than by Python deep inside a kernel."""
+    if not callable(fn):
+        raise TypeError(f"score_mod must be callable, got {type(fn).__name__}")
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return  # a builtin or C callable: its arity cannot be read, the call will tell
+    try:
+        signature.bind(*range(5))
+    except TypeError:
+        raise TypeError(
+            f"score_mod must take five arguments (score, b, h, q_idx, kv_idx), as "
+            f"FlexAttention's; got {getattr(fn, '__name__', type(fn).__name__)}{signature}"
+        ) from None

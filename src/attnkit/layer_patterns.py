@@ -19,6 +19,7 @@ from collections import OrderedDict
 import torch
 from torch import Tensor, nn
 
+from attnkit import inputs
 from attnkit.kernels.block_mask import BlockMask, MaskMod, ScoreMod, check_type
 
 __all__ = [
@@ -75,8 +76,7 @@ def check_call(
                 f"{tuple(query.shape)}"
             )
     if score_mod is not None:
-        if not callable(score_mod):
-            raise TypeError(f"score_mod must be callable, got {type(score_mod).__name__}")
+        inputs.score_mod(score_mod)
         if query.dim() > 3:
             raise ValueError(
                 "score_mod reads b as the batch index and h as the head: give a query (B, M, E) "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import importlib
 import inspect
 import weakref
 from collections.abc import Callable
@@ -26,11 +27,23 @@ class Registry(Generic[T]):
     # them back as they were.
     instances: ClassVar[weakref.WeakSet[Registry]] = weakref.WeakSet()
 
-    def __init__(self, kind: str) -> None:
+    def __init__(self, kind: str, *, packages: tuple[str, ...] = ()) -> None:
         self.kind = kind
         self._table: dict[str, type[T]] = {}
         self.renamed: dict[str, str] = {}
+        # packages whose modules register parts here, imported on the first look-up (lazy
+        # subpackages), so that get() before available() finds every part
+        self.packages = packages
+        self._loaded = not packages
         Registry.instances.add(self)
+
+    def load(self) -> None:
+        """Import :attr:`packages` once (their modules register their parts)."""
+        if self._loaded:
+            return
+        self._loaded = True  # first: a package that looks a part up while importing
+        for package in self.packages:
+            importlib.import_module(package)
 
     def snapshot(self) -> dict[str, type[T]]:
         """A copy of the name table, for :meth:`restore`."""
@@ -64,11 +77,14 @@ class Registry(Generic[T]):
         return decorate
 
     def available(self) -> list[str]:
+        self.load()
         return sorted(self._table)
 
     def get(self, name: str) -> type[T]:
         if not isinstance(name, str):
             raise TypeError(f"{self.kind} name must be a str, got {type(name).__name__}")
+        if name not in self._table:
+            self.load()
         try:
             return self._table[name]
         except KeyError:

@@ -201,3 +201,9 @@ def test_refusals_name_the_argument():
     q = torch.randn(1, 3, 5, 4)
     with pytest.raises(ValueError, match="group_size=2"):
         DeepSeekSparseAttention(4, group_size=2)(q, q, q)
+
+
+@pytest.mark.parametrize("name", ["indexer_heads", "indexer_dim"])
+def test_indexer_sizes_are_refused_under_their_own_names(name):
+    with pytest.raises(ValueError, match=f"^{name} must be a positive int, got 0"):
+        DeepSeekSparseAttention(4, **{name: 0})

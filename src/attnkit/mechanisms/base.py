@@ -18,7 +18,6 @@ reported to :mod:`attnkit.hooks` by the mechanism, so ``attnkit.evaluation.captu
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
 
 import torch
@@ -35,7 +34,6 @@ __all__ = [
     "example_tensor",
 ]
 
-REGISTRY: Registry[nn.Module] = Registry("mechanism")
 
 # The packages whose modules register mechanisms; imported on first use, so that registering
 # needs no import of this module's users (and no cycle).
@@ -52,9 +50,11 @@ PACKAGES = (
 )
 
 
+REGISTRY: Registry[nn.Module] = Registry("mechanism", packages=PACKAGES)
+
+
 def _load() -> None:
-    for package in PACKAGES:
-        importlib.import_module(package)
+    REGISTRY.load()
 
 
 def available() -> list[str]:

@@ -175,6 +175,8 @@ class DeepSeekSparseAttention(HeadAttention):
         self.head_dim = arguments.positive_int(head_dim, "head_dim")
         self.top_k = arguments.positive_int(top_k, "top_k")
         self.group_size = arguments.positive_int(group_size, "group_size")
+        arguments.positive_int(indexer_heads, "indexer_heads")  # named here, not as the
+        arguments.positive_int(indexer_dim, "indexer_dim")  # indexer's num_heads/head_dim
         self.indexer_loss_weight = arguments.finite_float(
             indexer_loss_weight, "indexer_loss_weight", nonnegative=True
         )
