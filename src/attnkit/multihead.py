@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnkit import arguments, checks, inputs, layer_patterns, masks, slots, trust
+from attnkit import arguments, checks, inputs, layer_patterns, masks, qk_chain, slots, trust
 from attnkit import taxonomy as tx
 from attnkit.alignments import Alignment
 from attnkit.core import Attention
@@ -17,6 +17,7 @@ from attnkit.kernels.block_mask import BlockMask, MaskMod, ScoreMod
 from attnkit.kv_cache import LayerCache, MemoryCache, check_positions
 from attnkit.output import AttentionOutput
 from attnkit.positions import PositionScheme
+from attnkit.qk_chain import QKTransform
 from attnkit.scores import REGISTRY as SCORES
 from attnkit.scores import Score
 
@@ -121,6 +122,11 @@ class MultiHeadAttention(nn.Module):
         score_mod: ``score_mod(e, b, h, q_idx, kv_idx) -> e'`` applied to every call's per-head
             scores (B, H, M, N): h is the head, q_idx counts cached positions when decoding
             (e.g. ALiBi-style biases or soft-capping); an ``nn.Module`` is a submodule.
+        qk: the ordered steps between the per-head projections and the attention part
+            (:mod:`attnkit.qk_chain`): transforms of q and k and ``"position"``, where the
+            position scheme runs; default ``("position",)``. ``[HeadNorm(d), "position"]``
+            normalises q and k, then rotates them (Qwen3, Gemma 3); ``ProjectionNorm`` is
+            OLMo 2's norm over the whole projection.
         device, dtype: where and in which dtype the parameters are made, those of every part
             built from a name (score, alignment, position scheme) included; modules passed in
             are used as they are.
@@ -153,6 +159,7 @@ class MultiHeadAttention(nn.Module):
         position: str | PositionScheme | None = None,
         pattern: MaskMod | None = None,
         score_mod: ScoreMod | None = None,
+        qk: Sequence[QKTransform | str] | None = None,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
@@ -209,6 +216,13 @@ class MultiHeadAttention(nn.Module):
         self.attention = slots.attention_part(attention)
         self.position = slots.position_scheme(
             position, head_dim=self.head_dim, num_heads=self.num_heads, **kw
+        )
+        chain = qk_chain.check_chain(qk, has_position=position is not None)
+        # the chain's transforms as submodules (their parameters are the layer's), in order;
+        # the position scheme's place in it
+        self.qk = nn.ModuleList(s for s in chain if isinstance(s, nn.Module))
+        self._position_step = (
+            chain.index(qk_chain.POSITION) if qk_chain.POSITION in chain else len(chain)
         )
         for name, given in (("pattern", pattern), ("score_mod", score_mod)):
             if given is not None and not callable(given):
@@ -483,11 +497,17 @@ class MultiHeadAttention(nn.Module):
         """The position scheme on the queries (after ``offset`` earlier positions) and the keys
         (the first at ``k_offset``): q and k as it rewrites them, the caller's bias per head plus
         the scheme's, and the scheme's value term (a function of the weights) if it has one."""
+        steps = list(self.qk)
+        for step in steps[: self._position_step]:
+            q, k = step(q, k)
         positioned = self.position(q, k, q_offset=offset, k_offset=k_offset)
+        q, k = positioned.q, positioned.k
+        for step in steps[self._position_step :]:
+            q, k = step(q, k)
         bias = self._per_head(bias, query)
         if positioned.bias is not None:
             bias = positioned.bias if bias is None else bias + positioned.bias
-        return positioned.q, positioned.k, bias, positioned.values
+        return q, k, bias, positioned.values
 
     def _head_mask(
         self,

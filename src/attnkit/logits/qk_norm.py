@@ -7,6 +7,10 @@ sec. 2.1, with LayerNorm; RMSNorm in OLMo 2 and Qwen3):
     q̂ = γ_q ⊙ (q − mean(q)) / sqrt(var(q) + ε) + β_q                          (LayerNorm)
 
 (likewise k̂ with its own γ_k, β_k), then the inner attention part scores q̂ against k̂.
+
+As a per-head part it sees q and k after the layer's position scheme: inside a layer with RoPE
+it normalises the rotated q and k. For the order of Qwen3, Gemma 3 and OLMo 2 (normalise, then
+rotate) put the norm in the layer's q/k chain instead (:mod:`attnkit.qk_chain`).
 """
 
 from __future__ import annotations

@@ -1,0 +1,209 @@
+"""The ordered chain of transforms a multi-head layer applies to its per-head queries and keys
+between the projections and the attention part (``MultiHeadAttention(qk=...)``).
+
+A layer projects q = x W^Q and k = x W^K, splits them into heads and, by default, places them by
+its position scheme. Today's models order more steps there: Qwen3, Gemma 3 and OLMo 2 normalise
+q and k (QK-norm, Henry et al. 2020; Dehghani et al. 2023 sec. 2.1) and *then* rotate them by
+RoPE, so that the norm's gains act on the unrotated features. A chain names the order:
+
+    ak.MultiHeadAttention(E, H, position="rope", qk=[ak.qk_chain.HeadNorm(E // H), "position"])
+
+``"position"`` marks where the layer's position scheme runs (its bias and value term are kept
+as without a chain); every other step is a :class:`QKTransform`, ``forward(q, k) -> (q, k)`` on
+q (B, …, H, M, d) and k (B, …, H, N, d) — keys after grouped-query sharing, so head h holds key
+head h // (H / H_kv). The default chain is ``("position",)``. Steps run per token, so a KV cache
+(which keeps keys as projected, before the chain) gives the same keys at every step.
+
+- :class:`HeadNorm`: RMSNorm or LayerNorm over each head's d features, one gain vector (d,)
+  for every query head and one for every key head — Qwen3's and Gemma 3's ``q_norm``/``k_norm``.
+- :class:`ProjectionNorm`: the norm over the whole projection, the H·d features of q and the
+  H_kv·d of k at each position, with gains of those sizes — OLMo 2's ``q_norm``/``k_norm``.
+  On the shared keys it is computed exactly: each key head appears H / H_kv times, which leaves
+  the mean of squares over the heads unchanged, and its gains are repeated likewise.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from attnkit import arguments
+
+__all__ = ["POSITION", "HeadNorm", "ProjectionNorm", "QKTransform", "check_chain"]
+
+#: The chain's marker for the layer's position scheme.
+POSITION = "position"
+
+_KINDS = ("rms", "layer")
+
+
+class QKTransform(nn.Module):
+    """One step of the q/k chain: ``forward(q, k) -> (q, k)`` on per-head q (B, …, H, M, d)
+    and k (B, …, H, N, d). A step must act on each position alone (a KV cache re-applies it to
+    the cached keys at every step)."""
+
+    def forward(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
+        raise NotImplementedError
+
+
+def _normalise(x: Tensor, kind: str, eps: float, dims: tuple[int, ...]) -> Tensor:
+    """x normalised over ``dims`` (no gain): x / RMS(x) for "rms", (x − mean) / std for
+    "layer" (biased variance, as torch's norms), computed in at least float32."""
+    work = x.to(torch.promote_types(x.dtype, torch.float32))
+    if kind == "layer":
+        work = work - work.mean(dims, keepdim=True)
+    scale = torch.rsqrt(work.pow(2).mean(dims, keepdim=True) + eps)
+    return (work * scale).to(x.dtype)
+
+
+class HeadNorm(QKTransform):
+    """q̂ = γ_q ⊙ q / RMS(q) and k̂ = γ_k ⊙ k / RMS(k) over each head's d features (RMSNorm;
+    LayerNorm with ``kind="layer"`` adds biases β_q, β_k), gains shared by the heads.
+
+    Args:
+        head_dim: d.
+        kind: ``"rms"`` or ``"layer"``.
+        eps: ε added to the mean square (variance).
+        device, dtype: of the gains.
+    """
+
+    def __init__(
+        self,
+        head_dim: int,
+        *,
+        kind: str = "rms",
+        eps: float = 1e-6,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        super().__init__()
+        self.head_dim = arguments.positive_int(head_dim, "head_dim")
+        if kind not in _KINDS:
+            raise ValueError(f"kind must be one of {_KINDS}, got {kind!r}")
+        self.kind = kind
+        self.eps = arguments.finite_float(eps, "eps", positive=True)
+        kw: dict[str, Any] = {"device": device, "dtype": dtype}
+        self.q_weight = nn.Parameter(torch.ones(head_dim, **kw))
+        self.k_weight = nn.Parameter(torch.ones(head_dim, **kw))
+        layer = kind == "layer"
+        self.q_bias = nn.Parameter(torch.zeros(head_dim, **kw)) if layer else None
+        self.k_bias = nn.Parameter(torch.zeros(head_dim, **kw)) if layer else None
+
+    def extra_repr(self) -> str:
+        return f"head_dim={self.head_dim}, kind={self.kind!r}, eps={self.eps}"
+
+    def forward(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
+        for name, x in (("q", q), ("k", k)):
+            if x.shape[-1] != self.head_dim:
+                raise ValueError(
+                    f"HeadNorm has gains for heads of {self.head_dim} features, got {name} of "
+                    f"shape {tuple(x.shape)}"
+                )
+        out = []
+        for x, weight, bias in ((q, self.q_weight, self.q_bias), (k, self.k_weight, self.k_bias)):
+            y = _normalise(x, self.kind, self.eps, (-1,)) * weight
+            out.append(y if bias is None else y + bias)
+        return out[0], out[1]
+
+
+class ProjectionNorm(QKTransform):
+    """q̂ = γ_q ⊙ q / RMS(q) over the H·d features of the whole query projection at each
+    position, and k̂ likewise over the H_kv·d of the key projection (OLMo 2); LayerNorm with
+    ``kind="layer"``. Gains γ_q (H·d) and γ_k (H_kv·d), laid out head by head as the
+    projection's rows.
+
+    Args:
+        num_heads, head_dim: H and d of the queries.
+        num_kv_heads: H_kv (default H).
+        kind, eps, device, dtype: as :class:`HeadNorm`.
+    """
+
+    def __init__(
+        self,
+        num_heads: int,
+        head_dim: int,
+        *,
+        num_kv_heads: int | None = None,
+        kind: str = "rms",
+        eps: float = 1e-6,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        super().__init__()
+        self.num_heads = arguments.positive_int(num_heads, "num_heads")
+        self.head_dim = arguments.positive_int(head_dim, "head_dim")
+        kv = num_heads if num_kv_heads is None else num_kv_heads
+        self.num_kv_heads = arguments.positive_int(kv, "num_kv_heads")
+        if num_heads % self.num_kv_heads:
+            raise ValueError(f"num_kv_heads = {kv} does not divide num_heads = {num_heads}")
+        if kind not in _KINDS:
+            raise ValueError(f"kind must be one of {_KINDS}, got {kind!r}")
+        self.kind = kind
+        self.eps = arguments.finite_float(eps, "eps", positive=True)
+        kw: dict[str, Any] = {"device": device, "dtype": dtype}
+        q_size, k_size = num_heads * head_dim, self.num_kv_heads * head_dim
+        self.q_weight = nn.Parameter(torch.ones(q_size, **kw))
+        self.k_weight = nn.Parameter(torch.ones(k_size, **kw))
+        layer = kind == "layer"
+        self.q_bias = nn.Parameter(torch.zeros(q_size, **kw)) if layer else None
+        self.k_bias = nn.Parameter(torch.zeros(k_size, **kw)) if layer else None
+
+    def extra_repr(self) -> str:
+        return (
+            f"num_heads={self.num_heads}, head_dim={self.head_dim}, "
+            f"num_kv_heads={self.num_kv_heads}, kind={self.kind!r}, eps={self.eps}"
+        )
+
+    def _per_head(self, p: Tensor | None, heads: int) -> Tensor | None:
+        """A gain or bias laid out as (H_p·d,) -> (H, 1, d) for the (shared) heads."""
+        if p is None:
+            return None
+        p = p.view(-1, 1, self.head_dim)
+        return p.repeat_interleave(heads // p.shape[0], dim=0)
+
+    def forward(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
+        h, d = self.num_heads, self.head_dim
+        for name, x in (("q", q), ("k", k)):
+            if x.dim() < 3 or x.shape[-3] != h or x.shape[-1] != d:
+                raise ValueError(
+                    f"ProjectionNorm has gains for {h} heads of {d} features, got {name} of "
+                    f"shape {tuple(x.shape)} (heads at dim -3)"
+                )
+        out = []
+        for x, weight, bias in ((q, self.q_weight, self.q_bias), (k, self.k_weight, self.k_bias)):
+            y = _normalise(x, self.kind, self.eps, (-3, -1)) * self._per_head(weight, h)
+            b = self._per_head(bias, h)
+            out.append(y if b is None else y + b)
+        return out[0], out[1]
+
+
+def check_chain(chain: object, has_position: bool) -> tuple[QKTransform | str, ...]:
+    """The chain as a tuple; raises TypeError for a step that is neither a QKTransform nor
+    ``"position"``, and ValueError when ``"position"`` is missing (while the layer has a
+    position scheme) or given twice."""
+    if chain is None:
+        return (POSITION,)
+    if isinstance(chain, (str, nn.Module)) or not isinstance(chain, Sequence):
+        raise TypeError(
+            "qk must be a sequence of steps (attnkit.qk_chain.QKTransform modules and "
+            f"'position'), got {type(chain).__name__}"
+        )
+    steps = tuple(chain)
+    for step in steps:
+        if not (step == POSITION or isinstance(step, QKTransform)):
+            raise TypeError(
+                f"a qk step must be an attnkit.qk_chain.QKTransform or {POSITION!r}, got "
+                f"{step!r:.80}"
+            )
+    count = sum(1 for s in steps if isinstance(s, str))
+    if count > 1:
+        raise ValueError(f"qk names {POSITION!r} {count} times; the scheme runs once")
+    if count == 0 and has_position:
+        raise ValueError(
+            f"qk must say where the position scheme runs: put {POSITION!r} in the chain (e.g. "
+            f"qk=[HeadNorm(d), {POSITION!r}] normalises, then rotates)"
+        )
+    return steps
