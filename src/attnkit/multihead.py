@@ -8,7 +8,17 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnkit import arguments, checks, inputs, layer_patterns, masks, qk_chain, slots, trust
+from attnkit import (
+    arguments,
+    checks,
+    hook_points,
+    inputs,
+    layer_patterns,
+    masks,
+    qk_chain,
+    slots,
+    trust,
+)
 from attnkit import taxonomy as tx
 from attnkit.alignments import Alignment
 from attnkit.core import Attention
@@ -468,13 +478,14 @@ class MultiHeadAttention(nn.Module):
         """Eqs. 38-40 on validated, batched inputs: project, extend by the cache, place by the
         position scheme, attend per head, concatenate the heads and project them back."""
         q, k, v = step.project(self, query, key, value)
+        q, k, v = hook_points.qkv(self, q, k, v)  # named points (attnkit.hooks)
         k, v, k_offset = step.extend(k, v, key.shape[-2])
         k, v = self._share_kv_heads(k, v)
         q, k, bias, value_term = self._place(q, k, bias, query, step.offset, k_offset)
         mask, sparse = self._head_mask(mask, query, key, q, k, step, block_mask, score_mod)
         out = self._call_part(q, k, v, mask, bias, need_weights, value_term, step, sparse)
-        context = out.context.transpose(-2, -3).flatten(-2)
-        return out._replace(context=self.out_proj(context))
+        context = hook_points.emit(self, "context", out.context).transpose(-2, -3).flatten(-2)
+        return out._replace(context=hook_points.emit(self, "output", self.out_proj(context)))
 
     def _project_heads(
         self, query: Tensor, key: Tensor, value: Tensor
@@ -571,6 +582,7 @@ class MultiHeadAttention(nn.Module):
         with trust.trusted():
             out = part(q, k, v, **kwargs)
         _check_part_output(out, q, k, v, type(part).__name__)
+        out = hook_points.attention(self, out, q, v, mask, self.align, sparse.get("block_mask"))
         if value_term is None:
             return out
         if out.weights is None:
