@@ -37,8 +37,29 @@ TOL = 1e-10
 B, S, E, H = 2, 16, 8, 2
 
 
+class _LogDistance(ak.positions.PositionScheme):
+    """A scheme of one's own (KERPLE's logarithmic form with r = 1): −log(1 + |i − j|) added to
+    every head's scores; it declares that its bias is a function of the positions alone."""
+
+    per_token = True
+    adds_bias = True
+    bias_of_positions = True
+
+    def forward(self, q, k, *, q_offset=0, k_offset=0):
+        d = ak.positions.relative_distances(q.shape[-2], k.shape[-2], q_offset, k_offset)
+        return ak.positions.Positioned(q, k, -torch.log1p(d.abs().to(q.dtype)))
+
+    def bias_at(self, e, b, h, q_idx, kv_idx):
+        return e - torch.log1p((q_idx - kv_idx).abs().to(e.dtype))
+
+
+class _Undeclared(_LogDistance):
+    bias_of_positions = False
+
+
 def _schemes():
     return {
+        "own_log_distance": lambda: _LogDistance(),
         "rope": lambda: Rotary(),
         "rope_dynamic_ntk": lambda: ScaledRotary(scaling=DynamicNTKScaling(2.0, max_len=8)),
         "alibi": lambda: ALiBi(),
@@ -156,8 +177,12 @@ def test_global_positions_follow_the_layout():
 
 
 def test_schemes_that_read_contents_are_refused_by_name():
-    with pytest.raises(ValueError, match="ShawRelative cannot be split over a ring"):
+    with pytest.raises(
+        ValueError, match="ShawRelative cannot be split over a ring: it does not declare per_token"
+    ):
         RingPositions(ak.positions.ShawRelative(4, 4))
+    with pytest.raises(ValueError, match=r"_Undeclared .* does not declare bias_of_positions \("):
+        RingPositions(_Undeclared())
     with pytest.raises(TypeError, match="position must be a per-head position scheme"):
         RingAttention(position=3)
     mha = ak.MultiHeadAttention(8, 2, position=ak.positions.ShawRelative(4, 4))

@@ -156,3 +156,32 @@ def test_a_scheme_that_reads_the_total_length_is_refused_by_every_cache():
     with pytest.raises(ValueError, match="generate with use_cache=False"):
         lm.generate(prompt, 3)
     assert lm.generate(prompt, 3, use_cache=False).shape == (1, 5)
+
+
+PART_BY_PART = [n for n, s in DECLARED.items() if s.per_token and s.bias_of_positions]
+
+
+def test_the_schemes_that_read_contents_do_not_declare_evaluation_part_by_part():
+    assert set(DECLARED) - set(PART_BY_PART) == {"shaw", "music", "transformer_xl"}
+
+
+@pytest.mark.parametrize("name", PART_BY_PART)
+def test_per_token_and_bias_of_positions_agree_with_the_scheme_itself(name):
+    """What a scheme declares for evaluation part by part: ``transform_at`` places q and k as
+    its forward does at any offsets, and ``bias_at`` (as a score_mod on zeros) is its bias."""
+    scheme = DECLARED[name].double()
+    g = torch.Generator().manual_seed(2)
+    q, k = (torch.randn(2, 2, 5, 4, generator=g, dtype=torch.float64) for _ in range(2))
+    total = 12
+    out = scheme(q, k, q_offset=7, k_offset=3)
+    qpos, kpos = torch.arange(7, 12), torch.arange(3, 8)
+    if scheme.reads_total_length:  # the forward reads max(q_offset + M, k_offset + N) = 12
+        assert max(7 + 5, 3 + 5) == total
+    torch.testing.assert_close(scheme.transform_at(q, qpos, total), out.q, rtol=0, atol=1e-12)
+    torch.testing.assert_close(scheme.transform_at(k, kpos, total), out.k, rtol=0, atol=1e-12)
+    zeros = torch.zeros(2, 2, 5, 5, dtype=torch.float64)
+    b, h, i, j = torch.meshgrid(torch.arange(2), torch.arange(2), qpos, kpos, indexing="ij")
+    bias = scheme.bias_at(zeros, b, h, i, j)
+    want = zeros if out.bias is None else zeros + out.bias
+    assert scheme.adds_bias == (out.bias is not None), name
+    torch.testing.assert_close(bias, want, rtol=0, atol=1e-12)

@@ -166,13 +166,12 @@ class RingAttention(HeadAttention):
         """Queries and keys rotated by their global positions, and the score_mod that adds the
         scheme's bias by global positions before ``score_mod``."""
         pos = self.position
-        if pos.rotates:
-            ring = Ring.of(self.group)
-            m, n = q.shape[-2], k.shape[-2]
-            total = ring.size * max(m, n)
-            where = (ring.rank, ring.size)
-            q = pos.rotate(q, global_positions(*where, m, self.layout, q.device), total)
-            k = pos.rotate(k, global_positions(*where, n, self.layout, k.device), total)
+        ring = Ring.of(self.group)
+        m, n = q.shape[-2], k.shape[-2]
+        total = ring.size * max(m, n)
+        where = (ring.rank, ring.size)
+        q = pos.rotate(q, global_positions(*where, m, self.layout, q.device), total)
+        k = pos.rotate(k, global_positions(*where, n, self.layout, k.device), total)
         if pos.has_bias:
             score_mod = pos if score_mod is None else _Composed(pos, score_mod)
         return q, k, score_mod

@@ -14,8 +14,11 @@ A rank holds the positions of its layout's segments (:func:`global_positions`: o
   a ``score_mod``), so no (M, N) bias over the whole sequence is ever made; T5's table gets its
   gradient like any parameter of the ring.
 
-Schemes whose terms depend on the contents (Transformer-XL's u, v terms, Shaw's value term,
-music's skewed relative logits) are refused by name.
+Which way a scheme acts is what it declares (``per_token``, ``bias_of_positions``,
+:class:`attnkit.positions.PositionScheme`), so a scheme of one's own that declares them runs over
+the ring too. Schemes whose terms depend on the contents (Transformer-XL's u, v terms, Shaw's
+value term, music's skewed relative logits) declare neither and are refused, naming what they
+lack.
 
 Absolute embeddings added to the token embeddings (learned tables, sinusoids: a module with
 ``absolute = True`` called as ``forward(x, *, offset)``) are per token too: :class:`RingAbsolute`
@@ -30,16 +33,9 @@ from torch import Tensor, nn
 from attnkit.distributed.agreement import Call, agree
 from attnkit.distributed.layout import check_layout, segments
 from attnkit.distributed.transport import Ring
-from attnkit.positions.alibi import ALiBi, alibi_slopes
 from attnkit.positions.base import PositionScheme
-from attnkit.positions.none import NoPosition
-from attnkit.positions.rope import Rotary, rotate
-from attnkit.positions.rope_scaling import ScaledRotary, rotate_partial
-from attnkit.positions.t5 import T5Relative, t5_bucket
 
-__all__ = ["SUPPORTED", "RingAbsolute", "RingPositions", "global_positions"]
-
-SUPPORTED = (NoPosition, Rotary, ScaledRotary, ALiBi, T5Relative)
+__all__ = ["RingAbsolute", "RingPositions", "global_positions"]
 
 
 def global_positions(
@@ -61,66 +57,49 @@ class RingPositions(nn.Module):
     """A position scheme applied by global positions on one rank of a ring.
 
     Args:
-        scheme: one of :data:`SUPPORTED` (no positions, RoPE, scaled RoPE, ALiBi, T5
-            buckets); others are refused with the reason.
+        scheme: a per-head scheme that declares :attr:`~attnkit.positions.PositionScheme.
+            per_token` (its q/k transform acts on each vector at its own position) and
+            :attr:`~attnkit.positions.PositionScheme.bias_of_positions` (its bias, if any, is a
+            function of the head and the positions alone): no positions, RoPE and its scalings,
+            ALiBi, T5's buckets, or a scheme of one's own that declares both. Others are
+            refused with the capability they lack.
 
-    ``rotate(x, positions, total)`` rotates this rank's queries or keys (RoPE; identity
-    otherwise); called as a ``score_mod`` (``(e, b, h, q_idx, kv_idx)`` with global q_idx and
-    kv_idx) it adds the scheme's bias (ALiBi, T5; identity otherwise). ``has_bias`` says whether
-    there is one. The scheme is a submodule, so its parameters (T5's table) are the layer's.
+    ``rotate(x, positions, total)`` places this rank's queries or keys (the scheme's
+    ``transform_at``); called as a ``score_mod`` (``(e, b, h, q_idx, kv_idx)`` with global q_idx
+    and kv_idx) it adds the scheme's bias (``bias_at``). ``has_bias`` says whether there is a
+    bias (``adds_bias``). The scheme is a submodule, so its parameters (T5's
+    table) are the layer's.
     """
 
     def __init__(self, scheme: PositionScheme) -> None:
         super().__init__()
-        if not isinstance(scheme, SUPPORTED):
-            names = ", ".join(c.__name__ for c in SUPPORTED)
+        if not isinstance(scheme, PositionScheme):
+            raise TypeError(f"scheme must be a PositionScheme, got {type(scheme).__name__}")
+        lacks = [
+            f"{name} ({why})"
+            for name, why in (
+                ("per_token", "its q/k transform places each vector by its own position"),
+                ("bias_of_positions", "its bias is a function of the positions alone"),
+            )
+            if not getattr(scheme, name)
+        ]
+        if lacks:
             raise ValueError(
-                f"position scheme {type(scheme).__name__} cannot be split over a ring: its "
-                "terms are not a per-token rotation or a bias of the positions alone (it reads "
-                f"the contents or all keys at once); supported: {names}"
+                f"position scheme {type(scheme).__name__} cannot be split over a ring: it does "
+                f"not declare {' or '.join(lacks)}; a scheme that reads the contents or all "
+                "keys at once cannot be evaluated part by part"
             )
         self.scheme = scheme
-        self.has_bias = isinstance(scheme, (ALiBi, T5Relative))
-        self.rotates = isinstance(scheme, (Rotary, ScaledRotary))
+        self.has_bias = scheme.adds_bias
 
     def rotate(self, x: Tensor, positions: Tensor, total: int) -> Tensor:
-        """This rank's queries or keys (…, L_l, d) rotated by their global ``positions``
+        """This rank's queries or keys (…, L_l, d) placed at their global ``positions``
         (L_l,) in a sequence of ``total`` positions (the length that length-aware scalings such
-        as dynamic NTK read); unchanged for schemes without a rotation."""
-        s = self.scheme
-        if isinstance(s, Rotary):
-            if x.shape[-1] % 2:
-                raise ValueError(
-                    f"rope rotates feature pairs: d must be even, got {tuple(x.shape)}"
-                )
-            return rotate(x, positions, s.base)
-        if isinstance(s, ScaledRotary):
-            theta, factor = s.frequencies(x.shape[-1], total)
-            return rotate_partial(
-                x, positions, theta.to(x.device), layout=s.layout, attention_factor=factor
-            )
-        return x
+        as dynamic NTK read)."""
+        return self.scheme.transform_at(x, positions, total)
 
     def forward(self, e: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
-        s = self.scheme
-        if isinstance(s, ALiBi):
-            heads = e.shape[-3] if e.dim() >= 3 else 1
-            slopes = torch.tensor(alibi_slopes(heads), dtype=e.dtype, device=e.device)
-            return e - slopes[h] * (q_idx - kv_idx).abs().to(e.dtype)
-        if isinstance(s, T5Relative):
-            if e.dim() < 3 or e.shape[-3] != s.num_heads:
-                raise ValueError(
-                    f"t5 has parameters for {s.num_heads} heads but got scores "
-                    f"{tuple(e.shape)} (heads at dim -3)"
-                )
-            bucket = t5_bucket(
-                kv_idx - q_idx,
-                bidirectional=s.bidirectional,
-                num_buckets=s.num_buckets,
-                max_distance=s.max_distance,
-            )
-            return e + s.weight[bucket, h].to(e.dtype)
-        return e
+        return self.scheme.bias_at(e, b, h, q_idx, kv_idx)
 
 
 class RingAbsolute(nn.Module):

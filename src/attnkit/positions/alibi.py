@@ -41,6 +41,14 @@ class ALiBi(PositionScheme):
     """
 
     translation_invariant = True  # reads only i − j
+    per_token = True  # (no transform of q and k)
+    adds_bias = True
+    bias_of_positions = True
+
+    def bias_at(self, e: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+        heads = e.shape[-3] if e.dim() >= 3 else 1
+        slopes = torch.tensor(alibi_slopes(heads), dtype=e.dtype, device=e.device)
+        return e - slopes[h] * (q_idx - kv_idx).abs().to(e.dtype)
 
     def forward(self, q: Tensor, k: Tensor, *, q_offset: int = 0, k_offset: int = 0) -> Positioned:
         check_qk(q, k, "alibi", num_heads=None, q_offset=q_offset, k_offset=k_offset)

@@ -93,9 +93,31 @@ class PositionScheme(Sized, nn.Module):
     #: tokens are added after it and cached decoding cannot equal one pass over the whole
     #: sequence: key/value caches refuse it.
     reads_total_length: ClassVar[bool] = False
+    #: q and k are transformed token by token, each vector by its own position alone (a
+    #: rotation), or not at all: :meth:`transform_at` gives the transform at any positions, so
+    #: a part of the sequence can be placed at its global positions (ring attention).
+    per_token: ClassVar[bool] = False
+    #: The scheme adds a bias to the scores.
+    adds_bias: ClassVar[bool] = False
+    #: The bias, if any, is a function of the head and the query and key positions alone
+    #: (ALiBi's distance penalty, T5's buckets): :meth:`bias_at` gives it as a ``score_mod``,
+    #: evaluated tile by tile (ring attention) without an (M, N) bias over the whole sequence.
+    bias_of_positions: ClassVar[bool] = False
 
     def forward(self, q: Tensor, k: Tensor, *, q_offset: int = 0, k_offset: int = 0) -> Positioned:
         raise NotImplementedError
+
+    def transform_at(self, x: Tensor, positions: Tensor, total: int) -> Tensor:
+        """Queries or keys x (…, L, d) placed at ``positions`` (L,) of a sequence of ``total``
+        positions (the length a length-aware scheme reads); x itself by default. Declared by
+        :attr:`per_token`."""
+        return x
+
+    def bias_at(self, e: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+        """The scores e with the scheme's bias added for head ``h`` between positions ``q_idx``
+        and ``kv_idx`` (a ``score_mod``; broadcast index tensors); e itself by default.
+        Declared by :attr:`bias_of_positions`."""
+        return e
 
 
 class AbsolutePosition(nn.Module):

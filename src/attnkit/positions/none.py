@@ -14,6 +14,8 @@ class NoPosition(PositionScheme):
     """Leaves queries and keys as they are and adds no bias (attention stays order-blind)."""
 
     translation_invariant = True  # reads only i − j
+    per_token = True  # no transform, no bias
+    bias_of_positions = True
 
     def forward(self, q: Tensor, k: Tensor, *, q_offset: int = 0, k_offset: int = 0) -> Positioned:
         check_offsets(q_offset, k_offset)

@@ -33,6 +33,8 @@ class Rotary(PositionScheme):
     """
 
     translation_invariant = True  # reads only i − j
+    per_token = True  # each vector rotated by its own position
+    bias_of_positions = True  # (no bias)
 
     def __init__(self, base: float = 10000.0) -> None:
         super().__init__()
@@ -48,6 +50,11 @@ class Rotary(PositionScheme):
         qpos = torch.arange(q_offset, q_offset + m, device=q.device)
         kpos = torch.arange(k_offset, k_offset + n, device=k.device)
         return Positioned(rotate(q, qpos, self.base), rotate(k, kpos, self.base))
+
+    def transform_at(self, x: Tensor, positions: Tensor, total: int) -> Tensor:
+        if x.shape[-1] % 2:
+            raise ValueError(f"rope rotates feature pairs: d must be even, got {tuple(x.shape)}")
+        return rotate(x, positions, self.base)
 
     def extra_repr(self) -> str:
         return f"base={self.base:g}"

@@ -326,6 +326,15 @@ class ScaledRotary(PositionScheme):
         self.layout = layout
         self.scaling = scaling
 
+    per_token = True  # each vector rotated by its own position (at the sequence's length)
+    bias_of_positions = True  # (no bias)
+
+    def transform_at(self, x: Tensor, positions: Tensor, total: int) -> Tensor:
+        theta, factor = self.frequencies(x.shape[-1], total)
+        return rotate_partial(
+            x, positions, theta.to(x.device), layout=self.layout, attention_factor=factor
+        )
+
     @property
     def reads_total_length(self) -> bool:  # type: ignore[override]
         """Whether the scaling reads the sequence length (dynamic NTK does)."""

@@ -60,6 +60,9 @@ class T5Relative(PositionScheme):
     """
 
     translation_invariant = True  # reads only i − j
+    per_token = True  # (no transform of q and k)
+    adds_bias = True
+    bias_of_positions = True
 
     def __init__(
         self,
@@ -100,6 +103,20 @@ class T5Relative(PositionScheme):
         )
         bias = self.weight[bucket].permute(2, 0, 1)  # (M, N, H) -> (H, M, N)
         return Positioned(q, k, bias.to(q.dtype))
+
+    def bias_at(self, e: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+        if e.dim() < 3 or e.shape[-3] != self.num_heads:
+            raise ValueError(
+                f"t5 has parameters for {self.num_heads} heads but got scores "
+                f"{tuple(e.shape)} (heads at dim -3)"
+            )
+        bucket = t5_bucket(
+            kv_idx - q_idx,
+            bidirectional=self.bidirectional,
+            num_buckets=self.num_buckets,
+            max_distance=self.max_distance,
+        )
+        return e + self.weight[bucket, h].to(e.dtype)
 
     def extra_repr(self) -> str:
         return (
