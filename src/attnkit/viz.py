@@ -9,9 +9,11 @@
 - :func:`importance_comparison`: attention and other importance measures side by side over
   the items of one example, gold items marked.
 - :func:`to_png`: a figure as PNG bytes (and closed).
+- :func:`head_view`, :func:`token_highlight`: interactive HTML views (layers, heads, lines
+  between tokens; tokens coloured by attribution), from :mod:`attnkit.viz_html`.
 
-Every function takes arrays or tensors (converted with ``numpy.asarray`` after detaching) and
-returns matplotlib objects; nothing is shown or saved unless asked.
+Every plotting function takes arrays or tensors (converted with ``numpy.asarray`` after
+detaching) and returns matplotlib objects; nothing is shown or saved unless asked.
 """
 
 from __future__ import annotations
@@ -35,13 +37,26 @@ from matplotlib.patches import Rectangle
 from matplotlib.textpath import TextToPath
 from matplotlib.ticker import FuncFormatter, Locator
 
+from attnkit.viz_html import (
+    head_view,
+    head_view_div,
+    token_highlight,
+    token_highlight_div,
+    view_assets,
+)
+
 __all__ = [
     "head_grid",
+    "head_view",
+    "head_view_div",
     "heatmap",
     "heatmap_size",
     "importance_comparison",
     "pruning_curve",
     "to_png",
+    "token_highlight",
+    "token_highlight_div",
+    "view_assets",
 ]
 
 
