@@ -2,7 +2,8 @@
 
 A checkpoint is one directory ``<run>/checkpoints/<n>/`` holding ``model.safetensors``,
 ``optimizer.pt`` (plain tensors only, loaded with ``torch.load(weights_only=True)``),
-``rng.safetensors`` and, written last, ``state.json``: the progress plus the SHA-256 of every
+``rng.safetensors``, for a run that keeps its best epoch (``best_metric``) that epoch's weights
+``best.safetensors``, and, written last, ``state.json``: the progress plus the SHA-256 of every
 other file, of the progress itself and of the run's ``config.json`` (when the run directory has
 one), so an edit of any of them is named when the checkpoint is loaded. The files are written
 into a hidden partial directory, which is then renamed to the next number in one step; only
@@ -30,12 +31,13 @@ from torch import nn
 
 from attnkit.experiments import failures
 
-__all__ = ["CheckpointError", "atomic_write", "latest", "load", "save"]
+__all__ = ["CheckpointError", "atomic_write", "latest", "load", "load_best", "save"]
 
 FOLDER = "checkpoints"
 PARTIAL = ".partial-"
 MANIFEST = "state.json"
 FILES = ("model.safetensors", "optimizer.pt", "rng.safetensors")
+BEST = "best.safetensors"  # the best epoch's weights, in runs that keep them
 CONFIG = "config.json"  # the run's configuration, beside the checkpoints folder
 
 
@@ -110,10 +112,16 @@ def _sync(path: Path) -> None:
 
 
 def save(
-    run_dir: Path, model: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]
+    run_dir: Path,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    state: dict[str, Any],
+    *,
+    best: dict[str, torch.Tensor] | None = None,
 ) -> Path:
     """Write a new complete checkpoint of ``model``, ``optimizer``, the RNG and ``state``
-    (JSON-serialisable progress); return its directory."""
+    (JSON-serialisable progress), with ``best`` (the best epoch's weights, a state dict) when
+    given; return its directory."""
     root = run_dir / FOLDER
     root.mkdir(parents=True, exist_ok=True)
     partial = Path(tempfile.mkdtemp(dir=root, prefix=PARTIAL))
@@ -123,9 +131,12 @@ def save(
         "optimizer.pt": lambda p: torch.save(optimizer.state_dict(), p),
         "rng.safetensors": lambda p: save_file({"torch": torch.get_rng_state()}, str(p)),
     }
+    if best is not None:
+        kept = {k: v.detach().contiguous().clone() for k, v in best.items()}
+        writers[BEST] = lambda p: save_file(kept, str(p))
     hashes = {}
     try:
-        for name in FILES:
+        for name in writers:
             writers[name](partial / name)
             _sync(partial / name)
             hashes[name] = _sha256(partial / name)
@@ -172,7 +183,7 @@ def _manifest(directory: Path) -> dict[str, Any]:
         not isinstance(data, dict)
         or not isinstance(data.get("state"), dict)
         or not isinstance(data.get("sha256"), dict)
-        or set(data["sha256"]) != set(FILES)
+        or set(data["sha256"]) - {BEST} != set(FILES)
     ):
         raise _damaged(path, "not a checkpoint manifest (expected keys 'state' and 'sha256')")
     if not isinstance(data.get("state_sha256"), str) or not isinstance(
@@ -261,6 +272,8 @@ def load(
             ) from None
         except Exception as err:
             raise _damaged(path, f"not an optimizer state ({str(err).splitlines()[0]})") from None
+    if BEST in hashes:
+        _verified(directory, BEST, hashes)
     path = _verified(directory, "rng.safetensors", hashes)
     if not restore_rng:
         return data["state"]
@@ -269,3 +282,20 @@ def load(
     except Exception as err:
         raise _damaged(path, f"not a random-number state ({str(err).splitlines()[0]})") from None
     return data["state"]
+
+
+def load_best(run_dir: Path) -> dict[str, torch.Tensor] | None:
+    """The best epoch's weights kept in the run's newest checkpoint (a state dict), or None when
+    it keeps none (no checkpoint, or a run without ``best_metric``). Raises CheckpointError
+    naming the file that is missing or damaged."""
+    directory = latest(run_dir)
+    if directory is None:
+        return None
+    hashes = _manifest(directory)["sha256"]
+    if BEST not in hashes:
+        return None
+    path = _verified(directory, BEST, hashes)
+    try:
+        return load_file(str(path))
+    except Exception as err:
+        raise _damaged(path, f"not weights ({str(err).splitlines()[0]})") from None

@@ -48,6 +48,17 @@ _CONFIG_FLAGS: dict[str, tuple[str, type, str, str]] = {
                            "(ring attention), for tasks that can ({parallel}); start with "
                            "torchrun --nproc_per_node a multiple of P: the world is data-parallel "
                            "replicas × P; a resumed run may change it (default: 1)"),
+    "--best-metric": ("best_metric", str, "NAME", "keep the weights of the epoch with the best "
+                      "value of this validation metric; the held-out evaluation, the report, "
+                      "attnkit predict and ak.load_run use them (default: the last epoch's)"),
+    "--patience": ("patience", int, "N", "stop when --best-metric has not improved for N "
+                   "epochs (default: never)"),
+    "--schedule": ("schedule", str, "NAME", "learning rate after the warm-up: constant, linear "
+                   "or cosine decay to the last step (default: constant)"),
+    "--warmup-steps": ("warmup_steps", int, "N", "steps of linear warm-up to --lr "
+                       "(default: 0)"),
+    "--clip-norm": ("clip_norm", float, "MAX", "clip the gradient norm to MAX; 0: no clipping "
+                    "(default: 5)"),
     "--task-module": ("task_module", str, "MODULE:CLASS", "your own task: a Task subclass in "
                       "pkg.mod:Class or path/to/file.py:Class, optionally =NAME (else its "
                       "class attribute name, else the class name lowercased); checked against "

@@ -85,6 +85,16 @@ class RunConfig:
     # [settings] table in a --config file); resolved: every setting of the task, or None for a
     # task without settings
     settings: dict | None = None
+    # training (attnkit.experiments.schedule; docs/training.md): the validation metric whose
+    # best epoch's weights are kept and evaluated (None: the last epoch's), the epochs without
+    # improvement of it after which training stops (None: never), the learning-rate schedule
+    # over the run's steps ("constant", "linear", "cosine") after a linear warm-up of
+    # warmup_steps, and the largest gradient norm (0: no clipping)
+    best_metric: str | None = None
+    patience: int | None = None
+    schedule: str = "constant"
+    warmup_steps: int = 0
+    clip_norm: float = 5.0
 
     @classmethod
     def names(cls) -> list[str]:
@@ -128,7 +138,7 @@ class RunConfig:
                 f"{', '.join(with_length)})"
             )
         for key in self.names():
-            optional = ("data", "task_module", "imports", "settings")
+            optional = ("data", "task_module", "imports", "settings", "best_metric", "patience")
             if (key == "seq_len" and not takes_length) or key in optional:
                 continue  # data: checked by the tasks that read it
             if getattr(out, key) is None:
@@ -163,6 +173,7 @@ class RunConfig:
             raise ConfigError(
                 f"supervise_attention must be a finite number >= 0, got {out.supervise_attention!r}"
             )
+        _check_training(out, task)
         if out.supervise_attention > 0 and not task.gold_alignment:
             raise ConfigError(
                 f"supervise_attention needs gold alignments, which task {out.task!r} does not "
@@ -314,6 +325,43 @@ def _resolve_settings(task: type, name: str, given: dict | None) -> dict | None:
     except (ValueError, TypeError) as err:
         raise ConfigError(str(err)) from None
     return None if resolved is None else asdict(resolved)
+
+
+def _check_training(config: RunConfig, task: type) -> None:
+    """Refuse, naming the key, a schedule, warm-up, clipping norm, best metric or patience
+    that the run cannot honour."""
+    from attnkit.experiments.schedule import SCHEDULES
+
+    if config.schedule not in SCHEDULES:
+        raise ConfigError(
+            f"schedule must be one of {', '.join(SCHEDULES)}, got {config.schedule!r}"
+        )
+    if config.warmup_steps < 0:
+        raise ConfigError(f"warmup_steps must be an int >= 0, got {config.warmup_steps!r}")
+    if not (math.isfinite(config.clip_norm) and config.clip_norm >= 0):
+        raise ConfigError(
+            f"clip_norm must be a finite number >= 0 (0: no clipping), got {config.clip_norm!r}"
+        )
+    if config.patience is not None and config.patience < 1:
+        raise ConfigError(f"patience must be a positive int, got {config.patience!r}")
+    if config.patience is not None and config.best_metric is None:
+        raise ConfigError(
+            f"patience {config.patience} needs best_metric: the validation metric whose "
+            "improvement it waits for (e.g. --best-metric accuracy)"
+        )
+    if config.best_metric is None:
+        return
+    ranked = {k: m for k, m in task.metrics.items() if m.better is not None}
+    if config.best_metric not in ranked:
+        why = (
+            "describes the model, with no better direction"
+            if config.best_metric in task.metrics
+            else "is not one of its metrics"
+        )
+        raise ConfigError(
+            f"best_metric {config.best_metric!r}: for task {config.task!r} it {why}; choose one "
+            f"of: {', '.join(f'{k} ({m.better} is better)' for k, m in ranked.items()) or 'none'}"
+        )
 
 
 def _load_imports(imports: list | None) -> None:

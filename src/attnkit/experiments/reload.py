@@ -3,8 +3,10 @@
     import attnkit as ak
     run = ak.load_run("runs/dates-additive-softmax-20261125-101500")
     run.model            # the trained model, in eval mode, weights of the newest checkpoint
+                         # (of the best epoch for a run with best_metric)
     run.task.evaluate(run.model, "test")
-    run.config, run.metrics, run.epoch
+    run.config, run.metrics, run.epoch, run.best_epoch
+    run.predict(["a new input"])   # tasks that read your data: text, seq2seq
 
 Loading has no side effects on the caller's process: the global random state is the same before
 and after (the task's data is made under the run's seed inside a forked random state, and the
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -32,12 +35,16 @@ class LoadedRun:
     """A run directory read back: the trained model and what produced it.
 
     Attributes:
-        model: the task's model with the newest checkpoint's weights, in eval mode.
+        model: the task's model in eval mode, with the newest checkpoint's weights, or, for a
+            run with ``best_metric``, those of its best epoch (the weights its held-out metrics
+            and report are of).
         config: the run's configuration (``config.json``).
         task: the task object, with the data the run trained and evaluated on.
         metrics: the held-out metrics of ``metrics.json``; None for an unfinished run.
         epoch: the number of finished epochs in the checkpoint that was loaded.
         directory: the run directory.
+        best_epoch: the epoch (from 1) whose weights ``model`` holds for a run with
+            ``best_metric``; None otherwise.
     """
 
     model: nn.Module
@@ -46,6 +53,31 @@ class LoadedRun:
     metrics: dict | None
     epoch: int
     directory: Path
+    best_epoch: int | None = None
+
+    def predict(self, inputs: str | list[str]) -> list[dict[str, Any]]:
+        """The model's output for new inputs (texts for the ``text`` task, source sentences for
+        ``seq2seq``): one dict per input with ``input`` and ``prediction`` and what the task
+        adds (``probabilities`` per label, ``attention`` weights, ...). A single string is one
+        input.
+
+        Raises:
+            TypeError: ``inputs`` is not a string or a list of strings.
+            ValueError: an empty list or an empty input.
+            NotImplementedError: the run's task does not predict on new inputs.
+        """
+        if isinstance(inputs, str):
+            inputs = [inputs]
+        if not isinstance(inputs, list | tuple) or not all(isinstance(x, str) for x in inputs):
+            raise TypeError(f"inputs must be a string or a list of strings, got {inputs!r:.80}")
+        if not inputs:
+            raise ValueError("inputs: expected at least one input, got an empty list")
+        empty = [i for i, x in enumerate(inputs) if not x.strip()]
+        if empty:
+            raise ValueError(f"inputs: input {empty[0]} is empty; give text to predict on")
+        self.model.eval()
+        with torch.no_grad():
+            return self.task.predict(self.model, list(inputs))
 
 
 def load_run(run_dir: str | Path, *, require_finished: bool = False) -> LoadedRun:
@@ -88,5 +120,22 @@ def load_run(run_dir: str | Path, *, require_finished: bool = False) -> LoadedRu
         state = checkpoints.load(directory, model, restore_rng=False)
     if state is None:
         raise ConfigError(f"load_run: {str(directory)!r} has no checkpoint yet (nothing trained)")
+    best = state.get("best")
+    if best is not None:
+        weights = checkpoints.load_best(directory)
+        if weights is None:
+            raise checkpoints.CheckpointError(
+                f"damaged checkpoint: {checkpoints.latest(directory)}: its position names a "
+                f"best epoch but it holds no {checkpoints.BEST}"
+            )
+        model.load_state_dict(weights)
     model.eval()
-    return LoadedRun(model, config, task, metrics, int(state["epoch"]), directory)
+    return LoadedRun(
+        model,
+        config,
+        task,
+        metrics,
+        int(state["epoch"]),
+        directory,
+        None if best is None else int(best["epoch"]),
+    )

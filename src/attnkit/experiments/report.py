@@ -157,10 +157,17 @@ def write_report(
     heatmaps: list[dict],
     info: Mapping[str, Metric],
     environment: Mapping[str, Any] | None = None,
+    *,
+    best: Mapping[str, Any] | None = None,
+    tables: list[dict] | None = None,
 ) -> Path:
     """Write heatmap_*.png, curves.png and report.html into ``run_dir``; return the report.
     With ``environment`` (from :func:`attnkit.experiments.environment.collect`: versions,
-    command line, machine, wall time) the page shows it and ``environment.json`` holds it."""
+    command line, machine, wall time) the page shows it and ``environment.json`` holds it.
+    ``best`` (``{"epoch": e, "value": v}``) says that the held-out metrics are those of the
+    best epoch's weights (the configuration's ``best_metric``); ``tables`` are the task's
+    extra tables (:meth:`attnkit.tasks.base.Task.report_tables`: ``title``, ``header``,
+    ``rows`` and an optional ``note``), shown after the metrics."""
     if environment is not None:
         (run_dir / "environment.json").write_text(
             json.dumps(dict(environment), indent=2, default=str), encoding="utf-8"
@@ -181,9 +188,23 @@ def write_report(
         if environment is not None
         else ""
     )
+    weights = (
+        f"<p>With the weights of epoch {best['epoch']} of {len(history)}, the best by validation "
+        f"{html.escape(str(config.get('best_metric')))} ({best['value']:.4f}).</p>"
+        if best is not None
+        else ""
+    )
+    extra = "".join(
+        f"<h3>{html.escape(t['title'])}</h3>\n"
+        + (f"<p>{html.escape(t['note'])}</p>\n" if t.get("note") else "")
+        + html_table(list(t["header"]), [[str(c) for c in row] for row in t["rows"]])
+        for t in tables or []
+    )
     body = f"""<h1>attnkit run <code>{html.escape(run_dir.name)}</code></h1>
 <h2>Metrics (held-out)</h2>
+{weights}
 {html_table(["metric", "value", "reading", "meaning"], metric_rows(metrics, info))}
+{extra}
 <h2>Configuration</h2>
 {html_table(["key", "value"], [[k, _setting(k, v)] for k, v in config.items()])}
 {environment_section}

@@ -200,7 +200,9 @@ def _train(config: RunConfig, run_dir: Path, resume: Path | None, rank: int, wor
             say(f"no checkpoint in {run_dir} yet: starting at epoch 1")
         else:
             position = _position(state, checkpoints.latest(run_dir), config, steps)
-    if resume is not None and position.epoch >= config.epochs:
+    if resume is not None and position.stopped:
+        say(f"training stopped early at epoch {position.epoch}: evaluating")
+    elif resume is not None and position.epoch >= config.epochs:
         say(
             f"all {plural(config.epochs, 'epoch')} {'is' if config.epochs == 1 else 'are'} "
             "trained: evaluating"
@@ -227,10 +229,24 @@ def _train(config: RunConfig, run_dir: Path, resume: Path | None, rank: int, wor
         progress=progress,
         ring=ring,
     )
+    if rank == 0 and position.best is not None:
+        trainer.best_weights = checkpoints.load_best(run_dir)
+        if trainer.best_weights is None:
+            raise checkpoints.CheckpointError(
+                f"damaged checkpoint: {checkpoints.latest(run_dir)}: its position names a best "
+                f"epoch but it holds no {checkpoints.BEST}"
+            )
     started = time.perf_counter()
     with cost.measure() as spent:
         history = trainer.fit()
     metrics: dict = {}
+    if rank == 0 and trainer.best_weights is not None:
+        model.load_state_dict(trainer.best_weights)
+        best = trainer.position.best
+        say(
+            f"held-out evaluation with the weights of epoch {best['epoch']} (best validation "
+            f"{config.best_metric} {best['value']:.4f})"
+        )
     if rank == 0:
         checkpoints.atomic_write(
             run_dir / "cost.json", lambda p: p.write_text(json.dumps(spent, indent=2))
@@ -247,7 +263,15 @@ def _train(config: RunConfig, run_dir: Path, resume: Path | None, rank: int, wor
             device=str(next(model.parameters(), torch.empty(0)).device),
         )
         report = write_report(
-            run_dir, asdict(config), metrics, history, maps, task.metrics, environment=env
+            run_dir,
+            asdict(config),
+            metrics,
+            history,
+            maps,
+            task.metrics,
+            environment=env,
+            best=trainer.position.best if trainer.best_weights is not None else None,
+            tables=task.report_tables(model),
         )
         say("held-out metrics:")
         width = max(len(name) for name in metrics)
@@ -262,16 +286,35 @@ def _train(config: RunConfig, run_dir: Path, resume: Path | None, rank: int, wor
 def _position(state: dict, directory: Path, config: RunConfig, steps: int) -> Position:
     """The training position saved in a checkpoint; CheckpointError naming the file if the
     saved values are not a position of this run (``steps`` steps per epoch)."""
-    kinds = {"epoch": int, "step": int, "loss_sum": (int, float), "history": list}
+    kinds = {"epoch": int, "step": int, "loss_sum": (int, float), "history": list,
+             "best": (dict, type(None)), "stopped": bool}  # fmt: skip
     path = directory / checkpoints.MANIFEST
     if set(state) != set(kinds) or not all(
-        isinstance(state[k], kind) and not isinstance(state[k], bool) for k, kind in kinds.items()
+        isinstance(state[k], kind) and (k == "stopped" or not isinstance(state[k], bool))
+        for k, kind in kinds.items()
     ):
         raise checkpoints.CheckpointError(
             f"damaged checkpoint: {path}: the saved position must "
-            f"be {', '.join(kinds)} (ints, a number and a list), got {state!r:.200}"
+            f"be {', '.join(kinds)} (ints, a number, a list, a dict or null and a bool), got "
+            f"{state!r:.200}"
         )
     epoch, step, history = state["epoch"], state["step"], state["history"]
+    best = state["best"]
+    if best is not None and not (
+        set(best) == {"epoch", "value"}
+        and isinstance(best["epoch"], int)
+        and 1 <= best["epoch"] <= len(history)
+        and isinstance(best["value"], int | float)
+    ):
+        raise checkpoints.CheckpointError(
+            f"damaged checkpoint: {path}: the saved best epoch must be epoch (one of the "
+            f"{len(history)} trained) and value, got {best!r:.200}"
+        )
+    if (best is not None) != (config.best_metric is not None and len(history) > 0):
+        raise checkpoints.CheckpointError(
+            f"damaged checkpoint: {path}: a best epoch is saved {'' if best else 'not '}but the "
+            f"run's best_metric is {config.best_metric!r}"
+        )
     if not (0 <= epoch <= config.epochs and 0 <= step <= steps and len(history) == epoch):
         raise checkpoints.CheckpointError(
             f"damaged checkpoint: {path}: the saved position (epoch {epoch}, step {step}, "

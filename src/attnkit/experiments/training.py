@@ -2,8 +2,11 @@
 epoch, a stop on a non-finite loss, and Ctrl-C saving the position between two steps.
 
 The data order depends only on (seed, epoch), and a checkpoint holds the weights, the optimizer,
-the random state and the position (epoch, step, running loss, history), so training resumed from
-any checkpoint gives the same result as training that never stopped.
+the random state and the position (epoch, step, running loss, history, the best epoch so far and
+whether early stopping ended training), so training resumed from any checkpoint gives the same
+result as training that never stopped. The learning rate of a step is a function of its number
+(:mod:`attnkit.experiments.schedule`), which the position gives; with ``best_metric`` the
+checkpoint also keeps the best epoch's weights, all of it under the checkpoint's checksums.
 
 Under context parallelism (``context_parallel`` P > 1) the world of processes is D data-parallel
 replicas × P ranks that split each sequence (a ring): each replica takes 1/D of each global
@@ -28,9 +31,10 @@ from torch import nn
 
 from attnkit.distributed import RingError
 from attnkit.experiments import checkpoints, metrics_file
-from attnkit.experiments.config import RunConfig
+from attnkit.experiments.config import ConfigError, RunConfig
 from attnkit.experiments.interrupts import StepGuard
 from attnkit.experiments.logs import RunLog
+from attnkit.experiments.schedule import lr_factor
 from attnkit.regularisers import auxiliary_loss
 from attnkit.tasks.base import Task
 
@@ -55,12 +59,16 @@ def resume_command(run_dir: Path) -> str:
 class Position:
     """Where training stands: ``step`` steps of epoch ``epoch + 1`` are done (epochs count
     from 0 here), with ``loss_sum`` their summed loss; ``history`` has one record per
-    completed epoch."""
+    completed epoch. ``best`` is ``{"epoch": e, "value": v}``, the epoch (from 1) with the best
+    value v of the run's ``best_metric`` so far (None before the first, or without one);
+    ``stopped`` is True once early stopping ended training."""
 
     epoch: int = 0
     step: int = 0
     loss_sum: float = 0.0
     history: list[dict[str, Any]] = field(default_factory=list)
+    best: dict[str, Any] | None = None
+    stopped: bool = False
 
     def next_epoch(self) -> None:
         self.epoch, self.step, self.loss_sum = self.epoch + 1, 0, 0.0
@@ -114,13 +122,26 @@ class Trainer:
         self.replicas, self.replica = world // self.cp, rank // self.cp
         self.ring = ring
         self.steps = task.n_train() // config.batch_size
+        self.total_steps = config.epochs * self.steps
+        self.base_lr = [group.get("initial_lr", group["lr"]) for group in optimizer.param_groups]
+        for group, lr in zip(optimizer.param_groups, self.base_lr, strict=True):
+            group["initial_lr"] = lr  # the schedule's base rate, saved with the optimizer
+        # the best epoch's weights (rank 0; with best_metric), restored by the runner on resume
+        self.best_weights: dict[str, torch.Tensor] | None = None
+        if config.best_metric is not None and not task.has_split("validation"):
+            raise ConfigError(
+                f"best_metric {config.best_metric!r}: task {config.task!r} has no validation "
+                "split to choose the best epoch on"
+            )
         self._saved = (position.epoch, position.step)
         self.log = RunLog(run_dir, self.steps, position.epoch, position.step, enabled=rank == 0)
 
     def save(self) -> None:
         p = self.position
         if self.rank == 0:
-            checkpoints.save(self.run_dir, self.model, self.optimizer, asdict(p))
+            checkpoints.save(
+                self.run_dir, self.model, self.optimizer, asdict(p), best=self.best_weights
+            )
         self._saved = (p.epoch, p.step)
 
     def fit(self) -> list[dict[str, Any]]:
@@ -128,7 +149,7 @@ class Trainer:
         p = self.position
         try:
             with StepGuard() as guard:
-                while p.epoch < self.config.epochs:
+                while p.epoch < self.config.epochs and not p.stopped:
                     self._epoch(guard)
                     self._end_epoch()
         except KeyboardInterrupt:
@@ -136,7 +157,7 @@ class Trainer:
                 p.next_epoch()  # stopped between recording the epoch and moving on
             if (p.epoch, p.step) != self._saved:
                 self.save()
-            if p.epoch < self.config.epochs:
+            if p.epoch < self.config.epochs and not p.stopped:
                 where = f"epoch {p.epoch + 1}, after step {p.step} of {self.steps}"
             else:
                 where = "training complete, before the final evaluation"
@@ -172,7 +193,9 @@ class Trainer:
                         raise TrainingError(self._diverged(value))
                     self.optimizer.zero_grad()
                     loss.backward()
-                torch.nn.utils.clip_grad_norm_(self.model.parameters(), 5.0)
+                if c.clip_norm > 0:
+                    torch.nn.utils.clip_grad_norm_(self.model.parameters(), c.clip_norm)
+                self._set_lr(p.epoch * self.steps + p.step)
                 self.optimizer.step()
                 p.loss_sum += value
                 p.step += 1
@@ -180,6 +203,13 @@ class Trainer:
                 bar.set_postfix(loss=f"{p.loss_sum / p.step:.4f}")
                 bar.update()
                 guard.step_done()
+
+    def _set_lr(self, step: int) -> None:
+        """The scheduled rate of the run's step ``step`` (from 0) in every parameter group."""
+        c = self.config
+        f = lr_factor(step, self.total_steps, warmup=c.warmup_steps, kind=c.schedule)
+        for group, lr in zip(self.optimizer.param_groups, self.base_lr, strict=True):
+            group["lr"] = lr * f
 
     def _ring_step(self, index: torch.Tensor) -> float:
         """Forward and backward of one step with each sequence split over the ring; the
@@ -237,6 +267,9 @@ class Trainer:
             )
             record.update({f"val_{k}": v for k, v in val.items()})
             line += f"  validation: {format_metrics(val)}"
+        record["lr"] = self.optimizer.param_groups[0]["lr"]
+        if self.config.best_metric is not None:
+            line += self._track_best(record)
         note = self.task.end_epoch(self.model, p.epoch + 1)  # every rank: the same change
         if note:
             line += f"  ({note})"
@@ -244,9 +277,47 @@ class Trainer:
         self.log.epoch(record)
         p.history.append(record)
         p.next_epoch()
+        if p.stopped and p.epoch < self.config.epochs:
+            self.say(
+                f"early stopping: {self.config.best_metric} has not improved for "
+                f"{self.config.patience} epochs (best: epoch {p.best['epoch']}, "
+                f"{p.best['value']:.4f})"
+            )
         self.save()
         if self.world > 1:
             dist.barrier()
+
+    def _track_best(self, record: dict[str, Any]) -> str:
+        """Keep the weights of the epoch just validated when it is the best so far by
+        ``best_metric`` (strictly better than the best before), and stop training after
+        ``patience`` epochs without one; every process learns whether to stop. Returns a few
+        words for the epoch's line."""
+        c, p = self.config, self.position
+        epoch, note = p.epoch + 1, ""
+        if self.rank == 0:
+            key = f"val_{c.best_metric}"
+            if key not in record:
+                given = ", ".join(k[4:] for k in record if k.startswith("val_")) or "none"
+                raise ConfigError(
+                    f"best_metric {c.best_metric!r}: task {c.task!r} does not give it on the "
+                    f"validation split (it gives: {given}); start a new run with one of those"
+                )
+            value = float(record[key])
+            higher = self.task.metrics[c.best_metric].better == "higher"
+            best = p.best
+            if best is None or (value > best["value"] if higher else value < best["value"]):
+                p.best = {"epoch": epoch, "value": value}
+                self.best_weights = {
+                    k: v.detach().clone() for k, v in self.model.state_dict().items()
+                }
+                note = "  (best so far)"
+            waited = epoch - p.best["epoch"]
+            p.stopped = c.patience is not None and waited >= c.patience and epoch < c.epochs
+        if self.world > 1:  # the decision is rank 0's: every rank stops together
+            flag = torch.tensor([int(p.stopped)])
+            dist.broadcast(flag, 0)
+            p.stopped = bool(flag.item())
+        return note
 
     def _diverged(self, value: float) -> str:
         c, p = self.config, self.position

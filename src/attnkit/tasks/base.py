@@ -383,6 +383,22 @@ class Task:
         """The held-out metrics reported at the end of a run."""
         return self.evaluate(model, "test")
 
+    def report_tables(self, model: nn.Module) -> list[dict]:
+        """Extra tables for the report of a finished run (e.g. a classifier's confusion matrix):
+        dicts with ``title``, ``header`` (column names), ``rows`` (lists of cells) and an
+        optional ``note``. None by default."""
+        return []
+
+    def predict(self, model: nn.Module, inputs: list[str]) -> list[dict[str, Any]]:
+        """The model's output for new inputs (``attnkit predict``, :meth:`attnkit.experiments.
+        reload.LoadedRun.predict`): one dict per input with ``input``, ``prediction`` (text)
+        and what else the task gives (probabilities, attention). Tasks that read the user's
+        data implement it."""
+        raise NotImplementedError(
+            f"task {type(self).__name__} does not predict on new inputs (tasks that do: text, "
+            "seq2seq)"
+        )
+
     def heatmaps(self, model: nn.Module, n: int = 4) -> list[dict]:
         """Held-out examples for the report: dicts with ``title``, ``weights`` (2-D), ``gold``
         (same shape, bool), and either ``image`` or ``x_labels``/``y_labels`` with
