@@ -573,3 +573,31 @@ def test_a_part_returning_a_context_of_the_wrong_shape_is_refused_by_name():
         ak.MultiHeadAttention(E, H, attention=Pooled())(x)
     with pytest.raises(TypeError, match="NotAnOutput returned Tensor, not an attnkit"):
         ak.MultiHeadAttention(E, H, attention=NotAnOutput())(x)
+
+
+@pytest.mark.parametrize("kernel", ["dense", "sdpa", "chunked"])
+def test_the_layer_evaluates_with_the_kernel_it_is_given(kernel, monkeypatch):
+    torch.manual_seed(0)
+    chosen = ak.MultiHeadAttention(E, H, kernel=kernel).double()
+    auto = ak.MultiHeadAttention(E, H).double()
+    auto.load_state_dict(chosen.state_dict())
+    used = []
+    instance = ak.kernels.get(kernel)
+    attend = type(instance).attend
+    monkeypatch.setattr(
+        type(instance), "attend", lambda self, call: used.append(1) or attend(self, call)
+    )
+    q, k, v = _data()
+    got = chosen(q, k, v, mask=ak.masks.from_lengths(torch.tensor([7, 4]), 7)).context
+    assert used, f"the {kernel} kernel was not used"
+    want = auto(q, k, v, mask=ak.masks.from_lengths(torch.tensor([7, 4]), 7)).context
+    torch.testing.assert_close(got, want)
+
+
+def test_a_kernel_is_checked_by_name_and_not_taken_beside_a_part():
+    with pytest.raises(ValueError, match="unknown kernel 'fast'"):
+        ak.MultiHeadAttention(E, H, kernel="fast")
+    with pytest.raises(ValueError, match="with attention= give the part its own kernel"):
+        ak.MultiHeadAttention(E, H, attention=ak.Attention(), kernel="dense")
+    with pytest.raises(ValueError, match="kernel 'flex' cannot evaluate this call"):
+        ak.MultiHeadAttention(E, H, kernel="flex")(torch.randn(2, 5, E))

@@ -263,6 +263,9 @@ class Attention(HeadAttention):
             additive-family score built with ``d_out=d_v`` is multi-dimensional, eq. 31); pass
             True or False to have a mismatch raise at construction.
         dropout: dropout on the weights in training mode.
+        kernel: the kernel every call uses (a name from :func:`attnkit.kernels.available`);
+            None picks one per call by priority. A call's own ``kernel=`` takes precedence.
+            A kernel that cannot serve a call raises with its reasons.
 
     ``forward(q, k, v=None, *, mask=None, bias=None, need_weights=False, chunk_size=None,
     kernel=None, block_mask=None, score_mod=None)``
@@ -289,8 +292,12 @@ class Attention(HeadAttention):
         *,
         multi_dimensional: bool | None = None,
         dropout: float = 0.0,
+        kernel: str | None = None,
     ) -> None:
         super().__init__()
+        if kernel is not None:
+            kernels.get(kernel)  # an unknown name fails here, listing the kernels
+        self.kernel = kernel
         self.score = checks.resolve_score(score)
         self.align = checks.resolve_alignment(align)
         if multi_dimensional is not None and multi_dimensional != self.score.multi_dimensional:
@@ -331,7 +338,7 @@ class Attention(HeadAttention):
             need_weights=need_weights or hooks.listening(),
             chunk_size=chunk_size,
             dropout=self.dropout if self.training else 0.0,
-            kernel=kernel,
+            kernel=self.kernel if kernel is None else kernel,
             block_mask=block_mask,
             score_mod=score_mod,
         )

@@ -132,6 +132,8 @@ class MultiHeadAttention(nn.Module):
         score_mod: ``score_mod(e, b, h, q_idx, kv_idx) -> e'`` applied to every call's per-head
             scores (B, H, M, N): h is the head, q_idx counts cached positions when decoding
             (e.g. ALiBi-style biases or soft-capping); an ``nn.Module`` is a submodule.
+        kernel: the kernel of the score × alignment part built from ``score``/``align`` (a
+            name from :func:`attnkit.kernels.available`; default: chosen per call).
         qk: the ordered steps between the per-head projections and the attention part
             (:mod:`attnkit.qk_chain`): transforms of q and k and ``"position"``, where the
             position scheme runs; default ``("position",)``. ``[HeadNorm(d), "position"]``
@@ -170,6 +172,7 @@ class MultiHeadAttention(nn.Module):
         pattern: MaskMod | None = None,
         score_mod: ScoreMod | None = None,
         qk: Sequence[QKTransform | str] | None = None,
+        kernel: str | None = None,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
@@ -215,6 +218,12 @@ class MultiHeadAttention(nn.Module):
                 self._build_score(score, device, dtype),
                 checks.resolve_alignment(align, device=device, dtype=dtype),
                 dropout=self.dropout,
+                kernel=kernel,
+            )
+        elif kernel is not None:
+            raise ValueError(
+                "kernel= chooses the kernel of the score x alignment part this layer builds; "
+                "with attention= give the part its own kernel (e.g. Attention(..., kernel=name))"
             )
         elif not (isinstance(score, str) and score == "scaled_dot") or not (
             isinstance(align, str) and align == "softmax"
