@@ -6,6 +6,7 @@ be described make saving raise."""
 from __future__ import annotations
 
 import json
+import logging
 
 import pytest
 import torch
@@ -219,3 +220,91 @@ def test_bad_specs_and_a_checkpoint_without_a_swap(tmp_path):
     plain.save_pretrained(tmp_path)
     with pytest.raises(ValueError, match="has no 'attnkit_swap'"):
         hf.from_pretrained(BertModel, tmp_path)
+
+
+class _Records(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.WARNING)
+        self.messages = []
+
+    def emit(self, record):
+        self.messages.append(record.getMessage())
+
+
+def _transformers_warnings(load):
+    """The warnings transformers logs while ``load()`` runs (its verbosity set to warning)."""
+    handler = _Records()
+    logger = logging.getLogger("transformers")
+    verbosity = transformers.logging.get_verbosity()
+    transformers.logging.set_verbosity_warning()
+    logger.addHandler(handler)
+    try:
+        result = load()
+    finally:
+        logger.removeHandler(handler)
+        transformers.logging.set_verbosity(verbosity)
+    return result, "\n".join(handler.messages)
+
+
+@pytest.mark.parametrize("align", ["sparsemax", {"name": "entmax", "learnable": True}])
+def test_plain_transformers_loading_a_swapped_checkpoint_warns_naming_attnkits_loader(
+    tmp_path, align
+):
+    # Even a swap without weights of its own (sparsemax): transformers' loader would give the
+    # softmax model silently, so the checkpoint carries a marker whose key names the loader.
+    model = _bert(BertForSequenceClassification).eval()
+    ids, mask = _inputs()
+    hf.swap_attention(model, align=align)
+    ref = model(ids, attention_mask=mask).logits
+    model.save_pretrained(tmp_path)
+    plain, said = _transformers_warnings(
+        lambda: BertForSequenceClassification.from_pretrained(tmp_path)
+    )
+    assert "attnkit_swap_load_with.attnkit.integrations.transformers.from_pretrained" in said
+    assert "UNEXPECTED" in said
+    assert not torch.allclose(plain(ids, attention_mask=mask).logits, ref)
+    note = (tmp_path / "README.md").read_text()
+    assert "from_pretrained(BertForSequenceClassification" in note
+    # attnkit's loader: no warning, the same logits.
+    loaded, said = _transformers_warnings(
+        lambda: hf.from_pretrained(BertForSequenceClassification, tmp_path)
+    )
+    assert "UNEXPECTED" not in said
+    assert torch.equal(loaded(ids, attention_mask=mask).logits, ref)
+
+
+def test_a_spec_built_at_the_models_sizes_round_trips(tmp_path):
+    model = _bert().eval()
+    ids, mask = _inputs()
+    sizes = {"head_dim": HEAD_DIM, "num_heads": HEADS, "max_len": 32}
+    hf.swap_attention(model, score={"name": "additive", "for_heads": sizes})
+    score = model.encoder.layer[0].attention.self.attnkit_score
+    expected = ak.scores.REGISTRY.get("additive").for_heads(**sizes)
+    assert {n: p.shape for n, p in score.named_parameters()} == {
+        n: p.shape for n, p in expected.named_parameters()
+    }
+    ref = model(ids, attention_mask=mask).last_hidden_state
+    model.save_pretrained(tmp_path)
+    loaded = hf.from_pretrained(BertModel, tmp_path)
+    assert torch.equal(loaded(ids, attention_mask=mask).last_hidden_state, ref)
+    with pytest.raises(TypeError, match="'for_heads' must be a dict of sizes"):
+        hf.swap_attention(model, score={"name": "additive", "for_heads": 4})
+
+
+def test_a_shared_part_replaced_on_the_model_is_the_one_used():
+    # uniform_weights replaces the model's shared alignment: the swap reads it at each call.
+    model = _bert().eval()
+    ids, mask = _inputs()
+    hf.swap_attention(model, align="sparsemax")
+    with ak.evaluation.capture(model) as records, ak.evaluation.uniform_weights(model):
+        model(ids, attention_mask=mask)
+    keep = mask.bool()[:, None, None, :].expand(3, HEADS, 9, 9)
+    for weights in records.values():
+        w = weights[0]
+        expected = keep.double() / keep.sum(-1, keepdim=True)
+        torch.testing.assert_close(w.double(), expected, rtol=0, atol=1e-6)
+    with ak.evaluation.capture(model) as records:
+        model(ids, attention_mask=mask)
+    uniform = keep.double() / keep.sum(-1, keepdim=True)
+    for weights in records.values():  # sparsemax again
+        assert not torch.allclose(weights[0].double(), uniform, atol=1e-3)

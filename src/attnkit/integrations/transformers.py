@@ -55,6 +55,7 @@ import re
 import sys
 import types
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -81,6 +82,10 @@ CONFIG_KEY = "attnkit_swap"
 #: Attribute names of the per-layer parts on each attention module.
 _PART_NAMES = {"score": "attnkit_score", "align": "attnkit_align"}
 _PART_KEY = re.compile(r"(^|\.)attnkit_(score|align)\.")
+#: The module path of the marker a swapped model carries (:func:`_add_marker`): its state-dict
+#: key names the loader to use.
+MARKER = ("attnkit_swap_load_with", "attnkit", "integrations", "transformers", "from_pretrained")
+_MARKER_KEY = re.compile(r"(^|\.)attnkit_swap_load_with\.")
 
 _COUNTER = itertools.count()
 
@@ -164,9 +169,13 @@ def _attention_function(
     align: Alignment | None,
     kernel: str | None,
     per_layer: frozenset[str] = frozenset(),
+    holder: Mapping[str, nn.Module] | None = None,
 ):
     """The function registered with transformers; the parts named in ``per_layer`` ("score",
-    "align") are read from the calling attention module, the others are the ones given.
+    "align") are read from the calling attention module, the others are the ones given, or,
+    with ``holder`` (the modules of the model's ``attnkit_attention``), read from it at each
+    call, so that a
+    part replaced there (:func:`attnkit.evaluation.uniform_weights`) is the one used.
 
     Calls that attnkit's SDPA kernel evaluates exactly skip :func:`attnkit.attention`'s per-call
     validation and kernel selection (``transformers_fastpath.SdpaPath``) when no kernel is
@@ -215,14 +224,19 @@ def _attention_function(
             mods.append(sink_mod)
         score_mod = _chain(mods)
 
-        layer_score = _layer_part(module, "score") if "score" in per_layer else score
-        layer_align = _layer_part(module, "align") if "align" in per_layer else align
+        shared_score, shared_align = score, align
+        if holder is not None:
+            shared_score = holder.get("score", score)
+            shared_align = holder.get("align", align)
+        layer_score = _layer_part(module, "score") if "score" in per_layer else shared_score
+        layer_align = _layer_part(module, "align") if "align" in per_layer else shared_align
+        as_swapped = shared_score is score and shared_align is align
         if layer_score is None:  # the model's own score: scaling · qᵀk
             layer_score = model_score(scaling, query.shape[-1])
         want = bool(kwargs.get("output_attentions", False)) or hooks.listening()
         p = dropout if module.training else 0.0
         out = None
-        if fast and not want and score_mod is None:
+        if fast and as_swapped and not want and score_mod is None:
             out = sdpa_path(
                 query,
                 key,
@@ -319,12 +333,21 @@ def _build(spec: dict, kind: str, like: nn.Module) -> nn.Module:
     """The part ``spec`` describes, on ``like``'s device and dtype, in ``like``'s train mode."""
     _, registry, _ = _kind_info(kind)
     name = spec["name"]
-    arguments = {k: v for k, v in spec.items() if k != "name"}
+    arguments = {k: v for k, v in spec.items() if k not in ("name", "for_heads")}
+    sizes = spec.get("for_heads")
+    if sizes is not None and not isinstance(sizes, Mapping):
+        raise TypeError(
+            f"{kind} spec {spec!r}: 'for_heads' must be a dict of sizes (head_dim, num_heads, "
+            f"embed_dim, max_len), got {type(sizes).__name__}"
+        )
     placement = _placement(like)
     accepted = registry.accepts(name)
     factory = {k: v for k, v in placement.items() if k in accepted}
     try:
-        part = registry.build(name, **arguments, **factory)
+        if sizes is not None:  # built at the model's sizes, as attnkit run builds parts
+            part = registry.get(name).for_heads(**sizes, **arguments, **factory)
+        else:
+            part = registry.build(name, **arguments, **factory)
     except TypeError as err:
         raise TypeError(f"{kind}={spec!r} cannot be built: {err}") from None
     if placement:
@@ -355,10 +378,31 @@ def _is_attention_module(module: nn.Module) -> bool:
     return _ATTENTION_CLASSES[cls]
 
 
+LOADING_NOTE = """# A model whose attention was swapped by attnkit
+
+This checkpoint was saved after `attnkit.integrations.transformers.swap_attention`
+(`config.json` describes the swap under `attnkit_swap`). transformers' own `from_pretrained`
+builds the model with its original attention and leaves the attnkit parts' weights out (its load
+report lists them, and `attnkit_swap_load_with.attnkit.integrations.transformers.from_pretrained`,
+as unexpected), so its outputs differ. Load it with attnkit:
+
+```
+from attnkit.integrations.transformers import from_pretrained
+model = from_pretrained({cls}, "path/to/this/folder")
+```
+"""
+
+
 def _save_pretrained(self, *args: Any, **kwargs: Any) -> Any:
-    """transformers' ``save_pretrained``, refused when the swap cannot be saved as it is."""
+    """transformers' ``save_pretrained``, refused when the swap cannot be saved as it is; the
+    folder gets a README.md (unless it has one) saying how to load it."""
     _check_saveable(self)
-    return type(self).save_pretrained(self, *args, **kwargs)
+    out = type(self).save_pretrained(self, *args, **kwargs)
+    folder = args[0] if args else kwargs.get("save_directory")
+    if folder is not None and Path(folder).is_dir() and not (Path(folder) / "README.md").exists():
+        note = LOADING_NOTE.replace("{cls}", type(self).__name__)
+        (Path(folder) / "README.md").write_text(note, encoding="utf-8")
+    return out
 
 
 _save_pretrained.__name__ = "save_pretrained"  # a pickled model finds the method by this name
@@ -388,6 +432,22 @@ def _clear(model: nn.Module) -> None:
         for attr in _PART_NAMES.values():
             module._modules.pop(attr, None)
     model._modules.pop("attnkit_attention", None)
+    model._modules.pop(MARKER[0], None)
+
+
+def _add_marker(model: nn.Module) -> None:
+    """The buffer named by :data:`MARKER` (one byte), nested so that its state-dict key reads
+    ``attnkit_swap_load_with.attnkit.integrations.transformers.from_pretrained``: saved with
+    the model, it is the key transformers' own ``from_pretrained`` lists as unexpected in the
+    load report it logs as a warning, so a swapped checkpoint loaded without attnkit names the
+    loader that restores it, even when the swap has no weights of its own."""
+    outer = inner = nn.Module()
+    for part in MARKER[1:-1]:
+        child = nn.Module()
+        inner.add_module(part, child)
+        inner = child
+    inner.register_buffer(MARKER[-1], torch.ones((), dtype=torch.uint8))
+    model.add_module(MARKER[0], outer)
 
 
 def swap_attention(
@@ -488,13 +548,22 @@ def swap_attention(
     _clear(model)
     for m, attr, part in layered:
         m.add_module(attr, part)
+    holder = None
     if shared:
-        model.add_module("attnkit_attention", nn.ModuleDict(shared))
+        holder = nn.ModuleDict(shared)
+        model.add_module("attnkit_attention", holder)
+    _add_marker(model)
     per_layer = frozenset(kind for kind in plans if kind not in shared)
     name = f"attnkit-{next(_COUNTER)}"
     transformers.AttentionInterface.register(
         name,
-        _attention_function(shared.get("score"), shared.get("align"), kernel, per_layer),
+        _attention_function(
+            shared.get("score"),
+            shared.get("align"),
+            kernel,
+            per_layer,
+            None if holder is None else holder._modules,  # the parts as they are at each call
+        ),
     )
     # The masks eager attention gets (additive, causality always spelled out, None only for
     # full attention): what the model's other modules (routers, poolers) read stays as in eager.
@@ -600,7 +669,8 @@ def from_pretrained(cls: Any, pretrained_model_name_or_path: Any, *model_args: A
     absent = object()
     own = cls.__dict__.get(attr, absent) if patch else absent
     if patch:
-        setattr(cls, attr, [*(getattr(cls, attr, None) or []), _PART_KEY.pattern])
+        ignored = [_PART_KEY.pattern, _MARKER_KEY.pattern]
+        setattr(cls, attr, [*(getattr(cls, attr, None) or []), *ignored])
     try:
         model, info = cls.from_pretrained(
             pretrained_model_name_or_path, *model_args, output_loading_info=True, **kwargs
