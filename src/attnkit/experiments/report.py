@@ -22,6 +22,7 @@ from matplotlib.ticker import MaxNLocator
 
 from attnkit import viz
 from attnkit.experiments.environment import rows as env_rows
+from attnkit.experiments.report_views import interactive_section
 from attnkit.tasks.base import Metric
 
 __all__ = [
@@ -212,7 +213,8 @@ def write_report(
 <h2>Attention on held-out examples</h2>
 <p>Each heatmap shows the weights of one example (colour bar: weight); red boxes mark the gold
 alignment.</p>
-<div class="grid">{"".join(images)}</div>"""
+<div class="grid">{"".join(images)}</div>
+{interactive_section(heatmaps)}"""
     path = run_dir / "report.html"
     path.write_text(html_page(f"attnkit run: {run_dir.name}", body), encoding="utf-8")
     return path
