@@ -69,6 +69,9 @@ class RunConfig:
     attention: str = "default"  # the task's mechanism, for tasks with several (Task.attentions)
     position: str = "default"  # a position scheme, for tasks that take one (Task.takes_position)
     data: str | None = None  # the user's data file, for tasks that read one (Task.reads_data)
+    # a pretrained encoder ("minilm", or a local transformers checkpoint folder) fine-tuned with
+    # the attention swapped, for tasks that take one (Task.takes_pretrained)
+    pretrained: str | None = None
     # the user's module that defines the task, "pkg.mod:Class=name" or "/abs/file.py:Class=name"
     # (attnkit run --task-module): imported before the task is looked up, so a resumed, explained
     # or reloaded run finds it again (attnkit.tasks.user)
@@ -123,7 +126,7 @@ class RunConfig:
             task = tasks.get(self.task)
         except (ValueError, TypeError) as err:
             raise ConfigError(str(err)) from None
-        defaults = task.defaults["quick" if self.quick else "full"]
+        defaults = task.run_defaults(self)
         unset = [k for k in self.names() if getattr(self, k) is None and k in defaults]
         out = replace(self, **{k: defaults[k] for k in unset})
         out = replace(out, settings=_resolve_settings(task, self.task, self.settings))
@@ -138,7 +141,15 @@ class RunConfig:
                 f"{', '.join(with_length)})"
             )
         for key in self.names():
-            optional = ("data", "task_module", "imports", "settings", "best_metric", "patience")
+            optional = (
+                "data",
+                "pretrained",
+                "task_module",
+                "imports",
+                "settings",
+                "best_metric",
+                "patience",
+            )
             if (key == "seq_len" and not takes_length) or key in optional:
                 continue  # data: checked by the tasks that read it
             if getattr(out, key) is None:
@@ -213,6 +224,12 @@ class RunConfig:
                     f"{_flag(key)} {getattr(self, key)} contradicts {reason.by}: {reason.why}; "
                     f"leave {_flag(key)} out"
                 )
+        if out.pretrained is not None and not task.takes_pretrained:
+            takers = [n for n in tasks.available() if tasks.get(n).takes_pretrained]
+            raise ConfigError(
+                f"pretrained: task {out.task!r} takes no pretrained model (tasks that do: "
+                f"{', '.join(takers) or 'none'})"
+            )
         if out.data is not None and not task.reads_data:
             readers = [n for n in tasks.available() if tasks.get(n).reads_data]
             raise ConfigError(
@@ -243,7 +260,7 @@ class RunConfig:
                     f"{out.align}: {why}"
                 )
         # keys the model does not read are recorded as unset, never as values that were used
-        return replace(out, **{k: None for k in ("score", "align") if k in unused})
+        return replace(out, **{k: None for k in ("score", "align", "d_model") if k in unused})
 
     def attention_name(self) -> str:
         """What computes the attention, in a few words: the mechanism (when not the task's

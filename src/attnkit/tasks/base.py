@@ -108,6 +108,9 @@ class Task:
       ``validate`` checks the name.
     - ``reads_data``: True when the task reads the user's file named by the run configuration's
       ``data`` key (``--data``); :meth:`example_settings` then writes a small one for tests.
+    - ``takes_pretrained``: True when the task fine-tunes the pretrained encoder named by the
+      run configuration's ``pretrained`` key (``--pretrained``); its :meth:`run_defaults` may
+      then give other defaults (a fine-tuning learning rate).
     - ``context_parallel``: True when the task's sequences can be split over processes (the run
       configuration's ``context_parallel`` key, ring attention): the model is built from
       :class:`attnkit.MultiHeadAttention` layers that :func:`attnkit.distributed.
@@ -143,6 +146,7 @@ class Task:
     attentions: ClassVar[tuple[str, ...]] = ()
     takes_position: ClassVar[bool] = False
     reads_data: ClassVar[bool] = False
+    takes_pretrained: ClassVar[bool] = False
     context_parallel: ClassVar[bool] = False
     settings: ClassVar[type | None] = None
 
@@ -268,6 +272,12 @@ class Task:
             f"{name} = {default!r}: {text}" if text else f"{name} = {default!r}"
             for name, (_, default, text) in cls.setting_fields().items()
         ]
+
+    @classmethod
+    def run_defaults(cls, config: Any) -> dict[str, Any]:
+        """The values of the run-configuration keys that ``config`` leaves unset: ``defaults``'
+        ``quick`` or ``full`` entry, by ``config.quick``."""
+        return cls.defaults["quick" if config.quick else "full"]
 
     @classmethod
     def example_settings(cls, directory: Any) -> dict[str, Any]:
