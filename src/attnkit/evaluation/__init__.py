@@ -2,9 +2,10 @@
 built from attnkit parts, intrinsic metrics against gold attention, the uniform-weights
 ablation, supervised attention, and the "is attention explanation?" toolkit: importance
 measures and their agreement with attention, counterfactual weights, erasure, heads, effective
-attention, attention as confidence, and the extrinsic metrics BLEU, METEOR, WER, PER,
-perplexity, precision/recall/F1, PSNR, SSIM and IoU. :mod:`attnkit.evaluation.bert_heads`
-applies the head analyses to pretrained BERT-like ``transformers`` models."""
+attention, attention rollout and flow, attention as confidence, and the extrinsic metrics BLEU,
+METEOR, WER, PER, perplexity, precision/recall/F1, PSNR, SSIM and IoU.
+:mod:`attnkit.evaluation.bert_heads` applies the head analyses to pretrained BERT-like
+``transformers`` models."""
 
 from attnkit.evaluation.ablation import uniform_weights
 from attnkit.evaluation.agreement import kendall_tau, top_k_overlap
@@ -28,6 +29,7 @@ from attnkit.evaluation.diagnostics import (
 from attnkit.evaluation.effective import effective_attention
 from attnkit.evaluation.erasure import erasure, random_order
 from attnkit.evaluation.extrinsic import bleu, perplexity, word_error_rate
+from attnkit.evaluation.flow import attention_flow
 from attnkit.evaluation.heads import (
     head_gates,
     head_importance_by_gradient,
@@ -48,6 +50,7 @@ from attnkit.evaluation.metrics import (
     entropy,
     rank_correlation,
 )
+from attnkit.evaluation.rollout import attention_rollout
 from attnkit.evaluation.supervision import supervised_attention_loss
 from attnkit.evaluation.text_metrics import (
     meteor,
@@ -60,6 +63,8 @@ __all__ = [
     "alignment_error_rate",
     "attention_confidence",
     "attention_correctness",
+    "attention_flow",
+    "attention_rollout",
     "bleu",
     "box_iou",
     "capture",
