@@ -245,8 +245,9 @@ def _check(target: tuple[str, str | None], case: Case, evaluate: bool = True) ->
     name), "checked" when it declares it and equals the dense float64 reference ("declared",
     without evaluating, when ``evaluate`` is False); raises AssertionError otherwise.
 
-    A row pushed to −1e9 in float32 or bfloat16 loses its scores in the rounding of −1e9 + e
-    (its weights become uniform): there the reference is the dense kernel in the same dtype."""
+    A row pushed to −1e9 or offset by ±1e4 in float32 or bfloat16 loses its scores, wholly or
+    in part, in the rounding of the offset + e (inside the kernel, not in its inputs): there
+    the reference is the dense kernel in the same dtype."""
     att, q, k, v, mask, bias, block_mask = _inputs(case)
     dtype = case.dtype
     low = att.to(dtype)
@@ -270,7 +271,7 @@ def _check(target: tuple[str, str | None], case: Case, evaluate: bool = True) ->
     if not evaluate:
         return "declared"
     # the reference: the dense kernel on the very same (rounded) inputs and parameters, float64
-    work = dtype if case.extra == "sink" else torch.float64
+    work = dtype if case.extra in ("sink", "offset") else torch.float64
     high = copy.deepcopy(low).to(work)
     ref_call = replace(
         call,
