@@ -40,8 +40,9 @@ def context_parallel(
     Args:
         model: a module whose attention layers are :class:`attnkit.MultiHeadAttention` with the
             plain score × alignment part (:class:`attnkit.Attention`, no dropout) or already a
-            :class:`RingAttention`: a stack of them, :class:`attnkit.models.DecoderLM`, the
-            encoder–decoder :class:`attnkit.Transformer`, ...
+            :class:`RingAttention`: a stack of them,
+            :class:`attnkit.models.decoder_lm.DecoderLM`, the encoder–decoder
+            :class:`attnkit.Transformer`, ...
         group: the ring's process group (None: the default group).
         layout: how the copy's inputs are laid out over the ranks (``"contiguous"`` or
             ``"zigzag"``; cut them with :func:`attnkit.distributed.shard`).

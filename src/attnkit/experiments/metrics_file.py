@@ -1,6 +1,6 @@
 """A run's metrics: checked when a task computes them, and ``metrics.json`` (the held-out
 metrics, written last by ``attnkit run``) validated when it is read back by ``attnkit explain``
-and :func:`attnkit.load_run`.
+and :func:`attnkit.experiments.reload.load_run`.
 
 Every metric is a number. A task from outside attnkit (``--task-module``, an entry point) must
 give finite numbers: a NaN or an infinity is refused, naming the metric, before it reaches

@@ -1152,8 +1152,8 @@ def attend(
     leaves in is finite and the masked ones are zero (the call's ``masked_finite``), so the
     values are not scanned for the guarded path.
 
-    The call is evaluated on the kernel's first path that serves it (:data:`PATHS`: the fused
-    block-sparse path, then the tiled one).
+    The call is evaluated on the kernel's first path that serves it (the fused block-sparse
+    path, then the tiled one; :mod:`attnkit.kernels.paths`).
     """
     reasons = reasons_not_streamable(align)
     if reasons:
