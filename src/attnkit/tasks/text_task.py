@@ -308,6 +308,51 @@ class TextTask(Task):
             - float((ablated.argmax(-1) == data["labels"]).float().mean()),
         }
 
+    def encode(self, texts: list[str]) -> tuple[Tensor, Tensor]:
+        """New texts as the model reads them: ``tokens`` (B, seq_len) word ids (words not in the
+        training vocabulary are ``<unk>``) and ``keep`` (B, seq_len), as the splits are made."""
+        ids = {w: i for i, w in enumerate(self.data.words)}
+        n = self.config.seq_len
+        tokens = torch.zeros(len(texts), n, dtype=torch.long)
+        keep = torch.zeros(len(texts), n, dtype=torch.bool)
+        for i, text in enumerate(texts):
+            row = [ids.get(w, 1) for w in tokenize(text)][:n] or [1]
+            tokens[i, : len(row)] = torch.tensor(row)
+            keep[i, : len(row)] = True
+        return tokens, keep
+
+    @torch.no_grad()
+    def predict(self, model, inputs: list[str]) -> list[dict[str, Any]]:
+        """Each text's predicted label, the probability of every label, and the attention
+        weight of each word the model read (``<unk>`` for words it never saw in training)."""
+        model.eval()
+        tokens, keep = self.encode(inputs)
+        logits, weights, _ = model(tokens, keep)
+        probs = logits.softmax(-1)
+        out = []
+        for i, text in enumerate(inputs):
+            length = int(keep[i].sum())
+            out.append(
+                {
+                    "input": text,
+                    "prediction": self.data.labels[int(probs[i].argmax())],
+                    "probabilities": dict(zip(self.data.labels, probs[i].tolist(), strict=True)),
+                    "tokens": [self.data.words[t] for t in tokens[i, :length].tolist()],
+                    "attention": weights[i].reshape(-1)[:length].tolist(),
+                }
+            )
+        return out
+
+    @torch.no_grad()
+    def report_tables(self, model) -> list[dict]:
+        """The test split's confusion matrix and per-label precision, recall and F1."""
+        from attnkit.experiments.report import classification_tables
+
+        model.eval()
+        data = self.data.splits["test"]
+        logits, _, _ = model(data["tokens"], data["keep"])
+        return classification_tables(data["labels"], logits.argmax(-1), self.data.labels)
+
     @torch.no_grad()
     def heatmaps(self, model, n: int = 4) -> list[dict]:
         """Held-out texts: one row of weights over the words (no gold)."""
