@@ -28,7 +28,8 @@ path outside a block) are made to return them while a block records or patches t
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+import weakref
+from collections.abc import Callable, Iterable
 from contextvars import ContextVar
 from typing import Any
 
@@ -37,7 +38,7 @@ from torch import Tensor, nn
 
 from attnkit.output import AttentionOutput
 
-__all__ = ["POINTS", "Session", "attention", "emit", "forcing", "qkv"]
+__all__ = ["POINTS", "Session", "attention", "emit", "forcing", "output_from_forward", "qkv"]
 
 #: The points every attention layer emits, in the order of its computation.
 POINTS = ("q", "k", "v", "scores", "weights", "context", "output")
@@ -47,6 +48,26 @@ Patch = Callable[[Tensor], Tensor]
 _ACTIVE = 0  # blocks open in any thread: the unhooked path reads only this
 _LOCK = threading.Lock()
 _SESSIONS: ContextVar[tuple[Session, ...]] = ContextVar("attnkit_hook_points", default=())
+# Modules whose ``output`` point is their forward's first result, read by a forward hook that
+# an open block installs (attention modules of other libraries, which attnkit calls inside).
+_BY_FORWARD: weakref.WeakSet[nn.Module] = weakref.WeakSet()
+_HOOKS: weakref.WeakKeyDictionary[nn.Module, tuple[Any, int]] = weakref.WeakKeyDictionary()
+
+
+def output_from_forward(modules: Iterable[nn.Module]) -> None:
+    """Give ``modules`` an ``output`` point: the first value their forward returns (or the
+    value itself when it is a tensor), through a forward hook that exists only while a
+    :func:`attnkit.hooks.record` or :func:`attnkit.hooks.patch` block is open."""
+    for module in modules:
+        _BY_FORWARD.add(module)
+
+
+def _forward_hook(module: nn.Module, args: Any, output: Any) -> Any:
+    if isinstance(output, Tensor):
+        return emit(module, "output", output)
+    if isinstance(output, tuple) and output and isinstance(output[0], Tensor):
+        return (emit(module, "output", output[0]), *output[1:])
+    return None
 
 
 class Session:
@@ -123,12 +144,22 @@ class Session:
         self._token = _SESSIONS.set((*_SESSIONS.get(), self))
         with _LOCK:
             _ACTIVE += 1
+            self._hooked = [m for m in list(_BY_FORWARD) if id(m) in self.names]
+            for m in self._hooked:  # one forward hook per module, however many blocks are open
+                handle, count = _HOOKS.get(m, (None, 0))
+                _HOOKS[m] = (handle or m.register_forward_hook(_forward_hook), count + 1)
         return self
 
     def __exit__(self, *exc: Any) -> None:
         global _ACTIVE
         with _LOCK:
             _ACTIVE -= 1
+            for m in self._hooked:
+                handle, count = _HOOKS.pop(m)
+                if count > 1:
+                    _HOOKS[m] = (handle, count - 1)
+                else:
+                    handle.remove()
         _SESSIONS.reset(self._token)
 
 

@@ -61,7 +61,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from attnkit import hooks, kernels
+from attnkit import hook_points, hooks, kernels
 from attnkit.alignments import REGISTRY as ALIGNMENTS
 from attnkit.alignments import Alignment
 from attnkit.core import attention
@@ -202,6 +202,7 @@ def _attention_function(
         **kwargs: Any,
     ) -> tuple[Tensor, Tensor | None]:
         # query (B, H, M, d); key, value (B, H_kv, N, d): grouped-query heads share keys.
+        query, key, value = hook_points.qkv(module, query, key, value)  # (attnkit.hooks)
         heads, kv_heads = query.shape[1], key.shape[1]
         if kv_heads != heads:
             key = key.repeat_interleave(heads // kv_heads, dim=1)
@@ -262,12 +263,14 @@ def _attention_function(
                 kernel=kernel,
                 score_mod=score_mod,
             )
+        out = hook_points.attention(module, out, query, value, mask, layer_align)
         weights = out.weights
         if weights is not None:  # (only weights are reported)
             if sinks is not None:
                 weights = weights[..., :-1]  # the sink's column is no key of the model
             hooks.report(module, weights)
-        return out.context.transpose(1, 2).contiguous(), weights
+        context = hook_points.emit(module, "context", out.context)  # (B, H, M, d_v)
+        return context.transpose(1, 2).contiguous(), weights
 
     return attnkit_attention
 
@@ -546,6 +549,7 @@ def swap_attention(
             )
         layered += [(m, _PART_NAMES[kind], _build(spec, kind, m)) for m in attention_modules]
     _clear(model)
+    hook_points.output_from_forward(attention_modules)  # their output point (attnkit.hooks)
     for m, attr, part in layered:
         m.add_module(attr, part)
     holder = None
