@@ -65,6 +65,9 @@ def main(argv: list[str] | None = None) -> int:
     from attnkit.experiments import explain
 
     explain.add_parser(sub)
+    from attnkit.experiments import predict
+
+    predict.add_parser(sub)
     sub.add_parser(
         "taxonomy", help="rebuild Brauwers Table III from attnkit's models and check each row"
     )
@@ -101,6 +104,10 @@ def _dispatch(args: argparse.Namespace, run_parser: argparse.ArgumentParser) -> 
         from attnkit.experiments import explain
 
         return explain.execute(args)
+    if args.command == "predict":
+        from attnkit.experiments import predict
+
+        return predict.execute(args)
     if args.command == "demo":
         from attnkit import demo
 
