@@ -258,14 +258,6 @@ def test_modules_outside_the_model_are_not_recorded():
     assert len(cache) == 0
 
 
-def test_no_block_leaves_the_value_untouched():
-    from attnkit import hook_points
-
-    x = torch.randn(3)
-    assert hook_points.emit(torch.nn.Identity(), "q", x) is x
-    assert not hook_points.forcing()
-
-
 def test_bad_names_and_patches_are_refused():
     model = _model()
     with (
