@@ -18,6 +18,7 @@ from attnkit.tasks import (
     pairs_task,
     rationale_task,
     recall_task,
+    seq2seq_task,
     sort_task,
     text_task,
 )
@@ -44,6 +45,7 @@ __all__ = [
     "pairs_task",
     "rationale_task",
     "recall_task",
+    "seq2seq_task",
     "setting",
     "sort_task",
     "text_task",
