@@ -2,12 +2,18 @@
 
 Patterns (d = 64, H = 4, B = 1): sliding window 256, causal, causal + window 256, document
 (4 jagged documents), BigBird (window 128, one global token, 2 random 128-blocks) and causal with
-an ALiBi ``score_mod``. Each case runs in a fresh process with its own (empty) inductor cache,
-so FlexAttention's set-up time is a cold ``torch.compile``. Times are medians over paired
-repeats (attnkit and FlexAttention alternately, after warm-up); the ratio is the median of the
-per-pair ratios (below 1: attnkit is faster). Set-up: attnkit's block mask build;
-FlexAttention's ``create_block_mask`` and its first compiled call. attnkit's forward + backward
-(FlexAttention has no CPU backward) is reported beside it.
+an ALiBi ``score_mod``. Each side gets its own idiomatic inputs: attnkit the mask functions of
+``attnkit.patterns`` (its block mask built from them), FlexAttention a ``mask_mod`` and
+``score_mod`` written the way FlexAttention's documentation writes them (comparisons of
+``q_idx`` and ``kv_idx``, a lookup into a precomputed table for documents and BigBird's random
+blocks), never attnkit's functions. Before any timing both outputs are compared and the
+difference printed; a case whose outputs differ by more than 1e-4 fails. Each case runs in a
+fresh process with its own (empty) inductor cache, so FlexAttention's set-up time is a cold
+``torch.compile``. Times are medians over paired repeats (attnkit and FlexAttention
+alternately, after warm-up); the ratio is the median of the per-pair ratios (below 1: attnkit
+is faster); the load average before and after each case is recorded. Set-up: attnkit's block
+mask build; FlexAttention's ``create_block_mask`` and its first compiled call. attnkit's
+forward + backward (FlexAttention has no CPU backward) is reported beside it.
 
     python benchmarks/bench_flex.py [--sizes 4096,16384] [--threads 1] [--repeats 9]
 """
@@ -30,16 +36,18 @@ H, D, WINDOW = 4, 64, 256
 
 
 def _alibi(heads: int):
-    slopes = torch.tensor([2.0 ** (-8.0 * (i + 1) / heads) for i in range(heads)])
+    """ALiBi as FlexAttention's documentation writes it (one slope per head)."""
+    alibi_bias = torch.tensor([2.0 ** (-8.0 * (i + 1) / heads) for i in range(heads)])
 
-    def score_mod(e, b, h, q_idx, kv_idx):
-        return e + slopes[h] * (kv_idx - q_idx).to(e.dtype)
+    def alibi(score, b, h, q_idx, kv_idx):
+        bias = alibi_bias[h] * (kv_idx - q_idx)
+        return score + bias
 
-    return score_mod
+    return alibi
 
 
 def _case(pattern: str, n: int):
-    """(mask_mod, score_mod) of one benchmark pattern."""
+    """(mask_mod, score_mod) of one benchmark pattern, as attnkit is given it."""
     from attnkit import patterns
 
     if pattern == "window":
@@ -58,6 +66,53 @@ def _case(pattern: str, n: int):
     raise ValueError(f"unknown pattern {pattern!r}; choose from {PATTERNS}")
 
 
+def flex_case(pattern: str, n: int, block_table: torch.Tensor | None = None):
+    """(mask_mod, score_mod) of one pattern as FlexAttention's documentation writes them.
+
+    ``block_table`` is BigBird's (query block, key block) table of the random blocks (True =
+    attend the whole tile), the precomputed layout a BigBird user indexes; it is read from
+    attnkit's block mask of the same pattern (its fully allowed tiles: the random blocks and the
+    diagonal, which the window covers anyway), so both sides attend the same keys.
+    """
+
+    def causal_mask(b, h, q_idx, kv_idx):
+        return q_idx >= kv_idx
+
+    def sliding_window(b, h, q_idx, kv_idx):
+        return (q_idx - kv_idx).abs() <= WINDOW
+
+    def causal_window(b, h, q_idx, kv_idx):
+        return (q_idx >= kv_idx) & (q_idx - kv_idx <= WINDOW)
+
+    if pattern == "window":
+        return sliding_window, None
+    if pattern == "causal":
+        return causal_mask, None
+    if pattern == "causal+window":
+        return causal_window, None
+    if pattern == "document":
+        lengths = torch.tensor([0, n * 3 // 10, n * 4 // 10, n * 75 // 100, n]).diff()
+        document_id = torch.repeat_interleave(torch.arange(4), lengths)
+
+        def document_masking(b, h, q_idx, kv_idx):
+            return document_id[q_idx] == document_id[kv_idx]
+
+        return document_masking, None
+    if pattern == "bigbird":
+        if block_table is None:
+            raise ValueError("bigbird needs block_table, the (query block, key block) table")
+
+        def bigbird(b, h, q_idx, kv_idx):
+            local = (q_idx - kv_idx).abs() <= 128
+            glob = (q_idx == 0) | (kv_idx == 0)
+            return local | glob | block_table[q_idx // 128, kv_idx // 128]
+
+        return bigbird, None
+    if pattern == "alibi":
+        return causal_mask, _alibi(H)
+    raise ValueError(f"unknown pattern {pattern!r}; choose from {PATTERNS}")
+
+
 def _timed(fn) -> tuple[object, float]:
     start = time.perf_counter()
     out = fn()
@@ -72,22 +127,28 @@ def run_case(pattern: str, n: int, threads: int, repeats: int) -> dict:
     import attnkit as ak
     from attnkit import patterns
 
+    load_before = os.getloadavg()[0]
     mask_mod, score_mod = _case(pattern, n)
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(1, H, n, D, generator=g) for _ in range(3))
 
     bm, ak_build = _timed(lambda: patterns.block_mask(mask_mod, n))
-    fbm, flex_build = _timed(lambda: create_block_mask(mask_mod, None, None, n, n, device="cpu"))
+    table = bm.all_allowed if pattern == "bigbird" else None
+    flex_mask, flex_score = flex_case(pattern, n, table)
+    fbm, flex_build = _timed(lambda: create_block_mask(flex_mask, None, None, n, n, device="cpu"))
     flex = torch.compile(flex_attention)
 
     def ours():
         return ak.attention(q, k, v, block_mask=bm, score_mod=score_mod).context
 
     def theirs():
-        return flex(q, k, v, block_mask=fbm, score_mod=score_mod)
+        return flex(q, k, v, block_mask=fbm, score_mod=flex_score)
 
     first, flex_compile = _timed(theirs)
     err = float((ours() - first).abs().max())
+    print(f"{pattern} N={n}: max |attnkit - FlexAttention| = {err:.1e}", file=sys.stderr)
+    if not err <= 1e-4:
+        raise AssertionError(f"{pattern} N={n}: outputs differ by {err:.1e} (> 1e-4); not timed")
     for _ in range(2):
         ours(), theirs()
     t_ours, t_theirs, ratios = [], [], []
@@ -121,14 +182,15 @@ def run_case(pattern: str, n: int, threads: int, repeats: int) -> dict:
         "flex_build_ms": 1e3 * flex_build,
         "flex_compile_s": flex_compile,
         "max_abs_diff": err,
+        "load": f"{load_before:.1f}-{os.getloadavg()[0]:.1f}",
     }
 
 
 def table(rows: list[dict]) -> str:
     head = (
         "| pattern | N | density | attnkit fwd ms | flex fwd ms | ratio | attnkit fwd+bwd ms "
-        "| attnkit block mask ms | flex create_block_mask ms | flex compile s | max abs diff |\n"
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+        "| attnkit block mask ms | flex create_block_mask ms | flex compile s | max abs diff "
+        "| load |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"
     )
     lines = [head]
     for r in rows:
@@ -139,7 +201,7 @@ def table(rows: list[dict]) -> str:
             f"| {r['pattern']} | {r['n']} | {r['density']:.3f} | {r['ours_ms']:.1f} "
             f"| {r['flex_ms']:.1f} | **{r['ratio']:.2f}x** | {r['ours_train_ms']:.1f} "
             f"| {r['ak_build_ms']:.0f} | {r['flex_build_ms']:.0f} | {r['flex_compile_s']:.1f} "
-            f"| {r['max_abs_diff']:.1e} |"
+            f"| {r['max_abs_diff']:.1e} | {r['load']} |"
         )
     return "\n".join(lines)
 

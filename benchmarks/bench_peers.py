@@ -3,22 +3,30 @@ memory at matched hyper-parameters and weights, and a check that both give the s
 
 Pairs (B=1, H=4, d=64, float32, CPU, one thread by default):
 
-- Performer (256 orthogonal features) vs ``performer-pytorch`` ``FastAttention``: our features
-  are the peer's projection matrix. The peer adds eps = 1e-4 to every feature; the output check
+Each peer runs with its package's defaults, except the sizes that define the compared
+configuration (heads, hash rounds) and the flags named below that make it compute the same
+function as ours.
+
+- Performer vs ``performer-pytorch`` ``FastAttention(dim_heads=64)`` (its default
+  nb_features = int(d·ln d) = 266 orthogonal features): ours with as many features, set to the
+  peer's projection matrix. The peer adds eps = 1e-4 to every feature; the output check
   runs the peer's feature map with eps = 0 (timing uses the peer unchanged).
 - Linformer (k = 256, one E, F pair shared by the heads) vs ``linformer``
-  ``LinformerSelfAttention`` (model width 256): the same q, k, v, output projections and
-  E = proj_kᵀ, F = proj_vᵀ around our per-head part.
+  ``LinformerSelfAttention`` (model width 256, its default k = 256): the same q, k, v, output
+  projections and E = proj_kᵀ, F = proj_vᵀ around our per-head part.
 - Nyström (256 landmarks, 6 pseudo-inverse steps) vs ``nystrom-attention`` ``NystromAttention``
-  (no residual convolution, which we leave outside the part): the same projections around our
-  part. The peer scales its pseudo-inverse's first iterate by one norm over all heads, ours per
-  head, so the output check runs with one head (H=1), where the two coincide.
+  with its defaults (256 landmarks, 6 steps, the depth-wise residual convolution of the values,
+  kernel 33): the same projections and the same (copied) residual convolution around our part.
+  The peer scales its pseudo-inverse's first iterate by one norm over all heads, ours per head,
+  so the output check runs with one head (H=1), where the two coincide.
 - LSH with 1 and 2 hash rounds (bucket size 64, N/64 buckets, shared QK) vs ``reformer-pytorch``
   ``LSHAttention`` with ``attend_across_buckets=False, allow_duplicate_attention=False`` (the
-  exact attention over the union of the rounds that we compute): the output check draws the
+  exact attention over the union of the rounds that we compute; its defaults attend across
+  buckets and count duplicates, another function): the output check draws the
   peer's random rotations from a seeded generator and gives us the same rotations.
 - sliding window |i − j| ≤ 256 vs ``local-attention`` ``LocalAttention(window_size=256,
-  look_backward=1, look_forward=1, exact_windowsize=True)`` without rotary embeddings, two
+  look_backward=1, look_forward=1, exact_windowsize=True)`` without rotary embeddings (its
+  default window is block-aligned, up to 3 × 256 keys, not |i − j| ≤ 256), two
   ways: ``window``, :func:`attnkit.efficient.sliding_window.sliding_window_attention` (blocks
   of queries against their band of keys); ``window-block``, ``attnkit.attention`` with the
   window's block mask and automatic kernel selection, what a layer built with
@@ -31,7 +39,10 @@ shared, loaded machine the absolute times drift; the paired ratio is what counts
 (pair, side, N) cell in a fresh Python process, which imports both packages, builds both sides,
 runs one warm-up step at N = 256 (one-time costs: lazy imports), then, five times, gives freed
 heap memory back (``malloc_trim``), resets the peak (VmHWM) and runs a step: the median of the
-step's peak resident memory above the resident memory before it.
+step's peak resident memory above the resident memory before it. The cell's process runs with
+:data:`attnkit.benchmarking.memory.LIVE_ALLOCATOR` in its environment (a fixed ``mmap``
+threshold of 64 KiB, the heap trimmed at every ``free``), so freed memory is returned at once
+and the peak is live memory, not what glibc keeps from earlier steps.
 
 A peer that is not installed is skipped with a line saying so (``pip install -e .[peers]``).
 
@@ -61,6 +72,7 @@ from torch import Tensor, nn
 
 import attnkit as ak
 from attnkit import patterns as pt
+from attnkit.benchmarking.memory import LIVE_ALLOCATOR, live_env
 from attnkit.benchmarking.memory import reset_peak as _reset_peak
 from attnkit.benchmarking.memory import status as _status
 from attnkit.benchmarking.timing import machine, peak_rss
@@ -87,9 +99,7 @@ PEERS = {
     "linear": None,
 }
 WINDOW = 256
-FEATURES = 256
 LANDMARKS = 256
-LINFORMER_K = 256
 BUCKET = 64
 
 
@@ -120,8 +130,8 @@ def _qkv(n: int, heads: int = H) -> list[Tensor]:
 def _performer(n: int) -> Pair:
     import performer_pytorch.performer_pytorch as pp
 
-    peer = pp.FastAttention(dim_heads=D, nb_features=FEATURES)
-    ours = Performer(D, n_features=FEATURES)
+    peer = pp.FastAttention(dim_heads=D)  # its default number of features
+    ours = Performer(D, n_features=peer.nb_features)
     ours.omega.copy_(peer.projection_matrix)
     q, k, v = _qkv(n)
 
@@ -140,15 +150,17 @@ def _performer(n: int) -> Pair:
 class _Projected(nn.Module):
     """Our per-head part between the peer's own input and output projections."""
 
-    def __init__(self, to_q, to_k, to_v, to_out, part, heads: int) -> None:
+    def __init__(self, to_q, to_k, to_v, to_out, part, heads: int, residual=None) -> None:
         super().__init__()
         self.to_q, self.to_k, self.to_v, self.to_out = to_q, to_k, to_v, to_out
-        self.part, self.heads = part, heads
+        self.part, self.heads, self.residual = part, heads, residual
 
     def forward(self, x: Tensor) -> Tensor:
         b, n, _ = x.shape
         q, k, v = (f(x).view(b, n, self.heads, -1).transpose(1, 2) for f in self._qkv())
         out = self.part(q, k, v).context
+        if self.residual is not None:  # the peer's depth-wise convolution of the values
+            out = out + self.residual(v)
         return self.to_out(out.transpose(1, 2).reshape(b, n, -1))
 
     def _qkv(self):
@@ -161,8 +173,8 @@ class _Projected(nn.Module):
 def _linformer(n: int) -> Pair:
     from linformer import LinformerSelfAttention
 
-    peer = LinformerSelfAttention(H * D, seq_len=n, k=LINFORMER_K, heads=H)
-    part = Linformer(n, LINFORMER_K)
+    peer = LinformerSelfAttention(H * D, seq_len=n, heads=H)  # its default k = 256
+    part = Linformer(n, peer.k)
     with torch.no_grad():
         part.e_proj.copy_(peer.proj_k.T)
         part.f_proj.copy_(peer.proj_v.T)
@@ -181,13 +193,13 @@ def _linformer(n: int) -> Pair:
 def _nystrom(n: int, heads: int = H) -> Pair:
     from nystrom_attention import NystromAttention as PeerNystrom
 
-    peer = PeerNystrom(
-        heads * D, dim_head=D, heads=heads, num_landmarks=LANDMARKS, pinv_iterations=6,
-        residual=False,
-    )  # fmt: skip
+    peer = PeerNystrom(heads * D, dim_head=D, heads=heads)  # its defaults
+    if (peer.num_landmarks, peer.pinv_iterations) != (LANDMARKS, 6):
+        raise RuntimeError("nystrom-attention's defaults changed; update LANDMARKS")
     part = NystromAttention(LANDMARKS, iterations=6)
     to_qkv, to_out = copy.deepcopy(peer.to_qkv), copy.deepcopy(peer.to_out)
-    ours = _Projected(to_qkv, None, None, to_out, part, heads)
+    conv = copy.deepcopy(peer.res_conv) if peer.residual else None
+    ours = _Projected(to_qkv, None, None, to_out, part, heads, conv)
     x = torch.randn(B, n, heads * D, requires_grad=True)
 
     def check():
@@ -365,7 +377,7 @@ def memory_cell(name: str, side: str, n: int, threads: int, repeats: int = 5) ->
 
 def memory(name: str, side: str, n: int, threads: int) -> dict:
     cmd = [sys.executable, __file__, "--cell", json.dumps([name, side, n, threads])]
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+    env = live_env({**os.environ, "OMP_NUM_THREADS": str(threads)})
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False, env=env)
     if proc.returncode != 0:
         return {"error": (proc.stderr.strip().splitlines() or ["failed"])[-1][:200]}
@@ -389,7 +401,8 @@ def main() -> None:
     load = os.getloadavg()
     print(f"Machine: {machine()}; load average {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}")
     print(f"B={B}, H={H}, d={D}, float32, forward + backward; time: median of {args.repeats} "
-          "paired repeats in one process; memory: fresh process per cell\n")  # fmt: skip
+          "paired repeats in one process; memory: fresh process per cell, "
+          f"{' '.join(f'{k}={v}' for k, v in LIVE_ALLOCATOR.items())}\n")  # fmt: skip
     rows = []
     for name in args.pairs.split(","):
         why = available(name)
@@ -400,6 +413,8 @@ def main() -> None:
             torch.manual_seed(0)
             pair = BUILDERS[name](n)
             diff = difference(pair)
+            print(f"{LABELS[name]}, N={n}: max rel. diff {diff[0]:.1e} ({diff[1]} of {diff[2]} "
+                  "rows above 1e-4); timing", file=sys.stderr, flush=True)  # fmt: skip
             t = time_pair(pair, args.repeats)
             del pair
             mem = {}

@@ -3,15 +3,35 @@
 What the memory benchmarks and a run's cost report rest on: the resident memory before a step
 (``VmRSS``) and the highest it reached (``VmHWM``), after the high-water mark was reset to the
 current size so that each step measures its own peak.
+
+glibc keeps freed memory: a freed block above its ``mmap`` threshold raises that threshold (so
+the next blocks of that size come from the heap and stay resident after ``free``), and the
+heap is trimmed only above 128 KiB of free top. A step's resident peak then counts what earlier
+steps left behind, not what the step holds live. A process started with :data:`LIVE_ALLOCATOR`
+in its environment has a fixed ``mmap`` threshold of 64 KiB (every larger block is mapped on
+allocation and unmapped on ``free``) and trims the heap at every ``free``, so the resident memory
+follows the live memory; :func:`reset_peak` before a step then makes ``VmHWM`` that step's live
+peak. The settings make allocation slower: use them for memory cells, never for timing.
 """
 
 from __future__ import annotations
 
 import ctypes
 import gc
+import os
 from contextlib import suppress
 
-__all__ = ["reset_peak", "status"]
+__all__ = ["LIVE_ALLOCATOR", "live_env", "reset_peak", "status"]
+
+#: glibc settings under which freed memory goes back to the system at once (read by glibc at
+#: process start, so they must be in a new process's environment).
+LIVE_ALLOCATOR = {"MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_TRIM_THRESHOLD_": "0"}
+
+
+def live_env(env: dict[str, str] | None = None) -> dict[str, str]:
+    """``env`` (default: this process's environment) with :data:`LIVE_ALLOCATOR` set, for a
+    subprocess whose peak memory should be its live memory."""
+    return {**(os.environ if env is None else env), **LIVE_ALLOCATOR}
 
 
 def status(field: str) -> int | None:
