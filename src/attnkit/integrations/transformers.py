@@ -174,8 +174,8 @@ def _attention_function(
     """The function registered with transformers; the parts named in ``per_layer`` ("score",
     "align") are read from the calling attention module, the others are the ones given, or,
     with ``holder`` (the modules of the model's ``attnkit_attention``), read from it at each
-    call, so that a
-    part replaced there (:func:`attnkit.evaluation.uniform_weights`) is the one used.
+    call, so that a part replaced there (:func:`attnkit.evaluation.uniform_weights`) is the
+    one used.
 
     Calls that attnkit's SDPA kernel evaluates exactly skip :func:`attnkit.attention`'s per-call
     validation and kernel selection (``transformers_fastpath.SdpaPath``) when no kernel is
