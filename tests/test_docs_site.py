@@ -1,5 +1,7 @@
 """The documentation site: `mkdocs build --strict` over docs/ and the docstrings, the API page of
-``attnkit.attention`` as built and as a browser renders it, and no resource from the network."""
+``attnkit.attention`` as built and as a browser renders it, an API page for every public
+subpackage, every guide in the index and the navigation, equations rendered and tables that fit
+(in a browser), and no resource from the network."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import re
 import shutil
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -23,7 +26,7 @@ ENTRY_ID = "attnkit.core.attention"
 
 _MISSING = [
     m
-    for m in ("mkdocs", "mkdocstrings", "mkdocstrings_handlers.python")
+    for m in ("mkdocs", "mkdocstrings", "mkdocstrings_handlers.python", "pymdownx.arithmatex")
     if not (importlib.util.find_spec(m.split(".")[0]) and importlib.util.find_spec(m))
 ]
 needs_mkdocs = pytest.mark.skipif(
@@ -227,3 +230,180 @@ def test_browser_renders_the_attention_entry(site, tmp_path):
     # The theme's own scripts (served from the site, not a CDN) ran: they mark every table.
     tables = re.findall(r"<table\b[^>]*>", dom)
     assert tables and all("docutils" in t for t in tables), tables[:3]
+
+
+# --- every public subpackage documented, every guide reachable ------------------------------
+
+
+def _nav_pages() -> list[str]:
+    """Every page the navigation lists, in order."""
+    import yaml  # installed with mkdocs
+
+    def walk(node) -> list[str]:
+        if isinstance(node, str):
+            return [node]
+        if isinstance(node, list):
+            return [p for item in node for p in walk(item)]
+        if isinstance(node, dict):
+            return [p for value in node.values() for p in walk(value)]
+        return []
+
+    return walk(yaml.safe_load(CONFIG.read_text(encoding="utf-8"))["nav"])
+
+
+def _public_modules() -> list[str]:
+    """The subpackages and modules ``import attnkit`` names as public, and attnkit.viz."""
+    names = [n for n in attnkit.__all__ if isinstance(getattr(attnkit, n), types.ModuleType)]
+    return [*names, "viz"]
+
+
+def _api_page(module: str) -> str:
+    return "api/integrations.md" if module == "integrations" else f"api/{module}.md"
+
+
+@needs_mkdocs
+def test_every_public_subpackage_has_an_api_page_with_its_names(site):
+    nav = _nav_pages()
+    every_api_page = "".join(p.read_text(encoding="utf-8") for p in (site / "api").glob("*.html"))
+    for module in _public_modules():
+        page = _api_page(module)
+        assert page in nav, f"attnkit.{module} has no API page in the navigation ({page})"
+        assert f"({page.removeprefix('api/')})" in (ROOT / "docs/api/index.md").read_text(), (
+            f"the API overview does not link {page}"
+        )
+        built = (site / page).with_suffix(".html").read_text(encoding="utf-8")
+        package = importlib.import_module(f"attnkit.{module}")
+        for name in getattr(package, "__all__", []):
+            obj = getattr(package, name)
+            if not (inspect.isclass(obj) or inspect.isfunction(obj)):
+                continue
+            here = f'id="attnkit.{module}.{name}"'
+            home = f'id="{obj.__module__}.{obj.__qualname__}"'
+            # Re-exported from elsewhere (a name of attnkit.output, a function named like its
+            # module): documented under the name of the module that defines it.
+            assert here in built or home in built or home in every_api_page, (
+                f"attnkit.{module}.{name} is documented on no API page"
+            )
+
+
+def test_every_guide_is_in_the_index_and_the_navigation():
+    index = (ROOT / "docs/index.md").read_text(encoding="utf-8")
+    nav = _nav_pages()
+    guides = sorted(p.name for p in (ROOT / "docs").glob("*.md") if p.name != "index.md")
+    assert len(guides) >= 15
+    for guide in guides:
+        assert f"]({guide})" in index, f"docs/index.md does not list {guide}"
+        assert guide in nav, f"mkdocs.yml's nav does not list {guide}"
+
+
+# --- equations and tables, as a browser shows them ------------------------------------------
+
+# For each page in an iframe (file pages may read each other's DOM with
+# --allow-file-access-from-files): the math elements, whether KaTeX drew each, KaTeX's errors,
+# math delimiters left in the text, how far the page overflows sideways, and where each table is
+# shown against the text column.
+_PAGE_CHECK = r"""<script>
+window.addEventListener("load", function () {
+  function report(frame) {
+    var d = frame.contentDocument, w = frame.contentWindow;
+    var r = {page: frame.getAttribute("data-page"), width: Number(frame.getAttribute("width"))};
+    var math = Array.prototype.slice.call(d.querySelectorAll(".arithmatex"));
+    r.math = math.length;
+    r.unrendered = math.filter(function (m) { return !m.querySelector(".katex"); })
+      .map(function (m) { return m.textContent.slice(0, 80); });
+    r.errors = Array.prototype.map.call(d.querySelectorAll(".katex-error"),
+      function (e) { return e.textContent.slice(0, 80); });
+    r.raw = [];
+    var walker = d.createTreeWalker(d.querySelector(".rst-content"), NodeFilter.SHOW_TEXT);
+    while (walker.nextNode()) {
+      var node = walker.currentNode;
+      if (node.parentElement.closest("code, pre, script, style, .katex")) continue;
+      if (/\$\$|\\\(|\\\)|\\\[|\\\]|\$[^\s$][^$]*\$/.test(node.textContent))
+        r.raw.push(node.textContent.slice(0, 80));
+    }
+    r.overflow = d.documentElement.scrollWidth - d.documentElement.clientWidth;
+    var column = d.querySelector(".rst-content").getBoundingClientRect();
+    r.column = [column.left, column.right];
+    r.tables = Array.prototype.map.call(d.querySelectorAll(".rst-content table"), function (t) {
+      var box = t;
+      while (box && box !== d.body && !/(auto|scroll)/.test(w.getComputedStyle(box).overflowX))
+        box = box.parentElement;
+      var scroller = box && box !== d.body ? box : null;
+      var shown = (scroller || t).getBoundingClientRect();
+      return {width: t.scrollWidth, scroller: scroller ? scroller.clientWidth : null,
+        left: shown.left, right: shown.right};
+    });
+    return r;
+  }
+  var out = Array.prototype.map.call(document.querySelectorAll("iframe"), report);
+  var pre = document.createElement("pre");
+  pre.id = "page-check";
+  pre.textContent = JSON.stringify(out);
+  document.body.appendChild(pre);
+});
+</script>"""
+
+
+def _browser_report(site: Path, frames: list[tuple[str, int]], profile: Path) -> list:
+    frames = "".join(
+        f'<iframe src="{page}" data-page="{page}" width="{w}" height="800"></iframe>'
+        for page, w in frames
+    )
+    check = site / "page_check.html"
+    check.write_text(f"<!doctype html><html><body>{frames}{_PAGE_CHECK}</body></html>")
+    result = subprocess.run(
+        [
+            _chromium(),
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-dev-shm-usage",
+            "--disable-background-networking",
+            "--no-first-run",
+            "--allow-file-access-from-files",
+            f"--user-data-dir={profile}",
+            "--dump-dom",
+            check.as_uri(),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    found = re.search(r'<pre id="page-check">(.*?)</pre>', result.stdout, flags=re.S)
+    assert found, "the page check did not run:\n" + result.stdout[-2000:]
+    return json.loads(html.unescape(found.group(1)))
+
+
+@needs_mkdocs
+@pytest.mark.skipif(_chromium() is None, reason="chromium not installed (apt-get install chromium)")
+def test_browser_renders_the_equations_and_fits_the_tables(site, tmp_path):
+    guides = sorted(p.name for p in (ROOT / "docs").glob("*.md"))
+    pages = [g.removesuffix(".md") + ".html" for g in guides] + ["api/index.html"]
+    # every page in a narrow window, where wide tables must scroll; the widest tables' pages
+    # also in a wide one, whose text column is wider than the theme's 800 px
+    frames = [(p, 700) for p in pages] + [("experiments.html", 1280), ("taxonomy.html", 1280)]
+    reports = _browser_report(site, frames, tmp_path / "profile")
+    assert len(reports) == len(frames)
+    scrolled = 0
+    for r in reports:
+        where = f"{r['page']} at {r['width']} px"
+        # as many math elements as the built page holds, every one drawn by KaTeX
+        built = (site / r["page"]).read_text(encoding="utf-8")
+        assert r["math"] == len(re.findall(r'class="arithmatex"', built)), where
+        assert r["unrendered"] == [] and r["errors"] == [], (where, r["unrendered"], r["errors"])
+        assert r["raw"] == [], f"{where}: math delimiters left in the text: {r['raw'][:3]}"
+        # the page never scrolls sideways; each table lies inside the text column, scrolling
+        # there when it is wider
+        assert r["overflow"] <= 0, f"{where} is {r['overflow']} px wider than the window"
+        left, right = r["column"]
+        if r["width"] == 1280:
+            assert right - left > 800, f"{where}: the text column is {right - left} px wide"
+        for t in r["tables"]:
+            assert t["scroller"] is not None, f"{where}: a table with no scrolling box"
+            assert left - 1 <= t["left"] and t["right"] <= right + 1, (where, t, r["column"])
+            scrolled += t["width"] > t["scroller"] + 1
+    # the guides' equations: the taxonomy's score and alignment formulas at least
+    taxonomy = next(r for r in reports if r["page"] == "taxonomy.html")
+    assert taxonomy["math"] >= 25
+    assert scrolled > 0, "no table was wide enough to scroll: the check saw no wide table"
