@@ -3,6 +3,7 @@ exits 1, Ctrl-C exits 130 with the resume command; --resume, --out and --compare
 
 import json
 import os
+import re
 import signal
 from pathlib import Path
 
@@ -635,3 +636,96 @@ def test_an_import_that_fails_is_one_line_before_anything_is_written(
         assert cli.main(["run", "dates", *TINY, "--import", spec, "--out", str(out)]) == 2
         _one_error_line(capsys, message)
         assert not out.exists()
+
+
+# a pretrained encoder under the text task (a tiny random BERT saved here: nothing downloaded)
+
+
+@pytest.fixture(scope="module")
+def pretrained(tmp_path_factory):
+    from tiny_checkpoint import tiny_bert
+
+    return tiny_bert(tmp_path_factory.mktemp("bert"))
+
+
+def _pretrained_run(tmp_path, pretrained, *flags):
+    from attnkit.tasks.text_task import TextTask
+
+    data = TextTask.example_settings(tmp_path)["data"]
+    return ["run", "text", "--data", data, "--pretrained", str(pretrained), "--seq-len", "12",
+            "--n-train", "48", "--n-test", "8", "--batch-size", "16", "--lr", "1e-3",
+            "--no-progress", "--threads", "1", *flags]  # fmt: skip
+
+
+def test_a_pretrained_run_trains_reports_and_resumes_to_the_same_weights(
+    tmp_path, capsys, monkeypatch, pretrained
+):
+    from attnkit.tasks.text_task import TextTask
+
+    whole, parts = tmp_path / "whole", tmp_path / "parts"
+    argv = _pretrained_run(tmp_path, pretrained, "--epochs", "2")
+    assert cli.main([*argv, "--out", str(whole)]) == 0
+    saved = json.loads((whole / "config.json").read_text())
+    assert saved["pretrained"] == str(pretrained) and saved["d_model"] is None
+    assert saved["score"] == "scaled_dot" and saved["settings"] == {"min_count": 2}
+    page = (whole / "report.html").read_text()
+    text = re.sub(r"<(style|script)>.*?</\1>|<[^>]+>", " ", page, flags=re.S)
+    assert "[CLS]" in page and "Attention on held-out examples" in text
+    assert "gold" not in text.lower()  # the text task has no gold attention: no word of it
+    loss, calls = TextTask.loss, []
+
+    def interrupted(*a):
+        calls.append(1)
+        if len(calls) == 4:  # epoch 2, step 1
+            os.kill(os.getpid(), signal.SIGINT)
+        return loss(*a)
+
+    monkeypatch.setattr(TextTask, "loss", interrupted)
+    assert cli.main([*argv, "--out", str(parts)]) == 130
+    monkeypatch.undo()
+    assert cli.main(["run", "--resume", str(parts), "--no-progress", "--threads", "1"]) == 0
+    assert json.loads((parts / "metrics.json").read_text()) == json.loads(
+        (whole / "metrics.json").read_text()
+    )
+    from safetensors.torch import load_file
+
+    a = load_file(checkpoints.latest(whole) / "model.safetensors")
+    b = load_file(checkpoints.latest(parts) / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert any(".attnkit_swap_load_with." in k for k in a)  # the swapped encoder was saved
+
+
+def test_pretrained_runs_compare_alignments_on_the_same_model(tmp_path, capsys, pretrained):
+    out = tmp_path / "cmp"
+    argv = _pretrained_run(tmp_path, pretrained, "--epochs", "1")
+    assert cli.main([*argv, "--compare", "align=softmax,sparsemax", "--out", str(out)]) == 0
+    for align in ("softmax", "sparsemax"):
+        saved = json.loads((out / f"align-{align}" / "config.json").read_text())
+        assert saved["pretrained"] == str(pretrained) and saved["align"] == align
+    assert (out / "compare.html").is_file()
+    entropy = {
+        align: json.loads((out / f"align-{align}" / "metrics.json").read_text())["entropy"]
+        for align in ("softmax", "sparsemax")
+    }
+    assert entropy["sparsemax"] < entropy["softmax"]  # sparser rows, lower entropy
+
+
+PRETRAINED_BAD = [
+    (["run", "dates", "--pretrained", "minilm"], "task 'dates' takes no pretrained model"),
+    (["--d-model", "32"], "--d-model 32 contradicts --pretrained"),
+    (["--set", "min_count=1"], "min_count 1 contradicts --pretrained"),
+    (["--seq-len", "64"], "seq_len 64 is longer than pretrained"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("flags", "message"), PRETRAINED_BAD, ids=[m for _, m in PRETRAINED_BAD])
+def test_pretrained_flags_that_do_not_apply_are_refused(
+    tmp_path, capsys, pretrained, flags, message
+):
+    argv = flags if flags[0] == "run" else [*_pretrained_run(tmp_path, pretrained), *flags]
+    assert _main([*argv, "--out", str(tmp_path / "out")]) == 2
+    _one_error_line(capsys, message)
+    assert not (tmp_path / "out").exists()
+    capsys.readouterr()
+    assert _main(["run", "text", "--data", "x.jsonl", "--pretrained", "nowhere"]) == 2
+    _one_error_line(capsys)

@@ -244,6 +244,8 @@ def write_report(
         + html_table(list(t["header"]), [[str(c) for c in row] for row in t["rows"]])
         for t in tables or []
     )
+    has_gold = any(np.asarray(item["gold"], dtype=bool).any() for item in heatmaps)
+    gold_note = "; red boxes mark the gold alignment" if has_gold else ""
     body = f"""<h1>attnkit run <code>{html.escape(run_dir.name)}</code></h1>
 <h2>Metrics (held-out)</h2>
 {weights}
@@ -254,8 +256,7 @@ def write_report(
 {environment_section}
 <h2>Training</h2>{_img(curves, "training curves") if curves else "<p>no epochs run</p>"}
 <h2>Attention on held-out examples</h2>
-<p>Each heatmap shows the weights of one example (colour bar: weight); red boxes mark the gold
-alignment.</p>
+<p>Each heatmap shows the weights of one example (colour bar: weight){gold_note}.</p>
 <div class="grid">{"".join(images)}</div>
 {interactive_section(heatmaps)}"""
     path = run_dir / "report.html"

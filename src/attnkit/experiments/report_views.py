@@ -27,8 +27,7 @@ _ABOUT = (
     "<p>The same examples to explore. Head views: queries on the left, keys on the right, one "
     "line per non-zero weight, its opacity the weight and its colour the head's; click a head "
     "to show or hide it (double click: that head alone), choose the layer from the menu, point "
-    "at a token to see only its lines. One-query examples: the words coloured by their weight "
-    "(gold words underlined).</p>"
+    "at a token to see only its lines. One-query examples: the words coloured by their weight"
 )
 
 
@@ -64,4 +63,6 @@ def interactive_section(heatmaps: Sequence[dict]) -> str:
     views = [v for v in (_view(item) for item in heatmaps) if v is not None]
     if not views:
         return ""
-    return "<h2>Interactive view</h2>\n" + _ABOUT + "\n" + "\n".join(views) + "\n" + view_assets()
+    gold = any(np.asarray(item.get("gold", False), dtype=bool).any() for item in heatmaps)
+    about = _ABOUT + (" (gold words underlined).</p>" if gold else ".</p>")
+    return "<h2>Interactive view</h2>\n" + about + "\n" + "\n".join(views) + "\n" + view_assets()
