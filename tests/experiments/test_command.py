@@ -276,6 +276,7 @@ def test_compare_over_any_key_writes_a_combined_table(tmp_path, capsys):
     assert (out / "compare.md").read_text().strip() in printed
     page = (out / "compare.html").read_text()
     assert "lr-0.01/report.html" in page and "higher is better" in page
+    assert "red boxes mark the gold alignment" in page  # dates has gold attention
     w = [
         torch.load(checkpoints.latest(out / f"lr-{v}") / "optimizer.pt")["param_groups"][0]["lr"]
         for v in ("0.01", "0.001")
@@ -729,3 +730,33 @@ def test_pretrained_flags_that_do_not_apply_are_refused(
     capsys.readouterr()
     assert _main(["run", "text", "--data", "x.jsonl", "--pretrained", "nowhere"]) == 2
     _one_error_line(capsys)
+
+
+def test_compared_text_heatmaps_keep_their_full_size_and_scroll(tmp_path, capsys):
+    import base64
+    import io
+
+    from PIL import Image
+
+    words = "the package provides a library for reading utf-8 text from c++ programs quickly"
+    rows = [{"text": words if i % 2 else words.replace("quickly", "slowly"),
+             "label": ("slow", "fast")[i % 2]} for i in range(40)]  # fmt: skip
+    data = tmp_path / "d.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    out = tmp_path / "cmp"
+    argv = ["run", "text", "--data", str(data), "--n-train", "32", "--n-test", "4",
+            "--epochs", "1", "--batch-size", "16", "--d-model", "8", "--no-progress",
+            "--threads", "1"]  # fmt: skip
+    assert cli.main([*argv, "--compare", "align=softmax,sparsemax", "--out", str(out)]) == 0
+    page = (out / "compare.html").read_text()
+    section = page.split("<h2>Attention side by side</h2>", 1)[1].split("<h2>", 1)[0]
+    images = re.findall(r'<img alt="[^"]*" width="(\d+)" style="([^"]*)" src="data:image/png;'
+                        r'base64,([^"]+)"', section)  # fmt: skip
+    assert len(images) == 2 * 4
+    for width, style, encoded in images:
+        natural = Image.open(io.BytesIO(base64.b64decode(encoded))).size[0]
+        assert int(width) == natural and "max-width:none" in style  # never shrunk
+    assert natural > 360  # 14 words: wider than the column the page used to squeeze it into
+    assert section.count("overflow-x:auto") == 4  # each example's row scrolls sideways
+    text = re.sub(r"<(style|script)>.*?</\1>|<[^>]+>", " ", page, flags=re.S)
+    assert "gold" not in text.lower()

@@ -229,6 +229,29 @@ def _img(data: bytes, alt: str) -> str:
     return f'<img alt="{html.escape(alt)}" src="data:image/png;base64,{encoded}">'
 
 
+def _png_width(data: bytes) -> int | None:
+    """The width in pixels of PNG ``data`` (from its IHDR chunk), None if it is not a PNG."""
+    if data[:8] != b"\x89PNG\r\n\x1a\n" or data[12:16] != b"IHDR":
+        return None
+    return int.from_bytes(data[16:20], "big")
+
+
+def _has_gold(variants: Sequence[Variant]) -> bool:
+    """Whether a compared run's task has gold attention (read from its config.json)."""
+    import json
+
+    from attnkit import tasks
+
+    for _, run_dir, _ in variants:
+        try:
+            name = json.loads((run_dir / "config.json").read_text(encoding="utf-8"))["task"]
+            if tasks.get(name).gold_alignment:
+                return True
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    return False
+
+
 def _heatmaps(run_dir: Path) -> list[Path]:
     found = [p for p in run_dir.glob("heatmap_*.png") if p.stem[8:].isdigit()]
     return sorted(found, key=lambda p: int(p.stem[8:]))
@@ -239,19 +262,30 @@ def _heatmap_section(keys: tuple[str, ...], variants: Sequence[Variant], example
     count = max((len(paths) for _, paths in images), default=0)
     if count == 0:
         return "<p>no heatmaps were written</p>"
+    gold = "; red boxes mark the gold alignment" if _has_gold(variants) else ""
     parts = [
         "<p>The same held-out example in each run's report (runs with the same seed see the "
-        "same examples); each heatmap is the run's attention weights, red circles the gold "
-        "alignment.</p>"
+        f"same examples); each heatmap is the run's attention weights{gold}, shown at its full "
+        "size (scroll sideways for the runs that do not fit).</p>"
     ]
     for i in range(count):
-        cells = "".join(
-            f'<figure style="margin:0; max-width:360px">{_img(paths[i].read_bytes(), label)}'
-            f"<figcaption>{html.escape(label)}</figcaption></figure>"
-            for label, paths in images
-            if i < len(paths)
+        cells = []
+        for label, paths in images:
+            if i >= len(paths):
+                continue
+            data = paths[i].read_bytes()
+            width = _png_width(data)
+            size = f' width="{width}"' if width else ""
+            encoded = base64.b64encode(data).decode()
+            cells.append(
+                f'<figure style="margin:0; flex:none"><img alt="{html.escape(label)}"{size} '
+                f'style="max-width:none" src="data:image/png;base64,{encoded}">'
+                f"<figcaption>{html.escape(label)}</figcaption></figure>"
+            )
+        parts.append(
+            f'<h3>Example {i + 1}</h3><div class="heatmaps" style="display:flex; gap:1em; '
+            f'overflow-x:auto; align-items:flex-start">{"".join(cells)}</div>'
         )
-        parts.append(f'<h3>Example {i + 1}</h3><div class="grid">{cells}</div>')
     return "".join(parts)
 
 
