@@ -10,7 +10,7 @@ import torch
 
 import attnkit as ak
 from attnkit.kv_cache import LayerCache
-from attnkit.sparse_trainable import MeanCompression, NativeSparseAttention
+from attnkit.sparse_trainable import BlockCompression, MeanCompression, NativeSparseAttention
 
 SIZES = dict(compress_block=4, compress_stride=2, select_block=4, num_selected=2, window=3)
 
@@ -224,3 +224,23 @@ def test_refusals_name_the_argument():
         NativeSparseAttention(4, group_size=3, **SIZES)(q, q, q)
     with pytest.raises(TypeError, match=r"compress_key must be an nn\.Module"):
         NativeSparseAttention(4, compress_key="mean")
+
+
+@pytest.mark.parametrize("block, stride, n", [(4, 2, 13), (6, 3, 6), (5, 2, 14), (4, 4, 9)])
+def test_block_compression_of_a_sequence_is_phi_of_each_block(block, stride, n):
+    """BlockCompression.sequence (sub-block products on a view) equals φ applied to every block
+    of l rows starting at a multiple of s (eq. 7), forward and gradients."""
+    torch.manual_seed(0)
+    phi = BlockCompression(block, 3, 5).double()
+    x = torch.randn(2, n, 3, dtype=torch.float64, requires_grad=True)
+    got = phi.sequence(x, stride)
+    want = torch.stack([phi(x[:, i : i + block]) for i in range(0, n - block + 1, stride)], -2)
+    torch.testing.assert_close(got, want, atol=1e-12, rtol=1e-10)
+    r = torch.randn(want.shape, dtype=torch.float64)
+    leaves = [x, *phi.parameters()]
+    for a, b in zip(
+        torch.autograd.grad((got * r).sum(), leaves),
+        torch.autograd.grad((want * r).sum(), leaves),
+        strict=True,
+    ):
+        torch.testing.assert_close(a, b, atol=1e-12, rtol=1e-10)

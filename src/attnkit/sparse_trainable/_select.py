@@ -77,12 +77,27 @@ def group_sum(x: Tensor, group_size: int) -> Tensor:
 
 
 def top_indices(score: Tensor, count: int) -> tuple[Tensor, Tensor]:
-    """The ``count`` highest entries of ``score`` (…, K) per row, ties in index order (a stable
-    descending sort), and whether each is finite-or-+inf (entries at −inf are not available).
+    """The ``count`` highest entries of ``score`` (…, K) per row, ties in index order (the set
+    a stable descending sort puts first), in index order, and whether each is finite-or-+inf
+    (entries at −inf are not available). NaN ranks as −inf.
+
+    A partial selection, not a sort: ``torch.topk`` finds the count-th highest value v, and the
+    row takes every entry above v and the first entries equal to v (O(K) per row, where a sort
+    is O(K log K)).
 
     Returns:
         (index (…, count), available (…, count) bool).
     """
     count = min(count, score.shape[-1])
-    order = torch.sort(score, dim=-1, descending=True, stable=True).indices[..., :count]
-    return order, torch.gather(score, -1, order) > float("-inf")
+    lead, k = score.shape[:-1], score.shape[-1]
+    if count == 0 or lead.numel() == 0:
+        empty = score.new_zeros(*lead, count, dtype=torch.long)
+        return empty, empty.bool()
+    score = score.nan_to_num(nan=float("-inf"))
+    bar = torch.topk(score, count, dim=-1, sorted=False).values.amin(-1, keepdim=True)
+    above = score > bar
+    tied = score == bar
+    need = count - above.sum(-1, keepdim=True)
+    take = above | (tied & (tied.cumsum(-1) <= need))
+    index = take.reshape(-1, k).nonzero()[:, 1].view(*lead, count)  # exactly count per row
+    return index, torch.gather(score, -1, index) > float("-inf")

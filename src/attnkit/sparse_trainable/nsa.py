@@ -58,6 +58,7 @@ from attnkit.head import HeadAttention, check_head_inputs
 from attnkit.mechanisms import REGISTRY, example_tensor
 from attnkit.output import AttentionOutput
 from attnkit.sparse_trainable._gathered import gathered_softmax
+from attnkit.sparse_trainable._nsa_chunks import Sizes, importance, nsa_chunked, rank_blocks
 from attnkit.sparse_trainable._select import (
     gather_keys,
     gather_mask,
@@ -65,7 +66,6 @@ from attnkit.sparse_trainable._select import (
     query_positions,
     row_mask,
     sanitize,
-    top_indices,
 )
 
 __all__ = ["BlockCompression", "MeanCompression", "NSABranches", "NativeSparseAttention"]
@@ -92,6 +92,36 @@ class BlockCompression(nn.Module):
 
     def forward(self, blocks: Tensor) -> Tensor:
         return self.proj((blocks + self.position).flatten(-2))
+
+    def sequence(self, x: Tensor, stride: int) -> Tensor:
+        """φ of every block of x (…, N, d) that starts at a multiple of ``stride``
+        -> (…, C, d_out), C = ⌊(N − l)/stride⌋ + 1 (N ≥ l).
+
+        Where the stride divides l, a block is l/stride consecutive sub-blocks of ``stride``
+        rows and W·flatten(block + P) + b = Σ_i W_i · flatten(sub-block i) + (W·flatten(P) + b),
+        W_i the columns of sub-block i: products on a view of x, without the (…, C, l, d) copy
+        of the overlapping blocks (twice x at l = 2·stride, kept for the backward)."""
+        l, d = self.block, x.shape[-1]
+        c = (x.shape[-2] - l) // stride + 1
+        if l % stride:
+            return self(x.unfold(-2, l, stride).transpose(-1, -2))
+        parts = l // stride
+        sub = x[..., : (c + parts - 1) * stride, :].unflatten(-2, (c + parts - 1, stride))
+        sub = sub.flatten(-2)  # (…, C + parts − 1, stride·d), a view of x
+        w = self.proj.weight
+        out = nn.functional.linear(self.position.flatten(), w, self.proj.bias)
+        for i in range(parts):
+            columns = w[:, i * stride * d : (i + 1) * stride * d]
+            out = out + sub[..., i : i + c, :] @ columns.transpose(0, 1)
+        return out
+
+
+def compress_blocks(phi: nn.Module, x: Tensor, block: int, stride: int) -> Tensor:
+    """φ (``phi``) of every block of ``block`` rows of x (…, N, d) starting at a multiple of
+    ``stride`` -> (…, C, d_out), by :meth:`BlockCompression.sequence` where φ is one."""
+    if isinstance(phi, BlockCompression) and phi.block == block:
+        return phi.sequence(x, stride)
+    return phi(x.unfold(-2, block, stride).transpose(-1, -2))
 
 
 class MeanCompression(nn.Module):
@@ -156,6 +186,9 @@ class NativeSparseAttention(HeadAttention):
     (…, M, N); every branch's weights are reported to :mod:`attnkit.hooks` by name
     (``compressed``, ``selected``, ``window``), and :meth:`branches` returns all of them.
     """
+
+    # for_heads: the constructor arguments each size fills (attnkit.sizing.build)
+    size_arguments: ClassVar[dict[str, str]] = {"head_dim": "head_dim"}
 
     # capabilities (attnkit.head.HeadAttention)
     causal_form: ClassVar[bool] = True
@@ -236,10 +269,23 @@ class NativeSparseAttention(HeadAttention):
         need_weights: bool = False,
         q_offset: int = 0,
     ) -> AttentionOutput:
-        out = self.branches(
-            q, k, v, mask=mask, bias=bias, q_offset=q_offset, token_weights=need_weights
+        align = self.align
+        chunked = type(align) is Softmax and align.fixed_temperature is not None
+        if need_weights or hooks.listening() or not chunked or not (q.numel() and k.numel()):
+            out = self.branches(
+                q, k, v, mask=mask, bias=bias, q_offset=q_offset, token_weights=need_weights
+            )
+            return AttentionOutput(out.context, out.selected_weights if need_weights else None)
+        lead, q, k, v, rows, pos, scale = self._prepare(q, k, v, mask, bias, q_offset)
+        count, m = lead.numel(), q.shape[-2]
+        kc, vc = self._compress(k, v, rows, pos)
+        gates = torch.sigmoid(self.gate(q))
+        flat = (x.reshape(count, *x.shape[-2:]) for x in (q, k, v, kc, vc, gates))
+        rows3 = None if rows is None else rows.reshape(count, *rows.shape[-2:])
+        context = nsa_chunked(
+            *flat, rows3, q_offset, self._sizes(), scale / align.fixed_temperature
         )
-        return AttentionOutput(out.context, out.selected_weights if need_weights else None)
+        return AttentionOutput(context.view(*lead, m, self.value_dim))
 
     def branches(
         self,
@@ -254,6 +300,36 @@ class NativeSparseAttention(HeadAttention):
     ) -> NSABranches:
         """Every branch, its gate and its weights (:class:`NSABranches`); ``token_weights``
         False leaves the dense (…, M, N) token weights out unless someone listens."""
+        _, q, k, v, rows, pos, scale = self._prepare(q, k, v, mask, bias, q_offset)
+        n = k.shape[-2]
+        listening = hooks.listening()
+
+        o_cmp, p_cmp = self._compressed(q, k, v, rows, pos, scale)
+        blocks, available, o_slc, w_slc, idx_slc = self._selected(q, k, v, rows, pos, p_cmp, scale)
+        o_win, w_win, idx_win = self._window(q, k, v, rows, pos, scale, q_offset)
+        gates = torch.sigmoid(self.gate(q))  # (*lead, M, 3)
+        context = gates[..., 0:1] * o_cmp + gates[..., 1:2] * o_slc + gates[..., 2:3] * o_win
+
+        dense_slc = dense_win = None
+        if token_weights or listening:
+            dense_slc = _scatter(w_slc, idx_slc, n)
+            dense_win = _scatter(w_win, idx_win, n)
+        hooks.report(self, p_cmp, "compressed")
+        hooks.report(self, dense_slc, "selected")
+        hooks.report(self, dense_win, "window")
+        return NSABranches(
+            context, o_cmp, o_slc, o_win, gates, p_cmp, blocks, available, dense_slc, dense_win
+        )
+
+    def _sizes(self) -> Sizes:
+        return Sizes(
+            self.compress_block, self.compress_stride, self.select_block, self.num_selected,
+            self.window, self.num_initial, self.num_local, self.group_size,
+        )  # fmt: skip
+
+    def _prepare(self, q, k, v, mask, bias, q_offset):
+        """Validate; -> (lead, q, k, v broadcast to lead (masked keys zeroed), rows, positions,
+        scale)."""
         if bias is not None:
             raise ValueError(
                 "NativeSparseAttention takes no bias: its compressed branch scores blocks, not "
@@ -277,25 +353,7 @@ class NativeSparseAttention(HeadAttention):
         rows = row_mask(mask, lead, m, n)
         pos = query_positions(m, q_offset, q.device)  # (M,)
         k, v = sanitize(k, v, rows, q_offset + m - 1)
-        scale = 1.0 / math.sqrt(self.head_dim)
-        listening = hooks.listening()
-
-        o_cmp, p_cmp = self._compressed(q, k, v, rows, pos, scale)
-        blocks, available, o_slc, w_slc, idx_slc = self._selected(q, k, v, rows, pos, p_cmp, scale)
-        o_win, w_win, idx_win = self._window(q, k, v, rows, pos, scale, q_offset)
-        gates = torch.sigmoid(self.gate(q))  # (*lead, M, 3)
-        context = gates[..., 0:1] * o_cmp + gates[..., 1:2] * o_slc + gates[..., 2:3] * o_win
-
-        dense_slc = dense_win = None
-        if token_weights or listening:
-            dense_slc = _scatter(w_slc, idx_slc, n)
-            dense_win = _scatter(w_win, idx_win, n)
-        hooks.report(self, p_cmp, "compressed")
-        hooks.report(self, dense_slc, "selected")
-        hooks.report(self, dense_win, "window")
-        return NSABranches(
-            context, o_cmp, o_slc, o_win, gates, p_cmp, blocks, available, dense_slc, dense_win
-        )
+        return lead, q, k, v, rows, pos, 1.0 / math.sqrt(self.head_dim)
 
     # ---- branches ----------------------------------------------------------------------------
 
@@ -306,42 +364,48 @@ class NativeSparseAttention(HeadAttention):
         count = (n - l) // s + 1 if n >= l else 0
         if count == 0:
             return q.new_zeros(*lead, m, self.value_dim), q.new_zeros(*lead, m, 0)
-        starts = torch.arange(count, device=q.device) * s
-        seen = (starts + l - 1)[None, :] <= pos[:, None]  # (M, count) causal
-        if rows is not None:  # every key of the block may be attended by the row
-            seen = seen & rows.unfold(-1, l, s).all(-1)
-        kc = self.compress_key(k.unfold(-2, l, s).transpose(-1, -2))  # (*lead, count, d)
-        vc = self.compress_value(v.unfold(-2, l, s).transpose(-1, -2))
-        used = seen.broadcast_to(*lead, m, count).any(-2)[..., None]
-        kc, vc = kc.where(used, 0.0), vc.where(used, 0.0)
+        seen = self._seen(rows, pos, count)
+        kc, vc = self._compress(k, v, rows, pos)
         e = torch.matmul(q, kc.transpose(-1, -2)) * scale
         p = self.align(e, seen).weights
         return torch.matmul(p, vc), p
+
+    def _seen(self, rows, pos, count) -> Tensor:
+        """(…, M', count): the compressed blocks each query has wholly seen (and may read)."""
+        l, s = self.compress_block, self.compress_stride
+        starts = torch.arange(count, device=pos.device) * s
+        seen = (starts + l - 1)[None, :] <= pos[:, None]  # (M, count) causal
+        if rows is not None:  # every key of the block may be attended by the row
+            seen = seen & rows.unfold(-1, l, s).all(-1)
+        return seen
+
+    def _compress(self, k, v, rows, pos) -> tuple[Tensor, Tensor]:
+        """NSA eq. 7: the compressed keys and values (…, C, d); those no query has seen are 0
+        (nothing of the keys a mask excludes reaches them)."""
+        n, l, s = k.shape[-2], self.compress_block, self.compress_stride
+        count = (n - l) // s + 1 if n >= l else 0
+        if count == 0:
+            return k.new_zeros(*k.shape[:-2], 0, k.shape[-1]), v.new_zeros(
+                *v.shape[:-2], 0, v.shape[-1]
+            )
+        kc = compress_blocks(self.compress_key, k, l, s)  # (*lead, count, d)
+        vc = compress_blocks(self.compress_value, v, l, s)
+        seen = self._seen(rows, pos, count)
+        used = seen.broadcast_to(*k.shape[:-2], len(pos), count).any(-2)[..., None]
+        return kc.where(used, 0.0), vc.where(used, 0.0)
 
     def _selected(self, q, k, v, rows, pos, p_cmp, scale):
         """NSA eqs. 9-12: the top blocks by compressed attention, attended at token level."""
         n, lb = k.shape[-2], self.select_block
         count = -(-n // lb)
-        j = torch.arange(count, device=q.device)
-        # eq. 9: a selection block gathers the compressed weight of the blocks it overlaps
-        starts = torch.arange(p_cmp.shape[-1], device=q.device) * self.compress_stride
-        overlap = (starts[:, None] <= (j + 1)[None, :] * lb - 1) & (
-            starts[:, None] + self.compress_block - 1 >= (j * lb)[None, :]
-        )
-        importance = torch.matmul(p_cmp, overlap.to(p_cmp.dtype))  # (*lead, M, count)
+        score = importance(p_cmp, n, self._sizes())  # eq. 9, (*lead, M, count)
         if self.group_size > 1:
-            importance = group_sum(importance, self.group_size)  # eq. 10
-        current = pos // lb  # (M,)
-        forced = (j[None, :] < self.num_initial) | (
-            (j[None, :] <= current[:, None]) & (j[None, :] > current[:, None] - self.num_local)
-        )
-        has_key = (j * lb)[None, :] <= pos[:, None]  # (M, count) causal: the block's first key
+            score = group_sum(score, self.group_size)  # eq. 10
+        has_key = None
         if rows is not None:
             padded = torch.nn.functional.pad(rows, (0, count * lb - n), value=False)
-            has_key = has_key & padded.unflatten(-1, (count, lb)).any(-1)
-        inf = torch.tensor(float("inf"), dtype=importance.dtype, device=q.device)
-        rank = torch.where(forced, inf, importance).where(has_key, -inf)  # eq. 11
-        blocks, available = top_indices(rank, self.num_selected)
+            has_key = padded.unflatten(-1, (count, lb)).any(-1)
+        blocks, available = rank_blocks(score, pos, has_key, self._sizes())  # eq. 11
         index = (blocks[..., None] * lb + torch.arange(lb, device=q.device)).flatten(-2)
         ok = (index < n) & available.repeat_interleave(lb, -1) & (index <= pos[:, None])
         index = index.clamp_max(n - 1)

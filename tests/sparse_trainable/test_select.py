@@ -1,0 +1,30 @@
+"""The shared helpers of the trainable sparse parts: top-n selection against a stable sort."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from attnkit.sparse_trainable._select import top_indices
+
+
+@pytest.mark.parametrize("count", [1, 3, 7, 12, 20])
+def test_top_indices_are_the_set_a_stable_sort_puts_first(count):
+    """Ties (many, from a coarse grid), ±inf and NaN: the same set as the first ``count`` of a
+    stable descending sort (ties by index, NaN as −inf), in index order."""
+    g = torch.Generator().manual_seed(count)
+    score = torch.randint(0, 4, (50, 12), generator=g).double()
+    score[score == 0] = float("-inf")
+    score[:, 3] = torch.where(torch.rand(50, generator=g) < 0.3, float("inf"), score[:, 3])
+    score[::7, 5] = float("nan")
+    index, available = top_indices(score, count)
+    clean = score.nan_to_num(nan=float("-inf"))
+    order = torch.sort(clean, dim=-1, descending=True, stable=True).indices[:, : min(count, 12)]
+    want = order.sort(-1).values
+    assert torch.equal(index, want)
+    assert torch.equal(available, torch.gather(clean, -1, want) > float("-inf"))
+
+
+def test_top_indices_of_nothing():
+    index, available = top_indices(torch.zeros(0, 4), 2)
+    assert index.shape == (0, 2) and available.shape == (0, 2)
