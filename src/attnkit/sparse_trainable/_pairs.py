@@ -27,7 +27,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-__all__ = ["Tiles", "tile_backward", "tile_forward", "tiles"]
+__all__ = ["Tiles", "tile_backward", "tile_forward", "tile_weights", "tiles"]
 
 
 class Tiles(NamedTuple):
@@ -191,3 +191,25 @@ def tile_backward(
     dk.index_add_(0, krow, torch.bmm(ds.transpose(1, 2), qt).flatten(0, 1))
     dv.index_add_(0, krow, torch.bmm(p.mul_(g).transpose(1, 2), gt).flatten(0, 1))
     return r
+
+
+def tile_weights(
+    qf: Tensor,
+    kf: Tensor,
+    lse: Tensor,
+    t: Tiles,
+    *,
+    n: int,
+    block_size: int,
+    scale: float,
+    rows=None,
+) -> Tensor:
+    """The weights exp(e − lse) as dense rows (R + 1, N) (0 where a query reads no key), from
+    the forward's log-sum-exp ``lse`` (R + 1,); arguments as :func:`tile_forward`."""
+    s, _, _, _ = _scores(qf, kf, t, n, block_size, scale, rows)
+    p = s.sub_(lse[t.query][..., None]).exp_()
+    pos = (t.start[:, None] + torch.arange(block_size, device=qf.device)).clamp_max(n - 1)
+    dense = p.new_zeros(qf.shape[0], n)
+    # accumulate: a block's positions past N are clamped onto N − 1 with weight 0
+    dense.index_put_((t.query[..., None], pos[:, None, :]), p, accumulate=True)
+    return dense

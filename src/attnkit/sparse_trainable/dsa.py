@@ -58,6 +58,7 @@ from attnkit.sparse_trainable._select import (
     sanitize,
     top_indices,
 )
+from attnkit.sparse_trainable._selected import selected_softmax
 
 __all__ = ["DeepSeekSparseAttention", "LightningIndexer", "indexer_loss"]
 
@@ -150,6 +151,9 @@ class DeepSeekSparseAttention(HeadAttention):
         indexer_loss_weight: λ of the indexer's KL loss (see the module docstring).
     """
 
+    # for_heads: the constructor arguments each size fills (attnkit.sizing.build)
+    size_arguments: ClassVar[dict[str, str]] = {"head_dim": "head_dim"}
+
     # capabilities (attnkit.head.HeadAttention)
     causal_form: ClassVar[bool] = True
     accepts_bias: ClassVar[bool] = True
@@ -231,13 +235,30 @@ class DeepSeekSparseAttention(HeadAttention):
 
         qi, wi, ki = self.indexer.project(q.detach(), k.detach())
         keys, ok = self._select(qi, wi, ki, rows, pos)  # (*lead, M, T)
-        picked = None
-        if bias is not None:
-            picked = torch.gather(bias.broadcast_to(*lead, m, n), -1, keys).where(ok, 0.0)
-        context, w = self._attend(q, k, v, keys, ok, picked)
-
         trains = any(x.requires_grad for x in (qi, wi, ki))
-        if self.indexer_loss_weight and torch.is_grad_enabled() and trains:
+        trains = bool(self.indexer_loss_weight) and torch.is_grad_enabled() and trains
+        align, dense_weights = self.align, need_weights or hooks.listening()
+        if (
+            bias is None
+            and not dense_weights
+            and type(align) is Softmax
+            and align.fixed_temperature is not None
+            and q.numel()
+            and v.numel()
+        ):  # key-block tiles: no per-query gather; the weights only for the indexer's loss
+            count = lead.numel()
+            flat = (x.reshape(count, *x.shape[-2:]) for x in (q, k, v, keys, ok))
+            scale = 1.0 / math.sqrt(self.head_dim) / align.fixed_temperature
+            context, w = selected_softmax(*flat, q_offset, scale, want_weights=trains)
+            context = context.view(*lead, m, v.shape[-1])
+            w = None if w is None else w.view(keys.shape)
+        else:
+            picked = None
+            if bias is not None:
+                picked = torch.gather(bias.broadcast_to(*lead, m, n), -1, keys).where(ok, 0.0)
+            context, w = self._attend(q, k, v, keys, ok, picked)
+
+        if trains:
             selected = self._selected_scores(qi, wi, ki, keys, ok)
             with torch.no_grad():
                 log_q = torch.log_softmax(selected.masked_fill(~ok, float("-inf")), -1)
@@ -247,7 +268,7 @@ class DeepSeekSparseAttention(HeadAttention):
             context = _TrainIndexer.apply(context, selected, grad)
 
         dense = None
-        if need_weights or hooks.listening():
+        if dense_weights:
             dense = w.new_zeros(*lead, m, n).scatter_add(-1, keys, w)
         hooks.report(self, dense)
         return AttentionOutput(context, dense if need_weights else None)
@@ -267,11 +288,14 @@ class DeepSeekSparseAttention(HeadAttention):
         with torch.no_grad():
             for s in range(0, m, step):
                 sl = slice(s, s + step)
-                index = LightningIndexer.scores(qi[..., sl, :, :], wi[..., sl, :], ki)
-                index = group_sum(index, self.group_size)  # (*lead, b, N)
-                allowed = columns <= pos[sl, None]
+                # causal: the block's queries read no key after its last position
+                end = max(t, min(n, int(pos[sl][-1]) + 1))
+                index = LightningIndexer.scores(qi[..., sl, :, :], wi[..., sl, :], ki[..., :end, :])
+                index = group_sum(index, self.group_size)  # (*lead, b, end)
+                allowed = columns[:end] <= pos[sl, None]
                 if rows is not None:
-                    allowed = allowed & (rows[..., sl, :] if rows.shape[-2] == m else rows)
+                    part = rows[..., sl, :] if rows.shape[-2] == m else rows
+                    allowed = allowed & part[..., :end]
                 allowed = allowed.broadcast_to(index.shape)
                 top, available = top_indices(index.masked_fill(~allowed, float("-inf")), t)
                 keys[..., sl, :] = top

@@ -1,0 +1,136 @@
+"""Softmax attention of each query over its own selected keys (DSA's top-k), evaluated a chunk of
+queries at a time over key-block tiles (:mod:`attnkit.sparse_trainable._pairs`) with one
+hand-written backward.
+
+A query's selected keys are scattered over the key blocks it touches; each (query, touched
+block) is a pair, read through a (chunk, N) mask of the selection, so a key block is read once
+per tile of queries, not once per query (a per-query gather moves M·k·d numbers and multiplies
+them as vectors). The price: a touched block is scored whole, so the work is (touched blocks)·l'
+keys per query, between k and the causal prefix. Kept for the backward: the log-sum-exp (…, M)
+and the selection (…, M, k).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from attnkit.sparse_trainable._pairs import tile_backward, tile_forward, tile_weights, tiles
+
+__all__ = ["selected_softmax"]
+
+#: (query, key block) pairs per chunk
+PAIRS = 1 << 14
+#: keys per block, pairs per tile
+BLOCK, TILE = 64, 32
+
+
+def _chunk(keys: Tensor, ok: Tensor, pos: Tensor, n: int):
+    """The chunk's tiles and its selection mask as a lookup for them."""
+    count, q, _ = keys.shape
+    blocks = -(-n // BLOCK)
+    chosen = torch.zeros(count * q + 1, n, dtype=torch.bool, device=keys.device)
+    rows = torch.arange(count * q, device=keys.device).view(count, q, 1).expand_as(keys)
+    chosen[rows[ok], keys[ok]] = True
+    touched = torch.zeros(count, q, blocks, dtype=torch.bool, device=keys.device)
+    touched.view(count * q, blocks)[rows[ok], keys[ok] // BLOCK] = True
+    item, query, block = touched.nonzero(as_tuple=True)
+    t = tiles(
+        item, block, item * q + query, torch.zeros_like(block), pos.clamp_max(n - 1)[query],
+        items=count, blocks=blocks, block_size=BLOCK, empty=count * q, size=TILE,
+    )  # fmt: skip
+    flat = chosen.view(-1)
+
+    def lookup(query_rows: Tensor, positions: Tensor) -> Tensor:
+        return flat[query_rows[..., None] * n + positions[:, None, :]]
+
+    return t, lookup
+
+
+def _steps(m: int, count: int, touched: int):
+    step = max(1, min(m, PAIRS // max(1, count * touched)))
+    return [(a, min(m, a + step)) for a in range(0, m, step)]
+
+
+def _flat(x: Tensor) -> Tensor:
+    flat = x.reshape(-1, x.shape[-1])
+    return torch.cat([flat, flat.new_zeros(1, flat.shape[-1])])
+
+
+class _SelectedSoftmax(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, keys, ok, q_offset, scale, want_weights):
+        count, m, _ = q.shape
+        n = k.shape[1]
+        kf, vf = k.reshape(count * n, -1), v.reshape(count * n, -1)
+        out = q.new_empty(count, m, v.shape[-1])
+        lse = q.new_empty(count, m)
+        weights = q.new_zeros(keys.shape) if want_weights else None
+        touched = min(-(-n // BLOCK), keys.shape[-1])
+        for a, b in _steps(m, count, touched):
+            pos = torch.arange(a, b, device=q.device) + q_offset
+            t, rows = _chunk(keys[:, a:b], ok[:, a:b], pos, n)
+            qf = _flat(q[:, a:b])
+            o, s = tile_forward(qf, kf, vf, t, n=n, block_size=BLOCK, scale=scale, rows=rows)
+            out[:, a:b], lse[:, a:b] = o.view(count, b - a, -1), s.view(count, b - a)
+            if want_weights:  # p at the selected keys: exp(e − lse), e = scale · q · k
+                lse_f = torch.cat([s, s.new_zeros(1)])
+                dense = tile_weights(
+                    qf, kf, lse_f, t, n=n, block_size=BLOCK, scale=scale, rows=rows
+                )
+                picked = dense[:-1].view(count, b - a, n).gather(-1, keys[:, a:b])
+                weights[:, a:b] = picked.where(ok[:, a:b], 0.0)
+        ctx.save_for_backward(q, k, v, keys, ok, lse)
+        ctx.q_offset, ctx.scale = q_offset, scale
+        return out, weights
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad, _grad_weights):
+        q, k, v, keys, ok, lse = ctx.saved_tensors
+        count, m, _ = q.shape
+        n = k.shape[1]
+        kf, vf = k.reshape(count * n, -1), v.reshape(count * n, -1)
+        dq, dk, dv = torch.zeros_like(q), torch.zeros_like(kf), torch.zeros_like(vf)
+        touched = min(-(-n // BLOCK), keys.shape[-1])
+        for a, b in _steps(m, count, touched):
+            pos = torch.arange(a, b, device=q.device) + ctx.q_offset
+            t, rows = _chunk(keys[:, a:b], ok[:, a:b], pos, n)
+            qf, gf = _flat(q[:, a:b]), _flat(grad[:, a:b])
+            lse_f = torch.cat([lse[:, a:b].reshape(-1), lse.new_zeros(1)])
+            gate = torch.ones_like(lse_f)
+            dqf = torch.zeros_like(qf)
+            tile_backward(
+                qf, kf, vf, gf, lse_f, gate, t, dqf, dk, dv,
+                n=n, block_size=BLOCK, scale=ctx.scale, rows=rows,
+            )  # fmt: skip
+            dq[:, a:b] = dqf[:-1].view(count, b - a, -1)
+        return dq, dk.view_as(k), dv.view_as(v), None, None, None, None, None
+
+
+def selected_softmax(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    keys: Tensor,
+    ok: Tensor,
+    q_offset: int,
+    scale: float,
+    want_weights: bool = False,
+) -> tuple[Tensor, Tensor | None]:
+    """Softmax attention of query i (at position q_offset + i) over its keys ``keys[i]`` where
+    ``ok`` (module docstring).
+
+    Args:
+        q: (count, M, d); k, v: (count, N, d), (count, N, d_v).
+        keys: (count, M, T) int64 distinct key numbers per row, at most the query's position.
+        ok: (count, M, T) bool, the entries the query reads.
+        scale: the factor of the dot products.
+        want_weights: also return the weights at ``keys`` (count, M, T), without gradient.
+
+    Returns:
+        context (count, M, d_v) (0 for a row without a key), differentiable (once) with respect
+        to q, k, v; the weights or None.
+    """
+    q, k, v = (x.contiguous() for x in (q, k, v))
+    return _SelectedSoftmax.apply(q, k, v, keys, ok, q_offset, scale, want_weights)
