@@ -11,6 +11,7 @@ form, NaN in padding, float32 vs float64, ...) are in ``tests/test_slot_properti
 from __future__ import annotations
 
 import inspect
+from typing import ClassVar
 
 import pytest
 import torch
@@ -293,31 +294,52 @@ def test_a_part_that_declares_no_mask_form_is_told_how_to_declare_one():
         layer(x)  # the decoder's self-attention is causal: the layer passes the mask itself
 
 
-def test_for_heads_fills_sizes_by_name_and_refuses_what_it_cannot_fill():
+def test_for_heads_fills_the_declared_sizes_and_refuses_what_it_cannot_fill():
     class Sized(HeadAttention):
-        def __init__(self, head_dim, num_heads, *, max_len=3, scale=1.0):
-            super().__init__()
-            self.sizes = (head_dim, num_heads, max_len, scale)
+        size_arguments: ClassVar[dict[str, str]] = {
+            "head_dim": "head_dim",
+            "num_heads": "num_heads",
+            "span": "max_len",
+        }
 
-    assert Sized.for_heads(embed_dim=8, num_heads=2, head_dim=4, max_len=16).sizes == (
-        4,
-        2,
-        16,  # a length follows max_len even where it has a default
-        1.0,
-    )
+        def __init__(self, head_dim, num_heads, *, span=3, scale=1.0, max_len=5):
+            super().__init__()
+            self.sizes = (head_dim, num_heads, span, scale, max_len)
+
+    made = Sized.for_heads(embed_dim=8, num_heads=2, head_dim=4, max_len=16)
+    # declared sizes are filled, a length included; an undeclared argument keeps its default,
+    # whatever its name (nothing is guessed from names)
+    assert made.sizes == (4, 2, 16, 1.0, 5)
     made = Sized.for_heads(embed_dim=8, num_heads=2, head_dim=4, max_len=16, scale=0.5)
-    assert made.sizes[-1] == 0.5
-    with pytest.raises(TypeError, match=r"unknown argument.*scal"):
+    assert made.sizes[3] == 0.5
+    with pytest.raises(
+        TypeError, match=r"attention part 'Sized' got an unexpected argument 'scal'"
+    ):
         Sized.for_heads(embed_dim=8, num_heads=2, head_dim=4, max_len=16, scal=0.5)
 
     class NeedsMore(HeadAttention):
-        def __init__(self, table):
+        def __init__(self, head_dim, table):
             super().__init__()
 
-    with pytest.raises(TypeError, match="'table' cannot be filled"):
+    with pytest.raises(TypeError, match="needs the argument 'head_dim', which no size gives"):
         NeedsMore.for_heads(embed_dim=8, num_heads=2, head_dim=4, max_len=16)
     module, args, kwargs = ToyPart.example()
     assert isinstance(module, ToyPart) and module(*args, **kwargs).context.shape == (2, 2, 7, 4)
+
+
+def test_every_part_declares_the_sizes_its_constructor_requires():
+    """for_heads builds every registered part from its declaration alone (the suite's own
+    builds go through it too); a required constructor argument is a declared size."""
+    for name in REGISTERED:
+        cls = ak.mechanisms.REGISTRY.get(name)
+        if "for_heads" in vars(cls):
+            continue  # builds itself
+        required = [
+            key
+            for key, p in inspect.signature(cls).parameters.items()
+            if p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+        ]
+        assert set(required) <= set(cls.size_arguments), (name, required, cls.size_arguments)
 
 
 def test_check_head_inputs_validates_and_trusts_a_validated_caller():

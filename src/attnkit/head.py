@@ -14,7 +14,6 @@ that validated at its own door (multi-head attention) calls the part inside
 
 from __future__ import annotations
 
-import inspect
 from typing import Any, ClassVar
 
 import torch
@@ -23,8 +22,9 @@ from torch import Tensor, nn
 from attnkit import masks, trust
 from attnkit.inputs import broadcast_shapes
 from attnkit.output import AttentionOutput
+from attnkit.sizing import Sizes, build
 
-__all__ = ["MASK_FORMS", "SIZE_NAMES", "HeadAttention", "check_head_inputs", "mask_form"]
+__all__ = ["MASK_FORMS", "HeadAttention", "check_head_inputs", "mask_form"]
 
 # The mask forms a part may honour, from the narrowest to the widest:
 # - "key": the same for every query, (…, 1, N) — key padding;
@@ -33,14 +33,6 @@ __all__ = ["MASK_FORMS", "SIZE_NAMES", "HeadAttention", "check_head_inputs", "ma
 # - "causal": a causal mask (query i may attend keys j ≤ i), alone or with key padding;
 # - "full": any boolean (…, M, N), e.g. a sparse pattern.
 MASK_FORMS = ("key", "padding", "causal", "full")
-
-# Constructor parameters that :meth:`HeadAttention.for_heads` fills from the sizes, by name.
-SIZE_NAMES: dict[str, str] = {
-    "d": "head_dim", "dim": "head_dim", "head_dim": "head_dim", "d_head": "head_dim",
-    "d_k": "head_dim", "seq_len": "max_len", "max_len": "max_len", "max_length": "max_len",
-    "n": "max_len", "length": "max_len", "num_heads": "num_heads", "n_heads": "num_heads",
-    "heads": "num_heads", "max_span": "max_len", "embed_dim": "embed_dim",
-}  # fmt: skip
 
 
 def mask_form(mask: Tensor | None, m: int) -> str | None:
@@ -96,6 +88,10 @@ class HeadAttention(nn.Module):
     accepts_block_mask: ClassVar[bool] = False
     accepts_score_mod: ClassVar[bool] = False
     mask_forms: ClassVar[frozenset[str]] = frozenset()
+    # for_heads: which constructor argument takes which size (attnkit.sizing.build); what the
+    # part is, for its messages
+    size_arguments: ClassVar[dict[str, str]] = {}
+    part_kind: ClassVar[str] = "attention part"
 
     def forward(
         self,
@@ -202,44 +198,18 @@ class HeadAttention(nn.Module):
         """The part built for H = ``num_heads`` heads of size d = ``head_dim`` over at most
         ``max_len`` keys, in a layer of width E = ``embed_dim``.
 
-        Constructor parameters named in :data:`SIZE_NAMES` are filled from the sizes where they
-        are required (or are lengths, which always follow ``max_len``); ``overrides`` give any
-        parameter explicitly; every other parameter keeps its default. A part whose
+        The part declares which constructor argument takes which size in
+        :attr:`size_arguments` (``{"head_dim": "head_dim", "max_span": "max_len"}``; as scores,
+        alignments and position schemes do, :func:`attnkit.sizing.build`); ``overrides`` give
+        any argument explicitly; every other argument keeps its default. A part whose
         constructor needs more than sizes overrides this method.
 
         Raises:
-            TypeError: a required parameter that no size fills, or an override the constructor
-                does not take.
+            TypeError: a required argument that no declared size fills, or an override the
+                constructor does not take.
         """
-        sizes = {
-            "embed_dim": embed_dim,
-            "num_heads": num_heads,
-            "head_dim": head_dim,
-            "max_len": max_len,
-        }
-        params = inspect.signature(cls).parameters
-        takes_any = any(p.kind is p.VAR_KEYWORD for p in params.values())
-        unknown = [key for key in overrides if key not in params and not takes_any]
-        if unknown:
-            raise TypeError(
-                f"{cls.__name__}.for_heads: unknown argument(s) {', '.join(unknown)}; "
-                f"{cls.__name__} takes {', '.join(params) or 'no arguments'}"
-            )
-        kwargs = dict(overrides)
-        for key, param in params.items():
-            if param.kind in (param.VAR_KEYWORD, param.VAR_POSITIONAL) or key in kwargs:
-                continue
-            required = param.default is inspect.Parameter.empty
-            if key in SIZE_NAMES:
-                if required or SIZE_NAMES[key] == "max_len":
-                    kwargs[key] = sizes[SIZE_NAMES[key]]
-            elif required:
-                raise TypeError(
-                    f"{cls.__name__}.for_heads: the argument {key!r} cannot be filled from the "
-                    f"sizes ({', '.join(sorted(SIZE_NAMES))}); pass it as {key}=... or give "
-                    f"{cls.__name__} its own for_heads"
-                )
-        return cls(**kwargs)
+        sizes = Sizes(embed_dim=embed_dim, num_heads=num_heads, head_dim=head_dim, max_len=max_len)
+        return build(cls, sizes, overrides)
 
     @classmethod
     def example(cls) -> tuple[HeadAttention, tuple[Tensor, Tensor, Tensor], dict[str, Any]]:

@@ -133,6 +133,9 @@ class AdaptiveSpanAttention(_SpanPart):
         block: queries per block of the band evaluation.
     """
 
+    # for_heads: the constructor arguments each size fills (attnkit.sizing.build)
+    size_arguments: ClassVar[dict[str, str]] = {"num_heads": "num_heads", "max_span": "max_len"}
+
     def __init__(
         self,
         num_heads: int,
@@ -214,6 +217,13 @@ class DynamicSpanAttention(_SpanPart):
         span_penalty: λ ≥ 0 of :meth:`span_loss`.
         block: queries per block of the band evaluation.
     """
+
+    # for_heads: the constructor arguments each size fills (attnkit.sizing.build)
+    size_arguments: ClassVar[dict[str, str]] = {
+        "num_heads": "num_heads",
+        "head_dim": "head_dim",
+        "max_span": "max_len",
+    }
 
     def __init__(
         self,

@@ -64,6 +64,9 @@ class AdaptivelySparseAttention(HeadAttention):
         n_iter: bisection steps of entmax.
     """
 
+    # for_heads: the constructor arguments each size fills (attnkit.sizing.build)
+    size_arguments: ClassVar[dict[str, str]] = {"num_heads": "num_heads"}
+
     # capabilities (attnkit.head.HeadAttention)
     causal_form: ClassVar[bool] = True
     accepts_bias: ClassVar[bool] = True

@@ -54,6 +54,9 @@ class Linformer(HeadAttention):
     the keys differently). Bias is refused (no (M, N) scores are formed).
     """
 
+    # for_heads: the constructor arguments each size fills (attnkit.sizing.build)
+    size_arguments: ClassVar[dict[str, str]] = {"max_len": "max_len"}
+
     # capabilities (attnkit.head.HeadAttention)
     mask_forms: ClassVar[frozenset[str]] = frozenset({"key", "padding"})
 

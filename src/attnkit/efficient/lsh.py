@@ -75,6 +75,9 @@ class LSHAttention(HeadAttention):
     densely only when requested or captured.
     """
 
+    # for_heads: the constructor arguments each size fills (attnkit.sizing.build)
+    size_arguments: ClassVar[dict[str, str]] = {"d": "head_dim"}
+
     # capabilities (attnkit.head.HeadAttention)
     causal_form: ClassVar[bool] = True
     accepts_bias: ClassVar[bool] = True

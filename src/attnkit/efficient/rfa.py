@@ -62,6 +62,9 @@ class RandomFeatureAttention(DerivedBuffers, HeadAttention):
     Masks and bias as :class:`attnkit.efficient.LinearAttention`.
     """
 
+    # for_heads: the constructor arguments each size fills (attnkit.sizing.build)
+    size_arguments: ClassVar[dict[str, str]] = {"d": "head_dim"}
+
     # capabilities (attnkit.head.HeadAttention)
     causal_form: ClassVar[bool] = True
     mask_forms: ClassVar[frozenset[str]] = frozenset({"key"})

@@ -65,6 +65,9 @@ class RoutingAttention(HeadAttention):
             keys, attention on the gathered blocks) instead of by nearest centroid.
     """
 
+    # for_heads: the constructor arguments each size fills (attnkit.sizing.build)
+    size_arguments: ClassVar[dict[str, str]] = {"d": "head_dim"}
+
     # capabilities (attnkit.head.HeadAttention)
     causal_form: ClassVar[bool] = True
     accepts_bias: ClassVar[bool] = True

@@ -101,6 +101,9 @@ class RelativeKernelAttention(HeadAttention):
     The biases start at 0 (c = 1: plain kernelized attention).
     """
 
+    # for_heads: the constructor arguments each size fills (attnkit.sizing.build)
+    size_arguments: ClassVar[dict[str, str]] = {"max_len": "max_len"}
+
     # capabilities (attnkit.head.HeadAttention)
     causal_form: ClassVar[bool] = True
     mask_forms: ClassVar[frozenset[str]] = frozenset({"key"})

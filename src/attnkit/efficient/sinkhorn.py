@@ -67,6 +67,9 @@ class SinkhornAttention(HeadAttention):
         temperature: τ > 0 of the balancing.
     """
 
+    # for_heads: the constructor arguments each size fills (attnkit.sizing.build)
+    size_arguments: ClassVar[dict[str, str]] = {"d": "head_dim"}
+
     # capabilities (attnkit.head.HeadAttention)
     mask_forms: ClassVar[frozenset[str]] = frozenset({"key"})
 

@@ -29,6 +29,7 @@ convolutions of the papers' layers act on the layer's projections and are left t
 from __future__ import annotations
 
 import math
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -167,6 +168,9 @@ class DeltaNet(LinearFamilyPart):
             triangular system.
     """
 
+    # for_heads: the constructor arguments each size fills (attnkit.sizing.build)
+    size_arguments: ClassVar[dict[str, str]] = {"head_dim": "head_dim", "num_heads": "num_heads"}
+
     def __init__(
         self,
         head_dim: int,
@@ -213,6 +217,9 @@ class DeltaNet(LinearFamilyPart):
 class GatedDeltaNet(DeltaNet):
     """Gated DeltaNet as a per-head part: DeltaNet whose state first decays by
     α_t = exp(−exp(A_log) softplus(w_g · k_t + b_g)) (initialised as Mamba-2's Δ and A)."""
+
+    # for_heads: the constructor arguments each size fills (attnkit.sizing.build)
+    size_arguments: ClassVar[dict[str, str]] = {"head_dim": "head_dim", "num_heads": "num_heads"}
 
     def __init__(
         self,

@@ -18,6 +18,7 @@ to the layer.
 from __future__ import annotations
 
 import math
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -41,6 +42,9 @@ class GatedLinearAttention(_DecayFamily):
             1 so that the state forgets slowly.
         form, chunk_size: as :class:`LinearFamilyPart`.
     """
+
+    # for_heads: the constructor arguments each size fills (attnkit.sizing.build)
+    size_arguments: ClassVar[dict[str, str]] = {"head_dim": "head_dim", "num_heads": "num_heads"}
 
     def __init__(
         self,

@@ -20,6 +20,7 @@ the layer's input and output and are left to the layer.
 from __future__ import annotations
 
 import math
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -45,6 +46,9 @@ class Mamba2SSD(_DecayFamily):
     Initialised as Mamba-2: A ∈ −[1, 16], Δ = softplus(b_Δ) ∈ [10⁻³, 10⁻¹] (log-uniform), D = 1.
     The weights include the skip D on the diagonal (y = W x).
     """
+
+    # for_heads: the constructor arguments each size fills (attnkit.sizing.build)
+    size_arguments: ClassVar[dict[str, str]] = {"head_dim": "head_dim", "num_heads": "num_heads"}
 
     def __init__(
         self,

@@ -19,6 +19,7 @@ that the GroupNorm removes, so they are not applied.
 from __future__ import annotations
 
 import math
+from typing import ClassVar
 
 import torch
 from torch import Tensor, nn
@@ -50,6 +51,9 @@ class Retention(DerivedBuffers, _DecayFamily):
         eps: the norm's ε.
         form, chunk_size: as :class:`LinearFamilyPart`.
     """
+
+    # for_heads: the constructor arguments each size fills (attnkit.sizing.build)
+    size_arguments: ClassVar[dict[str, str]] = {"head_dim": "head_dim", "num_heads": "num_heads"}
 
     def __init__(
         self,

@@ -45,6 +45,9 @@ class QKNormAttention(HeadAttention):
         attention: the inner per-head part; default ``Attention("scaled_dot", "softmax")``.
     """
 
+    # for_heads: the constructor arguments each size fills (attnkit.sizing.build)
+    size_arguments: ClassVar[dict[str, str]] = {"head_dim": "head_dim"}
+
     mask_inputs: ClassVar[dict[str, tuple[str, ...]]] = {"mask": ("k", "v")}
 
     def __init__(

@@ -43,6 +43,9 @@ class TalkingHeadsAttention(HeadAttention):
         num_heads: H.
     """
 
+    # for_heads: the constructor arguments each size fills (attnkit.sizing.build)
+    size_arguments: ClassVar[dict[str, str]] = {"num_heads": "num_heads"}
+
     # capabilities (attnkit.head.HeadAttention)
     causal_form: ClassVar[bool] = True
     accepts_bias: ClassVar[bool] = True
