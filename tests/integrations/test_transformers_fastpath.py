@@ -159,6 +159,22 @@ def test_split_mask_recovers_the_pattern_and_the_bias(with_bias):
     assert again[0] is mask  # remembered
 
 
+@pytest.mark.parametrize("write", ["numpy", "data"])
+def test_a_mask_changed_where_the_version_counter_does_not_see_is_converted_again(write):
+    allowed = torch.ones(1, 1, 4, 6, dtype=torch.bool).tril(2)
+    additive = torch.where(allowed, 0.0, torch.finfo(torch.float32).min)
+    first, _, _ = fp.split_mask(additive, torch.float32)
+    assert torch.equal(first, allowed)
+    if write == "numpy":
+        additive.numpy()[0, 0, 0, 5] = 0.0  # opens a pair, unseen by _version
+    else:
+        additive.data[0, 0, 0, 5] = 0.0
+    again, _, _ = fp.split_mask(additive, torch.float32)
+    expect = allowed.clone()
+    expect[0, 0, 0, 5] = True
+    assert torch.equal(again, expect)
+
+
 def test_a_mask_that_allows_every_pair_is_dropped():
     nothing = (None, None, None)
     assert fp.split_mask(torch.zeros(2, 1, 3, 3), torch.float32) == nothing

@@ -80,8 +80,8 @@ class _Converted(NamedTuple):
     every_row: bool
 
 
-# id(mask) -> (weak reference to the mask, its version, its conversion)
-_MASKS: dict[int, tuple[weakref.ref, int, _Converted]] = {}
+# id(mask) -> (weak reference to the mask, its version, a copy of its values, its conversion)
+_MASKS: dict[int, tuple[weakref.ref, int, Tensor, _Converted]] = {}
 # At most this many masks are held (a mask kept alive by its caller is evicted oldest first).
 _MASK_CACHE_SIZE = 8
 
@@ -118,12 +118,13 @@ def split_mask(
     rows without a key.
 
     The conversion of a mask tensor is kept while the tensor lives (at most
-    ``_MASK_CACHE_SIZE`` of them), keyed by its identity and version, so that the layers of one
-    forward pass, which all get the same mask, convert it once; a mask changed in place is
-    converted again. Inference tensors (no version counter), masks that require a gradient and
-    calls traced by ``torch.compile`` are converted on every call (under ``torch.compile``
-    nothing is decided from the mask's values: an all-True mask is kept, the additive form is
-    not offered).
+    ``_MASK_CACHE_SIZE`` of them), keyed by its identity and version and checked against a copy of
+    its values, so that the layers of one forward pass, which all get the same mask, convert it
+    once; a mask changed in place (also through ``.numpy()`` or ``.data``, which the version
+    counter does not see) is converted again. Inference tensors (no version counter), masks that
+    require a gradient and calls traced by ``torch.compile`` are converted on every call (under
+    ``torch.compile`` nothing is decided from the mask's values: an all-True mask is kept, the
+    additive form is not offered).
 
     Returns:
         (mask, bias, additive): mask boolean or None, bias in ``dtype`` or None, each
@@ -140,10 +141,17 @@ def split_mask(
         except RuntimeError:  # an inference tensor has no version counter: not cached
             version = None
         hit = _MASKS.get(id(attention_mask))
-        if version is not None and hit is not None and hit[0]() is attention_mask:
-            converted = hit[2] if hit[1] == version else None
-        else:
-            converted = None
+        converted = None
+        # the version counter misses writes through .numpy() or .data: the values are compared
+        # with the copy kept (one pass, cheaper than converting again)
+        if (
+            version is not None
+            and hit is not None
+            and hit[0]() is attention_mask
+            and hit[1] == version
+            and torch.equal(hit[2], attention_mask)
+        ):
+            converted = hit[3]
         if converted is None:
             converted = _remember(attention_mask, _convert(attention_mask, values=True))
     mask, bias, every_row = converted
@@ -167,7 +175,7 @@ def _remember(attention_mask: Tensor, converted: _Converted) -> _Converted:
         _MASKS.pop(next(iter(_MASKS)))
     # (the reference's callback drops the entry when the mask is freed)
     ref = weakref.ref(attention_mask, lambda _, key=key: _MASKS.pop(key, None))
-    _MASKS[key] = (ref, version, converted)
+    _MASKS[key] = (ref, version, attention_mask.detach().clone(), converted)
     return converted
 
 
