@@ -28,3 +28,12 @@ def test_top_indices_are_the_set_a_stable_sort_puts_first(count):
 def test_top_indices_of_nothing():
     index, available = top_indices(torch.zeros(0, 4), 2)
     assert index.shape == (0, 2) and available.shape == (0, 2)
+
+
+def test_top_indices_without_ties_are_the_highest_in_index_order():
+    g = torch.Generator().manual_seed(0)
+    score = torch.randn(30, 40, generator=g, dtype=torch.float64)
+    score[:, 35:] = float("-inf")  # unavailable, never chosen while others remain
+    index, available = top_indices(score, 9)
+    want = torch.sort(score, dim=-1, descending=True).indices[:, :9].sort(-1).values
+    assert torch.equal(index, want) and available.all()

@@ -94,10 +94,14 @@ def top_indices(score: Tensor, count: int) -> tuple[Tensor, Tensor]:
         empty = score.new_zeros(*lead, count, dtype=torch.long)
         return empty, empty.bool()
     score = score.nan_to_num(nan=float("-inf"))
-    bar = torch.topk(score, count, dim=-1, sorted=False).values.amin(-1, keepdim=True)
+    values, order = torch.topk(score, count, dim=-1, sorted=False)
+    bar = values.amin(-1, keepdim=True)
     above = score > bar
     tied = score == bar
     need = count - above.sum(-1, keepdim=True)
+    if bool((tied.sum(-1, keepdim=True) == need).all()):  # no tie at the bar: topk's set
+        index = order.sort(-1).values
+        return index, torch.gather(score, -1, index) > float("-inf")
     take = above | (tied & (tied.cumsum(-1) <= need))
     index = take.reshape(-1, k).nonzero()[:, 1].view(*lead, count)  # exactly count per row
     return index, torch.gather(score, -1, index) > float("-inf")

@@ -31,10 +31,11 @@ def _chunk(keys: Tensor, ok: Tensor, pos: Tensor, n: int):
     blocks = -(-n // BLOCK)
     chosen = torch.zeros(count * q + 1, n, dtype=torch.bool, device=keys.device)
     rows = torch.arange(count * q, device=keys.device).view(count, q, 1).expand_as(keys)
-    chosen[rows[ok], keys[ok]] = True
-    touched = torch.zeros(count, q, blocks, dtype=torch.bool, device=keys.device)
-    touched.view(count * q, blocks)[rows[ok], keys[ok] // BLOCK] = True
-    item, query, block = touched.nonzero(as_tuple=True)
+    rows = rows.where(ok, count * q)  # entries not read mark the spare last row
+    chosen[rows, keys] = True
+    touched = torch.zeros(count * q + 1, blocks, dtype=torch.bool, device=keys.device)
+    touched[rows, keys // BLOCK] = True
+    item, query, block = touched[:-1].view(count, q, blocks).nonzero(as_tuple=True)
     t = tiles(
         item, block, item * q + query, torch.zeros_like(block), pos.clamp_max(n - 1)[query],
         items=count, blocks=blocks, block_size=BLOCK, empty=count * q, size=TILE,
