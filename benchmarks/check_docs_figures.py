@@ -39,6 +39,12 @@ interrupted check continues where it stopped. Usage::
     python benchmarks/check_docs_figures.py --check --slow    # also the full-budget rows (hours)
     python benchmarks/check_docs_figures.py --check --metrics-only   # skip time/memory figures
     python benchmarks/check_docs_figures.py --check --update  # write measured values into the docs
+    python benchmarks/check_docs_figures.py --quotes          # figures quoted from RESULTS.md only
+
+Figures the docs quote from the tables of ``benchmarks/RESULTS.md`` (the peer comparisons:
+FlexAttention, the reference packages, ring attention's memory) are rows of ``QUOTES``: the
+quoted text and the RESULTS.md heading, table and column it comes from. They are compared with
+the table, not re-measured (``--quotes`` alone; every other mode prints them first).
 
 ``--check`` prints one table (row, figure, documented, measured, verdict) and exits with
 status 1 on any mismatch (2 when a template no longer matches its document). ``--update``
@@ -805,6 +811,143 @@ def number(text: str) -> float:
 
 
 # ----------------------------------------------------------------------------------------------
+# Figures the docs quote from benchmarks/RESULTS.md (the peer tables): read, not re-measured
+
+RESULTS = "benchmarks/RESULTS.md"
+
+
+@dataclass(frozen=True)
+class Quote:
+    """A figure the docs quote from a table of RESULTS.md.
+
+    Attributes:
+        name: a short unique name.
+        site: where the docs quote it (placeholders as in :class:`Figure`).
+        section: the start of the RESULTS.md heading whose tables hold the source.
+        table: which table under that heading (0: the first), up to the next heading of the
+            same or a higher level.
+        figures: placeholder -> (column, row filter {column: text}, ``"min"`` / ``"max"`` /
+            ``"all"`` (every selected cell equal)); the cells' numbers ("0.77x", "**0.84x**"
+            read as 0.77, 0.84).
+    """
+
+    name: str
+    site: Site
+    section: str
+    figures: dict[str, tuple[str, dict[str, str], str]]
+    table: int = 0
+
+
+CELL_NUMBER = re.compile(r"-?[0-9][0-9,]*(?:\.[0-9]+)?(?:e[-+]?[0-9]+)?")
+
+
+def results_table(section: str, index: int = 0, text: str | None = None) -> list[dict[str, str]]:
+    """Table ``index`` under the RESULTS.md heading that starts with ``section``, as rows of
+    {column header: cell}; ValueError naming the heading when it or the table is missing."""
+    lines = (
+        text if text is not None else (ROOT / RESULTS).read_text(encoding="utf-8")
+    ).splitlines()
+    start = next(
+        (i for i, line in enumerate(lines) if line.lstrip("#").strip().startswith(section)
+         and line.startswith("#")),
+        None,
+    )  # fmt: skip
+    if start is None:
+        raise ValueError(f"{RESULTS}: no heading starting with {section!r}")
+    level = len(lines[start]) - len(lines[start].lstrip("#"))
+    tables: list[list[list[str]]] = []
+    previous = ""
+    for line in lines[start + 1 :]:
+        hashes = len(line) - len(line.lstrip("#"))
+        if line.startswith("#") and hashes <= level:
+            break
+        if line.startswith("|"):
+            cells = [c.strip() for c in line.strip().strip("|").split("|")]
+            if not previous.startswith("|"):
+                tables.append([])
+            if not all(set(c) <= set("-: ") for c in cells):
+                tables[-1].append(cells)
+        previous = line
+    if index >= len(tables):
+        raise ValueError(f"{RESULTS}: {section!r} has {len(tables)} tables, not {index + 1}")
+    head, *rows = tables[index]
+    return [dict(zip(head, row, strict=False)) for row in rows]
+
+
+def quoted_value(rows: list[dict[str, str]], column: str, where: dict[str, str], how: str) -> float:
+    """The figure ``how`` reduces from ``column`` of the rows matching ``where``."""
+    cells = [r.get(column, "") for r in rows if all(r.get(k) == v for k, v in where.items())]
+    numbers = [float(m.group().replace(",", "")) for c in cells if (m := CELL_NUMBER.search(c))]
+    if not numbers:
+        raise ValueError(f"no number in column {column!r} of the rows {where}")
+    if how == "min":
+        return min(numbers)
+    if how == "max":
+        return max(numbers)
+    if how == "all" and len(set(numbers)) == 1:
+        return numbers[0]
+    raise ValueError(f"column {column!r} of the rows {where}: {how!r} of {numbers}")
+
+
+PEERS_2026_11_28 = "Peer figures corrected"
+PEER_TIME = ("time ratio", {}, "max")
+QUOTES: tuple[Quote, ...] = (
+    Quote(
+        "readme-flex-bigbird",
+        Site(README, "| block-sparse forward vs `torch.compile(flex_attention)`, steady state, 4k / 16k: window, causal + window, ALiBi, causal, document, BigBird | {_}-{_} (BigBird {bigbird_lo}-{bigbird_hi}, FlexAttention given its own mask_mod) |"),
+        PEERS_2026_11_28,
+        {"bigbird_lo": ("ratio", {"pattern": "bigbird"}, "min"),
+         "bigbird_hi": ("ratio", {"pattern": "bigbird"}, "max")},
+    ),
+    Quote(
+        "readme-peers-nystrom-performer",
+        Site(README, "| Nyström and Performer vs nystrom-attention and performer-pytorch at the packages' defaults, 1k-16k, time | {peers_lo}-{peers_hi} |"),
+        PEERS_2026_11_28,
+        {"peers_lo": ("time ratio", {}, "min"), "peers_hi": ("time ratio", {}, "max")},
+        table=1,
+    ),
+    *(
+        Quote(
+            f"distributed-ring-live-p{p}",
+            Site("docs/distributed.md", f"| {p} | {{_}} | {{_}} | {{live_lo}}-{{live_hi}} | {{_}} |"),
+            PEERS_2026_11_28,
+            {"live_lo": ("live MiB / rank", {"P": str(p)}, "min"),
+             "live_hi": ("live MiB / rank", {"P": str(p)}, "max")},
+            table=2,
+        )
+        for p in (1, 2, 4)
+    ),
+)  # fmt: skip
+
+
+def check_quotes(quotes: tuple[Quote, ...] = QUOTES, text: str | None = None) -> list[str]:
+    """Each quote's verdict line; a line starting with ``NO`` is a mismatch or a broken row."""
+    out = []
+    for quote in quotes:
+        stated, error = documented(quote.site)
+        if error:
+            out.append(f"NO {quote.name}: {error}")
+            continue
+        try:
+            rows = results_table(quote.section, quote.table, text)
+        except ValueError as err:
+            out.append(f"NO {quote.name}: {err}")
+            continue
+        for name, doc in stated.items():
+            column, where, how = quote.figures[name]
+            try:
+                value = quoted_value(rows, column, where, how)
+            except ValueError as err:
+                out.append(f"NO {quote.name} {{{name}}}: {err}")
+                continue
+            shown = f"{value:.{decimals(doc)}f}"
+            verdict = "yes" if shown == doc else "NO"
+            out.append(f"{verdict} {quote.name} {{{name}}}: {quote.site.file} says {doc}, "
+                       f"{RESULTS} gives {shown}")  # fmt: skip
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
 # Measuring
 
 
@@ -970,6 +1113,11 @@ def main() -> int:
     parser.add_argument("--list", action="store_true", help="list the rows and their commands")
     parser.add_argument("--check", action="store_true", help="re-measure and compare")
     parser.add_argument(
+        "--quotes",
+        action="store_true",
+        help="only compare the figures the docs quote from RESULTS.md's tables (nothing is run)",
+    )
+    parser.add_argument(
         "--only", action="append", default=[], metavar="NAME", help="only this row (repeatable)"
     )
     parser.add_argument("--slow", action="store_true", help="include the full-budget rows")
@@ -986,6 +1134,13 @@ def main() -> int:
         "--runs", type=Path, help="keep run directories here and reuse finished ones"
     )
     args = parser.parse_args()
+
+    quotes = check_quotes()
+    for line in quotes:
+        print(line)
+    quotes_bad = sum(line.startswith("NO") for line in quotes)
+    if args.quotes:
+        return 1 if quotes_bad else 0
 
     names = {f.name for f in FIGURES}
     unknown = [n for n in args.only if n not in names]
@@ -1066,7 +1221,7 @@ def main() -> int:
     print(f"\nrun directories: {runs}")
     if broken:
         return 2
-    return 1 if bad else 0
+    return 1 if bad or quotes_bad else 0
 
 
 if __name__ == "__main__":
