@@ -263,9 +263,12 @@ class Attention(HeadAttention):
             additive-family score built with ``d_out=d_v`` is multi-dimensional, eq. 31); pass
             True or False to have a mismatch raise at construction.
         dropout: dropout on the weights in training mode.
-        kernel: the kernel every call uses (a name from :func:`attnkit.kernels.available`);
-            None picks one per call by priority. A call's own ``kernel=`` takes precedence.
-            A kernel that cannot serve a call raises with its reasons.
+        kernel: the kernel of every call that does not ask for the weights (a name from
+            :func:`attnkit.kernels.available`; None: chosen per call by priority), for training
+            and inference; a kernel that cannot serve such a call raises with its reasons. A
+            call that asks for the weights (``need_weights=True``, a capture or hook, a
+            report's heatmaps) is evaluated by a kernel that returns them, as without the
+            setting. A call's own ``kernel=`` takes precedence and is always forced.
 
     ``forward(q, k, v=None, *, mask=None, bias=None, need_weights=False, chunk_size=None,
     kernel=None, block_mask=None, score_mod=None)``
@@ -327,6 +330,9 @@ class Attention(HeadAttention):
         block_mask: BlockMask | None = None,
         score_mod: ScoreMod | None = None,
     ) -> AttentionOutput:
+        need_weights = need_weights or hooks.listening()
+        if kernel is None and not need_weights:
+            kernel = self.kernel
         out = attention(
             q,
             k,
@@ -335,10 +341,10 @@ class Attention(HeadAttention):
             align=self.align,
             mask=mask,
             bias=bias,
-            need_weights=need_weights or hooks.listening(),
+            need_weights=need_weights,
             chunk_size=chunk_size,
             dropout=self.dropout if self.training else 0.0,
-            kernel=self.kernel if kernel is None else kernel,
+            kernel=kernel,
             block_mask=block_mask,
             score_mod=score_mod,
         )

@@ -133,7 +133,8 @@ class MultiHeadAttention(nn.Module):
             scores (B, H, M, N): h is the head, q_idx counts cached positions when decoding
             (e.g. ALiBi-style biases or soft-capping); an ``nn.Module`` is a submodule.
         kernel: the kernel of the score × alignment part built from ``score``/``align`` (a
-            name from :func:`attnkit.kernels.available`; default: chosen per call).
+            name from :func:`attnkit.kernels.available`; default: chosen per call), for calls
+            that do not ask for the weights (:class:`attnkit.Attention`).
         qk: the ordered steps between the per-head projections and the attention part
             (:mod:`attnkit.qk_chain`): transforms of q and k and ``"position"``, where the
             position scheme runs; default ``("position",)``. ``[HeadNorm(d), "position"]``

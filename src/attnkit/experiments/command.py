@@ -44,6 +44,8 @@ _CONFIG_FLAGS: dict[str, tuple[str, type, str, str]] = {
                    "(default: constant)"),
     "--warmup-steps": ("warmup_steps", int, "N", "steps of linear warm-up (default: 0)"),
     "--clip-norm": ("clip_norm", float, "MAX", "clip the gradient norm; 0: never (default: 5)"),
+    "--kernel": ("kernel", str, "NAME", "the attention kernel (dense, sdpa, chunked, flex; "
+                 "default: chosen per call)"),
     "--context-parallel": ("context_parallel", int, "P", "split each sequence over P "
                            "processes (ring attention)"),
     "--task-module": ("task_module", str, "MODULE:CLASS", "your own task class "

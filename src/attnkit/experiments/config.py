@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from attnkit import alignments, tasks
+from attnkit import alignments, kernels, tasks
 from attnkit.tasks import parts
 
 __all__ = [
@@ -95,6 +95,9 @@ class RunConfig:
     # warmup_steps, and the largest gradient norm (0: no clipping)
     best_metric: str | None = None
     patience: int | None = None
+    # the kernel every score x alignment part evaluates with (attnkit.kernels.available();
+    # None: chosen per call), applied again when the run is resumed, explained or reloaded
+    kernel: str | None = None
     schedule: str = "constant"
     warmup_steps: int = 0
     clip_norm: float = 5.0
@@ -149,6 +152,7 @@ class RunConfig:
                 "settings",
                 "best_metric",
                 "patience",
+                "kernel",
             )
             if (key == "seq_len" and not takes_length) or key in optional:
                 continue  # data: checked by the tasks that read it
@@ -157,6 +161,11 @@ class RunConfig:
         for name in ("epochs", "batch_size", "n_train", "n_test", "seq_len"):
             if getattr(out, name) is not None and getattr(out, name) < 1:
                 raise ConfigError(f"{name} must be a positive int, got {getattr(out, name)!r}")
+        if out.kernel is not None:
+            try:
+                kernels.get(out.kernel)
+            except (ValueError, TypeError) as err:
+                raise ConfigError(f"kernel: {err}") from None
         if out.context_parallel < 1:
             raise ConfigError(
                 f"context_parallel must be a positive int, got {out.context_parallel!r}"

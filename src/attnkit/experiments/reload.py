@@ -25,6 +25,7 @@ from torch import nn
 from attnkit import tasks
 from attnkit.experiments import checkpoints, metrics_file
 from attnkit.experiments.config import ConfigError, RunConfig
+from attnkit.experiments.kernel_choice import apply_kernel
 from attnkit.tasks.base import Task
 
 __all__ = ["LoadedRun", "load_run"]
@@ -117,6 +118,7 @@ def load_run(run_dir: str | Path, *, require_finished: bool = False) -> LoadedRu
         torch.manual_seed(config.seed)
         task = tasks.get(config.task)(config)
         model = task.build_model()
+        apply_kernel(model, config.kernel)
         state = checkpoints.load(directory, model, restore_rng=False)
     if state is None:
         raise ConfigError(f"load_run: {str(directory)!r} has no checkpoint yet (nothing trained)")

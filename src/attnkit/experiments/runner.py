@@ -29,6 +29,7 @@ from attnkit import tasks
 from attnkit.distributed.groups import ring_groups
 from attnkit.experiments import checkpoints, cost, environment, failures, metrics_file
 from attnkit.experiments.config import ConfigError, RunConfig, check_output_dir
+from attnkit.experiments.kernel_choice import apply_kernel
 from attnkit.experiments.report import metric_rows, write_report
 from attnkit.experiments.threads import choose_threads, count_flops
 from attnkit.experiments.training import (
@@ -154,6 +155,7 @@ def _train(config: RunConfig, run_dir: Path, resume: Path | None, rank: int, wor
         torch.manual_seed(config.seed)
         task = tasks.get(config.task)(config)
         model = task.build_model()
+        apply_kernel(model, config.kernel)
     except ValueError as err:  # the task refuses its data (a file of the user's)
         raise ConfigError(str(err)) from err
     except KeyboardInterrupt:
