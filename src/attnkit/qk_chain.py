@@ -59,7 +59,45 @@ def _normalise(x: Tensor, kind: str, eps: float, dims: tuple[int, ...]) -> Tenso
     return (work * scale).to(x.dtype)
 
 
-class HeadNorm(QKTransform):
+class _Norm(QKTransform):
+    """What both norms share: the kind, ε, and a gain (and, for LayerNorm, a bias) for the
+    queries and one for the keys, of ``q_size`` and ``k_size`` features."""
+
+    def __init__(
+        self, q_size: int, k_size: int, kind: str, eps: float, device: Any, dtype: Any
+    ) -> None:
+        super().__init__()
+        if kind not in _KINDS:
+            raise ValueError(f"kind must be one of {_KINDS}, got {kind!r}")
+        self.kind = kind
+        self.eps = arguments.finite_float(eps, "eps", positive=True)
+        kw: dict[str, Any] = {"device": device, "dtype": dtype}
+        self.q_weight = nn.Parameter(torch.ones(q_size, **kw))
+        self.k_weight = nn.Parameter(torch.ones(k_size, **kw))
+        layer = kind == "layer"
+        self.q_bias = nn.Parameter(torch.zeros(q_size, **kw)) if layer else None
+        self.k_bias = nn.Parameter(torch.zeros(k_size, **kw)) if layer else None
+
+    def _gain(self, p: Tensor | None) -> Tensor | None:
+        """A gain or bias as it multiplies (adds to) the normalised per-head tensor."""
+        return p
+
+    def forward(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
+        self._check(q, k)
+        out = []
+        for x, weight, bias in ((q, self.q_weight, self.q_bias), (k, self.k_weight, self.k_bias)):
+            y = _normalise(x, self.kind, self.eps, self.dims) * self._gain(weight)
+            b = self._gain(bias)
+            out.append(y if b is None else y + b)
+        return out[0], out[1]
+
+    dims: tuple[int, ...] = (-1,)
+
+    def _check(self, q: Tensor, k: Tensor) -> None:
+        raise NotImplementedError
+
+
+class HeadNorm(_Norm):
     """q̂ = γ_q ⊙ q / RMS(q) and k̂ = γ_k ⊙ k / RMS(k) over each head's d features (RMSNorm;
     LayerNorm with ``kind="layer"`` adds biases β_q, β_k), gains shared by the heads.
 
@@ -70,6 +108,8 @@ class HeadNorm(QKTransform):
         device, dtype: of the gains.
     """
 
+    dims = (-1,)
+
     def __init__(
         self,
         head_dim: int,
@@ -79,37 +119,22 @@ class HeadNorm(QKTransform):
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
-        super().__init__()
         self.head_dim = arguments.positive_int(head_dim, "head_dim")
-        if kind not in _KINDS:
-            raise ValueError(f"kind must be one of {_KINDS}, got {kind!r}")
-        self.kind = kind
-        self.eps = arguments.finite_float(eps, "eps", positive=True)
-        kw: dict[str, Any] = {"device": device, "dtype": dtype}
-        self.q_weight = nn.Parameter(torch.ones(head_dim, **kw))
-        self.k_weight = nn.Parameter(torch.ones(head_dim, **kw))
-        layer = kind == "layer"
-        self.q_bias = nn.Parameter(torch.zeros(head_dim, **kw)) if layer else None
-        self.k_bias = nn.Parameter(torch.zeros(head_dim, **kw)) if layer else None
+        super().__init__(head_dim, head_dim, kind, eps, device, dtype)
 
     def extra_repr(self) -> str:
         return f"head_dim={self.head_dim}, kind={self.kind!r}, eps={self.eps}"
 
-    def forward(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
+    def _check(self, q: Tensor, k: Tensor) -> None:
         for name, x in (("q", q), ("k", k)):
             if x.shape[-1] != self.head_dim:
                 raise ValueError(
                     f"HeadNorm has gains for heads of {self.head_dim} features, got {name} of "
                     f"shape {tuple(x.shape)}"
                 )
-        out = []
-        for x, weight, bias in ((q, self.q_weight, self.q_bias), (k, self.k_weight, self.k_bias)):
-            y = _normalise(x, self.kind, self.eps, (-1,)) * weight
-            out.append(y if bias is None else y + bias)
-        return out[0], out[1]
 
 
-class ProjectionNorm(QKTransform):
+class ProjectionNorm(_Norm):
     """q̂ = γ_q ⊙ q / RMS(q) over the H·d features of the whole query projection at each
     position, and k̂ likewise over the H_kv·d of the key projection (OLMo 2); LayerNorm with
     ``kind="layer"``. Gains γ_q (H·d) and γ_k (H_kv·d), laid out head by head as the
@@ -120,6 +145,8 @@ class ProjectionNorm(QKTransform):
         num_kv_heads: H_kv (default H).
         kind, eps, device, dtype: as :class:`HeadNorm`.
     """
+
+    dims = (-3, -1)
 
     def __init__(
         self,
@@ -132,24 +159,15 @@ class ProjectionNorm(QKTransform):
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
-        super().__init__()
-        self.num_heads = arguments.positive_int(num_heads, "num_heads")
-        self.head_dim = arguments.positive_int(head_dim, "head_dim")
-        kv = num_heads if num_kv_heads is None else num_kv_heads
-        self.num_kv_heads = arguments.positive_int(kv, "num_kv_heads")
-        if num_heads % self.num_kv_heads:
+        num_heads = arguments.positive_int(num_heads, "num_heads")
+        head_dim = arguments.positive_int(head_dim, "head_dim")
+        kv = arguments.positive_int(num_heads if num_kv_heads is None else num_kv_heads,
+                                    "num_kv_heads")  # fmt: skip
+        if num_heads % kv:
             raise ValueError(f"num_kv_heads = {kv} does not divide num_heads = {num_heads}")
-        if kind not in _KINDS:
-            raise ValueError(f"kind must be one of {_KINDS}, got {kind!r}")
-        self.kind = kind
-        self.eps = arguments.finite_float(eps, "eps", positive=True)
-        kw: dict[str, Any] = {"device": device, "dtype": dtype}
-        q_size, k_size = num_heads * head_dim, self.num_kv_heads * head_dim
-        self.q_weight = nn.Parameter(torch.ones(q_size, **kw))
-        self.k_weight = nn.Parameter(torch.ones(k_size, **kw))
-        layer = kind == "layer"
-        self.q_bias = nn.Parameter(torch.zeros(q_size, **kw)) if layer else None
-        self.k_bias = nn.Parameter(torch.zeros(k_size, **kw)) if layer else None
+        size = num_heads * head_dim
+        super().__init__(size, kv * head_dim, kind, eps, device, dtype)
+        self.num_heads, self.head_dim, self.num_kv_heads = num_heads, head_dim, kv
 
     def extra_repr(self) -> str:
         return (
@@ -157,14 +175,15 @@ class ProjectionNorm(QKTransform):
             f"num_kv_heads={self.num_kv_heads}, kind={self.kind!r}, eps={self.eps}"
         )
 
-    def _per_head(self, p: Tensor | None, heads: int) -> Tensor | None:
-        """A gain or bias laid out as (H_p·d,) -> (H, 1, d) for the (shared) heads."""
+    def _gain(self, p: Tensor | None) -> Tensor | None:
+        """(H_p·d,) -> (H, 1, d) for the heads after sharing: each key head's gains repeated
+        for the H / H_kv query heads that read it."""
         if p is None:
             return None
         p = p.view(-1, 1, self.head_dim)
-        return p.repeat_interleave(heads // p.shape[0], dim=0)
+        return p.repeat_interleave(self.num_heads // p.shape[0], dim=0)
 
-    def forward(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
+    def _check(self, q: Tensor, k: Tensor) -> None:
         h, d = self.num_heads, self.head_dim
         for name, x in (("q", q), ("k", k)):
             if x.dim() < 3 or x.shape[-3] != h or x.shape[-1] != d:
@@ -172,12 +191,6 @@ class ProjectionNorm(QKTransform):
                     f"ProjectionNorm has gains for {h} heads of {d} features, got {name} of "
                     f"shape {tuple(x.shape)} (heads at dim -3)"
                 )
-        out = []
-        for x, weight, bias in ((q, self.q_weight, self.q_bias), (k, self.k_weight, self.k_bias)):
-            y = _normalise(x, self.kind, self.eps, (-3, -1)) * self._per_head(weight, h)
-            b = self._per_head(bias, h)
-            out.append(y if b is None else y + b)
-        return out[0], out[1]
 
 
 def check_chain(chain: object, has_position: bool) -> tuple[QKTransform | str, ...]:
