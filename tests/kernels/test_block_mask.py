@@ -85,7 +85,7 @@ def test_only_the_needed_tiles_are_visited():
 
     q = torch.randn(1, n, 4, requires_grad=True)
     with (
-        mock.patch.object(chunked, "_FLASH_BACKWARD", None),  # the tiled path
+        mock.patch.object(chunked.fused, "FLASH_BACKWARD", None),  # the tiled path
         mock.patch.object(score, "pairwise", side_effect=pairwise),
     ):
         out = ak.attention(q, q, score=score, block_mask=bm)
@@ -270,8 +270,8 @@ def test_tiles_of_grouped_query_blocks_stay_within_the_tile_budget():
         torch.randn(1, n, 4, generator=g, dtype=torch.float64, requires_grad=True) for _ in range(3)
     )
     with (
-        mock.patch.object(chunked, "_FLASH_BACKWARD", None),  # the tiled path
-        mock.patch.object(chunked, "TILE_ELEMENTS", budget),
+        mock.patch.object(chunked.fused, "FLASH_BACKWARD", None),  # the tiled path
+        mock.patch.object(chunked.evaluate, "TILE_ELEMENTS", budget),
         mock.patch.object(score, "pairwise", side_effect=pairwise),
     ):
         out = ak.attention(q, k, v, score=score, block_mask=bm)

@@ -198,7 +198,7 @@ def _alibi(heads):
 
 
 def _fused_spy():
-    return mock.patch.object(chunked, "_sparse_fused", side_effect=chunked._sparse_fused)
+    return mock.patch.object(chunked.fused, "sparse_fused", side_effect=chunked.fused.sparse_fused)
 
 
 SPARSE = {
@@ -241,18 +241,19 @@ def test_fused_block_sparse_equals_the_masked_reference(name, blocks):
         torch.testing.assert_close(out, ref, atol=1e-10, rtol=1e-10)
         # the tiled path (gradients on, the fused backward off) gives the same
         qg = q.clone().requires_grad_()
-        with mock.patch.object(chunked, "_FLASH_BACKWARD", None):
+        with mock.patch.object(chunked.fused, "FLASH_BACKWARD", None):
             tiled = ak.attention(qg, k, v, block_mask=bm, **kwargs).context
         torch.testing.assert_close(tiled.detach(), ref, atol=1e-10, rtol=1e-10)
     if name == "causal" and blocks == (8, 8):
         # its diagonal tiles were evaluated causally
-        pieces = [p for _, _, ps in chunked._SCHEDULES[id(bm)][1] for p in ps]
+        pieces = [p for _, _, ps in chunked.schedule.SCHEDULES[id(bm)][1] for p in ps]
         assert any(p.causal for p in pieces)
         assert not any(p.flip for p in pieces)
     if name == "window of a block" and blocks == (8, 8):
         # a narrow band: one masked call per group of rows, no merge
         assert all(
-            len(ps) == 1 and ps[0].allowed is not None for _, _, ps in chunked._SCHEDULES[id(bm)][1]
+            len(ps) == 1 and ps[0].allowed is not None
+            for _, _, ps in chunked.schedule.SCHEDULES[id(bm)][1]
         )
 
 
@@ -394,9 +395,9 @@ def test_only_score_mods_of_the_form_e_plus_f_are_read_as_additive():
         "data dependent": data_dependent,
     }
     for name, mod in additive.items():
-        assert chunked._additive(mod), name
+        assert chunked.forms.is_additive(mod), name
     for name, mod in other.items():
-        assert chunked._additive(mod) is None, name
+        assert chunked.forms.is_additive(mod) is None, name
 
 
 def test_fused_block_sparse_with_a_temperature_bias_and_score_mod():
@@ -427,7 +428,9 @@ def test_fused_block_sparse_with_a_temperature_bias_and_score_mod():
 
 
 def _grad_spy():
-    return mock.patch.object(chunked, "_sparse_fused_grad", side_effect=chunked._sparse_fused_grad)
+    return mock.patch.object(
+        chunked.fused, "sparse_fused_grad", side_effect=chunked.fused.sparse_fused_grad
+    )
 
 
 def _outputs_and_grads(fn, inputs, grad):
@@ -524,8 +527,8 @@ def test_narrow_bands_are_evaluated_in_rows_with_their_keys_cut():
     assert spy.call_count == 1
     torch.testing.assert_close(out, _reference(q, k, v, ak.patterns.dense(pattern, n, n)))
     rows = []
-    for r0, r1, pieces in chunked._SCHEDULES[id(bm)][1]:
-        assert len(pieces) == 1 and r1 - r0 <= chunked._BAND_ROWS
+    for r0, r1, pieces in chunked.schedule.SCHEDULES[id(bm)][1]:
+        assert len(pieces) == 1 and r1 - r0 <= chunked.schedule.BAND_ROWS
         # the keys the rows may attend, and no other
         assert (pieces[0].keys.k0, pieces[0].keys.k1) == (max(0, r0 - w), min(n, r1 + w))
         rows.append((r0, r1))
@@ -546,7 +549,7 @@ def test_wide_bands_evaluate_their_triangular_tiles_causally():
     shift = slopes.view(1, 1, 1) * (pos[None, :] - pos[:, None])
     for kwargs, extra in [({}, None), ({"score_mod": mod}, shift)]:
         # (more keys than a narrow band's: not one masked range)
-        with mock.patch.object(chunked, "_NARROW_KEYS", 16 * 6):
+        with mock.patch.object(chunked.schedule, "NARROW_KEYS", 16 * 6):
             got = _outputs_and_grads(
                 lambda q, k, v, kw=kwargs: (
                     ak.attention(q, k, v, block_mask=bm, kernel="chunked", **kw).context
@@ -559,7 +562,7 @@ def test_wide_bands_evaluate_their_triangular_tiles_causally():
         )
         for a, b in zip(got, want, strict=True):
             torch.testing.assert_close(a, b, atol=1e-10, rtol=1e-10)
-    pieces = [p for _, _, ps in chunked._SCHEDULES[id(bm)][1] for p in ps]
+    pieces = [p for _, _, ps in chunked.schedule.SCHEDULES[id(bm)][1] for p in ps]
     assert any(p.flip for p in pieces) and any(p.causal and not p.flip for p in pieces)
 
 
@@ -576,9 +579,9 @@ def test_relative_score_mods_are_read_from_their_offsets():
         "cap": lambda e, b, h, i, j: 5 * torch.tanh(e / 5),
     }
     for name, mod in relative.items():
-        assert chunked._relative(mod), name
+        assert chunked.forms.is_relative(mod), name
     for name, mod in other.items():
-        assert not chunked._relative(mod), name
+        assert not chunked.forms.is_relative(mod), name
     # f is evaluated once per call (at every offset), not once per tile, and gives the same
     g = torch.Generator().manual_seed(26)
     q, k, v = (torch.randn(1, 2, 77, 8, generator=g, dtype=torch.float64) for _ in range(3))
@@ -591,7 +594,7 @@ def test_relative_score_mods_are_read_from_their_offsets():
         ("query position", pos[:, None].expand(77, 77)),
     ]:
         with mock.patch.object(
-            chunked, "apply_score_mod", side_effect=chunked.apply_score_mod
+            chunked.fused, "apply_score_mod", side_effect=chunked.fused.apply_score_mod
         ) as spy:
             out = ak.attention(q, k, v, block_mask=bm, score_mod=relative.get(name) or other[name])
         assert (spy.call_count == 1) == (name in relative), name
@@ -606,12 +609,12 @@ def test_a_dense_mask_turned_into_a_block_mask_keeps_its_schedule_without_keepin
     n = 1024  # 8 blocks of 128 a side: converted
     q, k, v = (torch.randn(1, 2, n, 8, generator=g, dtype=torch.float64) for _ in range(3))
     mask = ak.masks.window(n, n, 100)
-    before = len(chunked._DENSE_SCHEDULES)
+    before = len(chunked.schedule.DENSE_SCHEDULES)
     first = ak.attention(q, k, v, mask=mask).context
-    kept = len(chunked._DENSE_SCHEDULES)
+    kept = len(chunked.schedule.DENSE_SCHEDULES)
     assert kept == before + 1
     again = ak.attention(q, k, v, mask=mask).context
-    assert len(chunked._DENSE_SCHEDULES) == kept  # read from the kept schedule
+    assert len(chunked.schedule.DENSE_SCHEDULES) == kept  # read from the kept schedule
     torch.testing.assert_close(again, first)
     torch.testing.assert_close(first, _reference(q, k, v, mask))
     mask[5, :] = False  # changed in place: read again
