@@ -43,6 +43,33 @@ class ToyPart(ak.HeadAttention):
         return ak.AttentionOutput(w @ v, w if need_weights else None)
 
 
+class MinimalPart(ak.HeadAttention):
+    """ReLU attention written from HeadAttention's docstring alone: attend() and declarations,
+    no validation, no care for padding or empty rows (the template forward does those)."""
+
+    causal_form = True
+    decodes_with_cache = True
+    accepts_bias = True
+    mask_forms = frozenset({"key", "padding", "causal", "full"})
+
+    def attend(self, q, k, v, *, mask, bias, need_weights):
+        e = q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5
+        if bias is not None:
+            e = e + bias
+        w = torch.relu(e)
+        if mask is not None:
+            w = w * mask
+        return ak.AttentionOutput(w @ v, w)
+
+
+class KeyOnlyPart(MinimalPart):
+    """The same, declaring key masks only: a mask of equal rows is read as its first row."""
+
+    causal_form = False
+    decodes_with_cache = False
+    mask_forms = frozenset({"key"})
+
+
 def _registered() -> list[str]:
     names = ak.mechanisms.available()
     return [n for n in names if issubclass(ak.mechanisms.REGISTRY.get(n), HeadAttention)]
@@ -56,6 +83,8 @@ REGISTERED = _registered()
 PARTS = [
     "attention",
     "toy",
+    "minimal",
+    "key only",
     *REGISTERED,
     *[f"{n} (causal)" for n in REGISTERED if _takes_causal(n)],
 ]
@@ -67,6 +96,10 @@ def _build(name: str) -> HeadAttention:
         part = ak.Attention()
     elif name == "toy":
         part = ToyPart()
+    elif name == "minimal":
+        part = MinimalPart()
+    elif name == "key only":
+        part = KeyOnlyPart()
     else:
         base, _, variant = name.partition(" ")
         cls = ak.mechanisms.REGISTRY.get(base)
@@ -266,7 +299,10 @@ def test_refusal_names_every_reason_and_check_supported_raises():
         assert any(word in r for r in reasons), word
     with pytest.raises(ValueError, match=r"^caller: attention part Bare does not declare"):
         bare.check_supported("caller", block_mask=True)
-    with pytest.raises(NotImplementedError, match="Bare must implement forward"):
+    with pytest.raises(
+        NotImplementedError,
+        match=r"Bare must implement attend\(q, k, v, \*, mask, bias, need_weights\) \(or forward\)",
+    ):
         bare(*_inputs())
 
 
@@ -429,7 +465,8 @@ def _takes_dtype(name: str) -> bool:
 
 
 @pytest.mark.parametrize(
-    "name", [n for n in PARTS if n not in ("attention", "toy") and _takes_dtype(n)]
+    "name",
+    [n for n in PARTS if n not in ("attention", "toy", "minimal", "key only") and _takes_dtype(n)],
 )
 def test_a_part_cast_to_float64_holds_the_buffers_of_one_built_in_float64(name):
     """Buffers derived from hyperparameters (decays, seeded random features) are exact after
@@ -448,7 +485,7 @@ def test_a_part_cast_to_float64_holds_the_buffers_of_one_built_in_float64(name):
             assert torch.equal(x, y), f"{name}: {key} differs by {(x - y).abs().max().item()}"
 
 
-@pytest.mark.parametrize("name", ["attention", "toy", "performer", "gla"])
+@pytest.mark.parametrize("name", ["attention", "toy", "minimal", "performer", "gla"])
 def test_a_mask_whose_batch_would_line_up_with_the_heads_is_refused(name):
     """A (B, 1, N) padding mask for per-head inputs (B, H, M, d), with B = H: right-aligned,
     its batch would be read as the heads (item 1's padding applied to head 1 of every item);
@@ -463,3 +500,44 @@ def test_a_mask_whose_batch_would_line_up_with_the_heads_is_refused(name):
     short = _call(part, q[1:, :, :3], k[1:, :, :3], v[1:, :, :3]).context
     _assert_rows_equal(full[1:, :, :3], short, f"{name}: (B, 1, 1, N) padding = truncation")
     _call(part, q, k, v, mask=pad[1:])  # (1, 1, N): leading dims of 1 are unambiguous
+
+
+def test_the_template_keeps_nan_padding_and_empty_rows_out_of_a_minimal_part():
+    """MinimalPart multiplies its weights by the mask and nothing more: called through the
+    template, NaN in padded keys and values reaches neither the output nor the gradients and a
+    query without keys gets 0; its own attend() alone leaks the NaN (what the template adds)."""
+    part = MinimalPart()
+    q, k, v = _inputs()
+    k, v = k.clone(), v.clone()
+    k[1, :, 3:], v[1, :, 3:] = float("nan"), float("nan")  # item 1 has 3 keys
+    pad = ak.masks.from_lengths(torch.tensor([N, 3]), N)[:, None]  # (B, 1, 1, N)
+    q.requires_grad_()
+    out = part(q, k, v, mask=pad).context
+    assert torch.isfinite(out).all()
+    short = part(q[1:, :, :, :].detach(), k[1:, :, :3], v[1:, :, :3]).context
+    _assert_rows_equal(out[1:].detach(), short, "NaN padding = truncation")
+    out.sum().backward()
+    assert torch.isfinite(q.grad).all()
+    leaked = part.attend(q.detach(), k, v, mask=pad, bias=None, need_weights=False).context
+    assert not torch.isfinite(leaked).all()
+    full = torch.ones(N, N, dtype=torch.bool)
+    full[2] = False  # query 2 attends nothing
+    row = part(q.detach(), k[:1], v[:1], mask=full, need_weights=True)
+    assert torch.equal(row.context[:, :, 2], torch.zeros_like(row.context[:, :, 2]))
+
+
+def test_a_part_without_attend_or_forward_says_what_to_implement():
+    class Nothing(ak.HeadAttention):
+        mask_forms = frozenset({"key"})
+
+    q = torch.randn(1, 2, 3, 4)
+    with pytest.raises(NotImplementedError, match="Nothing must implement attend"):
+        Nothing()(q, q, q)
+    with pytest.raises(ValueError, match="KeyOnlyPart: the mask varies over queries"):
+        KeyOnlyPart()(q, q, q, mask=torch.ones(3, 3, dtype=torch.bool).tril())
+    # a key mask expanded over the queries is read as its first row
+    key = torch.tensor([True, True, False])
+    expanded = key.expand(3, 3)
+    torch.testing.assert_close(
+        KeyOnlyPart()(q, q, q, mask=expanded).context, KeyOnlyPart()(q, q, q, mask=key).context
+    )

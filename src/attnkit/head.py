@@ -19,7 +19,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
-from attnkit import masks, trust
+from attnkit import hooks, masks, trust
 from attnkit.inputs import broadcast_shapes
 from attnkit.output import AttentionOutput
 from attnkit.sizing import Sizes, build
@@ -46,12 +46,15 @@ def mask_form(mask: Tensor | None, m: int) -> str | None:
 class HeadAttention(nn.Module):
     """Base of every per-head attention part (DESIGN 8).
 
-    A subclass implements ``forward(q, k, v, *, mask=None, bias=None, need_weights=False, ...)``
-    returning an :class:`attnkit.AttentionOutput` (or a NamedTuple whose first fields are
-    AttentionOutput's, for parts that report more) and declares what it supports. It takes
-    only the keywords its capabilities name: ``q_offset`` with ``takes_q_offset``, ``cache``
-    with ``takes_cache``, ``block_mask`` with ``accepts_block_mask``, ``score_mod`` with
-    ``accepts_score_mod``; the layers pass nothing else.
+    A subclass declares what it supports and implements :meth:`attend` (q, k, v, *, mask, bias,
+    need_weights) returning an :class:`attnkit.AttentionOutput`: the base's :meth:`forward` is a
+    template that does what every part needs around it (validation, refusals by capability,
+    masked keys hidden, empty rows 0, weights reported to hooks). A part may instead override
+    ``forward(q, k, v, *, mask=None, bias=None, need_weights=False, ...)`` and do those itself.
+    Either takes only the keywords its capabilities name: ``q_offset`` with
+    ``takes_q_offset``, ``cache`` with ``takes_cache``, ``block_mask`` with
+    ``accepts_block_mask``, ``score_mod`` with ``accepts_score_mod``; the layers pass nothing
+    else.
 
     Capabilities (class data, or properties where they follow from construction such as
     ``self.causal``); the defaults claim nothing:
@@ -102,10 +105,105 @@ class HeadAttention(nn.Module):
         mask: Tensor | None = None,
         bias: Tensor | None = None,
         need_weights: bool = False,
+        q_offset: int = 0,
+        cache: Any = None,
+        block_mask: Any = None,
+        score_mod: Any = None,
     ) -> AttentionOutput:
         """Per-head attention: q (B, …, M, d), k (B, …, N, d), v (B, …, N, d_v) → context
-        (B, …, M, d_v); weights (B, …, M, N) only with ``need_weights=True``."""
-        raise NotImplementedError(f"{type(self).__name__} must implement forward(q, k, v, ...)")
+        (B, …, M, d_v); weights (B, …, M, N) only with ``need_weights=True``.
+
+        The template for a part that implements :meth:`attend` (DESIGN 9): it validates the
+        inputs (or trusts a layer that did), refuses what the part does not declare (naming
+        the capability), hides keys that every query is masked from (nothing non-finite in
+        them reaches the output or the gradients), reads a mask whose rows are all equal as a
+        key mask for a part that declares only ``"key"``, sets rows without any key to 0,
+        reports the weights to :mod:`attnkit.hooks`, and calls :meth:`attend` with one
+        keyword signature. A part may instead override ``forward`` and do all of this itself.
+        """
+        who = type(self).__name__
+        if type(self).attend is HeadAttention.attend:
+            raise NotImplementedError(
+                f"{who} must implement attend(q, k, v, *, mask, bias, need_weights) (or forward)"
+            )
+        if not isinstance(need_weights, bool):
+            raise TypeError(f"{who}: need_weights must be a bool, got {need_weights!r}")
+        check_head_inputs(q, k, v, mask, bias, who)
+        if mask is not None and mask.dim() == 1:
+            mask = mask[None]  # (N,) is (1, N) under broadcasting: one row for every query
+        mask = self._mask_as_declared(mask, q.shape[-2], who)
+        self.check_supported(
+            who,
+            mask=mask,
+            m=q.shape[-2],
+            bias=bias is not None,
+            block_mask=block_mask is not None,
+            score_mod=score_mod is not None,
+            q_offset=bool(q_offset),
+            cache=cache is not None,
+        )
+        if mask is not None:  # a key no query may attend: its contents reach nothing
+            dead = ~mask.any(-2).unsqueeze(-1)  # (…, N, 1)
+            zero = torch.zeros((), dtype=k.dtype, device=k.device)
+            k, v = torch.where(dead, zero, k), torch.where(dead, zero, v)
+        call: dict[str, Any] = {}
+        for flag, key, value in (
+            ("takes_q_offset", "q_offset", q_offset),
+            ("takes_cache", "cache", cache),
+            ("accepts_block_mask", "block_mask", block_mask),
+            ("accepts_score_mod", "score_mod", score_mod),
+        ):
+            if getattr(self, flag):
+                call[key] = value
+        listening = hooks.listening()
+        out = self.attend(
+            q, k, v, mask=mask, bias=bias, need_weights=need_weights or listening, **call
+        )
+        if not isinstance(out, AttentionOutput):
+            raise TypeError(f"{who}.attend returned {type(out).__name__}, not an AttentionOutput")
+        if mask is not None:  # a row without any key: context 0 (and weights 0), never NaN
+            empty = ~mask.any(-1).unsqueeze(-1)  # (…, M, 1)
+            zero = torch.zeros((), dtype=out.context.dtype, device=out.context.device)
+            out = out._replace(context=torch.where(empty, zero, out.context))
+            if out.weights is not None:
+                out = out._replace(weights=torch.where(empty, zero, out.weights))
+        if out.weights is not None:
+            hooks.report(self, out.weights)
+        return out if need_weights else out._replace(weights=None)
+
+    def attend(
+        self, q: Tensor, k: Tensor, v: Tensor, *, mask: Tensor | None, bias: Tensor | None,
+        need_weights: bool, **call: Any,
+    ) -> AttentionOutput:  # fmt: skip
+        """The part's own attention, called by the template :meth:`forward` on validated
+        inputs: q (…, M, d), k (…, N, d), v (…, N, d_v); ``mask`` a boolean (…, M, N) in a
+        form the part declares (a key mask has one row) or None; ``bias`` a float (…, M, N) or
+        None (only for a part that declares ``accepts_bias``); weights to return when
+        ``need_weights``. Keys masked for every query hold zeros. ``call`` holds what the part
+        declares it takes: ``q_offset``, ``cache``, ``block_mask``, ``score_mod``."""
+        raise NotImplementedError
+
+    def _mask_as_declared(self, mask: Tensor | None, m: int, who: str) -> Tensor | None:
+        """A mask of M rows for a part that does not declare ``"full"``: its first row when
+        all rows are equal (a key mask expanded over the queries); a causal mask (with key
+        padding) passes for a part that declares ``"causal"``; any other is refused."""
+        if mask is None or mask_form(mask, m) != "full" or "full" in self.mask_forms:
+            return mask
+        if bool((mask == mask[..., :1, :]).all()):
+            return mask[..., :1, :]
+        rows = mask.any(-1, keepdim=True)  # (…, M, 1): queries with a key
+        if "padding" in self.mask_forms and bool(
+            (mask == (mask.any(-2, keepdim=True) & rows)).all()
+        ):
+            return mask  # key padding with the padded queries' rows all False
+        if "causal" in self.mask_forms and m == mask.shape[-1]:
+            causal = torch.ones(m, m, dtype=torch.bool, device=mask.device).tril()
+            if bool((mask == (mask[..., -1:, :] & causal)).all()):
+                return mask
+        raise ValueError(
+            f"{who}: the mask varies over queries (shape {tuple(mask.shape)}) in a way the "
+            f"part does not declare (mask_forms: {', '.join(sorted(self.mask_forms))})"
+        )
 
     def reasons_not_supported(
         self,
