@@ -40,6 +40,8 @@ def sanitize(
     """Zero the keys and values no query may attend (masked for every row, or after the last
     query), so that NaN or inf there reaches no result and no gradient."""
     n = k.shape[-2]
+    if rows is None and last_position >= n - 1:  # every key is read by some query: no copy
+        return k, v
     seen = torch.arange(n, device=k.device) <= last_position  # (N,)
     if rows is not None:
         seen = seen & rows.any(-2)  # (*lead, N)

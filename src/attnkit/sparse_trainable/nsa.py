@@ -396,8 +396,12 @@ class NativeSparseAttention(HeadAttention):
             )
         kc = compress_blocks(self.compress_key, k, l, s)  # (*lead, count, d)
         vc = compress_blocks(self.compress_value, v, l, s)
-        seen = self._seen(rows, pos, count)
-        used = seen.broadcast_to(*k.shape[:-2], len(pos), count).any(-2)[..., None]
+        if rows is None:  # causal only: the blocks the last query has seen
+            used = torch.arange(count, device=k.device) * s + l - 1 <= pos[-1]
+            used = used[:, None]
+        else:
+            seen = self._seen(rows, pos, count)
+            used = seen.broadcast_to(*k.shape[:-2], len(pos), count).any(-2)[..., None]
         return kc.where(used, 0.0), vc.where(used, 0.0)
 
     def _selected(self, q, k, v, rows, pos, p_cmp, scale):
