@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import attnkit as ak
-from attnkit.kernels import additive_tile, chunked, compiled
+from attnkit.kernels import additive_tile, chunked, compilation, compiled
 
 
 @pytest.fixture
@@ -156,8 +156,8 @@ def test_a_failed_compilation_warns_once_and_stays_right(monkeypatch):
         return run
 
     monkeypatch.setattr(compiled, "_CACHE", {})
-    monkeypatch.setattr(compiled, "_FAILED", set())
-    monkeypatch.setattr(compiled, "_WARNED", False)
+    monkeypatch.setattr(compilation, "_FAILED", set())
+    monkeypatch.setattr(compilation, "_WARNED", False)
     monkeypatch.setattr(additive_tile, "_COMPILED", {})
     monkeypatch.setattr(torch, "compile", broken)
     compiled.set_enabled(True)

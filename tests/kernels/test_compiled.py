@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import attnkit as ak
-from attnkit.kernels import compiled
+from attnkit.kernels import compilation, compiled
 
 
 @pytest.fixture
@@ -101,8 +101,8 @@ def test_a_failed_compilation_warns_once_and_stays_right(compiling, monkeypatch)
     from attnkit.kernels import additive_tile
 
     monkeypatch.setattr(compiled, "_CACHE", {})
-    monkeypatch.setattr(compiled, "_FAILED", set())
-    monkeypatch.setattr(compiled, "_WARNED", False)
+    monkeypatch.setattr(compilation, "_FAILED", set())
+    monkeypatch.setattr(compilation, "_WARNED", False)
     monkeypatch.setattr(additive_tile, "_COMPILED", {})
     monkeypatch.setattr(torch, "compile", broken)
     torch.manual_seed(0)

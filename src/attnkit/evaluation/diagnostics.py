@@ -35,7 +35,7 @@ from attnkit.evaluation.counterfactual import (
 )
 
 if TYPE_CHECKING:
-    from attnkit.evaluation.suite import Probe
+    from attnkit.evaluation.probe import Probe
 
 __all__ = [
     "AdversaryResult",

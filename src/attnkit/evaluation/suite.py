@@ -26,11 +26,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from attnkit.evaluation import counterfactual as cf
 from attnkit.evaluation import diagnostics as dg
@@ -39,37 +38,9 @@ from attnkit.evaluation.agreement import kendall_tau, mean_defined, top_k_overla
 from attnkit.evaluation.confidence import attention_confidence, confidence_correlation
 from attnkit.evaluation.erasure import erasure, random_order
 from attnkit.evaluation.heads import head_importance_by_masking, heads_of, pruning_curve
+from attnkit.evaluation.probe import Probe
 
 __all__ = ["Probe", "explanation_suite", "rationale_recall"]
-
-
-@dataclass
-class Probe:
-    """A classifier and examples to explain.
-
-    Attributes:
-        model: the model (eval mode); its alignment parts are edited by the counterfactuals.
-        logits: ``(inputs (B, N, d), keep (B, N) bool) -> logits (B, C)``, the model run from
-            its embeddings, an item with ``keep`` False removed.
-        inputs: the examples' embeddings (B, N, d).
-        keep: (B, N) True for real items (not padding).
-        attention: (B, N) the attention weights over the items (one attention row per example).
-        labels: (B,) true classes, or None.
-        gold: (B, N) boolean gold rationale, or None.
-        tokens: per example, the item labels for plots (optional).
-        attention_part: the name of the attention part the counterfactuals edit (as
-            :func:`attnkit.evaluation.capture` names it); None: every alignment part.
-    """
-
-    model: nn.Module
-    logits: Callable[[Tensor, Tensor], Tensor]
-    inputs: Tensor
-    keep: Tensor
-    attention: Tensor
-    labels: Tensor | None = None
-    gold: Tensor | None = None
-    tokens: list[list[str]] | None = None
-    attention_part: str | None = None
 
 
 def rationale_recall(scores: Tensor, gold: Tensor, keep: Tensor) -> Tensor:

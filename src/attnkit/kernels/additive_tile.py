@@ -32,6 +32,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
+from attnkit.kernels import compilation as compiled
 from attnkit.kernels import fast_tanh
 from attnkit.scores import Score
 
@@ -96,8 +97,6 @@ _EAGER = {
 def _run(name: str, *args):
     """The compiled ``name`` (compiled on first use), or the eager one when compilation is off
     or has failed."""
-    from attnkit.kernels import compiled
-
     fn = _EAGER[name]
     if compiled.enabled() and not compiled.failed(fn) and not torch.compiler.is_compiling():
         try:

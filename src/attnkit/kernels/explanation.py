@@ -21,6 +21,7 @@ from torch import Tensor
 from attnkit.alignments import Alignment
 from attnkit.kernels.base import Call, available, forced_kernel, get
 from attnkit.kernels.block_mask import BlockMask, ScoreMod
+from attnkit.kernels.prepare import prepare_call
 from attnkit.scores import Score
 
 __all__ = ["Explanation", "Verdict", "explain"]
@@ -185,8 +186,6 @@ def explain(
     else:
         if k is None:
             raise TypeError("explain needs the keys k (or a validated Call as first argument)")
-        from attnkit.core import prepare_call  # attention imports the kernels
-
         call = prepare_call(
             q,
             k,
