@@ -1,6 +1,8 @@
 """Parts from names: each registered part builds itself at the model's sizes (its class's
 ``for_heads``), and what the sizes cannot give is refused by name, never guessed."""
 
+from typing import ClassVar
+
 import pytest
 import torch
 from torch import nn
@@ -120,7 +122,9 @@ class _PlainPart(nn.Module):
 
 
 class _HeadPart(ak.HeadAttention):
-    """A per-head part whose sizes the base's ``for_heads`` fills by parameter name."""
+    """A per-head part whose declared sizes the base's ``for_heads`` fills."""
+
+    size_arguments: ClassVar[dict[str, str]] = {"d": "head_dim"}
 
     def __init__(self, d: int, n: int = 1, alpha: float = 1.0) -> None:
         super().__init__()
