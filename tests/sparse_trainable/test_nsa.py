@@ -244,3 +244,23 @@ def test_block_compression_of_a_sequence_is_phi_of_each_block(block, stride, n):
         strict=True,
     ):
         torch.testing.assert_close(a, b, atol=1e-12, rtol=1e-10)
+
+
+def test_later_non_finite_tokens_reach_no_earlier_query_on_the_chunked_path():
+    """The chunked path reads keys a query may not attend with weight 0, where NaN or inf
+    would give 0 · NaN: such keys send the call to the per-query gathers (same result)."""
+    torch.manual_seed(0)
+    part = (
+        ak.mechanisms.REGISTRY.get("native_sparse")
+        .for_heads(embed_dim=8, num_heads=2, head_dim=4, max_len=16)
+        .double()
+    )
+    q, k, v = (torch.randn(1, 2, 9, 4, dtype=torch.float64) for _ in range(3))
+    causal = ak.masks.causal(9)
+    with torch.no_grad():
+        clean = part(q, k, v, mask=causal).context
+        k2, v2 = k.clone(), v.clone()
+        k2[..., 5:, :], v2[..., 5:, :] = float("nan"), float("inf")
+        planted = part(q, k2, v2, mask=causal).context
+    assert torch.isfinite(planted[..., :5, :]).all()
+    torch.testing.assert_close(planted[..., :5, :], clean[..., :5, :], rtol=1e-12, atol=1e-12)

@@ -57,7 +57,7 @@ from typing import ClassVar, NamedTuple
 import torch
 from torch import Tensor, nn
 
-from attnkit import arguments, hooks
+from attnkit import arguments, hooks, trust
 from attnkit import taxonomy as tx
 from attnkit.alignments import Softmax
 from attnkit.head import HeadAttention, check_head_inputs
@@ -282,7 +282,15 @@ class NativeSparseAttention(HeadAttention):
                 q, k, v, mask=mask, bias=bias, q_offset=q_offset, token_weights=need_weights
             )
             return AttentionOutput(out.context, out.selected_weights if need_weights else None)
-        lead, q, k, v, rows, pos, scale = self._prepare(q, k, v, mask, bias, q_offset)
+        lead, q_, k_, v_, rows, pos, scale = self._prepare(q, k, v, mask, bias, q_offset)
+        if not trust.inputs_finite() and not (
+            torch.isfinite(k_).all() and torch.isfinite(v_).all()
+        ):
+            # the tiles read keys a query may not attend with weight 0 (0 · NaN = NaN): keys
+            # that are not finite, where some query may read them, take the per-query gathers
+            out = self.branches(q, k, v, mask=mask, bias=bias, q_offset=q_offset)
+            return AttentionOutput(out.context, None)
+        q, k, v = q_, k_, v_
         count, m = lead.numel(), q.shape[-2]
         kc, vc = self._compress(k, v, rows, pos)
         gates = torch.sigmoid(self.gate(q))
