@@ -19,7 +19,7 @@ from collections import OrderedDict
 import torch
 from torch import Tensor, nn
 
-from attnkit import inputs
+from attnkit import inputs, score_mods
 from attnkit.kernels.block_mask import BlockMask, MaskMod, ScoreMod, check_type
 
 __all__ = [
@@ -111,37 +111,14 @@ def pattern_rows(pattern: MaskMod, q0: int, m: int, n: int, device: torch.device
     return out.expand(m, n)
 
 
-class _Shifted(nn.Module):
-    """``score_mod`` with q_idx moved by ``offset`` (the queries of a decoding step sit after
-    the cached positions); an ``nn.Module`` score_mod stays a submodule (its parameters count)."""
-
-    def __init__(self, score_mod: ScoreMod, offset: int) -> None:
-        super().__init__()
-        self.inner = score_mod
-        self.offset = offset
-
-    def forward(self, e: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
-        return self.inner(e, b, h, q_idx + self.offset, kv_idx)
-
-
-class _Composed(nn.Module):
-    """``second(first(e, …), …)``: a layer's own score_mod, then the call's."""
-
-    def __init__(self, first: ScoreMod, second: ScoreMod) -> None:
-        super().__init__()
-        self.first, self.second = first, second
-
-    def forward(self, e: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
-        return self.second(self.first(e, b, h, q_idx, kv_idx), b, h, q_idx, kv_idx)
-
-
 def combine_mods(own: ScoreMod | None, call: ScoreMod | None, offset: int) -> ScoreMod | None:
     """The score_mod of one call: the layer's own, then the call's, with q_idx counting
-    ``offset`` cached positions."""
-    mod = own if call is None else call if own is None else _Composed(own, call)
+    ``offset`` cached positions. Declared forms (:mod:`attnkit.score_mods`) stay declared: a
+    composition of additive (relative) ones is additive (relative), and so is its shift."""
+    mod = own if call is None else call if own is None else score_mods.compose(own, call)
     if mod is None or offset == 0:
         return mod
-    return _Shifted(mod, offset)
+    return score_mods.shifted(mod, offset)
 
 
 def arguments(

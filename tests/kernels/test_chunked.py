@@ -386,12 +386,14 @@ def test_only_score_mods_of_the_form_e_plus_f_are_read_as_additive():
         "alibi": lambda e, b, h, i, j: e + slopes[h] * (j - i).to(e.dtype),
         "constant": lambda e, b, h, i, j: e + 2.0,
         "bias first": lambda e, b, h, i, j: (i - j).abs().to(e.dtype) + e,
+        "subtract": lambda e, b, h, i, j: e - (i - j).to(e.dtype),
+        "sum then difference": lambda e, b, h, i, j: (e + 1.0) - slopes[h] * i.to(e.dtype),
     }
     other = {
         "cap": lambda e, b, h, i, j: 5 * torch.tanh(e / 5),
         "scaled": lambda e, b, h, i, j: 2 * e + (i - j).to(e.dtype),
         "e + e": lambda e, b, h, i, j: e + e * (i - j).to(e.dtype),
-        "subtract": lambda e, b, h, i, j: e - (i - j).to(e.dtype),
+        "minus e": lambda e, b, h, i, j: (i - j).to(e.dtype) - e,
         "data dependent": data_dependent,
     }
     for name, mod in additive.items():

@@ -1,4 +1,19 @@
-"""What form a score_mod has, read from its traced graph."""
+"""What form a score_mod has (:class:`attnkit.score_mods.Form`): declared by the typed
+constructors of :mod:`attnkit.score_mods`, or, for a plain function, read from its graph traced
+once on small inputs.
+
+The fused block-sparse path reads two facts. *Additive*: ``score_mod(e, …)`` is ``e + f(b, h,
+q_idx, kv_idx)`` with f independent of e, so that f = score_mod(0, …) enters the fused kernel as
+its additive mask. *Relative*: f reads q_idx and kv_idx only through their difference (ALiBi,
+relative position biases), so that one evaluation per distance gives every tile.
+
+The traced graph proves the form; nothing is guessed from values. A graph is additive when its
+output is e plus and minus terms that do not read e (``e + f``, ``f + e``, ``e - f``,
+``(e + f) - g``, ...), and relative when every use of q_idx and of kv_idx is their difference
+(``q_idx - kv_idx`` or ``kv_idx - q_idx``, whatever follows: ``.abs()``, a product with a
+slope, a table lookup). Any other graph, or a function that cannot be traced (data-dependent
+control flow), is neither: it takes the tiled path, which evaluates any score_mod exactly.
+"""
 
 from __future__ import annotations
 
@@ -9,43 +24,54 @@ import torch
 from torch import Tensor
 
 from attnkit.kernels.block_mask import ScoreMod
+from attnkit.score_mods import OTHER, Declared, Form
 
-__all__ = ["is_additive", "is_relative"]
+__all__ = ["form_of", "is_additive", "is_relative"]
 
-# score_mod -> (additive, relative), read from one trace per function (see _form).
+# plain score_mod -> its form, read from one trace per function.
 _FORMS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+_ADD = {torch.ops.aten.add.Tensor, torch.ops.aten.add.Scalar}
+_SUB = {torch.ops.aten.sub.Tensor, torch.ops.aten.sub.Scalar}
 
 
 def is_additive(score_mod: ScoreMod) -> bool | None:
-    """True when ``score_mod(e, …)`` is ``e + f(b, h, q_idx, kv_idx)`` with f independent of e
-    (a relative-position bias such as ALiBi), read from its traced graph: then its effect is the
-    additive term f = score_mod(0, …) that the fused kernel adds to its scores. None otherwise
-    (a score_mod is a pointwise function of its arguments, as in FlexAttention)."""
-    return _form(score_mod)[0] or None
+    """True when ``score_mod(e, …)`` is ``e + f(b, h, q_idx, kv_idx)`` with f independent of e:
+    its effect is then the additive term f = score_mod(0, …). None otherwise."""
+    return form_of(score_mod).additive or None
 
 
 def is_relative(score_mod: ScoreMod) -> bool:
-    """True when ``score_mod`` is additive (:func:`is_additive`) and its traced graph reads
-    ``q_idx`` and ``kv_idx`` only through their difference (``kv_idx − q_idx`` or
-    ``q_idx − kv_idx``): then f(b, h, q_idx, kv_idx) = g(b, h, kv_idx − q_idx), as for ALiBi
-    (Press et al.) and relative position biases, and one evaluation per offset gives every
-    tile (a Toeplitz matrix per head)."""
-    return all(_form(score_mod))
+    """True when ``score_mod`` is additive (:func:`is_additive`) with f(b, h, q_idx, kv_idx) =
+    g(b, h, q_idx − kv_idx), as for ALiBi (Press et al.) and relative position biases: one
+    evaluation per distance gives every tile (a Toeplitz matrix per head)."""
+    return form_of(score_mod).relative
 
 
-def _form(score_mod: ScoreMod) -> tuple[bool, bool]:
-    """(additive, relative) of ``score_mod``, traced once per function and remembered."""
+def form_of(score_mod: ScoreMod) -> Form:
+    """The declared form of a :class:`attnkit.score_mods.Declared` score_mod; for any other
+    (or a composition holding a plain function), the form read from its traced graph, traced
+    once per function and remembered."""
+    if isinstance(score_mod, Declared):
+        declared = score_mod.form()
+        if declared is not None:
+            return declared
     try:
         known = _FORMS.get(score_mod)
     except TypeError:  # not weakly referable or not hashable: read it each time
         known = None
     if known is None:
-        graph = _trace(score_mod)
-        additive = graph is not None and _reads_as_additive(graph)
-        known = (additive, additive and _reads_as_relative(graph))
+        known = _read(score_mod)
         with contextlib.suppress(TypeError):  # not weakly referable: not kept
             _FORMS[score_mod] = known
     return known
+
+
+def _read(score_mod: ScoreMod) -> Form:
+    graph = _trace(score_mod)
+    if graph is None or not _reads_as_additive(graph):
+        return OTHER
+    return Form(additive=True, relative=_reads_as_relative(graph))
 
 
 def _trace(score_mod: ScoreMod) -> torch.fx.Graph | None:
@@ -74,26 +100,41 @@ def _reads_as_additive(graph: torch.fx.Graph) -> bool:
         if len(result) != 1:
             return False
         result = result[0]
-    if not isinstance(result, torch.fx.Node) or result.target != torch.ops.aten.add.Tensor:
+    reads_e = _readers(scores, nodes)
+    return isinstance(result, torch.fx.Node) and _e_plus_free(result, scores, reads_e)
+
+
+def _readers(scores: torch.fx.Node, nodes: list[torch.fx.Node]) -> set[torch.fx.Node]:
+    """The nodes whose value depends on the scores (in graph order: inputs come first)."""
+    out = {scores}
+    for node in nodes:
+        if any(x in out for x in node.all_input_nodes):
+            out.add(node)
+    return out
+
+
+def _e_plus_free(node: torch.fx.Node, scores, reads_e: set) -> bool:
+    """Whether ``node`` is e + (terms that do not read e): e itself, a sum with e-free terms
+    (any alpha on the e-free one), or a difference e-side minus e-free side."""
+    if node is scores:
+        return True
+
+    def free(x) -> bool:
+        return not isinstance(x, torch.fx.Node) or x not in reads_e
+
+    if node.op != "call_function" or len(node.args) != 2:
         return False
-    if result.kwargs.get("alpha", 1) != 1 or len(result.args) != 2:
+    x, y = node.args
+    alpha = node.kwargs.get("alpha", 1)
+    if node.target in _ADD:
+        if free(y) and isinstance(x, torch.fx.Node):
+            return _e_plus_free(x, scores, reads_e)
+        if free(x) and alpha == 1 and isinstance(y, torch.fx.Node):
+            return _e_plus_free(y, scores, reads_e)
         return False
-    x, y = result.args
-    other = y if x is scores else x if y is scores else None
-    if other is None or other is scores:
-        return False
-    if not isinstance(other, torch.fx.Node):
-        return True  # e + constant
-    seen, stack = set(), [other]
-    while stack:  # f must not read e
-        node = stack.pop()
-        if node is scores:
-            return False
-        if node in seen:
-            continue
-        seen.add(node)
-        stack.extend(node.all_input_nodes)
-    return True
+    if node.target in _SUB:
+        return free(y) and isinstance(x, torch.fx.Node) and _e_plus_free(x, scores, reads_e)
+    return False
 
 
 def _reads_as_relative(graph: torch.fx.Graph) -> bool:
@@ -103,9 +144,9 @@ def _reads_as_relative(graph: torch.fx.Graph) -> bool:
     q_node, kv_node = places[3], places[4]
     for node in (q_node, kv_node):
         for user in node.users:
-            if user.target != torch.ops.aten.sub.Tensor or user.kwargs.get("alpha", 1) != 1:
+            if user.target not in _SUB or user.kwargs.get("alpha", 1) != 1:
                 return False
-            if set(user.args) != {q_node, kv_node} or len(user.args) != 2:
+            if len(user.args) != 2 or set(user.args) != {q_node, kv_node}:
                 return False
     return True
 
