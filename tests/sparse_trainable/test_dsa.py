@@ -207,3 +207,17 @@ def test_refusals_name_the_argument():
 def test_indexer_sizes_are_refused_under_their_own_names(name):
     with pytest.raises(ValueError, match=f"^{name} must be a positive int, got 0"):
         DeepSeekSparseAttention(4, **{name: 0})
+
+
+def test_later_non_finite_tokens_reach_no_earlier_query_on_the_tiled_path():
+    torch.manual_seed(0)
+    part = DeepSeekSparseAttention(4, top_k=3, indexer_heads=2, indexer_dim=3).double()
+    q, k, v = (torch.randn(1, 2, 9, 4, dtype=torch.float64) for _ in range(3))
+    causal = ak.masks.causal(9)
+    with torch.no_grad():
+        clean = part(q, k, v, mask=causal).context
+        k2, v2 = k.clone(), v.clone()
+        k2[..., 5:, :], v2[..., 5:, :] = float("nan"), float("inf")
+        planted = part(q, k2, v2, mask=causal).context
+    assert torch.isfinite(planted[..., :5, :]).all()
+    torch.testing.assert_close(planted[..., :5, :], clean[..., :5, :], rtol=1e-12, atol=1e-12)

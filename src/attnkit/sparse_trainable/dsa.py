@@ -46,7 +46,7 @@ from typing import ClassVar
 import torch
 from torch import Tensor, nn
 
-from attnkit import arguments, hooks
+from attnkit import arguments, hooks, trust
 from attnkit import taxonomy as tx
 from attnkit.alignments import Softmax
 from attnkit.head import HeadAttention, check_head_inputs
@@ -252,6 +252,9 @@ class DeepSeekSparseAttention(HeadAttention):
             and align.fixed_temperature is not None
             and q.numel()
             and v.numel()
+            # the tiles read keys a query may not attend with weight 0 (0 · NaN = NaN): keys
+            # that are not finite take the per-query gathers
+            and (trust.inputs_finite() or bool(torch.isfinite(k).all() and torch.isfinite(v).all()))
         ):  # key-block tiles: no per-query gather; the weights only for the indexer's loss
             count = lead.numel()
             flat = (x.reshape(count, *x.shape[-2:]) for x in (q, k, v, keys, ok))
