@@ -2,8 +2,11 @@
 
 Patterns (d = 64, H = 4, B = 1): sliding window 256, causal, causal + window 256, document
 (4 jagged documents), BigBird (window 128, one global token, 2 random 128-blocks) and causal with
-an ALiBi ``score_mod``. Each side gets its own idiomatic inputs: attnkit the mask functions of
-``attnkit.patterns`` (its block mask built from them), FlexAttention a ``mask_mod`` and
+an ALiBi ``score_mod`` (``alibi``; ``alibi-sub``, ``alibi-abs`` and ``alibi-declared`` hand
+attnkit the same bias written ``s - m_h * (q - kv)``, ``s - m[h] * (q_idx - kv_idx).abs()`` and
+``attnkit.score_mods.alibi(m)``, FlexAttention keeping its documentation's spelling). Each side
+gets its own idiomatic inputs: attnkit the mask functions of ``attnkit.patterns`` (its block
+mask built from them), FlexAttention a ``mask_mod`` and
 ``score_mod`` written the way FlexAttention's documentation writes them (comparisons of
 ``q_idx`` and ``kv_idx``, a lookup into a precomputed table for documents and BigBird's random
 blocks), never attnkit's functions. Before any timing both outputs are compared and the
@@ -32,6 +35,8 @@ import time
 import torch
 
 PATTERNS = ["window", "causal", "causal+window", "document", "bigbird", "alibi"]
+# The same causal ALiBi handed to attnkit in other spellings (FlexAttention keeps its own).
+ALIBI_SPELLINGS = ["alibi-sub", "alibi-abs", "alibi-declared"]
 H, D, WINDOW = 4, 64, 256
 
 
@@ -63,7 +68,23 @@ def _case(pattern: str, n: int):
         return patterns.bigbird(128, n, global_positions=(0,), random_blocks=2, block=128), None
     if pattern == "alibi":
         return patterns.causal(), _alibi(H)
-    raise ValueError(f"unknown pattern {pattern!r}; choose from {PATTERNS}")
+    if pattern in ALIBI_SPELLINGS:
+        return patterns.causal(), _alibi_spelled(pattern)
+    raise ValueError(f"unknown pattern {pattern!r}; choose from {PATTERNS + ALIBI_SPELLINGS}")
+
+
+def _alibi_spelled(spelling: str):
+    """The ALiBi of :func:`_alibi` written another way: ``s - m_h * (q - kv)``,
+    ``s - m[h] * (q_idx - kv_idx).abs()`` (equal under the causal mask), or declared
+    (``attnkit.score_mods.alibi``)."""
+    import attnkit as ak
+
+    m = torch.tensor([2.0 ** (-8.0 * (i + 1) / H) for i in range(H)])
+    if spelling == "alibi-declared":
+        return ak.score_mods.alibi(m)
+    if spelling == "alibi-sub":
+        return lambda s, b, h, q, kv: s - m[h] * (q - kv)
+    return lambda s, b, h, q_idx, kv_idx: s - m[h] * (q_idx - kv_idx).abs()
 
 
 def flex_case(pattern: str, n: int, block_table: torch.Tensor | None = None):
@@ -108,9 +129,9 @@ def flex_case(pattern: str, n: int, block_table: torch.Tensor | None = None):
             return local | glob | block_table[q_idx // 128, kv_idx // 128]
 
         return bigbird, None
-    if pattern == "alibi":
+    if pattern == "alibi" or pattern in ALIBI_SPELLINGS:
         return causal_mask, _alibi(H)
-    raise ValueError(f"unknown pattern {pattern!r}; choose from {PATTERNS}")
+    raise ValueError(f"unknown pattern {pattern!r}; choose from {PATTERNS + ALIBI_SPELLINGS}")
 
 
 def _timed(fn) -> tuple[object, float]:

@@ -5,9 +5,10 @@ j ≤ i when causal), exactly the pattern :func:`attnkit.patterns.sliding_window
 The queries are cut into blocks of c rows; block b needs the keys from b·c − w to
 (b + 1)·c + w, a window of c + 2w keys (c + w causal). Each block's scores are one (c × (c + 2w))
 tile of a batched matrix product, masked to the band and to the real keys, and normalised by
-softmax — O(N·(c + 2w)·d) instead of O(N²·d). The tiles' weights are kept for the backward
-pass (one (N × (c + 2w)) tensor), which then costs three more batched products and no
-recomputation of the scores.
+softmax — O(N·(c + 2w)·d) instead of O(N²·d). The blocks are evaluated a group at a time (about
+2²⁰ score elements per group), so the forward pass holds the output, one log-sum-exp per query
+and one group's tiles — about SDPA's forward memory — and keeps no weights: the backward pass
+recomputes each group's weights from the log-sum-exp (FlashAttention's), one batched product more.
 
 A layer built with ``pattern=patterns.sliding_window(w)`` (or ``attnkit.attention`` with the
 window's block mask) runs the chunked kernel's block-sparse path instead, which computes the
@@ -32,87 +33,123 @@ def _block(size: int, n: int) -> int:
     return max(1, min(n, 128, max(16, size)))
 
 
-def _windows(x: Tensor, front: int, length: int, width: int, step: int) -> Tensor:
-    """x (Z, N, e) padded with ``front`` zero rows before and up to ``length`` after, cut into
-    windows of ``width`` rows every ``step`` rows: (Z, C, width, e)."""
-    back = length - front - x.shape[1]
-    padded = torch.nn.functional.pad(x, (0, 0, front, back))
-    return padded.unfold(1, width, step).transpose(-1, -2)
+# Score-tile elements (rows × window keys, all batch entries) evaluated at once: a group of query
+# blocks holds this much, so that the transient tensors stay a fraction of the output.
+_TILE_ELEMENTS = 1 << 20
+
+
+class _Groups:
+    """The query blocks of a call in groups, and each group's keys cut into windows."""
+
+    def __init__(self, q: Tensor, size: int, causal: bool, key_mask: Tensor | None) -> None:
+        z, n, _ = q.shape
+        self.n, self.size, self.key_mask = n, size, key_mask
+        self.c = c = _block(size, n)
+        self.blocks = -(-n // c)
+        self.width = c + size if causal else c + 2 * size
+        self.length = (self.blocks - 1) * c + self.width  # rows of the padded keys
+        per_block = max(1, z * c * self.width)
+        self.per_group = max(1, _TILE_ELEMENTS // per_block)
+        # key t of a block's window is position (block start) − size + t; query r is row r
+        t = torch.arange(self.width, device=q.device)
+        gap = t[None, :] - torch.arange(c, device=q.device)[:, None]  # (c, W): j − i + size
+        self.band = (gap >= 0) & (gap <= (size if causal else 2 * size))
+        self.t = t
+
+    def ranges(self) -> list[tuple[int, int]]:
+        step = self.per_group
+        return [(b0, min(b0 + step, self.blocks)) for b0 in range(0, self.blocks, step)]
+
+    def rows(self, x: Tensor, b0: int, b1: int) -> Tensor:
+        """Rows of x (Z, N, e) of blocks [b0, b1), zero-padded to whole blocks: (Z, G, c, e)."""
+        c = self.c
+        r0, r1 = b0 * c, min(b1 * c, self.n)
+        part = x[:, r0:r1]
+        if r1 - r0 < (b1 - b0) * c:
+            part = torch.nn.functional.pad(part, (0, 0, 0, (b1 - b0) * c - (r1 - r0)))
+        return part.reshape(x.shape[0], b1 - b0, c, x.shape[-1])
+
+    def windows(self, x: Tensor, b0: int, b1: int) -> Tensor:
+        """The windows of keys (or values) x (Z, N, e) of blocks [b0, b1): (Z, G, W, e)."""
+        k0 = b0 * self.c - self.size
+        k1 = (b1 - 1) * self.c - self.size + self.width
+        part = x[:, max(k0, 0) : min(k1, self.n)]
+        front, back = max(0, -k0), max(0, k1 - self.n)
+        if front or back:
+            part = torch.nn.functional.pad(part, (0, 0, front, back))
+        return part.unfold(1, self.width, self.c).transpose(-1, -2)
+
+    def allowed(self, b0: int, b1: int) -> Tensor:
+        """(G, c, W), or (Z, G, c, W) with a key mask: the band, at real (unmasked) keys."""
+        pos = torch.arange(b0, b1, device=self.t.device)[:, None] * self.c - self.size + self.t
+        real = (pos >= 0) & (pos < self.n)  # (G, W)
+        if self.key_mask is not None:
+            inside = pos.clamp(0, self.n - 1)
+            real = real & self.key_mask[:, inside]
+        return self.band & real[..., None, :]
+
+    def add_windows(self, target: Tensor, g: Tensor, b0: int, b1: int) -> None:
+        """target (Z, length, e) += each window of g (Z, G, W, e) at its padded positions."""
+        index = (torch.arange(b0, b1, device=g.device)[:, None] * self.c + self.t).flatten()
+        target.index_add_(1, index, g.reshape(g.shape[0], -1, g.shape[-1]))
 
 
 class _Banded(torch.autograd.Function):
+    """Forward by groups of query blocks (online, nothing of size N × window kept); backward
+    recomputes each group's weights from the saved log-sum-exp (FlashAttention's)."""
+
     @staticmethod
     def forward(ctx, q, k, v, size, causal, key_mask, scale):
-        z, n, d = q.shape
-        c = _block(size, n)
-        blocks = -(-n // c)
-        width = c + size if causal else c + 2 * size
-        length = (blocks - 1) * c + width  # rows of the padded keys the windows cover
-        qs = torch.nn.functional.pad(q * scale, (0, 0, 0, blocks * c - n)).view(z, blocks, c, d)
-        kw = _windows(k, size, length, width, c)  # (Z, C, W, d)
-        vw = _windows(v, size, length, width, c)
-        # key t of block b is position b·c − size + t; query r is b·c + r
-        t = torch.arange(width, device=q.device)
-        r = torch.arange(c, device=q.device)
-        gap = t[None, :] - r[:, None]  # (c, W): j − i + size
-        band = (gap >= 0) & (gap <= (size if causal else 2 * size))
-        pos = torch.arange(blocks, device=q.device)[:, None] * c - size + t  # (C, W)
-        real = (pos >= 0) & (pos < n)
-        if key_mask is not None:
-            real = real & _windows(key_mask[..., None], size, length, width, c)[..., 0]
-        ok = band & real[..., None, :]  # (C, c, W) or (Z, C, c, W)
-        e = (qs @ kw.transpose(-1, -2)).masked_fill_(~ok, torch.finfo(q.dtype).min)
-        p = torch.softmax(e, -1)
-        del e
-        if key_mask is not None:  # a query with no key (all masked): weights and context 0
-            p = p.masked_fill(~ok.any(-1, keepdim=True), 0)
-        out = (p @ vw).view(z, blocks * c, -1)
-        ctx.save_for_backward(qs, kw, vw, p, out)
-        ctx.shape = (n, size, c, length, scale)
-        return out[:, :n]
+        z, n, _ = q.shape
+        plan = _Groups(q, size, causal, key_mask)
+        out = q.new_empty(z, n, v.shape[-1])
+        lse = q.new_empty(z, plan.blocks * plan.c)
+        low = torch.finfo(q.dtype).min
+        for b0, b1 in plan.ranges():
+            qs = plan.rows(q, b0, b1) * scale
+            ok = plan.allowed(b0, b1)
+            e = (qs @ plan.windows(k, b0, b1).transpose(-1, -2)).masked_fill_(~ok, low)
+            top = e.amax(-1, keepdim=True)
+            p = e.sub_(top).exp_()
+            total = p.sum(-1, keepdim=True)
+            p.div_(total)
+            if key_mask is not None:  # a query with no key (all masked): weights and context 0
+                p.mul_(ok.any(-1, keepdim=True))
+            lse[:, b0 * plan.c : b1 * plan.c] = (top + total.log()).flatten(1)
+            o = (p @ plan.windows(v, b0, b1)).flatten(1, 2)
+            out[:, b0 * plan.c : min(b1 * plan.c, n)] = o[:, : min(b1 * plan.c, n) - b0 * plan.c]
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.plan, ctx.scale = plan, scale
+        return out
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad):
-        qs, kw, vw, p, out = ctx.saved_tensors
-        n, size, c, length, scale = ctx.shape
-        z, blocks = qs.shape[:2]
-        d = qs.shape[-1]
-        g = torch.nn.functional.pad(grad, (0, 0, 0, blocks * c - n)).view(z, blocks, c, -1)
-        delta = (g * out.view_as(g)).sum(-1, keepdim=True)
-        width = p.shape[-1]
-        if width % c:  # windows that are not whole blocks: the whole (Z, C, W, ·) products
-            de = (g @ vw.transpose(-1, -2)).sub_(delta).mul_(p)  # softmax backward
-            dq = (de @ kw).view(z, blocks * c, d)[:, :n] * scale
-            dk = _overlap_add(de.transpose(-1, -2) @ qs, size, n, c, length)
-            dv = _overlap_add(p.transpose(-1, -2) @ g, size, n, c, length)
-            return dq, dk, dv, None, None, None, None
-        # block by block of the window (each product the size of the inputs, not W/c times)
-        segments = [slice(s * c, (s + 1) * c) for s in range(width // c)]
-        de = torch.empty_like(p)
-        for seg in segments:
-            torch.matmul(g, vw[:, :, seg].transpose(-1, -2), out=de[..., seg])
-        de.sub_(delta).mul_(p)  # softmax backward on the tile
-        dq = torch.zeros_like(qs)
-        dk = qs.new_zeros(z, length, d)
-        dv = g.new_zeros(z, length, g.shape[-1])
-        for s, seg in enumerate(segments):
-            rows = slice(s * c, s * c + blocks * c)
-            dq += de[..., seg] @ kw[:, :, seg]
-            dk[:, rows] += (de[..., seg].transpose(-1, -2) @ qs).view(z, blocks * c, d)
-            dv[:, rows] += (p[..., seg].transpose(-1, -2) @ g).view(z, blocks * c, -1)
-        dq = dq.view(z, blocks * c, d)[:, :n] * scale
-        return dq, dk[:, size : size + n], dv[:, size : size + n], None, None, None, None
-
-
-def _overlap_add(windows: Tensor, size: int, n: int, step: int, length: int) -> Tensor:
-    """The gradient of :func:`_windows`: each window's rows added back at their positions."""
-    z, blocks, width, e = windows.shape
-    out = windows.new_zeros(z, length, e)
-    index = (torch.arange(blocks, device=windows.device)[:, None] * step
-             + torch.arange(width, device=windows.device)).flatten()  # fmt: skip
-    out.index_add_(1, index, windows.reshape(z, blocks * width, e))
-    return out[:, size : size + n]
+        q, k, v, out, lse = ctx.saved_tensors
+        plan: _Groups = ctx.plan
+        scale = ctx.scale
+        z, n, d = q.shape
+        dq = torch.empty_like(q)
+        dk = q.new_zeros(z, plan.length, d)
+        dv = q.new_zeros(z, plan.length, v.shape[-1])
+        low = torch.finfo(q.dtype).min
+        for b0, b1 in plan.ranges():
+            qs = plan.rows(q, b0, b1) * scale
+            kw, vw = plan.windows(k, b0, b1), plan.windows(v, b0, b1)
+            ok = plan.allowed(b0, b1)
+            e = (qs @ kw.transpose(-1, -2)).masked_fill_(~ok, low)
+            rows = lse[:, b0 * plan.c : b1 * plan.c].view(z, b1 - b0, plan.c, 1)
+            p = e.sub_(rows).exp_()
+            if plan.key_mask is not None:
+                p.mul_(ok.any(-1, keepdim=True))
+            g = plan.rows(grad, b0, b1)
+            delta = (g * plan.rows(out, b0, b1)).sum(-1, keepdim=True)
+            plan.add_windows(dv, p.transpose(-1, -2) @ g, b0, b1)
+            de = (g @ vw.transpose(-1, -2)).sub_(delta).mul_(p)  # softmax backward on the tile
+            r1 = min(b1 * plan.c, n)
+            dq[:, b0 * plan.c : r1] = (de @ kw).flatten(1, 2)[:, : r1 - b0 * plan.c] * scale
+            plan.add_windows(dk, de.transpose(-1, -2) @ qs, b0, b1)
+        return dq, dk[:, plan.size : plan.size + n], dv[:, plan.size : plan.size + n], *[None] * 4
 
 
 def sliding_window_attention(
@@ -139,8 +176,8 @@ def sliding_window_attention(
         scale: the scores' factor, q·k · scale (default 1/√d).
 
     Returns:
-        context (…, N, d_v). Differentiable once (its backward keeps the block weights, not a
-        graph).
+        context (…, N, d_v). Differentiable once (its backward recomputes the block weights
+        from the saved log-sum-exp, not a graph).
     """
     size = arguments.nonnegative_int(size, "size")
     arguments.boolean(causal, "causal")
