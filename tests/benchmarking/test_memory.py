@@ -19,7 +19,7 @@ def test_live_env_sets_glibc_variables_and_keeps_the_rest():
 
 def test_a_subprocess_started_with_live_env_sees_the_settings():
     code = (
-        "import json, os; print(json.dumps({k: v for k, v in os.environ.items() if 'MALLOC' in k}))"  # noqa: E501
+        "import json, os; print(json.dumps({k: v for k, v in os.environ.items() if 'MALLOC' in k}))"
     )
     out = subprocess.run(
         [sys.executable, "-c", code], env=live_env(), capture_output=True, text=True, check=True
