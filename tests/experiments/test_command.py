@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from attnkit import cli
+from attnkit import cli, tasks
 from attnkit.experiments import checkpoints
 from attnkit.tasks.dates_task import DatesTask
 
@@ -305,7 +305,7 @@ def test_help_is_short_and_names_every_flag_and_task(monkeypatch, capsys):
     assert "attnkit run TASK --help" in flat
 
 
-@pytest.mark.parametrize("task", ["dates", "text", "kv-recall"])
+@pytest.mark.parametrize("task", tasks.available())
 def test_help_after_a_task_lists_its_defaults_names_metrics_and_settings(task, monkeypatch, capsys):
     import attnkit as ak
     from attnkit import tasks

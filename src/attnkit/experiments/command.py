@@ -77,14 +77,15 @@ def _wrapped(title: str, text: str) -> list[str]:
 
 
 def _defaults_line(cls: type, pretrained: str | None) -> str:
-    """``key full (quick q), ...`` of the run-configuration keys the task gives defaults for."""
-    from types import SimpleNamespace
+    """``key full (quick q), ...`` of the run-configuration keys the task gives defaults for
+    (read from an unresolved configuration with every key at its default, as a task sees it)."""
+    from attnkit.experiments.config import RunConfig
 
-    full = cls.run_defaults(SimpleNamespace(quick=False, pretrained=pretrained))
-    quick = cls.run_defaults(SimpleNamespace(quick=True, pretrained=pretrained))
+    full = cls.run_defaults(RunConfig(quick=False, pretrained=pretrained))
+    quick = cls.run_defaults(RunConfig(quick=True, pretrained=pretrained))
     full = {"score": "additive", **full, "align": full.get("align", "softmax")}
     quick = {"score": "additive", **quick, "align": quick.get("align", "softmax")}
-    unused = cls.unused(SimpleNamespace(pretrained=pretrained)) if pretrained else {}
+    unused = cls.unused(RunConfig(pretrained=pretrained)) if pretrained else {}
     out = []
     for key in (*_TASK_KEYS, "align"):
         if key in full and key not in unused:
