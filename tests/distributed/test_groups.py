@@ -26,7 +26,9 @@ WORLD = 3
 STOPPED = 2
 RING_TIMEOUT = 5.0  # seconds: the ring's group
 WORLD_TIMEOUT = 120.0  # seconds: the default group, far longer, so it cannot be the one that fires
-BOUND = RING_TIMEOUT + 40.0  # a rank still running after this waits for something else
+# how long the test waits for the ranks at most: a guard against a hang only. Which timeout
+# fired is read from gloo's message (the ring's 5 s, not the world's 120 s), not from a clock.
+GUARD = WORLD_TIMEOUT + 60.0
 
 
 def _stalling_rank(rank: int, store: str, out: str) -> None:
@@ -47,13 +49,11 @@ def _stalling_rank(rank: int, store: str, out: str) -> None:
         dist.barrier()  # every rank is past its first call
         if rank == STOPPED:
             os.kill(os.getpid(), signal.SIGSTOP)
-        started = time.monotonic()
         try:
             ring_attention(x, x, x, group=group)
             report["error"] = None
         except RingError as err:
             report["error"] = str(err)
-        report["waited"] = time.monotonic() - started
     except Exception:
         report["crash"] = traceback.format_exc()
     Path(out, f"rank{rank}.json").write_text(json.dumps(report))
@@ -69,21 +69,21 @@ def test_a_stopped_rank_ends_the_others_within_the_ring_timeout(tmp_path):
     for p in procs:
         p.start()
     try:
-        deadline = time.monotonic() + BOUND + 30.0  # + starting the processes on a busy machine
+        deadline = time.monotonic() + GUARD
         for r, p in enumerate(procs):
             if r != STOPPED:
                 p.join(max(0.0, deadline - time.monotonic()))
-        still = [r for r, p in enumerate(procs) if r != STOPPED and p.is_alive()]
     finally:
         for p in procs:
             if p.is_alive():
                 os.kill(p.pid, signal.SIGKILL)  # the stopped rank, and any that still waits
             p.join(10)
-    assert not still, f"ranks {still} kept waiting for the stopped rank {STOPPED}"
     for r in range(WORLD):
         if r == STOPPED:
             continue
-        report = json.loads((tmp_path / f"rank{r}.json").read_text())
+        written = tmp_path / f"rank{r}.json"
+        assert written.exists(), f"rank {r} kept waiting for the stopped rank {STOPPED}"
+        report = json.loads(written.read_text())
         assert "crash" not in report, report["crash"]
         message = report["error"]
         assert message is not None, f"rank {r} finished although rank {STOPPED} was stopped"
