@@ -10,13 +10,13 @@ import importlib.util
 import inspect
 import json
 import re
-import shutil
 import subprocess
 import sys
 import types
 from pathlib import Path
 
 import pytest
+from browser import dump_dom, needs_chromium
 
 import attnkit
 
@@ -34,10 +34,6 @@ needs_mkdocs = pytest.mark.skipif(
     reason=f"documentation tools not installed ({', '.join(_MISSING)}); "
     "`pip install -e .[docs]` or `make test` installs them",
 )
-
-
-def _chromium() -> str | None:
-    return shutil.which("chromium") or shutil.which("chromium-browser")
 
 
 def _build(config: Path, site: Path) -> subprocess.CompletedProcess:
@@ -202,30 +198,10 @@ def test_strict_build_fails_on_broken_links_and_bad_references(tmp_path):
 
 
 @needs_mkdocs
-@pytest.mark.skipif(_chromium() is None, reason="chromium not installed (apt-get install chromium)")
+@needs_chromium
 def test_browser_renders_the_attention_entry(site, tmp_path):
     page = site / "api" / "attnkit.html"
-    result = subprocess.run(
-        [
-            _chromium(),
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--disable-dev-shm-usage",
-            "--disable-background-networking",
-            "--disable-component-update",
-            "--disable-sync",
-            "--no-first-run",
-            f"--user-data-dir={tmp_path / 'profile'}",
-            "--dump-dom",
-            page.as_uri(),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert result.returncode == 0, result.stderr[-2000:]
-    dom = result.stdout
+    dom = dump_dom(page, tmp_path / "profile")
     _check_attention_entry(dom)
     # The theme's own scripts (served from the site, not a CDN) ran: they mark every table.
     tables = re.findall(r"<table\b[^>]*>", dom)
@@ -351,32 +327,14 @@ def _browser_report(site: Path, frames: list[tuple[str, int]], profile: Path) ->
     )
     check = site / "page_check.html"
     check.write_text(f"<!doctype html><html><body>{frames}{_PAGE_CHECK}</body></html>")
-    result = subprocess.run(
-        [
-            _chromium(),
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--disable-dev-shm-usage",
-            "--disable-background-networking",
-            "--no-first-run",
-            "--allow-file-access-from-files",
-            f"--user-data-dir={profile}",
-            "--dump-dom",
-            check.as_uri(),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert result.returncode == 0, result.stderr[-2000:]
-    found = re.search(r'<pre id="page-check">(.*?)</pre>', result.stdout, flags=re.S)
-    assert found, "the page check did not run:\n" + result.stdout[-2000:]
+    dom = dump_dom(check, profile, "--allow-file-access-from-files", timeout=300)
+    found = re.search(r'<pre id="page-check">(.*?)</pre>', dom, flags=re.S)
+    assert found, "the page check did not run:\n" + dom[-2000:]
     return json.loads(html.unescape(found.group(1)))
 
 
 @needs_mkdocs
-@pytest.mark.skipif(_chromium() is None, reason="chromium not installed (apt-get install chromium)")
+@needs_chromium
 def test_browser_renders_the_equations_and_fits_the_tables(site, tmp_path):
     guides = sorted(p.name for p in (ROOT / "docs").glob("*.md"))
     pages = [g.removesuffix(".md") + ".html" for g in guides] + ["api/index.html"]

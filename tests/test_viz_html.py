@@ -8,14 +8,13 @@ from __future__ import annotations
 import html
 import json
 import re
-import shutil
-import subprocess
 import tomllib
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from browser import dump_dom, needs_chromium
 
 import attnkit
 from attnkit import viz
@@ -38,40 +37,11 @@ def _data(div: str) -> dict:
     return json.loads(found.group(1))
 
 
-def _chromium() -> str | None:
-    return shutil.which("chromium") or shutil.which("chromium-browser")
-
-
 def _dom(page: str, tmp_path: Path) -> str:
     """The page's DOM after its scripts ran, as headless Chromium dumps it."""
     path = tmp_path / "page.html"
     path.write_text(page, encoding="utf-8")
-    result = subprocess.run(
-        [
-            _chromium(),
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--disable-dev-shm-usage",
-            "--disable-background-networking",
-            "--disable-component-update",
-            "--disable-sync",
-            "--no-first-run",
-            f"--user-data-dir={tmp_path / 'profile'}",
-            "--dump-dom",
-            path.as_uri(),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert result.returncode == 0, result.stderr[-2000:]
-    return result.stdout
-
-
-needs_chromium = pytest.mark.skipif(
-    _chromium() is None, reason="chromium not installed (apt-get install chromium)"
-)
+    return dump_dom(path, tmp_path / "profile")
 
 
 # --- the data written into the page ---------------------------------------------------------

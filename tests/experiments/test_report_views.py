@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
-import subprocess
 
 import numpy as np
 import pytest
+from browser import dump_dom, needs_chromium
 
 from attnkit.experiments.report import write_report
 from attnkit.experiments.report_views import MAX_CELLS, interactive_section
@@ -92,29 +91,10 @@ def test_the_report_holds_the_views_and_their_script_once(tmp_path):
         np.testing.assert_allclose(np.array(data["weights"])[0, 0], item["weights"], atol=1e-6)
 
 
-@pytest.mark.skipif(
-    shutil.which("chromium") is None, reason="chromium not installed (apt-get install chromium)"
-)
+@needs_chromium
 def test_a_browser_draws_the_reports_views(tmp_path):
     path, items = _report(tmp_path)
-    result = subprocess.run(
-        [
-            shutil.which("chromium"),
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--disable-dev-shm-usage",
-            "--no-first-run",
-            f"--user-data-dir={tmp_path / 'profile'}",
-            "--dump-dom",
-            path.as_uri(),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert result.returncode == 0, result.stderr[-2000:]
-    views = result.stdout.split('class="ak-view ak-head-view"')[1:]
+    views = dump_dom(path, tmp_path / "profile").split('class="ak-view ak-head-view"')[1:]
     assert len(views) == 2
     for view, item in zip(views, items, strict=True):
         lines = re.findall(r"<line [^>]*>", view)
