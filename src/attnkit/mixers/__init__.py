@@ -1,0 +1,13 @@
+"""Token-mixer layers of today's models, built from attnkit parts: the layers that sit where
+self-attention sits in a hybrid stack (see :mod:`attnkit.mixers.base` for the contract).
+
+Each is registered in :data:`REGISTRY` and built by name:
+``attnkit.mixers.REGISTRY.build("mamba2", embed_dim=64, ...)``.
+"""
+
+from attnkit.mixers.base import MixerCache, TokenMixer
+from attnkit.registry import Registry
+
+REGISTRY: Registry[TokenMixer] = Registry("token mixer")
+
+__all__ = ["REGISTRY", "MixerCache", "TokenMixer"]
