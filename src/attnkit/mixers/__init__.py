@@ -6,8 +6,10 @@ Each is registered in :data:`REGISTRY` and built by name:
 """
 
 from attnkit.mixers.base import MixerCache, TokenMixer
+from attnkit.mixers.conv import ShortConv
+from attnkit.mixers.gated_norm import GatedRMSNorm
 from attnkit.registry import Registry
 
 REGISTRY: Registry[TokenMixer] = Registry("token mixer")
 
-__all__ = ["REGISTRY", "MixerCache", "TokenMixer"]
+__all__ = ["REGISTRY", "GatedRMSNorm", "MixerCache", "ShortConv", "TokenMixer"]
