@@ -167,3 +167,115 @@ def test_refusals_name_the_argument():
 def test_yarn_refuses_a_ramp_that_does_not_rise(fast, slow):
     with pytest.raises(ValueError, match="beta_fast must be > beta_slow"):
         rs.YaRNScaling(2.0, 64, beta_fast=fast, beta_slow=slow)
+
+
+def _longrope(fraction=1.0, original=512, max_len=4096, seed=0, **extra):
+    """A Phi-3-style config with random rescale factors (r/2 of them for r = fraction·64) and
+    the same LongRoPEScaling."""
+    g = torch.Generator().manual_seed(seed)
+    half = int(64 * fraction) // 2
+    short = (1 + torch.rand(half, generator=g, dtype=torch.float64)).tolist()
+    long = (1 + 20 * torch.rand(half, generator=g, dtype=torch.float64)).tolist()
+    params = {"rope_type": "longrope", "rope_theta": 10000.0, "partial_rotary_factor": fraction,
+              "short_factor": short, "long_factor": long,
+              "original_max_position_embeddings": original, **extra}  # fmt: skip
+    config = transformers.Phi3Config(
+        hidden_size=128, num_attention_heads=2, max_position_embeddings=max_len,
+        original_max_position_embeddings=original, rope_parameters=params,
+    )  # fmt: skip
+    scaling = rs.LongRoPEScaling(
+        short, long, original, extra.get("factor", max_len / original),
+        attention_factor=extra.get("attention_factor"),
+    )  # fmt: skip
+    return config, scaling, short, long
+
+
+@pytest.mark.parametrize(
+    "fraction, extra, seq_len",
+    [(1.0, {}, None), (1.0, {}, 512), (1.0, {}, 513), (0.5, {}, 9000),
+     (1.0, {"factor": 16.0}, 600), (0.5, {"attention_factor": 1.3}, 100)],
+)  # fmt: skip
+def test_longrope_matches_transformers_on_both_sides_of_the_trained_length(
+    fraction, extra, seq_len
+):
+    config, scaling, short, long = _longrope(fraction, **extra)
+    kw = {} if seq_len is None else {"seq_len": seq_len}
+    want, want_factor = ROPE_INIT_FUNCTIONS["longrope"](config, "cpu", **kw)
+    scheme = ak.positions.ScaledRotary(10000.0, fraction=fraction, scaling=scaling)
+    got, factor = scheme.frequencies(64, 0 if seq_len is None else seq_len)
+    print(f"longrope at {seq_len}: max relative diff "
+          f"{float((got - want.double()).abs().div(want.double()).max()):.1e}")  # fmt: skip
+    torch.testing.assert_close(got, want.double(), rtol=2e-6, atol=0)
+    assert factor == pytest.approx(want_factor, rel=1e-12)
+    # written out (Ding et al.: θ_i / λ_i, λ long past L0), and the factor √(1 + ln s / ln L0)
+    lam = long if (seq_len or 0) > 512 else short
+    r = int(64 * fraction)
+    theta = [10000.0 ** (-2 * i / r) / lam[i] for i in range(r // 2)]
+    torch.testing.assert_close(got, torch.tensor(theta, dtype=torch.float64), rtol=1e-14, atol=0)
+    s = extra.get("factor", 4096 / 512)
+    assert factor == pytest.approx(
+        extra.get("attention_factor", math.sqrt(1 + math.log(s) / math.log(512)))
+    )
+
+
+@pytest.mark.parametrize("length", [300, 700])
+def test_longrope_rotation_equals_phi3s_rotary_embedding(length):
+    """Phi-3's rotary embedding (halves layout, partial) picks the short or the long list from
+    the largest position id; the scheme reads the same length from the sequence it places."""
+    from transformers.models.phi3.modeling_phi3 import Phi3RotaryEmbedding
+    from transformers.models.phi3.modeling_phi3 import apply_rotary_pos_emb as phi3_rotary
+
+    config, scaling, _, _ = _longrope(0.5)
+    config.head_dim = 64
+    rotary = Phi3RotaryEmbedding(config)
+    g = torch.Generator().manual_seed(1)
+    q, k = (torch.randn(1, 2, length, 64, generator=g, dtype=torch.float64) for _ in range(2))
+    cos, sin = rotary(q, torch.arange(length)[None])
+    want_q, want_k = phi3_rotary(q, k, cos.double(), sin.double())
+    scheme = ak.positions.ScaledRotary(10000.0, fraction=0.5, layout="halves", scaling=scaling)
+    out = scheme(q, k)
+    # Phi-3 forms its angles in float32: position · θ is rounded to ~1e-7 relative
+    torch.testing.assert_close(out.q, want_q, rtol=0, atol=2e-4)
+    torch.testing.assert_close(out.k, want_k, rtol=0, atol=2e-4)
+    other = _longrope(0.5, original=length + 1 if length > 512 else length - 1)[1]
+    wrong = ak.positions.ScaledRotary(10000.0, fraction=0.5, layout="halves", scaling=other)(q, k)
+    assert (wrong.q - want_q).abs().max() > 0.1  # the other list is far off
+    assert scheme.reads_total_length and not scheme.translation_invariant
+
+
+def test_longrope_declares_reading_the_length_exactly_when_its_lists_differ():
+    """Scores among the first positions change once the sequence passes L0 (the long list)
+    iff the lists differ; the declaration follows, and a KV cache refuses the first only."""
+    g = torch.Generator().manual_seed(2)
+    q, k = (torch.randn(1, 2, 12, 4, generator=g, dtype=torch.float64) for _ in range(2))
+    for short, long in (((1.0, 2.0), (3.0, 8.0)), ((1.5, 2.0), (1.5, 2.0))):
+        scheme = rs.ScaledRotary(scaling=rs.LongRoPEScaling(short, long, 4, 3.0))
+        prefix = scheme(q[..., :3, :], k[..., :3, :])
+        whole = scheme(q, k)
+        changes = not torch.allclose(
+            prefix.q @ prefix.k.transpose(-1, -2),
+            (whole.q @ whole.k.transpose(-1, -2))[..., :3, :3],
+        )
+        assert scheme.reads_total_length == changes == (short != long)
+        mha = ak.MultiHeadAttention(8, 2, position=scheme, dtype=torch.float64)
+        x = torch.randn(1, 3, 8, dtype=torch.float64)
+        if changes:
+            with pytest.raises(ValueError, match="reads the length"):
+                mha(x, mask=ak.masks.causal(3), cache=ak.kv_cache.LayerCache())
+        else:
+            mha(x, mask=ak.masks.causal(3), cache=ak.kv_cache.LayerCache())
+
+
+def test_longrope_refusals_name_the_argument():
+    with pytest.raises(ValueError, match=r"short_factor\[1\] must be > 0"):
+        rs.LongRoPEScaling([1.0, 0.0], [1.0, 2.0], 8, 2.0)
+    with pytest.raises(ValueError, match="got 2 and 3"):
+        rs.LongRoPEScaling([1.0, 1.0], [1.0, 2.0, 3.0], 8, 2.0)
+    with pytest.raises(TypeError, match="long_factor must be a sequence"):
+        rs.LongRoPEScaling([1.0], 2.0, 8, 2.0)
+    with pytest.raises(ValueError, match="original_max_len must be a positive int"):
+        rs.LongRoPEScaling([1.0], [2.0], 0, 2.0)
+    with pytest.raises(ValueError, match="factor must be >= 1"):
+        rs.LongRoPEScaling([1.0], [2.0], 8, 0.5)
+    with pytest.raises(ValueError, match="need r/2 = 4"):
+        rs.LongRoPEScaling([1.0], [2.0], 8, 2.0).frequencies(8, 10000.0, 4)

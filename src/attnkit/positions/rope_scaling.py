@@ -28,6 +28,9 @@ that multiplies the rotated features (so q·k by its square, YaRN's 1/t):
   long wavelengths, keep the short ones, ramp between; attention factor 0.1 ln s + 1.
 - :class:`Llama3Scaling` (Llama 3.1): θ_i / s for wavelengths above L₀/low, θ_i below
   L₀/high, a smooth blend between.
+- :class:`LongRoPEScaling` (Ding et al. 2024, LongRoPE; Phi-3): θ_i / λ_i with a searched
+  rescale factor λ_i per frequency, one list up to the trained length L₀ and another past it,
+  attention factor √(1 + ln s / ln L₀).
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ __all__ = [
     "DynamicNTKScaling",
     "LinearScaling",
     "Llama3Scaling",
+    "LongRoPEScaling",
     "NTKScaling",
     "RopeScaling",
     "ScaledRotary",
@@ -221,6 +225,79 @@ class Llama3Scaling(RopeScaling):
         )
         blend = (1 - smooth) * theta / self.factor + smooth * theta
         return torch.where(long, theta / self.factor, torch.where(short, theta, blend)), 1.0
+
+
+@dataclass(frozen=True)
+class LongRoPEScaling(RopeScaling):
+    """LongRoPE (Ding et al. 2024, "LongRoPE: Extending LLM Context Window Beyond 2 Million
+    Tokens", sec. 2-3), as Phi-3 ships it: every frequency has its own rescale factor λ_i, found
+    by the paper's evolutionary search, and θ'_i = θ_i / λ_i (eq. 6 with the factors
+    1/λ_i). Two lists are kept: ``short_factor`` for sequences up to the trained length
+    L₀ = ``original_max_len`` and ``long_factor`` past it, so the frequencies switch with the
+    sequence length (the scaling reads the length, as dynamic NTK does, and a KV cache is
+    refused) unless the two lists are equal. The rotated q and k are scaled by the attention
+    factor √(1 + ln s / ln L₀) for the extension s = ``factor`` > 1 (1 for s = 1), or by
+    ``attention_factor`` when given.
+
+    Args:
+        short_factor: λ_i for i = 0 … r/2 − 1, used while the length is at most L₀.
+        long_factor: λ_i used past L₀.
+        original_max_len: L₀, the pretrained context length.
+        factor: s, the extended context length over L₀ (Phi-3: max_position_embeddings /
+            original_max_position_embeddings).
+        attention_factor: overrides √(1 + ln s / ln L₀).
+    """
+
+    short_factor: tuple[float, ...]
+    long_factor: tuple[float, ...]
+    original_max_len: int
+    factor: float = 1.0
+    attention_factor: float | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("short_factor", "long_factor"):
+            given = getattr(self, name)
+            if isinstance(given, (str, bytes)) or not hasattr(given, "__iter__"):
+                raise TypeError(f"{name} must be a sequence of numbers, got {given!r:.60}")
+            values = tuple(
+                arguments.finite_float(x, f"{name}[{i}]", positive=True)
+                for i, x in enumerate(given)
+            )
+            if not values:
+                raise ValueError(f"{name} must hold one factor per frequency, got none")
+            object.__setattr__(self, name, values)
+        if len(self.short_factor) != len(self.long_factor):
+            raise ValueError(
+                f"short_factor and long_factor need one factor per frequency each, got "
+                f"{len(self.short_factor)} and {len(self.long_factor)}"
+            )
+        arguments.positive_int(self.original_max_len, "original_max_len")
+        object.__setattr__(self, "factor", _factor(self.factor))
+        if self.attention_factor is not None:
+            value = arguments.finite_float(self.attention_factor, "attention_factor", positive=True)
+            object.__setattr__(self, "attention_factor", value)
+
+    @property
+    def reads_length(self) -> bool:  # type: ignore[override]
+        """The frequencies switch lists at L₀ unless the two lists are equal."""
+        return self.short_factor != self.long_factor
+
+    def frequencies(self, rotary_dim: int, base: float, seq_len: int) -> tuple[Tensor, float]:
+        if len(self.short_factor) != rotary_dim // 2:
+            raise ValueError(
+                f"LongRoPE has {len(self.short_factor)} rescale factors per list but rotates "
+                f"r = {rotary_dim} features, which need r/2 = {rotary_dim // 2}"
+            )
+        chosen = self.long_factor if seq_len > self.original_max_len else self.short_factor
+        scale = torch.tensor(chosen, dtype=torch.float64)
+        factor = self.attention_factor
+        if factor is None:
+            factor = (
+                math.sqrt(1 + math.log(self.factor) / math.log(self.original_max_len))
+                if self.factor > 1 and self.original_max_len > 1
+                else 1.0
+            )
+        return inverse_frequencies(rotary_dim, base) / scale, float(factor)
 
 
 # ---- layouts ---------------------------------------------------------------------------------
