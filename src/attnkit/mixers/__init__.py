@@ -12,4 +12,6 @@ from attnkit.registry import Registry
 
 REGISTRY: Registry[TokenMixer] = Registry("token mixer")
 
-__all__ = ["REGISTRY", "GatedRMSNorm", "MixerCache", "ShortConv", "TokenMixer"]
+from attnkit.mixers.mamba2 import Mamba2Mixer  # noqa: E402  (registers itself in REGISTRY)
+
+__all__ = ["REGISTRY", "GatedRMSNorm", "Mamba2Mixer", "MixerCache", "ShortConv", "TokenMixer"]
