@@ -9,7 +9,7 @@ import attnkit as ak
 from attnkit import linear_family as lf
 from attnkit.kv_cache import LayerCache
 
-NAMES = ["retention", "gla", "mamba2", "deltanet", "gated_deltanet"]
+NAMES = ["retention", "gla", "mamba2", "deltanet", "gated_deltanet", "kda", "lightning"]
 E, H = 8, 2
 
 
