@@ -66,6 +66,9 @@ class RingLatentAttention(nn.Module):
         self.group = group
         self.layout = check_layout(layout)
         self.causal = arguments.boolean(causal, "causal")
+        # Set by context_parallel for a layer its model declares causal: such a layer passes a
+        # causal mask with every call of more than one token (see RingAttention).
+        self.causal_by_mask = False
 
     def forward(
         self,
@@ -74,7 +77,11 @@ class RingLatentAttention(nn.Module):
         *,
         need_weights: bool = False,
         cache: object = None,
+        absorbed: bool = True,
     ) -> LatentOutput:
+        """u (B, …, L_l, E) for this rank's tokens x (B, …, L_l, E); ``absorbed`` is accepted
+        for the layer's signature (the ring always attends over the latents, the absorbed
+        form)."""
         from attnkit.distributed.attention import _key_padding
 
         mla = self.module
@@ -93,8 +100,15 @@ class RingLatentAttention(nn.Module):
             if not isinstance(x, Tensor) or x.dim() < 2 or x.shape[-1] != mla.embed_dim:
                 shape = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
                 raise ValueError(f"x must be (B, …, L_l, {mla.embed_dim}), got {shape}")
-            ring = Ring.of(self.group)
+            arguments.boolean(absorbed, "absorbed")
             length = x.shape[-2]
+            if self.causal_by_mask and length > 1 and (mask is None or mask.shape[-2] == 1):
+                raise ValueError(
+                    "this causal ring layer belongs to a layer that the model declares "
+                    "causal, but it was passed no causal mask; the twin attends causally by "
+                    "global positions, as the model declares"
+                )
+            ring = Ring.of(self.group)
             where = (ring.rank, ring.size, length, self.layout)
             pos = global_positions(*where, x.device)
             q_c, q_r = mla._queries(x, pos)

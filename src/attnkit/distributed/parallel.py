@@ -18,10 +18,13 @@ import itertools
 import torch.distributed as dist
 from torch import nn
 
-from attnkit.core import Attention
 from attnkit.distributed.attention import RingAttention
+from attnkit.distributed.forms import Placement, ring_part
+from attnkit.distributed.latent import RingLatentAttention
 from attnkit.distributed.layout import check_layout
-from attnkit.distributed.positions import RingAbsolute, RingPositions
+from attnkit.distributed.linear_ring import RingLinearAttention
+from attnkit.distributed.positions import RingAbsolute
+from attnkit.modern.latent import MultiHeadLatentAttention
 from attnkit.multihead import MultiHeadAttention
 from attnkit.positions.none import NoPosition
 
@@ -62,7 +65,16 @@ def context_parallel(
         (:class:`attnkit.distributed.positions.RingAbsolute`); per-head position schemes move
         into the ring parts.
 
-    A part that the ring cannot evaluate exactly (another mechanism, a score that mixes keys, an
+    Each layer's part takes the first form over the ring that claims it
+    (:mod:`attnkit.distributed.forms`): the score × alignment part
+    (:class:`RingAttention`), the sink part (the same ring with the sink softmax in streaming
+    form) or a part that declares a recurrent state, the gated linear family
+    (:class:`attnkit.distributed.RingLinearAttention`, the states composed across the ranks).
+    Multi-head latent attention layers (:class:`attnkit.modern.MultiHeadLatentAttention`,
+    causal as declared in ``causal_attention`` or by ``causal``) become
+    :class:`attnkit.distributed.RingLatentAttention`, passing their latents around the ring.
+    A part that no form claims (another mechanism) is refused naming the part and every
+    form's reason; one that its form cannot run exactly (a score that mixes keys, an
     alignment without streaming statistics, attention dropout, a position scheme that reads
     contents), or a ``causal`` that contradicts the model, is refused by name.
     """
@@ -74,41 +86,41 @@ def context_parallel(
     shared = {id(t): t for t in itertools.chain(model.parameters(), model.buffers())}
     twin = copy.deepcopy(model, memo=shared)
     layers = [(n, m) for n, m in twin.named_modules() if isinstance(m, MultiHeadAttention)]
-    if not layers:
+    placed = {
+        id(m) for r in twin.modules() if isinstance(r, RingLatentAttention) for m in r.modules()
+    }
+    latent = [
+        (n, m)
+        for n, m in twin.named_modules()
+        if isinstance(m, MultiHeadLatentAttention) and id(m) not in placed
+    ]
+    if not layers and not latent:
         raise ValueError(
-            f"model {type(model).__name__} has no attnkit.MultiHeadAttention layer to run over a "
-            "ring"
+            f"model {type(model).__name__} has no attnkit.MultiHeadAttention layer (nor an "
+            "attnkit.modern.MultiHeadLatentAttention) to run over a ring"
         )
     declared = _declared_causal(twin)
     for name, layer in layers:
         part = layer.attention
-        if isinstance(part, RingAttention):
+        if isinstance(part, (RingAttention, RingLinearAttention)):
             continue
-        if type(part) is not Attention:
-            raise ValueError(
-                f"layer {name!r}: attention part {type(part).__name__} cannot be split over a "
-                "ring (only the score × alignment part, attnkit.Attention, can)"
-            )
-        if part.dropout > 0:
-            raise ValueError(
-                f"layer {name!r}: attention dropout {part.dropout} is not offered by ring "
-                "attention; build the model with dropout=0"
-            )
         layer_causal = _layer_causal(name, id(layer) in declared, causal, bool(declared))
         scheme = None if isinstance(layer.position, NoPosition) else layer.position
         try:
-            if scheme is not None:
-                RingPositions(scheme)
-            ring = RingAttention(
-                part.score, part.align, group=group, causal=layer_causal, layout=layout
-            )
+            ring = ring_part(part, Placement(group, layout, layer_causal, scheme))
         except ValueError as err:
             raise ValueError(f"layer {name!r}: {err}") from None
-        if scheme is not None:
-            ring.position = RingPositions(scheme)
-        ring.causal_by_mask = causal is None and layer_causal  # the layer's mask says so
+        if isinstance(ring, RingAttention):
+            ring.causal_by_mask = causal is None and layer_causal  # the layer's mask says so
         layer.attention = ring
         layer.position = NoPosition()
+    for name, module in latent:
+        layer_causal = _layer_causal(name, id(module) in declared, causal, bool(declared))
+        ring = RingLatentAttention(module, group=group, layout=layout, causal=layer_causal)
+        ring.causal_by_mask = causal is None and layer_causal
+        if not name:  # the model is the layer
+            return ring
+        _replace(twin, name, ring)
     for parent in list(twin.modules()):
         if isinstance(parent, RingAbsolute):  # a twin's twin: placed already
             continue
@@ -126,8 +138,18 @@ def _declared_causal(model: nn.Module) -> set[int]:
         for attribute in getattr(type(module), "causal_attention", ()):
             sub = getattr(module, attribute, None)
             if isinstance(sub, nn.Module):
-                out |= {id(m) for m in sub.modules() if isinstance(m, MultiHeadAttention)}
+                out |= {
+                    id(m)
+                    for m in sub.modules()
+                    if isinstance(m, (MultiHeadAttention, MultiHeadLatentAttention))
+                }
     return out
+
+
+def _replace(model: nn.Module, name: str, module: nn.Module) -> None:
+    """Put ``module`` at the dotted ``name`` inside ``model``."""
+    parent, _, child = name.rpartition(".")
+    setattr(model.get_submodule(parent) if parent else model, child, module)
 
 
 def _layer_causal(name: str, declared: bool, causal: bool | None, any_declared: bool) -> bool:
