@@ -7,6 +7,9 @@ import torch
 import attnkit as ak
 from attnkit import masks
 from attnkit.kv_cache import KVCache, LayerCache
+from attnkit.linear_family.base import recurrent_cache
+from attnkit.models.decoder_lm import DecoderLM
+from attnkit.modern import LatentCache, StreamingCache
 
 
 def test_layer_cache_grows_along_the_length():
@@ -235,3 +238,55 @@ def test_a_layer_cache_reads_the_part_and_refuses_one_that_does_not_declare_deco
         ak.MultiHeadAttention(8, 2)(torch.randn(1, 1, 8), cache=cache)  # still nobody's
         assert len(cache) == 1
     LayerCache().claim(torch.nn.Linear(2, 2))  # a layer without an attention part: nothing to read
+
+
+def _lm(seed=0, **kw):
+    torch.manual_seed(seed)
+    kw.setdefault("position", "rope")
+    return DecoderLM(13, 8, 2, 2, max_len=24, dtype=torch.float64, **kw).eval()
+
+
+@pytest.mark.parametrize("position", ["rope", None])
+def test_rollback_then_decoding_equals_never_having_decoded(position):
+    lm = _lm(position=position)
+    g = torch.Generator().manual_seed(1)
+    prompt, wrong, right = (torch.randint(0, 13, (2, n), generator=g) for n in (5, 3, 4))
+    cache = lm.new_cache()
+    with torch.no_grad():
+        lm(prompt, cache=cache)
+        lm(wrong[:, :2], cache=cache)
+        lm(wrong[:, 2:], cache=cache)
+        cache.rollback(3)
+        assert cache.length == 5 and all(len(layer) == 5 for layer in cache.layers)
+        got = torch.cat([lm(right[:, i : i + 1], cache=cache) for i in range(4)], 1)
+        full = lm(torch.cat([prompt, right], 1))  # one causal pass, no cache
+    torch.testing.assert_close(got, full[:, 5:], atol=1e-12, rtol=1e-12)
+    assert cache[0].k.shape[-2] == 9
+    cache.rollback(0)
+    assert cache.length == 9
+
+
+def test_rollback_refuses_by_name_and_changes_nothing():
+    cache = KVCache(2)
+    k = torch.randn(1, 2, 4, 3)
+    cache[0].append(k, k)
+    cache[1].append(k[:, :, :2], k[:, :, :2])
+    with pytest.raises(ValueError, match="a layer of the cache holds only 2 positions"):
+        cache.rollback(3)
+    assert len(cache[0]) == 4 and len(cache[1]) == 2
+    with pytest.raises(ValueError, match="the cache holds only 4 positions"):
+        cache[0].rollback(5)
+    with pytest.raises(ValueError, match="k must be an int >= 0, got -1"):
+        cache[0].rollback(-1)
+    cache[0].rollback(4)
+    assert len(cache[0]) == 0
+    recurrent = recurrent_cache(2)
+    with pytest.raises(ValueError, match=r"^RecurrentCache\.rollback: .* keeps no snapshots"):
+        recurrent.rollback(1)
+    streaming = StreamingCache(sinks=1, window=2)
+    with pytest.raises(ValueError, match=r"^StreamingCache\.rollback"):
+        streaming.rollback(0)
+    mixed = KVCache(2)
+    mixed.layers[1] = LatentCache()
+    with pytest.raises(ValueError, match="layer 1 holds a LatentCache, which cannot forget"):
+        mixed.rollback(0)

@@ -4,12 +4,13 @@ and leaving) equals the layer run on that sequence alone, in float64."""
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import attnkit as ak
 from attnkit import masks
 from attnkit.kv_cache import KVCache, LayerCache
 from attnkit.models.decoder_lm import DecoderLM
-from attnkit.paged_cache import PagedKVCache
+from attnkit.paged_cache import PagedKVCache, PagedLayerCache
 from attnkit.positions import REGISTRY as POSITIONS
 from attnkit.positions import rope_scaling
 
@@ -309,3 +310,217 @@ def test_which_schemes_a_ragged_batch_takes():
             _decode_ragged(_mha(refused), xs, prompts=[3, 1], join_at=0)
     static = rope_scaling.ScaledRotary(scaling=rope_scaling.LinearScaling(factor=2.0))
     _decode_ragged(_mha(static), xs, prompts=[3, 1], join_at=0)  # accepted
+
+
+class _Largest(TorchDispatchMode):
+    """Records the most elements of any new tensor an operation makes (an in-place write
+    returns its input: not counted)."""
+
+    def __init__(self):
+        super().__init__()
+        self.most = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        given = {a.data_ptr() for a in args if isinstance(a, torch.Tensor)}
+        for t in out if isinstance(out, (tuple, list)) else (out,):
+            if isinstance(t, torch.Tensor) and t.data_ptr() not in given:
+                self.most = max(self.most, t.numel())
+        return out
+
+
+def _unreachable(*args, **kwargs):
+    raise AssertionError("the pages were gathered into a contiguous view")
+
+
+@pytest.mark.parametrize("position", [None, "rope", "alibi", "t5"])
+def test_in_place_reads_equal_the_view_and_never_gather(position, monkeypatch):
+    mha = _mha(position, kv_heads=1)
+    g = torch.Generator().manual_seed(6)
+    xs = [torch.randn(n, E, dtype=F64, generator=g) for n in (8, 5, 10)]
+    monkeypatch.setattr(PagedLayerCache, "_gather", staticmethod(_unreachable))
+    cache = PagedKVCache(1, page_size=3, block=4)  # several blocks, not aligned to pages
+    ids = [cache.add() for _ in xs]
+    with torch.no_grad():
+        outs = [[] for _ in xs]
+        with cache.step(ids, [3, 1, 2]) as step:
+            out = mha(
+                _left_pad([xs[0][:3], xs[1][:1], xs[2][:2]], 3), cache=cache[0], mask=step.mask
+            )
+        for row, c in enumerate([3, 1, 2]):
+            outs[row].append(out.context[row, 3 - c :])
+        fed = [3, 1, 2]
+        while any(f < len(x) for f, x in zip(fed, xs, strict=True)):
+            live = [b for b in range(3) if fed[b] < len(xs[b])]
+            with cache.step([ids[b] for b in live], [1] * len(live)) as step:
+                x = torch.stack([xs[b][fed[b] : fed[b] + 1] for b in live])
+                out = mha(x, cache=cache[0], mask=step.mask).context
+            for row, b in enumerate(live):
+                outs[b].append(out[row])
+                fed[b] += 1
+        for x, got in zip(xs, outs, strict=True):
+            alone = mha(x[None], mask=masks.causal(len(x))).context[0]
+            torch.testing.assert_close(torch.cat(got), alone, atol=1e-12, rtol=1e-12)
+
+
+def test_a_part_the_in_place_read_does_not_cover_reads_the_view():
+    mha = ak.MultiHeadAttention(E, H, score="dot", dtype=F64)  # unscaled: not the plain form
+    x = torch.randn(1, 5, E, dtype=F64, generator=torch.Generator().manual_seed(7))
+    cache = PagedKVCache(1, page_size=2)
+    s = cache.add()
+    calls = []
+    original = PagedLayerCache._gather
+    spy = lambda *a: calls.append(1) or original(*a)  # noqa: E731
+    with torch.no_grad(), pytest.MonkeyPatch.context() as mp:
+        mp.setattr(PagedLayerCache, "_gather", staticmethod(spy))
+        with cache.step([s], [5]) as step:
+            got = mha(x, cache=cache[0], mask=step.mask).context
+    assert len(calls) == 2  # keys and values
+    torch.testing.assert_close(got, mha(x, mask=masks.causal(5)).context, atol=1e-12, rtol=0)
+
+
+def test_the_in_place_read_makes_no_tensor_the_size_of_the_context():
+    mha = _mha("rope", kv_heads=1)
+    n = 96
+    x = torch.randn(1, n, E, dtype=F64, generator=torch.Generator().manual_seed(8))
+    largest = {}
+    for gather in (False, True):
+        cache = PagedKVCache(1, page_size=8, gather=gather, block=16)
+        s = cache.add()
+        with torch.no_grad():
+            with cache.step([s], [n]) as step:
+                mha(x, cache=cache[0], mask=step.mask)
+            with _Largest() as spy, cache.step([s], [1]) as step:
+                mha(x[:, :1], cache=cache[0], mask=step.mask)
+        largest[gather] = spy.most
+    head = E // H
+    assert largest[True] >= (n + 1) * head * H  # the view, repeated to every head
+    # the pools (made at the first step) are not made again; a block of 16 columns at most
+    assert largest[False] <= 16 * head * H
+
+
+def test_a_fork_shares_the_prefix_and_copies_a_page_on_write():
+    mha = _mha("rope")
+    g = torch.Generator().manual_seed(9)
+    prompt = torch.randn(5, E, dtype=F64, generator=g)
+    tails = [torch.randn(3, E, dtype=F64, generator=g) for _ in range(2)]
+    cache = PagedKVCache(1, page_size=4)
+    a = cache.add()
+    with torch.no_grad(), cache.step([a], [5]) as step:
+        mha(prompt[None], cache=cache[0], mask=step.mask)
+    b = cache.fork(a)
+    assert cache.page_table(b) == cache.page_table(a) and cache.length_of(b) == 5
+    assert [cache.references(p) for p in cache.page_table(a)] == [2, 2]
+    assert cache.pages_in_use == 2
+    before, prefix = cache[0].k_pool.clone(), cache.page_table(a)
+    outs = {a: [], b: []}
+    with torch.no_grad():
+        for t in range(3):
+            with cache.step([a, b], [1, 1]) as step:
+                x = torch.stack([tails[0][t : t + 1], tails[1][t : t + 1]])
+                out = mha(x, cache=cache[0], mask=step.mask).context
+            outs[a].append(out[0])
+            outs[b].append(out[1])
+        # the shared full page is still shared; the partial one was copied by both writers' step
+        pa, pb = cache.page_table(a), cache.page_table(b)
+        assert pa[0] == pb[0] and cache.references(pa[0]) == 2
+        assert pa[1] != pb[1] and cache.references(pa[1]) == cache.references(pb[1]) == 1
+        size = cache.page_size
+        for page in (pa[1], pb[1]):  # the prefix's token 4 was copied into both pages
+            assert torch.equal(cache[0].k_pool[page * size], before[prefix[1] * size])
+        for s, tail in ((a, tails[0]), (b, tails[1])):
+            x = torch.cat([prompt, tail])
+            alone = mha(x[None], mask=masks.causal(8)).context[0, 5:]
+            torch.testing.assert_close(torch.cat(outs[s]), alone, atol=1e-12, rtol=1e-12)
+    cache.free(a)
+    assert cache.references(pb[0]) == 1 and cache.pages_in_use == 2
+    cache.free(b)
+    assert cache.pages_in_use == 0 and cache.free_pages == cache.capacity
+
+
+def test_a_fork_of_part_of_a_sequence_and_at_a_page_boundary():
+    cache = PagedKVCache(1, page_size=2)
+    kv = lambda m: (torch.arange(m, dtype=F64).expand(1, 1, m)[..., None],) * 2  # noqa: E731
+    a = cache.add()
+    with cache.step([a], [5]):
+        cache[0].append(*kv(5))
+    b = cache.fork(a, tokens=4)  # two full pages, shared; a's third page is a's alone
+    assert cache.page_table(b) == cache.page_table(a)[:2] and cache.length_of(b) == 4
+    with cache.step([b], [1]):
+        keys, _ = cache[0].append(torch.full((1, 1, 1, 1), 9.0, dtype=F64), kv(1)[1])
+    assert keys[0, 0, :, 0].tolist() == [0, 1, 2, 3, 9]
+    assert cache.page_table(b)[:2] == cache.page_table(a)[:2]  # nothing copied
+    with cache.step([a], [1]):
+        keys, _ = cache[0].append(*kv(1))
+    assert keys[0, 0, :, 0].tolist() == [0, 1, 2, 3, 4, 0]
+    c = cache.fork(a, tokens=0)
+    assert cache.page_table(c) == [] and cache.length_of(c) == 0
+    for bad, match in (
+        (lambda: cache.fork(a, tokens=7), "tokens = 7: sequence 0 holds only 6 tokens"),
+        (lambda: cache.fork(99), "live sequence"),
+        (lambda: cache.fork(a, tokens=-1), "tokens must be an int >= 0"),
+    ):
+        with pytest.raises(ValueError, match=match):
+            bad()
+
+
+def test_a_failed_step_gives_back_a_copied_page():
+    cache = PagedKVCache(1, page_size=2, num_pages=3)
+    a = cache.add()
+    with cache.step([a], [3]):
+        cache[0].append(torch.zeros(1, 1, 3, 2), torch.zeros(1, 1, 3, 2))
+    b = cache.fork(a)
+    table = cache.page_table(b)
+    with pytest.raises(RuntimeError, match="boom"), cache.step([b], [1]):
+        raise RuntimeError("boom")
+    assert cache.page_table(b) == table == cache.page_table(a)
+    assert [cache.references(p) for p in table] == [2, 2] and cache.pages_in_use == 2
+    with pytest.raises(ValueError, match=r"num_pages = 3: .* \(3 held by 2 sequences\)"):
+        cache.step([a, b], [1, 3])  # a copies its last page (the third), b needs two more
+    assert cache.page_table(a) == cache.page_table(b) == table and cache.pages_in_use == 2
+    cache.free(a)  # eviction: b alone holds the pages now, and may write into them
+    with cache.step([b], [1]):
+        cache[0].append(torch.zeros(1, 1, 1, 2), torch.zeros(1, 1, 1, 2))
+    assert cache.page_table(b) == table and cache.pages_in_use == 2
+
+
+def test_paged_rollback_then_decoding_equals_never_having_decoded():
+    mha = _mha("rope", kv_heads=1)
+    g = torch.Generator().manual_seed(10)
+    x = torch.randn(2, 9, E, dtype=F64, generator=g)
+    wrong = torch.randn(2, 4, E, dtype=F64, generator=g)
+    cache = PagedKVCache(1, page_size=2)
+    ids = [cache.add(), cache.add()]
+    with torch.no_grad():
+        with cache.step(ids, [6, 6]) as step:
+            mha(x[:, :6], cache=cache[0], mask=step.mask)
+        with cache.step(ids, [4, 4]) as step:
+            mha(wrong, cache=cache[0], mask=step.mask)
+        assert cache.pages_in_use == 10
+        cache.rollback(4)
+        assert cache.pages_in_use == 6 and cache.length_of(ids[0]) == 6
+        cache.rollback(1, sequences=[ids[1]])
+        with cache.step(ids, [3, 4]) as step:  # a ragged batch after the rollback
+            width = step.width
+            new = _left_pad([x[0, 6:9], x[1, 5:9]], width)
+            got = mha(new, cache=cache[0], mask=step.mask).context
+        full = mha(x, mask=masks.causal(9)).context
+    torch.testing.assert_close(got[0, 1:], full[0, 6:], atol=1e-12, rtol=1e-12)
+    torch.testing.assert_close(got[1], full[1, 5:], atol=1e-12, rtol=1e-12)
+    with pytest.raises(ValueError, match="k = 10: sequence 0 holds only 9 tokens"):
+        cache.rollback(10)
+    assert cache.length_of(ids[0]) == 9 == cache.length_of(ids[1])
+    with (
+        pytest.raises(ValueError, match="did not append"),
+        cache.step(ids, [1, 1]),
+        pytest.raises(ValueError, match="rollback: a step is open"),
+    ):
+        cache.rollback(1)
+    assert cache.length_of(ids[0]) == 9 and cache.pages_in_use == 10
+
+
+def test_bad_cache_arguments_are_refused_by_name():
+    with pytest.raises(ValueError, match="block must be a positive int"):
+        PagedKVCache(1, block=0)
+    with pytest.raises(TypeError, match="gather must be a bool"):
+        PagedKVCache(1, gather="yes")

@@ -172,6 +172,27 @@ class LayerCache(_Owned):
         self.v = torch.cat([self.v, v], dim=-2)
         return self.k, self.v
 
+    def rollback(self, k: int) -> None:
+        """Forget the last ``k`` cached positions, as if they had never been decoded (for
+        speculative decoding, which drops the draft tokens the target rejected); the next step
+        then sits at position ``len(self)``. Raises ValueError when fewer than k are cached,
+        and for a subclass that stores something other than keys and values per position
+        (one that overrides :meth:`append` without overriding this method: a recurrent
+        state or a window of kept tokens cannot give back its last k positions)."""
+        arguments.nonnegative_int(k, "k")
+        if type(self).append is not LayerCache.append:
+            raise ValueError(
+                f"{type(self).__name__}.rollback: this cache does not store the keys and values "
+                "of every position (it folds them into a state or drops some) and keeps no "
+                "snapshots, so its last k positions cannot be removed; re-run the prefix into "
+                "a new cache instead"
+            )
+        if k > len(self):
+            raise ValueError(f"k = {k}: the cache holds only {len(self)} positions to roll back")
+        if k and self.k is not None and self.v is not None:
+            n = len(self) - k
+            self.k, self.v = self.k[..., :n, :], self.v[..., :n, :]
+
     @property
     def nbytes(self) -> int:
         """Bytes held by the cached keys and values (self- and cross-attention)."""
@@ -197,6 +218,24 @@ class KVCache:
     def length(self) -> int:
         """The number of cached positions (the position offset of the next token)."""
         return len(self.layers[0])
+
+    def rollback(self, k: int) -> None:
+        """Forget the last ``k`` positions of every layer (:meth:`LayerCache.rollback`); every
+        layer is checked first, so a refusal changes nothing."""
+        arguments.nonnegative_int(k, "k")
+        for i, layer in enumerate(self.layers):  # refuse before any layer changes
+            if not callable(getattr(layer, "rollback", None)):
+                raise ValueError(
+                    f"KVCache.rollback: layer {i} holds a {type(layer).__name__}, which cannot "
+                    "forget its last positions (it has no rollback)"
+                )
+            layer.rollback(0)
+            if k > len(layer):
+                raise ValueError(
+                    f"k = {k}: a layer of the cache holds only {len(layer)} positions to roll back"
+                )
+        for layer in self.layers:
+            layer.rollback(k)
 
     @property
     def nbytes(self) -> int:

@@ -489,11 +489,23 @@ class MultiHeadAttention(nn.Module):
         position scheme, attend per head, concatenate the heads and project them back."""
         q, k, v = step.project(self, query, key, value)
         q, k, v = hook_points.qkv(self, q, k, v)  # named points (attnkit.hooks)
+        # a cache that attends over its pages in place (attnkit.paged_cache), unless the call
+        # asks for what only the part gives (weights, hooked scores, block masks)
+        read = getattr(step.cache, "attend_in_place", None) if step.decoding else None
+        plain = not (need_weights or block_mask is not None or score_mod is not None)
+        if read is not None and plain and not hook_points._ACTIVE:
+            context = read(self, q, k, v, query, mask, bias, step.offset)
+            if context is not None:
+                return self._merge_heads(AttentionOutput(context), query)
         k, v, k_offset = step.extend(k, v, key.shape[-2])
         k, v = self._share_kv_heads(k, v)
         q, k, bias, value_term = self._place(q, k, bias, query, step.offset, k_offset)
         mask, sparse = self._head_mask(mask, query, key, q, k, step, block_mask, score_mod)
         out = self._call_part(q, k, v, mask, bias, need_weights, value_term, step, sparse)
+        return self._merge_heads(out, query)
+
+    def _merge_heads(self, out: AttentionOutput, query: Tensor) -> AttentionOutput:
+        """Concatenate the heads of the context (…, H, M, d_v) and project them back."""
         context = hook_points.emit(self, "context", out.context).transpose(-2, -3).flatten(-2)
         return out._replace(context=hook_points.emit(self, "output", self.out_proj(context)))
 

@@ -39,11 +39,28 @@ an absolute position embedding added to the token embeddings takes ``step.positi
 token's position in its own sequence. With all sequences of equal length there is no padding
 and the view is the contiguous cache.
 
-Cost. The pages are gathered into the contiguous view at every call of every layer: a copy of
-B · (T + M) · H_kv · (d + d_v) numbers, the size of the keys and values the attention reads
-anyway, so a step stays O(N) per token; a fused paged-attention kernel would read the pages in
-place instead. Each call also builds its index tensors (O(B · (T + M))) once for all layers.
-The cache is meant for inference (under ``torch.no_grad()``): the pools are written in place.
+Reading the pages. A layer whose part is a plain scaled-dot softmax
+(:class:`attnkit.Attention` with :class:`~attnkit.scores.ScaledDot` and
+:class:`~attnkit.alignments.Softmax`) attends over the pages in place
+(:meth:`PagedLayerCache.attend_in_place`, called by :class:`attnkit.MultiHeadAttention`): the
+columns of the view are read from the pools a block of ``block`` columns at a time, the position
+scheme placed on each block at its columns, and the blocks combined by an online softmax, so the
+keys and values of the batch are never copied into a (B, H_kv, T + M, d) view; a step reads
+each cached key and value once and holds one block besides the pools. Every other layer (another
+part, a scheme with a term on the values, a call that asks for the weights or passes a
+``block_mask``/``score_mod``, hooks) gets the gathered view from :meth:`PagedLayerCache.append`,
+as does every layer of a cache made with ``gather=True``: a copy of B · (T + M) · H_kv ·
+(d + d_v) numbers at every call of every layer. Each call also builds its index tensors
+(O(B · (T + M))) once for all layers. The cache is meant for inference (under
+``torch.no_grad()``): the pools are written in place.
+
+Sharing and eviction. :meth:`PagedKVCache.fork` starts a sequence on another's prefix by sharing
+its pages (reference-counted; a step that writes into a shared page copies it first: copy on
+write), :meth:`PagedKVCache.rollback` forgets the last k tokens of sequences (speculative
+decoding) and :meth:`PagedKVCache.free` releases a finished sequence's pages. The pool is capped
+by ``num_pages``: a step that needs a page when all are held is refused, naming the limit, and
+changes nothing. Which sequence to give up is the caller's choice (a scheduler's): the cache
+evicts nothing by itself, since dropping a live sequence's pages would change its outputs.
 """
 
 from __future__ import annotations
@@ -56,8 +73,11 @@ import torch
 from torch import Tensor, nn
 
 from attnkit import arguments
+from attnkit.alignments.softmax import Softmax
+from attnkit.core import Attention
 from attnkit.head import HeadAttention
 from attnkit.kv_cache import KVCache, LayerCache
+from attnkit.scores.multiplicative import ScaledDot
 
 __all__ = ["PagedKVCache", "PagedLayerCache", "PagedStep"]
 
@@ -78,6 +98,25 @@ def _translation_invariant(layer: nn.Module) -> str | None:
         "only i - j)"
     )
     return f"its position scheme {type(scheme).__name__} {why}"
+
+
+def _plain_softmax(layer: nn.Module) -> bool:
+    """True when ``layer``'s attention is softmax(q kᵀ / √d) v with nothing else in the part
+    (no soft-cap, a fixed temperature, no dropout at work, no pattern or score_mod): what
+    :meth:`PagedLayerCache.attend_in_place` computes block by block."""
+    part = getattr(layer, "attention", None)
+    if type(part) is not Attention:
+        return False
+    score, align = part.score, part.align
+    return (
+        type(score) is ScaledDot
+        and score.softcap is None
+        and type(align) is Softmax
+        and align.fixed_temperature is not None
+        and not (part.training and part.dropout > 0)
+        and getattr(layer, "pattern", None) is None
+        and getattr(layer, "score_mod", None) is None
+    )
 
 
 class PagedStep:
@@ -202,6 +241,15 @@ class PagedLayerCache(LayerCache):
         """Write the new keys (B, H_kv, M, d) and values (B, H_kv, M, d_v) of the step, row b
         left-padded (its last counts[b] places are real), into the sequences' pages; return
         every sequence's keys and values gathered into (B, H_kv, T + M, ·), right-aligned."""
+        step = self._check_step(k, v)
+        self._write(k, v, step)
+        keys = self._gather(self.k_pool, step, k.device)  # type: ignore[arg-type]
+        values = self._gather(self.v_pool, step, v.device)  # type: ignore[arg-type]
+        step._appended.add(self.index)
+        return keys, values
+
+    def _check_step(self, k: Tensor, v: Tensor) -> PagedStep:
+        """The open step, after checking that k and v are its new keys and values."""
         step = self._cache._step
         if step is None:
             raise ValueError(
@@ -229,12 +277,75 @@ class PagedLayerCache(LayerCache):
                 f"shift: {self._refusal}; decode sequences of equal lengths together, or "
                 "each alone"
             )
-        self.k_pool = self._pool(self.k_pool, k, "k")
-        self.v_pool = self._pool(self.v_pool, v, "v")
-        keys = self._write_and_gather(self.k_pool, k, step)
-        values = self._write_and_gather(self.v_pool, v, step)
+        return step
+
+    def attend_in_place(
+        self,
+        layer: nn.Module,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        query: Tensor,
+        mask: Tensor | None,
+        bias: Tensor | None,
+        offset: int,
+    ) -> Tensor | None:
+        """Write the step's new keys k (B, H_kv, M, d) and values v (B, H_kv, M, d_v) into the
+        pages and attend the queries q (B, H, M, d) of ``layer`` (a
+        :class:`attnkit.MultiHeadAttention`) over the pages in place: the T + M columns of the
+        view are read a block of ``block`` columns at a time, straight from the pools, and
+        combined by an online softmax (Milakov & Gimelshein 2018), so no (B, H_kv, T + M, d)
+        copy of the keys and values is made. Returns the context (B, H, M, d_v), or None when
+        the layer needs the gathered view: the cache was made with ``gather=True``, the part is
+        not a plain scaled-dot softmax :class:`attnkit.Attention` (or it drops weights in
+        training), or the position scheme adds a term on the values. ``mask`` and ``bias``
+        are the caller's, over the T + M columns of the view; ``offset`` is T."""
+        if self._cache.gather or not _plain_softmax(layer):
+            return None
+        step = self._check_step(k, v)
+        self._write(k, v, step)
+        part = layer.attention
+        group = q.shape[-3] // k.shape[-3]
+        n = step.cached + step.width
+        scale = part.score.scale(q.shape[-1]) / part.align.fixed_temperature
+        mask = layer._per_head(mask, query)
+        bias = layer._per_head(bias, query)
+        dev = q.device
+        gather, valid = step.gather.to(dev), step.valid.to(dev)
+        top = total = acc = None
+        for c0 in range(0, n, self._cache.block):
+            c1 = min(c0 + self._cache.block, n)
+            cols = gather[:, c0:c1]
+            hidden = ~valid[:, c0:c1, None, None]
+            kb = self.k_pool[cols].masked_fill(hidden, 0).transpose(1, 2)  # type: ignore[index]
+            vb = self.v_pool[cols].masked_fill(hidden, 0).transpose(1, 2)  # type: ignore[index]
+            if group > 1:
+                kb = kb.repeat_interleave(group, dim=1)
+                vb = vb.repeat_interleave(group, dim=1)
+            qb, kb, bb, value_term = layer._place(
+                q, kb, None if bias is None else bias[..., c0:c1], query, offset, c0
+            )
+            if value_term is not None:
+                return None  # nothing read yet: the gathered path writes the same slots again
+            e = (qb @ kb.transpose(-1, -2)) * scale
+            if bb is not None:
+                e = e + bb
+            if mask is not None:
+                e = e.masked_fill(~mask[..., c0:c1], -math.inf)
+            block_top = e.amax(-1, keepdim=True)
+            new_top = block_top if top is None else torch.maximum(top, block_top)
+            safe = torch.where(torch.isfinite(new_top), new_top, 0)
+            w = torch.exp(e - safe)
+            if top is None:
+                total, acc = w.sum(-1, keepdim=True), w @ vb
+            else:
+                fix = torch.exp(top - safe)
+                total = total * fix + w.sum(-1, keepdim=True)
+                acc = acc * fix + w @ vb
+            top = new_top
         step._appended.add(self.index)
-        return keys, values
+        assert total is not None and acc is not None
+        return torch.where(total > 0, acc / total.clamp(min=torch.finfo(acc.dtype).tiny), 0)
 
     def _pool(self, pool: Tensor | None, x: Tensor, name: str) -> Tensor:
         rows = self._cache.capacity * self._cache.page_size
@@ -251,16 +362,37 @@ class PagedLayerCache(LayerCache):
             pool = torch.cat([pool, pool.new_zeros(rows - pool.shape[0], *pool.shape[1:])])
         return pool
 
-    @staticmethod
-    def _write_and_gather(pool: Tensor, x: Tensor, step: PagedStep) -> Tensor:
-        dev = x.device
+    def _write(self, k: Tensor, v: Tensor, step: PagedStep) -> None:
+        """Write the step's new keys and values into their slots (pages copied on write by
+        the step were copied when it opened)."""
+        self.k_pool = self._pool(self.k_pool, k, "k")
+        self.v_pool = self._pool(self.v_pool, v, "v")
+        dev = k.device
         rows, cols, slots = (
             t.to(dev) for t in (step.write_rows, step.write_cols, step.write_slots)
         )
-        pool[slots] = x.transpose(1, 2)[rows, cols]  # (S, H_kv, d) into their slots
+        self.k_pool[slots] = k.transpose(1, 2)[rows, cols]  # (S, H_kv, d) into their slots
+        self.v_pool[slots] = v.transpose(1, 2)[rows, cols]
+
+    @staticmethod
+    def _gather(pool: Tensor, step: PagedStep, dev: torch.device) -> Tensor:
         view = pool[step.gather.to(dev)]  # (B, N, H_kv, d)
         view = view.masked_fill(~step.valid.to(dev)[..., None, None], 0)
         return view.transpose(1, 2)
+
+    def _copy_pages(self, pairs: list[tuple[int, int]]) -> None:
+        """Copy page ``src`` onto page ``dst`` for every (src, dst), in both pools."""
+        size = self._cache.page_size
+        for name in ("k_pool", "v_pool"):
+            pool = getattr(self, name)
+            if pool is None:
+                continue
+            rows = self._cache.capacity * size
+            if pool.shape[0] < rows:
+                pool = torch.cat([pool, pool.new_zeros(rows - pool.shape[0], *pool.shape[1:])])
+                setattr(self, name, pool)
+            for src, dst in pairs:
+                pool[dst * size : (dst + 1) * size] = pool[src * size : (src + 1) * size]
 
     @property
     def nbytes(self) -> int:
@@ -278,23 +410,46 @@ class PagedKVCache(KVCache):
         layers: the number of layers.
         page_size: the tokens per page.
         num_pages: the most pages the pool may hold (each layer holds that many); None lets the
-            pool grow, doubling, whenever no page is free.
+            pool grow, doubling, whenever no page is free. A step that needs a page when all
+            ``num_pages`` are held is refused, naming the limit, and changes nothing.
+        gather: read the pages as today's contiguous view at every call (the keys and values
+            of the batch copied into (B, H_kv, T + M, d)) instead of in place; the in-place read
+            serves layers whose part is a plain scaled-dot softmax (see
+            :meth:`PagedLayerCache.attend_in_place`), the view every other layer.
+        block: the columns of the view read at once by the in-place read (the memory it needs
+            beyond the pools is that of a block of keys and values).
 
-    Sequences are made by :meth:`add` and given back by :meth:`free`; every call of the layers
-    runs inside :meth:`step`.
+    Sequences are made by :meth:`add` (empty) or :meth:`fork` (sharing another's prefix),
+    shortened by :meth:`rollback` and given back by :meth:`free`; every call of the layers
+    runs inside :meth:`step`. Pages are reference-counted: a page held by several sequences
+    (a shared prefix) is copied before a step writes into it (copy on write), and goes back to
+    the pool when its last holder frees it.
     """
 
-    def __init__(self, layers: int, *, page_size: int = 16, num_pages: int | None = None) -> None:
+    def __init__(
+        self,
+        layers: int,
+        *,
+        page_size: int = 16,
+        num_pages: int | None = None,
+        gather: bool = False,
+        block: int = 1024,
+    ) -> None:
         super().__init__(layers)
         self.page_size = arguments.positive_int(page_size, "page_size")
         self.max_pages = arguments.optional_positive_int(num_pages, "num_pages")
+        self.gather = arguments.boolean(gather, "gather")
+        self.block = arguments.positive_int(block, "block")
         self.capacity = 0  # pages in each layer's pool
         self._free: list[int] = []  # free pages, the lowest last (taken first)
+        self._refs: dict[int, int] = {}  # page -> the number of sequences holding it
         self._tables: dict[int, list[int]] = {}
         self._lengths: dict[int, int] = {}
         self._next = 0
         self._step: PagedStep | None = None
-        self._taken: list[tuple[int, int]] = []  # (sequence, page) taken by the open step
+        # what the open step changed, to undo: (sequence, index in its table, new page, the
+        # page it replaced (copy on write) or None (a page added at the end))
+        self._taken: list[tuple[int, int, int, int | None]] = []
         self.layers = [PagedLayerCache(self, i) for i in range(layers)]
 
     # -- sequences -------------------------------------------------------------------------------
@@ -305,14 +460,64 @@ class PagedKVCache(KVCache):
         self._tables[seq], self._lengths[seq] = [], 0
         return seq
 
+    def fork(self, sequence: int, tokens: int | None = None) -> int:
+        """A new sequence whose first ``tokens`` tokens (default: all of ``sequence``'s) are
+        those of ``sequence``, sharing its pages (prefix sharing: a prompt cached once serves
+        many continuations). Nothing is copied now; the first step that writes into a shared
+        page (the last, partly filled one) copies it first. Returns the new id."""
+        self._outside_step("fork")
+        length = self.length_of(sequence)
+        tokens = length if tokens is None else arguments.nonnegative_int(tokens, "tokens")
+        if tokens > length:
+            raise ValueError(
+                f"tokens = {tokens}: sequence {sequence} holds only {length} tokens to share"
+            )
+        seq = self.add()
+        shared = self._tables[sequence][: self.pages_for(tokens)]
+        for page in shared:
+            self._refs[page] += 1
+        self._tables[seq], self._lengths[seq] = list(shared), tokens
+        return seq
+
     def free(self, sequence: int) -> None:
-        """Give the pages of a finished ``sequence`` back to the pool; its id is gone."""
+        """Give ``sequence``'s hold on its pages back; a page no other sequence holds returns
+        to the pool. Its id is gone."""
         self._known(sequence, "sequence")
         if self._step is not None and sequence in self._step.sequences:
             raise ValueError(f"sequence {sequence} is in the open step; free it after the step")
-        self._free.extend(self._tables.pop(sequence))
-        self._free.sort(reverse=True)
+        self._release(self._tables.pop(sequence))
         del self._lengths[sequence]
+
+    def rollback(self, k: int, *, sequences: Sequence[int] | None = None) -> None:
+        """Forget the last ``k`` tokens of each of ``sequences`` (default: every live one), as
+        if they had never been decoded (speculative decoding drops the rejected draft tokens);
+        the pages past the new end are released. Raises ValueError, changing nothing, when a
+        sequence holds fewer than k tokens."""
+        self._outside_step("rollback")
+        arguments.nonnegative_int(k, "k")
+        seqs = self.sequences if sequences is None else list(sequences)
+        for s in seqs:
+            if self.length_of(s) < k:
+                raise ValueError(
+                    f"k = {k}: sequence {s} holds only {self._lengths[s]} tokens to roll back"
+                )
+        for s in seqs:
+            self._lengths[s] -= k
+            keep = self.pages_for(self._lengths[s])
+            self._release(self._tables[s][keep:])
+            del self._tables[s][keep:]
+
+    def _release(self, pages: list[int]) -> None:
+        for page in pages:
+            self._refs[page] -= 1
+            if not self._refs[page]:
+                del self._refs[page]
+                self._free.append(page)
+        self._free.sort(reverse=True)
+
+    def _outside_step(self, what: str) -> None:
+        if self._step is not None:
+            raise ValueError(f"PagedKVCache.{what}: a step is open; call it after the step")
 
     @property
     def sequences(self) -> list[int]:
@@ -327,10 +532,14 @@ class PagedKVCache(KVCache):
         """The pages of ``sequence`` in order (a copy)."""
         return list(self._tables[self._known(sequence, "sequence")])
 
+    def references(self, page: int) -> int:
+        """The number of live sequences holding ``page`` (0 for a free page)."""
+        return self._refs.get(page, 0)
+
     @property
     def pages_in_use(self) -> int:
-        """The pages held by live sequences."""
-        return sum(len(t) for t in self._tables.values())
+        """The pages held by live sequences (a shared page counts once)."""
+        return len(self._refs)
 
     @property
     def free_pages(self) -> int:
@@ -340,8 +549,8 @@ class PagedKVCache(KVCache):
     def _known(self, sequence: object, name: str) -> int:
         if not isinstance(sequence, int) or sequence not in self._lengths:
             raise ValueError(
-                f"{name} must be the id of a live sequence of this cache (from add(), not "
-                f"freed), got {sequence!r}; live: {self.sequences}"
+                f"{name} must be the id of a live sequence of this cache (from add() or fork(), "
+                f"not freed), got {sequence!r}; live: {self.sequences}"
             )
         return sequence
 
@@ -355,8 +564,9 @@ class PagedKVCache(KVCache):
         device: torch.device | str | None = None,
     ) -> PagedStep:
         """Open a call of the layers on ``sequences`` (batch order), with ``counts[b]`` new
-        tokens for sequence b, left-padded to the longest count; takes the pages they need.
-        ``device``: where the step's mask, positions and indices are made."""
+        tokens for sequence b, left-padded to the longest count; takes the pages they need and
+        copies a shared page they will write into. ``device``: where the step's mask,
+        positions and indices are made."""
         if self._step is not None:
             raise ValueError("a step of this cache is open already; steps do not nest")
         seqs = tuple(sequences)
@@ -376,15 +586,25 @@ class PagedKVCache(KVCache):
         if max(counts) < 1:
             raise ValueError(f"counts must bring at least one new token, got {list(counts)}")
         self._taken = []
+        copies: list[tuple[int, int]] = []
         try:
             for s, c in zip(seqs, counts, strict=True):
-                table = self._tables[s]
-                while len(table) * self.page_size < self._lengths[s] + c:
+                table, length = self._tables[s], self._lengths[s]
+                first = length // self.page_size  # the page the first new token goes to
+                if c and first < len(table) and self._refs[table[first]] > 1:
+                    page = self._take()
+                    copies.append((table[first], page))
+                    self._taken.append((s, first, page, table[first]))
+                    self._refs[table[first]] -= 1
+                    table[first] = page
+                while len(table) * self.page_size < length + c:
                     table.append(self._take())
-                    self._taken.append((s, table[-1]))
+                    self._taken.append((s, len(table) - 1, table[-1], None))
         except ValueError:
             self._give_back_taken()
             raise
+        for layer in self.layers:
+            layer._copy_pages(copies)
         self._step = PagedStep(self, seqs, counts, device)
         return self._step
 
@@ -393,18 +613,27 @@ class PagedKVCache(KVCache):
             if self.max_pages is not None and self.capacity >= self.max_pages:
                 raise ValueError(
                     f"num_pages = {self.max_pages}: every page of {self.page_size} tokens is in "
-                    "use; free finished sequences or make the cache with more pages"
+                    f"use ({self.pages_in_use} held by {len(self._lengths)} sequences); free "
+                    "finished sequences or make the cache with more pages"
                 )
             grown = max(2 * self.capacity, 1)
             if self.max_pages is not None:
                 grown = min(grown, self.max_pages)
             self._free.extend(range(grown - 1, self.capacity - 1, -1))
             self.capacity = grown
-        return self._free.pop()
+        page = self._free.pop()
+        self._refs[page] = 1
+        return page
 
     def _give_back_taken(self) -> None:
-        for s, page in reversed(self._taken):
-            self._tables[s].remove(page)
+        for s, index, page, replaced in reversed(self._taken):
+            table = self._tables[s]
+            if replaced is None:
+                del table[index]
+            else:
+                table[index] = replaced
+                self._refs[replaced] += 1
+            del self._refs[page]
             self._free.append(page)
         self._free.sort(reverse=True)
         self._taken = []
