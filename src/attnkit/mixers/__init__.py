@@ -12,6 +12,20 @@ from attnkit.registry import Registry
 
 REGISTRY: Registry[TokenMixer] = Registry("token mixer")
 
-from attnkit.mixers.mamba2 import Mamba2Mixer  # noqa: E402  (registers itself in REGISTRY)
+# the layers register themselves in REGISTRY
+from attnkit.mixers.gated_deltanet import GatedDeltaNetMixer  # noqa: E402
+from attnkit.mixers.kda import KimiDeltaAttentionMixer  # noqa: E402
+from attnkit.mixers.lightning import LightningAttentionMixer  # noqa: E402
+from attnkit.mixers.mamba2 import Mamba2Mixer  # noqa: E402
 
-__all__ = ["REGISTRY", "GatedRMSNorm", "Mamba2Mixer", "MixerCache", "ShortConv", "TokenMixer"]
+__all__ = [
+    "REGISTRY",
+    "GatedDeltaNetMixer",
+    "GatedRMSNorm",
+    "KimiDeltaAttentionMixer",
+    "LightningAttentionMixer",
+    "Mamba2Mixer",
+    "MixerCache",
+    "ShortConv",
+    "TokenMixer",
+]
