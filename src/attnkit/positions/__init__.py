@@ -26,6 +26,7 @@ from attnkit.positions.shaw import ShawRelative
 from attnkit.positions.sinusoidal import Sinusoidal, sinusoid_table
 from attnkit.positions.t5 import T5Relative, t5_bucket
 from attnkit.positions.transformer_xl import TransformerXL, TransformerXLLayer, XLRelative
+from attnkit.positions.xpos import XPos, xpos_scales
 
 available = REGISTRY.available
 build = REGISTRY.build
@@ -50,6 +51,7 @@ __all__ = [
     "TransformerXL",
     "TransformerXLLayer",
     "XLRelative",
+    "XPos",
     "alibi_slopes",
     "available",
     "build",
@@ -58,4 +60,5 @@ __all__ = [
     "sinusoid_table",
     "skew",
     "t5_bucket",
+    "xpos_scales",
 ]
