@@ -9,18 +9,26 @@ positions (the view is right-aligned, see :mod:`attnkit.paged_cache`), and an ab
 embedding is added at each token's own position (``step.positions``). Each sequence's tokens are
 those of :meth:`attnkit.models.decoder_lm.DecoderLM.generate` run on its prompt alone, up to
 rounding (a tie between two logits within rounding may break either way).
+
+A hybrid model (``DecoderLM(layers="3 gated_deltanet : 1 full")``, :mod:`attnkit.layer_plan`)
+keeps the keys and values of its attention layers (full and sliding-window ones) in the paged
+cache, one paged layer per attention layer, and the state of each layer that decodes from a
+state (a recurrent part, a token mixer) per sequence: such a layer runs every sequence's real
+new tokens alone, from that sequence's state, so the left padding of a step never reaches it.
 """
 
 from __future__ import annotations
 
 from collections import deque
 from collections.abc import Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
 
 from attnkit import arguments, trust
+from attnkit.kv_cache import LayerCache
 from attnkit.models.decoder_lm import DecoderLM
 from attnkit.paged_cache import PagedKVCache, PagedStep
 
@@ -32,7 +40,9 @@ class _Running:
     index: int  # place in the prompts
     sequence: int  # id in the cache
     pending: Tensor  # (n,) the tokens to feed next
+    states: list[LayerCache]  # the caches of the layers that keep a state, in layer order
     generated: list[int] = field(default_factory=list)
+    length: int = 0  # tokens fed so far
 
 
 @torch.no_grad()
@@ -56,8 +66,9 @@ def generate_batch(
         max_batch: the most sequences decoded at once; the other prompts wait and join as
             sequences end. None: all at once.
         cache: the :class:`attnkit.paged_cache.PagedKVCache` to decode in (one layer per
-            decoder layer, e.g. to choose ``page_size`` or cap ``num_pages``); by default a new
-            one with pages of 16 tokens. Sequences are added to it and freed when they end.
+            attention layer of the decoder, every layer unless it is a hybrid; e.g. to choose
+            ``page_size`` or cap ``num_pages``); by default a new one with pages of 16 tokens.
+            Sequences are added to it and freed when they end.
 
     Returns:
         One 1-D long tensor per prompt, in order: the prompt followed by its new tokens.
@@ -66,13 +77,13 @@ def generate_batch(
         raise TypeError(f"model must be an attnkit DecoderLM, got {type(model).__name__}")
     arguments.nonnegative_int(max_new_tokens, "max_new_tokens")
     arguments.optional_positive_int(max_batch, "max_batch")
-    layers = len(model.decoder.layers)
+    layers = sum(not layer.keeps_state for layer in model.decoder.layers)
     if cache is None:
-        cache = PagedKVCache(layers)
+        cache = PagedKVCache(layers) if layers else None
     elif not isinstance(cache, PagedKVCache) or len(cache) != layers:
         raise ValueError(
-            f"cache must be a PagedKVCache with {layers} layers (one per decoder layer), got "
-            f"{cache!r}"
+            f"cache must be a PagedKVCache with {layers} layers (one per attention layer of the "
+            f"decoder), got {cache!r}"
         )
     if eos_token_id is not None and (
         not isinstance(eos_token_id, int)
@@ -95,20 +106,29 @@ def generate_batch(
     while waiting or running:
         while waiting and (max_batch is None or len(running) < max_batch):
             i = waiting.popleft()
-            running.append(_Running(i, cache.add(), prompts[i]))
+            states = [layer.new_cache() for layer in model.decoder.layers if layer.keeps_state]
+            sequence = -1 if cache is None else cache.add()
+            running.append(_Running(i, sequence, prompts[i], states))
         counts = [len(r.pending) for r in running]
         m = max(counts)
         tokens = torch.zeros(len(running), m, dtype=torch.long, device=device)
         for row, r in enumerate(running):
             tokens[row, m - len(r.pending) :] = r.pending
-        with cache.step([r.sequence for r in running], counts, device=device) as step:
-            last = _last_logits(model, tokens, step, cache)
+        step = (
+            nullcontext()
+            if cache is None
+            else cache.step([r.sequence for r in running], counts, device=device)
+        )
+        with step:
+            last = _last_logits(model, tokens, running, step, cache)
         chosen = last.argmax(-1).tolist()
         still: list[_Running] = []
         for r, token in zip(running, chosen, strict=True):
             r.generated.append(token)
+            r.length += len(r.pending)
             if token == eos_token_id or len(r.generated) == max_new_tokens:
-                cache.free(r.sequence)
+                if cache is not None:
+                    cache.free(r.sequence)
                 new = torch.tensor(r.generated, dtype=torch.long, device=device)
                 out[r.index] = torch.cat([prompts[r.index], new])
             else:
@@ -118,22 +138,41 @@ def generate_batch(
     return [t for t in out if t is not None]
 
 
-def _last_logits(model: DecoderLM, tokens: Tensor, step: PagedStep, cache: PagedKVCache) -> Tensor:
-    """The logits (B, V) of the next token after each row's last token."""
+def _last_logits(
+    model: DecoderLM,
+    tokens: Tensor,
+    running: list[_Running],
+    step: PagedStep | None,
+    cache: PagedKVCache | None,
+) -> Tensor:
+    """The logits (B, V) of the next token after each row's last token (rows left-padded)."""
+    m = tokens.shape[1]
     x = model.tokens(tokens)
     if model.positions is not None:  # an absolute embedding, at each token's own position
         rows = []
-        for row, count in enumerate(step.counts):
-            start = step.width - count
-            own = model.positions(
-                x[row : row + 1, start:], offset=step.positions[row, start].item()
-            )
+        for row, r in enumerate(running):
+            start = m - len(r.pending)
+            own = model.positions(x[row : row + 1, start:], offset=r.length)
             rows.append(torch.cat([x[row : row + 1, :start], own], 1))
         x = torch.cat(rows)
+    paged = iter(range(0 if cache is None else len(cache)))
+    stateful = 0
     # The model's own layers, on token ids checked above (as DecoderLM.forward does).
     with trust.trusted(finite=True):
-        h = model.decoder(x, mask=step.mask, cache=cache)
-    return model.head(h[:, -1])
+        for layer in model.decoder.layers:
+            if not layer.keeps_state:
+                x = layer(x, mask=step.mask, cache=cache[next(paged)])
+                continue
+            out = x.clone()  # the padded places keep their input: no real query reads them
+            for row, r in enumerate(running):
+                start = m - len(r.pending)
+                out[row : row + 1, start:] = layer(
+                    x[row : row + 1, start:], cache=r.states[stateful]
+                )
+            x, stateful = out, stateful + 1
+        if model.decoder.norm is not None:
+            x = model.decoder.norm(x)
+    return model.head(x[:, -1])
 
 
 def _check_prompt(model: DecoderLM, p: object, i: int, n: int, device: torch.device) -> None:

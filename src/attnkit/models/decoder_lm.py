@@ -4,6 +4,7 @@ and a linear head over the vocabulary; incremental decoding through a KV cache."
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 import torch
@@ -25,7 +26,13 @@ class DecoderLM(nn.Module):
 
     Args:
         vocab_size: V, the number of token ids.
-        embed_dim, num_heads, layers, d_ff: sizes of the stack.
+        embed_dim, num_heads, layers, d_ff: sizes of the stack. ``layers`` may be a plan, one
+            token mixing per layer (:mod:`attnkit.layer_plan`): ``"3 gated_deltanet : 1 full"``
+            (with ``num_layers=12``: repeated to 12 layers), ``"5 sliding:512 : 1 full"``, a
+            list of names, token mixers or factories; every layer then decodes with its own
+            kind of cache (:meth:`new_cache`), in :meth:`generate` and
+            :func:`attnkit.models.batched_generation.generate_batch` too.
+        num_layers: the number of layers a pattern in ``layers`` is repeated to fill.
         max_len: the longest sequence (prompt + generated); the size of the learned position
             table.
         position: how token order enters: a per-head scheme of every layer's self-attention
@@ -49,9 +56,10 @@ class DecoderLM(nn.Module):
         vocab_size: int,
         embed_dim: int,
         num_heads: int,
-        layers: int,
+        layers: int | str | Sequence[Any],
         *,
         max_len: int,
+        num_layers: int | None = None,
         d_ff: int | None = None,
         learned_positions: bool | None = None,
         position: str | nn.Module | None = None,
@@ -79,9 +87,24 @@ class DecoderLM(nn.Module):
                 position = POSITIONS.get(position).for_model(embed_dim, max_len=max_len)
             self.positions, position = position, None
         self.decoder = TransformerDecoder(
-            layers, embed_dim, num_heads, d_ff, cross_attention=False, position=position, **layer
+            layers,
+            embed_dim,
+            num_heads,
+            d_ff,
+            cross_attention=False,
+            position=position,
+            num_layers=num_layers,
+            max_len=max_len,
+            **layer,
         )
-        for block in self.decoder.layers:  # refused now rather than at the first call
+        for i, block in enumerate(self.decoder.layers):  # refused now rather than at the first call
+            if block.mixer is not None:
+                if not block.mixer.causal:
+                    raise ValueError(
+                        f"{type(self).__name__}: layer {i}'s token mixer "
+                        f"{type(block.mixer).__name__} does not mix causally (causal = False)"
+                    )
+                continue
             mha = getattr(block.self_attention, "module", block.self_attention)
             mha.attention.check_supported(f"{type(self).__name__}(attention=...)", causal=True)
         self.head = nn.Linear(embed_dim, vocab_size, bias=False, **kw)
