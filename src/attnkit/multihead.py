@@ -25,6 +25,7 @@ from attnkit.core import Attention
 from attnkit.head import HeadAttention
 from attnkit.kernels.block_mask import BlockMask, MaskMod, ScoreMod
 from attnkit.kv_cache import LayerCache, MemoryCache, check_positions
+from attnkit.modern.gated_output import GATE_KINDS, OutputGate
 from attnkit.output import AttentionOutput
 from attnkit.positions import PositionScheme
 from attnkit.qk_chain import QKTransform
@@ -140,6 +141,11 @@ class MultiHeadAttention(nn.Module):
             position scheme runs; default ``("position",)``. ``[HeadNorm(d), "position"]``
             normalises q and k, then rotates them (Qwen3, Gemma 3); ``ProjectionNorm`` is
             OLMo 2's norm over the whole projection.
+        gate: a sigmoid gate on the concatenated heads before W^O, read from the query tokens
+            (gated attention, Qiu et al. 2025; Qwen3-Next): output = (concat(head_1 … head_H)
+            ⊙ σ(query W_g + b_g)) W^O. ``"elementwise"`` gates each head's every channel,
+            ``"headwise"`` each head by one scalar; an :class:`attnkit.modern.OutputGate`
+            is used as given; None (default) is no gate.
         device, dtype: where and in which dtype the parameters are made, those of every part
             built from a name (score, alignment, position scheme) included; modules passed in
             are used as they are.
@@ -174,6 +180,7 @@ class MultiHeadAttention(nn.Module):
         score_mod: ScoreMod | None = None,
         qk: Sequence[QKTransform | str] | None = None,
         kernel: str | None = None,
+        gate: str | OutputGate | None = None,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
@@ -255,6 +262,7 @@ class MultiHeadAttention(nn.Module):
         )
         self.pattern = pattern
         self.score_mod = score_mod
+        self.gate = self._build_gate(gate, bias, **kw)
 
     @property
     def score(self) -> Score | None:
@@ -276,6 +284,26 @@ class MultiHeadAttention(nn.Module):
         return SCORES.get(score).for_heads(
             self.head_dim, self.num_heads, device=device, dtype=dtype
         )
+
+    def _build_gate(self, gate: str | OutputGate | None, bias: bool, **kw) -> OutputGate | None:
+        if gate is None or isinstance(gate, OutputGate):
+            if gate is not None and (gate.embed_dim, gate.num_heads, gate.head_dim) != (
+                self.embed_dim,
+                self.num_heads,
+                self.head_dim,
+            ):
+                raise ValueError(
+                    f"gate reads {gate.embed_dim} features and gates {gate.num_heads} heads of "
+                    f"{gate.head_dim}; this layer has embed_dim={self.embed_dim}, "
+                    f"num_heads={self.num_heads}, head_dim={self.head_dim}"
+                )
+            return gate
+        if not isinstance(gate, str) or gate not in GATE_KINDS:
+            raise ValueError(
+                f"gate must be one of {', '.join(map(repr, GATE_KINDS))}, an OutputGate or "
+                f"None, got {gate!r}"
+            )
+        return OutputGate(self.embed_dim, self.num_heads, self.head_dim, gate, bias=bias, **kw)
 
     def _reset_parameters(self) -> None:
         if self.packed:
@@ -505,8 +533,11 @@ class MultiHeadAttention(nn.Module):
         return self._merge_heads(out, query)
 
     def _merge_heads(self, out: AttentionOutput, query: Tensor) -> AttentionOutput:
-        """Concatenate the heads of the context (…, H, M, d_v) and project them back."""
+        """Concatenate the heads of the context (…, H, M, d_v), gate them by the query tokens
+        (with a ``gate``) and project them back."""
         context = hook_points.emit(self, "context", out.context).transpose(-2, -3).flatten(-2)
+        if self.gate is not None:
+            context = self.gate(query, context)
         return out._replace(context=hook_points.emit(self, "output", self.out_proj(context)))
 
     def _project_heads(

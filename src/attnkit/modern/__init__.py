@@ -5,6 +5,7 @@ cache. The attention parts are registered mechanisms; the sink and differential 
 attention slot of :class:`attnkit.MultiHeadAttention`, latent attention is a whole layer."""
 
 from attnkit.modern.differential import DifferentialAttention, lambda_init
+from attnkit.modern.gated_output import GATE_KINDS, OutputGate
 from attnkit.modern.latent import (
     LatentCache,
     LatentOutput,
@@ -15,10 +16,12 @@ from attnkit.modern.sinks import SinkAttention, SinkSoftmax, sink_softmax
 from attnkit.modern.streaming import StreamingCache, streaming_mask
 
 __all__ = [
+    "GATE_KINDS",
     "DifferentialAttention",
     "LatentCache",
     "LatentOutput",
     "MultiHeadLatentAttention",
+    "OutputGate",
     "SinkAttention",
     "SinkSoftmax",
     "StreamingCache",
