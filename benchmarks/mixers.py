@@ -1,0 +1,175 @@
+"""Token-mixer layers (:mod:`attnkit.mixers`) against the transformers modules they equal, with
+the same weights, in one process: a training step (forward + backward) at each length, and
+decoding tokens/s from the layer's cache.
+
+Layers from small random configs (no download), float32, ``--threads`` threads (1 by default):
+
+- ``mamba2``: transformers' ``Mamba2Mixer`` (hidden 256, 8 heads of 64, state 64, 1 group,
+  kernel 4, its chunk 256) vs :class:`attnkit.mixers.Mamba2Mixer` (chunk 64);
+- ``gated_deltanet``: transformers' ``Qwen3NextGatedDeltaNet`` (hidden 256, 2 key heads and 4
+  value heads of 64, kernel 4, its chunk 64) vs :class:`attnkit.mixers.GatedDeltaNetMixer`
+  (chunk 64).
+
+Both run transformers' torch path (no compiled kernels are installed). The two run interleaved
+(transformers, attnkit; then attnkit, transformers; …) so that load changes hit both and neither
+always runs first; each repeat gives a ratio attnkit / transformers, and the table shows the
+medians of these paired ratios (≤ 1: attnkit is no slower), by wall time and by the thread's CPU
+time (steadier on a loaded machine). Outputs are compared before timing (max abs difference), so
+that speed is not bought by a wrong answer. Decoding: a 64-token prefill into the cache, then
+``--steps`` single-token steps, timed together (tokens/s).
+
+    python benchmarks/mixers.py [--repeats 7] [--sizes 1024 4096] [--quick] [--threads 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable
+
+import torch
+from transformers import DynamicCache, Mamba2Config, Qwen3NextConfig
+from transformers.models.mamba2 import modeling_mamba2
+from transformers.models.qwen3_next import modeling_qwen3_next
+
+from attnkit.benchmarking.timing import machine
+from attnkit.mixers import GatedDeltaNetMixer, Mamba2Mixer
+
+HIDDEN = 256
+
+
+def mamba2() -> tuple[object, torch.nn.Module, torch.nn.Module]:
+    cfg = Mamba2Config(
+        hidden_size=HIDDEN, num_heads=8, head_dim=64, state_size=64, n_groups=1, expand=2,
+        conv_kernel=4, chunk_size=256, num_hidden_layers=1,
+    )  # fmt: skip
+    theirs = modeling_mamba2.Mamba2Mixer(cfg, 0)
+    return cfg, theirs, Mamba2Mixer.from_transformers(theirs, chunk_size=64)
+
+
+def gated_deltanet() -> tuple[object, torch.nn.Module, torch.nn.Module]:
+    cfg = Qwen3NextConfig(
+        hidden_size=HIDDEN, linear_num_key_heads=2, linear_num_value_heads=4,
+        linear_key_head_dim=64, linear_value_head_dim=64, linear_conv_kernel_dim=4,
+        num_hidden_layers=1, layer_types=["linear_attention"],
+    )  # fmt: skip
+    theirs = modeling_qwen3_next.Qwen3NextGatedDeltaNet(cfg, 0)
+    return cfg, theirs, GatedDeltaNetMixer.from_transformers(theirs, chunk_size=64)
+
+
+LAYERS: dict[str, Callable[[], tuple[object, torch.nn.Module, torch.nn.Module]]] = {
+    "mamba2": mamba2,
+    "gated_deltanet": gated_deltanet,
+}
+
+
+def _time(fn: Callable[[], object]) -> tuple[float, float]:
+    """(wall seconds, this thread's CPU seconds) of one call."""
+    wall, cpu = time.perf_counter(), time.thread_time()
+    fn()
+    return time.perf_counter() - wall, time.thread_time() - cpu
+
+
+def paired(fns: dict[str, Callable[[], object]], repeats: int) -> dict:
+    """Run ``fns`` (``"theirs"``, ``"ours"``) interleaved, each first in turn; the medians of
+    both and of the paired ratios ours / theirs (wall, CPU), and the mean load."""
+    for fn in fns.values():
+        fn()  # warm-up
+    load = os.getloadavg()[0]
+    times: dict[str, list[tuple[float, float]]] = {k: [] for k in fns}
+    order = list(fns)
+    for r in range(repeats):
+        for k in order[r % 2 :] + order[: r % 2]:
+            times[k].append(_time(fns[k]))
+    load = (load + os.getloadavg()[0]) / 2
+    ratios = [
+        statistics.median(o[c] / t[c] for o, t in zip(times["ours"], times["theirs"], strict=True))
+        for c in (0, 1)
+    ]
+    medians = {k: statistics.median(t[0] for t in v) for k, v in times.items()}
+    return {"medians": medians, "ratios": ratios, "load": load}
+
+
+def training_row(name: str, n: int, repeats: int) -> str:
+    torch.manual_seed(0)
+    _, theirs, ours = LAYERS[name]()
+    theirs.train()
+    ours.train()
+    x = torch.randn(1, n, HIDDEN)
+    with torch.no_grad():
+        diff = (ours(x) - theirs(x)).abs().max().item()
+    xs = {k: x.clone().requires_grad_() for k in ("theirs", "ours")}
+    probe = torch.randn(1, n, HIDDEN)
+    layers = {"theirs": theirs, "ours": ours}
+
+    def step(k: str) -> Callable[[], None]:
+        return lambda: (layers[k](xs[k]) * probe).sum().backward()
+
+    res = paired({k: step(k) for k in layers}, repeats)
+    ms = res["medians"]
+    return (
+        f"| {name} | fwd+bwd N={n} | {ms['theirs'] * 1e3:.0f} ms | {ms['ours'] * 1e3:.0f} ms | "
+        f"{res['ratios'][0]:.2f} | {res['ratios'][1]:.2f} | {diff:.1e} | {res['load']:.1f} |"
+    )
+
+
+def decoding_row(name: str, steps: int, repeats: int) -> str:
+    torch.manual_seed(0)
+    cfg, theirs, ours = LAYERS[name]()
+    theirs.eval()
+    ours.eval()
+    prompt, tokens = torch.randn(1, 64, HIDDEN), torch.randn(1, steps, HIDDEN)
+
+    def decode_theirs() -> torch.Tensor:
+        cache = DynamicCache(config=cfg)
+        theirs(prompt, cache=cache)
+        return torch.cat([theirs(tokens[:, t : t + 1], cache=cache) for t in range(steps)], 1)
+
+    def decode_ours() -> torch.Tensor:
+        cache = ours.new_cache()
+        ours(prompt, cache=cache)
+        return torch.cat([ours(tokens[:, t : t + 1], cache=cache) for t in range(steps)], 1)
+
+    with torch.no_grad():
+        diff = (decode_ours() - decode_theirs()).abs().max().item()
+        res = paired({"theirs": decode_theirs, "ours": decode_ours}, repeats)
+    rate = {k: steps / s for k, s in res["medians"].items()}
+    return (
+        f"| {name} | decode {steps} tokens | {rate['theirs']:.0f} tok/s | "
+        f"{rate['ours']:.0f} tok/s | {res['ratios'][0]:.2f} | {res['ratios'][1]:.2f} | "
+        f"{diff:.1e} | {res['load']:.1f} |"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="N = 256, 3 repeats, 16 steps")
+    parser.add_argument("--sizes", type=int, nargs="+", default=[1024, 4096])
+    parser.add_argument("--names", nargs="+", default=list(LAYERS), choices=list(LAYERS))
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--steps", type=int, default=128, help="decoding steps")
+    parser.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    sizes, repeats, steps = args.sizes, args.repeats, args.steps
+    if args.quick:
+        sizes, repeats, steps = [256], 3, 16
+    print(f"Machine: {machine()}; load (1 min) at start {os.getloadavg()[0]:.1f}")
+    print(f"float32, batch 1, hidden {HIDDEN}; medians of {repeats} paired repeats\n")
+    print(
+        "| layer | case | transformers | attnkit | ratio (wall) | ratio (CPU) | max diff | load |"
+    )
+    print("|---|---|---:|---:|---:|---:|---:|---:|")
+    for name in args.names:
+        for n in sizes:
+            print(f"... {name} N={n}", file=sys.stderr)
+            print(training_row(name, n, repeats), flush=True)
+        print(f"... {name} decoding", file=sys.stderr)
+        print(decoding_row(name, steps, repeats), flush=True)
+
+
+if __name__ == "__main__":
+    main()
