@@ -1,7 +1,8 @@
 """The gated linear family over a ring: each rank's part of the sequence, its state composed from
 the other ranks' transitions, equals the part on the whole sequence in one process (float64,
-1e-10), outputs, input gradients and parameter gradients, for retention, GLA, Mamba-2's SSD,
-DeltaNet and Gated DeltaNet, both layouts, with padding, on rings of 2 and 4 gloo processes
+1e-10), outputs, input gradients and parameter gradients, for every registered part that
+declares a recurrent state (retention, GLA, Mamba-2's SSD, DeltaNet, Gated DeltaNet, KDA,
+lightning attention), both layouts, with padding, on rings of 2 and 4 gloo processes
 (one forked world of 4; the ring of 2 is a subgroup). The transitions themselves are checked
 against the products of the per-position maps written from the papers.
 """
@@ -29,7 +30,14 @@ from forked import compare, failures_of, rings, run_world
 
 WORLD = 4
 B, H, D = 2, 2, 4
-PARTS = ("retention", "gla", "mamba2", "deltanet", "gated_deltanet")
+# Every registered part that declares a recurrent state (retention, GLA, Mamba-2, DeltaNet,
+# Gated DeltaNet, KDA, lightning attention, …): a new one is checked here by registering.
+PARTS = tuple(
+    name
+    for name in ak.mechanisms.REGISTRY.available()
+    if getattr(ak.mechanisms.REGISTRY.get(name), "takes_cache", False)
+    and getattr(ak.mechanisms.REGISTRY.get(name), "causal", False) is True
+)
 
 
 def _part(name: str, **kw):
@@ -160,7 +168,7 @@ def _worker(rank: int, world: int, failures: list[str]) -> dict:
         if size == 2:
             cases = [(n, lay, lay == "zigzag") for n in PARTS for lay in ("contiguous", "zigzag")]
         else:
-            cases = [(n, "zigzag", True) for n in PARTS] + [("deltanet", "contiguous", False)]
+            cases = [(n, "zigzag", True) for n in PARTS]
         for name, layout, padded in cases:
             part = _part(name)
             label = f"P={size} {name} {layout} pad={padded}"
@@ -189,7 +197,7 @@ def reports(tmp_path_factory) -> list[dict]:
 @pytest.mark.parametrize("size", [2, 4])
 def test_the_linear_family_over_a_ring_equals_one_process(size, reports):
     assert not failures_of(reports), failures_of(reports)
-    expected = {2: 10 + 1 + 2 + 1 + 3, 4: 6 + 2 + 1 + 3}[size]
+    expected = {2: 2 * len(PARTS) + 1, 4: len(PARTS)}[size] + 2 + 1 + 3
     members = reports[:size]
     assert [r["checks"][str(size)] for r in members] == [expected] * size
 
@@ -224,6 +232,10 @@ def test_one_run_gives_the_transition_and_the_state_from_zero(name):
     torch.testing.assert_close(last[..., d_v:], a, rtol=0, atol=1e-12)
     torch.testing.assert_close(out[..., :d_v], torch.stack(outs, -2), rtol=0, atol=1e-12)
     torch.testing.assert_close(out[..., d_v:], torch.stack(reads, -2), rtol=0, atol=1e-12)
+
+
+def test_the_family_is_found_in_the_registry():
+    assert {"retention", "gla", "mamba2", "deltanet", "gated_deltanet"} <= set(PARTS)
 
 
 def test_parts_without_a_recurrent_state_are_refused_by_name():
