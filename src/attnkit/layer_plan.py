@@ -286,10 +286,15 @@ def layer_arguments(
     num_heads: int,
     max_len: int | None = None,
     keeps_score: bool = False,
+    index: int = 0,
+    depth: int = 1,
 ) -> dict[str, Any]:
     """The keyword arguments of the Transformer layer that ``entry`` is, from ``layer``, the
     stack's keyword arguments. ``keeps_score``: the layer reads ``score``/``align`` besides its
     self-attention (a decoder layer's cross-attention), so they stay for every entry.
+    ``index`` and ``depth``: the layer's place in a stack of ``depth`` layers, given as
+    ``layer_idx`` and ``num_layers`` to a registered part or mixer whose constructor takes them
+    (lightning attention's decays depend on the layer's place).
 
     Raises ValueError for a part or mixer that cannot be built from the layer's sizes."""
     if entry.kind == "full":
@@ -309,10 +314,16 @@ def layer_arguments(
     if entry.kind == "module":
         return {**out, **_built(entry, sizes, device, dtype)}
     name = entry.name.partition(".")[2] or entry.name
+    place = {"layer_idx": index, "num_layers": depth}
     if entry.kind == "part":
+        from attnkit import mechanisms
+
         cls = _mechanisms()[name]
+        takes = mechanisms.REGISTRY.accepts(name)
         try:
-            part = cls.for_heads(**sizes, max_len=max_len)
+            part = cls.for_heads(
+                **sizes, max_len=max_len, **{k: v for k, v in place.items() if k in takes}
+            )
         except TypeError as err:
             raise ValueError(
                 f"layers: the per-head part {name!r} cannot be built from the layer's sizes "
@@ -329,7 +340,7 @@ def layer_arguments(
             f"layers: token mixer {name!r} takes no embed_dim, so it cannot be built from the "
             "layer's sizes; give a factory in a list of layers"
         )
-    given = {**sizes, "device": device, "dtype": dtype}
+    given = {**sizes, **place, "device": device, "dtype": dtype}
     try:
         module = mixers.REGISTRY.build(name, **{k: v for k, v in given.items() if k in takes})
     except TypeError as err:

@@ -186,8 +186,8 @@ class _Block(nn.Module):
             )
         if mask is not None and not (mask.dim() == 3 and mask.shape[-2] == 1):
             raise ValueError(
-                f"{who}: the mask must be key padding (B, 1, N) (masks.from_lengths(...)"
-                f"[:, None]), the only mask a token mixer honours; got shape {tuple(mask.shape)}"
+                f"{who}: the mask must be key padding (B, 1, N) (masks.from_lengths), the only "
+                f"mask a token mixer honours; got shape {tuple(mask.shape)}"
             )
         padding = None if mask is None else mask[..., -y.shape[-2] :]
         return self.mixer(y, mask=padding, cache=cache)
@@ -458,9 +458,11 @@ def _layers(
                 num_heads=num_heads,
                 max_len=max_len,
                 keeps_score=bool(crossed),
+                index=i,
+                depth=len(plan),
             ),
         )
-        for entry in plan
+        for i, entry in enumerate(plan)
     ]
 
 
