@@ -41,11 +41,13 @@ def context_parallel(
     """A copy of ``model`` sharing its parameters, each multi-head attention over the ring.
 
     Args:
-        model: a module whose attention layers are :class:`attnkit.MultiHeadAttention` with the
-            plain score × alignment part (:class:`attnkit.Attention`, no dropout) or already a
-            :class:`RingAttention`: a stack of them,
+        model: a module whose attention layers are :class:`attnkit.MultiHeadAttention` with a
+            part that has a form over the ring (the score × alignment part
+            :class:`attnkit.Attention` without dropout, a sink part, a part of the gated
+            linear family) or already a ring part, and
+            :class:`attnkit.modern.MultiHeadLatentAttention` layers: a stack of them,
             :class:`attnkit.models.decoder_lm.DecoderLM`, the encoder–decoder
-            :class:`attnkit.Transformer`, ...
+            :class:`attnkit.Transformer`, a hybrid stack, ...
         group: the ring's process group (None: the default group).
         layout: how the copy's inputs are laid out over the ranks (``"contiguous"`` or
             ``"zigzag"``; cut them with :func:`attnkit.distributed.shard`).
