@@ -8,9 +8,13 @@ Layers from small random configs (no download), float32, ``--threads`` threads (
   kernel 4, its chunk 256) vs :class:`attnkit.mixers.Mamba2Mixer` (chunk 64);
 - ``gated_deltanet``: transformers' ``Qwen3NextGatedDeltaNet`` (hidden 256, 2 key heads and 4
   value heads of 64, kernel 4, its chunk 64) vs :class:`attnkit.mixers.GatedDeltaNetMixer`
-  (chunk 64).
+  (chunk 64);
+- ``kda``: transformers' ``KimiLinearDeltaAttention`` (hidden 256, 4 heads of 64, kernel 4, its
+  chunk 64) vs :class:`attnkit.mixers.KimiDeltaAttentionMixer` (chunk 64);
+- ``lightning``: transformers' ``MiniMaxLightningAttention`` (hidden 256, 4 heads of 64, its
+  block 256, layer 1 of 4) vs :class:`attnkit.mixers.LightningAttentionMixer` (chunk 64).
 
-Both run transformers' torch path (no compiled kernels are installed). The two run interleaved
+All run transformers' torch path (no compiled kernels are installed). The two run interleaved
 (transformers, attnkit; then attnkit, transformers; …) so that load changes hit both and neither
 always runs first; each repeat gives a ratio attnkit / transformers, and the table shows the
 medians of these paired ratios (≤ 1: attnkit is no slower), by wall time and by the thread's CPU
@@ -32,11 +36,18 @@ from collections.abc import Callable
 
 import torch
 from transformers import DynamicCache, Mamba2Config, Qwen3NextConfig
+from transformers.models.kimi_linear import configuration_kimi_linear, modeling_kimi_linear
 from transformers.models.mamba2 import modeling_mamba2
+from transformers.models.minimax import modeling_minimax
 from transformers.models.qwen3_next import modeling_qwen3_next
 
 from attnkit.benchmarking.timing import machine
-from attnkit.mixers import GatedDeltaNetMixer, Mamba2Mixer
+from attnkit.mixers import (
+    GatedDeltaNetMixer,
+    KimiDeltaAttentionMixer,
+    LightningAttentionMixer,
+    Mamba2Mixer,
+)
 
 HIDDEN = 256
 
@@ -60,9 +71,50 @@ def gated_deltanet() -> tuple[object, torch.nn.Module, torch.nn.Module]:
     return cfg, theirs, GatedDeltaNetMixer.from_transformers(theirs, chunk_size=64)
 
 
+def kda() -> tuple[object, torch.nn.Module, torch.nn.Module]:
+    cfg = configuration_kimi_linear.KimiLinearConfig(
+        hidden_size=HIDDEN, num_hidden_layers=1, num_attention_heads=4,
+        layer_types=["linear_attention"],
+        linear_attn_config={"head_dim": 64, "num_heads": 4, "short_conv_kernel_size": 4},
+    )  # fmt: skip
+    theirs = modeling_kimi_linear.KimiLinearDeltaAttention(cfg, 0)
+    with torch.no_grad():  # the forget gate is torch.empty until a model initialises it
+        theirs.forget_gate.A_log.uniform_(1, 16).log_()
+        dt = torch.empty_like(theirs.forget_gate.dt_bias).uniform_(-6.9, -2.3).exp()
+        theirs.forget_gate.dt_bias.copy_(dt + torch.log(-torch.expm1(-dt)))
+    return cfg, theirs, KimiDeltaAttentionMixer.from_transformers(theirs, chunk_size=64)
+
+
+class _MiniMaxLayer(torch.nn.Module):
+    """transformers' MiniMaxLightningAttention called as the other layers are: x (and a cache)
+    to the output; its cache is a MiniMaxCache (``new_cache``)."""
+
+    def __init__(self, module: torch.nn.Module) -> None:
+        super().__init__()
+        self.module = module
+
+    def new_cache(self) -> object:
+        return modeling_minimax.MiniMaxCache()
+
+    def forward(self, x: torch.Tensor, cache: object = None) -> torch.Tensor:
+        return self.module(x, None, None, cache=cache)[0]
+
+
+def lightning() -> tuple[object, torch.nn.Module, torch.nn.Module]:
+    cfg = modeling_minimax.MiniMaxConfig(
+        hidden_size=HIDDEN, num_attention_heads=4, head_dim=64, num_hidden_layers=4,
+        block_size=256, layer_types=["linear_attention"] * 4,
+    )  # fmt: skip
+    theirs = modeling_minimax.MiniMaxLightningAttention(cfg, 1)
+    ours = LightningAttentionMixer.from_transformers(theirs, chunk_size=64)
+    return cfg, _MiniMaxLayer(theirs), ours
+
+
 LAYERS: dict[str, Callable[[], tuple[object, torch.nn.Module, torch.nn.Module]]] = {
     "mamba2": mamba2,
     "gated_deltanet": gated_deltanet,
+    "kda": kda,
+    "lightning": lightning,
 }
 
 
@@ -124,7 +176,7 @@ def decoding_row(name: str, steps: int, repeats: int) -> str:
     prompt, tokens = torch.randn(1, 64, HIDDEN), torch.randn(1, steps, HIDDEN)
 
     def decode_theirs() -> torch.Tensor:
-        cache = DynamicCache(config=cfg)
+        cache = theirs.new_cache() if hasattr(theirs, "new_cache") else DynamicCache(config=cfg)
         theirs(prompt, cache=cache)
         return torch.cat([theirs(tokens[:, t : t + 1], cache=cache) for t in range(steps)], 1)
 

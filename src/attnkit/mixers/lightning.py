@@ -142,12 +142,19 @@ class LightningAttentionMixer(TokenMixer):
             check_state(self, cache, "lightning", (b, h, d, d), work)
         qkv = zero_padding(F.silu(self.qkv_proj(x)).to(work), keep)
         q, k, v = qkv.view(b, n, h, 3 * d).transpose(1, 2).split(d, -1)  # (B, H, N, d) each
-        g = self.attention.log_decay.to(work).expand(b, h, n, 1)
-        if keep is not None:  # a padded position does not decay the state
-            g = torch.where(keep[:, None, :, None], g, torch.zeros((), dtype=work, device=x.device))
+        g = self.attention.log_decay.to(work)
         state = None if cache is None else cache.states.get("lightning")
-        form = "recurrent" if cache is not None and n == 1 else "chunkwise"
-        o, state = self.attention.run(Inputs(q, k, v, g), form, state)
+        if state is not None and n == 1 and keep is None:
+            # one decoding step: S ← λ S + k vᵀ, o = Sᵀ q (the recurrent form, inlined)
+            state = g.exp() * state + k.transpose(-1, -2) @ v
+            o = q @ state
+        else:
+            g = g.expand(b, h, n, 1)
+            if keep is not None:  # a padded position does not decay the state
+                zero = torch.zeros((), dtype=work, device=x.device)
+                g = torch.where(keep[:, None, :, None], g, zero)
+            form = "recurrent" if cache is not None and n == 1 else "chunkwise"
+            o, state = self.attention.run(Inputs(q, k, v, g), form, state)
         o = self.norm(o.transpose(1, 2).reshape(b, n, h * d))
         o = o * torch.sigmoid(self.output_gate(x).to(work))
         y = self.out_proj(o.to(x.dtype))
