@@ -26,7 +26,7 @@ from torch import Tensor, nn
 from attnkit import arguments, masks
 from attnkit.mixers.base import MixerCache
 
-__all__ = ["ACTIVATIONS", "ShortConv", "padding_mask"]
+__all__ = ["ACTIVATIONS", "ShortConv", "last_real", "padding_mask", "zero_padding"]
 
 ACTIVATIONS = (None, "silu")
 
@@ -62,7 +62,7 @@ def zero_padding(x: Tensor, keep: Tensor | None) -> Tensor:
 
 def last_real(x: Tensor, keep: Tensor | None, count: int) -> Tensor:
     """The last ``count`` rows of x (B, L, C) among the positions ``keep`` (B, L) marks real
-    (all when None), in order; rows before the first real one where fewer are real."""
+    (all when None), in order; zero rows ahead of them where fewer than ``count`` are real."""
     if keep is None:
         return x[:, x.shape[1] - count :]
     order = torch.sort((~keep).to(torch.uint8), dim=1, stable=True).indices  # real ones first
