@@ -95,7 +95,8 @@ def top_indices(score: Tensor, count: int) -> tuple[Tensor, Tensor]:
     if count == 0 or lead.numel() == 0:
         empty = score.new_zeros(*lead, count, dtype=torch.long)
         return empty, empty.bool()
-    score = score.nan_to_num(nan=float("-inf"))
+    inf = float("inf")
+    score = score.nan_to_num(nan=-inf, posinf=inf, neginf=-inf)
     values, order = torch.topk(score, count, dim=-1, sorted=False)
     bar = values.amin(-1, keepdim=True)
     above = score > bar

@@ -20,9 +20,15 @@ For query t at position p_t, with keys k_{1:p_t} and values v_{1:p_t}:
 
     o_t = Σ_{c ∈ {cmp, slc, win}} g_t^c · o_t^c,   g_t^c = σ(MLP(x_t)) ∈ (0, 1)   (eq. 5)
 
-Evaluation follows the selection. The forward (softmax alignment, no weights requested) runs
-the three branches a chunk of queries at a time with one hand-written backward
-(:mod:`attnkit.sparse_trainable._nsa_chunks`): the compressed branch as a product over the
+Evaluation follows the selection. Without a mask, on the CPU, for queries that end at the
+last key (self-attention, or a chunk of it at a multiple of l'), the forward (softmax
+alignment, no weights requested) evaluates the selected and window branches as pieces of
+PyTorch's fused attention kernel (:mod:`attnkit.sparse_trainable._nsa_blocks`): the query's
+own block, the previous one, block 0 and the window's blocks as batched calls on views of the
+keys, the other selected blocks as tiles of queries that chose the same block, merged by their
+log-sum-exps, with a backward that recomputes the branches and runs the kernel's backward per
+piece. Otherwise it runs the three branches a chunk of queries at a time with one hand-written
+backward (:mod:`attnkit.sparse_trainable._nsa_chunks`): the compressed branch as a product over the
 compressed blocks the chunk has seen, the selected and window branches over (query, key block)
 pairs tiled by key block, so that every score comes from a batched matrix product and a key
 block is read once per tile of queries. Per query that scores n·l' selected keys, w (+ up to
@@ -63,6 +69,7 @@ from attnkit.alignments import Softmax
 from attnkit.head import HeadAttention, check_head_inputs
 from attnkit.mechanisms import REGISTRY, example_tensor
 from attnkit.output import AttentionOutput
+from attnkit.sparse_trainable import _nsa_blocks as nsa_blocks
 from attnkit.sparse_trainable._gathered import gathered_softmax
 from attnkit.sparse_trainable._nsa_chunks import Sizes, importance, nsa_chunked, rank_blocks
 from attnkit.sparse_trainable._select import (
@@ -296,9 +303,11 @@ class NativeSparseAttention(HeadAttention):
         gates = torch.sigmoid(self.gate(q))
         flat = (x.reshape(count, *x.shape[-2:]) for x in (q, k, v, kc, vc, gates))
         rows3 = None if rows is None else rows.reshape(count, *rows.shape[-2:])
-        context = nsa_chunked(
-            *flat, rows3, q_offset, self._sizes(), scale / align.fixed_temperature
-        )
+        sizes, factor = self._sizes(), scale / align.fixed_temperature
+        if nsa_blocks.applies(q, k.shape[-2], q_offset, rows, sizes):
+            context = nsa_blocks.nsa_blocks(*flat, q_offset, sizes, factor)
+        else:
+            context = nsa_chunked(*flat, rows3, q_offset, sizes, factor)
         return AttentionOutput(context.view(*lead, m, self.value_dim))
 
     def branches(
