@@ -5,18 +5,13 @@ Each is registered in :data:`REGISTRY` and built by name:
 ``attnkit.mixers.REGISTRY.build("mamba2", embed_dim=64, ...)``.
 """
 
-from attnkit.mixers.base import MixerCache, TokenMixer
+from attnkit.mixers.base import REGISTRY, MixerCache, TokenMixer
 from attnkit.mixers.conv import ShortConv
+from attnkit.mixers.gated_deltanet import GatedDeltaNetMixer
 from attnkit.mixers.gated_norm import GatedRMSNorm
-from attnkit.registry import Registry
-
-REGISTRY: Registry[TokenMixer] = Registry("token mixer")
-
-# the layers register themselves in REGISTRY
-from attnkit.mixers.gated_deltanet import GatedDeltaNetMixer  # noqa: E402
-from attnkit.mixers.kda import KimiDeltaAttentionMixer  # noqa: E402
-from attnkit.mixers.lightning import LightningAttentionMixer  # noqa: E402
-from attnkit.mixers.mamba2 import Mamba2Mixer  # noqa: E402
+from attnkit.mixers.kda import KimiDeltaAttentionMixer
+from attnkit.mixers.lightning import LightningAttentionMixer
+from attnkit.mixers.mamba2 import Mamba2Mixer
 
 __all__ = [
     "REGISTRY",

@@ -23,8 +23,9 @@ from typing import ClassVar
 from torch import Tensor, nn
 
 from attnkit.kv_cache import LayerCache
+from attnkit.registry import Registry
 
-__all__ = ["MixerCache", "TokenMixer"]
+__all__ = ["REGISTRY", "MixerCache", "TokenMixer"]
 
 
 class MixerCache(LayerCache):
@@ -80,3 +81,7 @@ class TokenMixer(nn.Module):
         self, x: Tensor, *, mask: Tensor | None = None, cache: MixerCache | None = None
     ) -> Tensor:
         raise NotImplementedError
+
+
+#: The token-mixer layers by name (each module of :mod:`attnkit.mixers` registers its own).
+REGISTRY: Registry[TokenMixer] = Registry("token mixer")

@@ -42,8 +42,7 @@ from torch import Tensor, nn
 from attnkit import arguments
 from attnkit.linear_family.deltanet import l2_normalize
 from attnkit.linear_family.kda import kda_chunkwise, kda_recurrent
-from attnkit.mixers import REGISTRY
-from attnkit.mixers.base import MixerCache, TokenMixer
+from attnkit.mixers.base import REGISTRY, MixerCache, TokenMixer
 from attnkit.mixers.conv import ShortConv, padding_mask, zero_padding
 from attnkit.mixers.gated_norm import GatedRMSNorm
 from attnkit.mixers.mamba2 import check_cache, check_input, check_state

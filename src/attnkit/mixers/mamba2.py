@@ -39,8 +39,7 @@ from torch import Tensor, nn
 
 from attnkit import arguments
 from attnkit.linear_family import decay
-from attnkit.mixers import REGISTRY
-from attnkit.mixers.base import MixerCache, TokenMixer
+from attnkit.mixers.base import REGISTRY, MixerCache, TokenMixer
 from attnkit.mixers.conv import ShortConv, padding_mask, zero_padding
 from attnkit.mixers.gated_norm import GatedRMSNorm
 
