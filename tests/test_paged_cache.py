@@ -517,6 +517,8 @@ def test_paged_rollback_then_decoding_equals_never_having_decoded():
     ):
         cache.rollback(1)
     assert cache.length_of(ids[0]) == 9 and cache.pages_in_use == 10
+    with pytest.raises(ValueError, match=r"roll back the whole cache, PagedKVCache\.rollback"):
+        cache[0].rollback(1)
 
 
 def test_bad_cache_arguments_are_refused_by_name():

@@ -248,6 +248,14 @@ class PagedLayerCache(LayerCache):
         step._appended.add(self.index)
         return keys, values
 
+    def rollback(self, k: int) -> None:
+        """Refused: the page tables are shared by all layers, so the cache rolls back
+        (:meth:`PagedKVCache.rollback`), never one layer."""
+        raise ValueError(
+            "a PagedLayerCache's positions are its sequences' page tables, shared by every "
+            "layer: roll back the whole cache, PagedKVCache.rollback(k, sequences=...)"
+        )
+
     def _check_step(self, k: Tensor, v: Tensor) -> PagedStep:
         """The open step, after checking that k and v are its new keys and values."""
         step = self._cache._step
