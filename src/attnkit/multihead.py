@@ -25,8 +25,8 @@ from attnkit.core import Attention
 from attnkit.head import HeadAttention
 from attnkit.kernels.block_mask import BlockMask, MaskMod, ScoreMod
 from attnkit.kv_cache import LayerCache, MemoryCache, check_positions
-from attnkit.modern.gated_output import GATE_KINDS, OutputGate
 from attnkit.output import AttentionOutput
+from attnkit.output_gate import GATE_KINDS, OutputGate
 from attnkit.positions import PositionScheme
 from attnkit.qk_chain import QKTransform
 from attnkit.scores import REGISTRY as SCORES
@@ -144,7 +144,7 @@ class MultiHeadAttention(nn.Module):
         gate: a sigmoid gate on the concatenated heads before W^O, read from the query tokens
             (gated attention, Qiu et al. 2025; Qwen3-Next): output = (concat(head_1 … head_H)
             ⊙ σ(query W_g + b_g)) W^O. ``"elementwise"`` gates each head's every channel,
-            ``"headwise"`` each head by one scalar; an :class:`attnkit.modern.OutputGate`
+            ``"headwise"`` each head by one scalar; an :class:`attnkit.output_gate.OutputGate`
             is used as given; None (default) is no gate.
         device, dtype: where and in which dtype the parameters are made, those of every part
             built from a name (score, alignment, position scheme) included; modules passed in

@@ -1,11 +1,12 @@
 """Attention as today's large models use it, one file per concept: multi-head latent attention
 (DeepSeek-V2/V3) with its latent KV cache and absorbed decoding form, differential attention
-(Diff Transformer), a learned sink logit per head (GPT-OSS) and StreamingLLM's sinks-and-window
-cache. The attention parts are registered mechanisms; the sink and differential parts fit the
-attention slot of :class:`attnkit.MultiHeadAttention`, latent attention is a whole layer."""
+(Diff Transformer), a learned sink logit per head (GPT-OSS), StreamingLLM's sinks-and-window
+cache and gated attention (Qwen3-Next). The attention parts are
+registered mechanisms; the sink and differential parts fit the attention slot of
+:class:`attnkit.MultiHeadAttention`, latent and gated attention are whole layers."""
 
 from attnkit.modern.differential import DifferentialAttention, lambda_init
-from attnkit.modern.gated_output import GATE_KINDS, OutputGate
+from attnkit.modern.gated_attention import GatedAttention
 from attnkit.modern.latent import (
     LatentCache,
     LatentOutput,
@@ -16,12 +17,11 @@ from attnkit.modern.sinks import SinkAttention, SinkSoftmax, sink_softmax
 from attnkit.modern.streaming import StreamingCache, streaming_mask
 
 __all__ = [
-    "GATE_KINDS",
     "DifferentialAttention",
+    "GatedAttention",
     "LatentCache",
     "LatentOutput",
     "MultiHeadLatentAttention",
-    "OutputGate",
     "SinkAttention",
     "SinkSoftmax",
     "StreamingCache",

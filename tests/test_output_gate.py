@@ -1,7 +1,8 @@
-"""MultiHeadAttention's output gate (``gate=``): without it the layer is unchanged; with it the
-layer equals (concat(heads) ⊙ σ(query W_g + b_g)) W^O written out by hand (elementwise and
-headwise, grouped keys, cross-attention), decodes with a KV cache, reads a fixed memory, and
-leaves the ``context`` hook point before the gate."""
+"""The output gate (attnkit.output_gate) and MultiHeadAttention's ``gate=``: the gate is its
+formula per head and channel; without it the layer is unchanged; with it the layer equals
+(concat(heads) ⊙ σ(query W_g + b_g)) W^O written out by hand (elementwise and headwise, grouped
+keys, cross-attention), decodes with a KV cache, reads a fixed memory, and leaves the
+``context`` hook point before the gate."""
 
 from __future__ import annotations
 
@@ -12,10 +13,28 @@ import torch
 
 import attnkit as ak
 from attnkit.kv_cache import LayerCache, MemoryCache
-from attnkit.modern import OutputGate
+from attnkit.output_gate import OutputGate
 
 F64 = torch.float64
 E, H, D = 12, 3, 4
+
+
+def test_the_gate_is_its_formula_per_head_and_channel():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 5, 12, generator=g, dtype=F64)
+    context = torch.randn(2, 5, 3 * 4, generator=g, dtype=F64)
+    for kind in ("elementwise", "headwise"):
+        gate = OutputGate(12, 3, 4, kind, dtype=F64)
+        with torch.no_grad():
+            gate.proj.bias.normal_(generator=g)
+        w, b = gate.proj.weight, gate.proj.bias
+        got = gate(x, context)
+        for h in range(3):
+            for c in range(4):
+                row = h * 4 + c if kind == "elementwise" else h
+                logit = (x * w[row]).sum(-1) + b[row]
+                expected = context[..., h * 4 + c] / (1 + torch.exp(-logit))
+                torch.testing.assert_close(got[..., h * 4 + c], expected, rtol=1e-13, atol=0)
 
 
 def _gated(kind, seed=0, **kw):
@@ -141,3 +160,12 @@ def test_a_gate_module_is_used_as_given_and_bad_gates_are_refused():
         ak.MultiHeadAttention(E, H, gate=OutputGate(8, 2, 4))
     no_bias = ak.MultiHeadAttention(E, H, bias=False, gate="elementwise")
     assert no_bias.gate.proj.bias is None
+
+
+def test_bad_gate_arguments_name_themselves():
+    with pytest.raises(ValueError, match="kind must be one of"):
+        OutputGate(8, 2, 4, "channelwise")
+    with pytest.raises(ValueError, match="OutputGate gates 2 heads of 4"):
+        OutputGate(8, 2, 4)(torch.randn(1, 3, 8), torch.randn(1, 3, 6))
+    with pytest.raises(ValueError, match="reads tokens of 8 features"):
+        OutputGate(8, 2, 4)(torch.randn(1, 3, 7), torch.randn(1, 3, 8))

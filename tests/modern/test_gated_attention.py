@@ -1,8 +1,8 @@
-"""Gated attention (Qiu et al. 2025; Qwen3-Next): the output gate equals its formula written
-per head and channel, and ``MultiHeadAttention(qk=[HeadNorm, "position"], position=partial
-rotary, gate="elementwise")`` built by ``from_transformers`` equals transformers'
-``Qwen3NextAttention`` with the same weights in float64 — prefill, a padded batch, cached
-decoding step by step (ours and transformers' own cache) and the gradients of every weight."""
+"""Gated attention (Qiu et al. 2025; Qwen3-Next): ``GatedAttention.from_transformers`` — a
+MultiHeadAttention with ``qk=[HeadNorm, "position"]``, partial rotary positions and the
+elementwise output gate — equals transformers' ``Qwen3NextAttention`` with the same weights in
+float64: prefill, a padded batch, cached decoding step by step (ours and transformers' own
+cache) and the gradients of every weight; the layer learns flag retrieval."""
 
 from __future__ import annotations
 
@@ -11,32 +11,13 @@ import torch
 
 import attnkit as ak
 from attnkit.kv_cache import LayerCache
-from attnkit.modern import OutputGate
-from attnkit.modern.gated_output import from_transformers
+from attnkit.modern import GatedAttention
 
 qn = pytest.importorskip("transformers.models.qwen3_next.modeling_qwen3_next")
 cache_utils = pytest.importorskip("transformers.cache_utils")
 
 F64 = torch.float64
 E, H, H_KV, D, THETA, PARTIAL = 32, 4, 2, 8, 1000.0, 0.5
-
-
-def test_the_gate_is_its_formula_per_head_and_channel():
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(2, 5, 12, generator=g, dtype=F64)
-    context = torch.randn(2, 5, 3 * 4, generator=g, dtype=F64)
-    for kind in ("elementwise", "headwise"):
-        gate = OutputGate(12, 3, 4, kind, dtype=F64)
-        with torch.no_grad():
-            gate.proj.bias.normal_(generator=g)
-        w, b = gate.proj.weight, gate.proj.bias
-        got = gate(x, context)
-        for h in range(3):
-            for c in range(4):
-                row = h * 4 + c if kind == "elementwise" else h
-                logit = (x * w[row]).sum(-1) + b[row]
-                expected = context[..., h * 4 + c] / (1 + torch.exp(-logit))
-                torch.testing.assert_close(got[..., h * 4 + c], expected, rtol=1e-13, atol=0)
 
 
 def _config(bias=False):
@@ -104,7 +85,7 @@ def test_its_own_rotary_embedding_is_the_one_in_the_tests():
 @pytest.mark.parametrize("lengths", [[7, 7], [7, 4]], ids=["full", "padded"])
 def test_equals_qwen3_next_attention_forward_and_gradients(bias, lengths):
     module = _reference(bias)
-    mha = from_transformers(module)
+    mha = GatedAttention.from_transformers(module)
     assert mha.gate is not None and mha.gate.kind == "elementwise"
     x = torch.randn(2, 7, E, dtype=F64, generator=torch.Generator().manual_seed(1))
     allowed = ak.masks.causal(7) & ak.masks.from_lengths(torch.tensor(lengths), 7)
@@ -140,7 +121,7 @@ def test_equals_qwen3_next_attention_forward_and_gradients(bias, lengths):
 def test_the_gate_changes_the_output():
     """Without the gate the layer is not Qwen3-Next's: the comparison above can fail."""
     module = _reference()
-    mha = from_transformers(module)
+    mha = GatedAttention.from_transformers(module)
     mha.gate = None
     x = torch.randn(1, 5, E, dtype=F64, generator=torch.Generator().manual_seed(3))
     allowed = ak.masks.causal(5)[None]
@@ -152,7 +133,7 @@ def test_the_gate_changes_the_output():
 
 def test_cached_decoding_equals_the_causal_pass_and_transformers_cache():
     module = _reference(bias=True, seed=4)
-    mha = from_transformers(module)
+    mha = GatedAttention.from_transformers(module)
     x = torch.randn(2, 6, E, dtype=F64, generator=torch.Generator().manual_seed(5))
     with torch.no_grad():
         whole = mha(x, mask=ak.masks.causal(6)).context
@@ -174,7 +155,7 @@ def test_as_shipped_it_agrees_to_float32_rounding():
     torch.manual_seed(6)
     config = _config()
     module = qn.Qwen3NextAttention(config, layer_idx=0).to(F64).eval()
-    mha = from_transformers(module)
+    mha = GatedAttention.from_transformers(module)
     x = torch.randn(2, 6, E, dtype=F64, generator=torch.Generator().manual_seed(7))
     allowed = ak.masks.causal(6)[None].expand(2, 6, 6)
     rope = qn.Qwen3NextRotaryEmbedding(config)(x, torch.arange(6)[None])
@@ -191,7 +172,7 @@ def test_gated_attention_learns_flag_retrieval():
 
     torch.manual_seed(0)
     tok, flag_emb = torch.nn.Embedding(VOCAB, EMBED), torch.nn.Embedding(3, EMBED)
-    mha = ak.MultiHeadAttention(EMBED, 2, gate="elementwise")
+    mha = GatedAttention(EMBED, 2)
     out = torch.nn.Linear(EMBED, VOCAB)
     params = [*tok.parameters(), *flag_emb.parameters(), *mha.parameters(), *out.parameters()]
     opt = torch.optim.Adam(params, 1e-2)
@@ -218,11 +199,9 @@ def test_gated_attention_learns_flag_retrieval():
 
 
 def test_bad_arguments_name_themselves():
-    with pytest.raises(ValueError, match="kind must be one of"):
-        OutputGate(8, 2, 4, "channelwise")
-    with pytest.raises(ValueError, match="OutputGate gates 2 heads of 4"):
-        OutputGate(8, 2, 4)(torch.randn(1, 3, 8), torch.randn(1, 3, 6))
-    with pytest.raises(ValueError, match="reads tokens of 8 features"):
-        OutputGate(8, 2, 4)(torch.randn(1, 3, 7), torch.randn(1, 3, 8))
     with pytest.raises(TypeError, match="Qwen3NextAttention, got Linear"):
-        from_transformers(torch.nn.Linear(2, 2))
+        GatedAttention.from_transformers(torch.nn.Linear(2, 2))
+    with pytest.raises(ValueError, match="GatedAttention needs a gate"):
+        GatedAttention(8, 2, gate=None)
+    with pytest.raises(TypeError, match="unexpected argument 'heads_dim'"):
+        ak.mechanisms.build("gated_attention", embed_dim=8, num_heads=2, heads_dim=4)
