@@ -58,11 +58,14 @@ from attnkit.kv_cache import KVCache, LayerCache
 __all__ = [
     "LayerEntry",
     "StackCache",
+    "build_mixer",
     "describe",
     "layer_arguments",
+    "mixer_name",
     "names",
     "parse",
     "seen",
+    "split",
     "stack_cache",
 ]
 
@@ -152,10 +155,17 @@ def _entry(text: str, where: str) -> LayerEntry:
     raise ValueError(f"{where}: unknown layer {text!r}{hint} (a layer is one of: {_options()})")
 
 
-def _pattern(text: str) -> list[LayerEntry]:
-    out: list[LayerEntry] = []
+def split(text: str, num_layers: int | None = None) -> list[str]:
+    """The layer names of the pattern ``text``, one per layer, repeated to ``num_layers`` —
+    the grammar only, the names unchecked (for a model with names of its own, as ``attnkit
+    run``'s tasks have). ValueError for a malformed pattern or a ``num_layers`` that its
+    period does not divide."""
+    if not isinstance(text, str):
+        raise TypeError(f"layers must be a pattern (str), got {type(text).__name__}")
+    arguments.optional_positive_int(num_layers, "num_layers")
+    where = f"layers {text!r}"
+    out: list[str] = []
     for group in _SEPARATOR.split(text):
-        where = f"layers {text!r}"
         found = _GROUP.match(group.strip())
         if found is None:
             what = "an empty group" if not group.strip() else f"group {group.strip()!r}"
@@ -166,8 +176,24 @@ def _pattern(text: str) -> list[LayerEntry]:
         count = 1 if found.group(1) is None else int(found.group(1))
         if count < 1:
             raise ValueError(f"{where}: group {group.strip()!r} has a count of 0")
-        out += [_entry(found.group(2), where)] * count
-    return out
+        out += [found.group(2)] * count
+    _check_period(len(out), num_layers, repr(text))
+    return out * (1 if num_layers is None else num_layers // len(out))
+
+
+def _check_period(period: int, num_layers: int | None, spelt: str) -> None:
+    if not period:
+        raise ValueError("layers: the plan holds no layer")
+    if num_layers is not None and num_layers % period:
+        raise ValueError(
+            f"num_layers = {num_layers} is not a multiple of the {period} layers of "
+            f"{spelt}: the pattern repeats whole; give a multiple of {period} or spell "
+            "every layer"
+        )
+
+
+def _pattern(text: str) -> list[LayerEntry]:
+    return [_entry(name, f"layers {text!r}") for name in split(text)]
 
 
 def _module(item: object, i: int) -> LayerEntry:
@@ -215,14 +241,7 @@ def parse(layers: object, num_layers: int | None = None) -> tuple[LayerEntry, ..
             f"layers must be an int, a pattern such as '3 gated_deltanet : 1 full' or a list "
             f"of one entry per layer, got {type(layers).__name__}"
         )
-    if not period:
-        raise ValueError("layers: the plan holds no layer")
-    if num_layers is not None and num_layers % len(period):
-        raise ValueError(
-            f"num_layers = {num_layers} is not a multiple of the {len(period)} layers of "
-            f"{spelt}: the pattern repeats whole; give a multiple of {len(period)} or spell "
-            "every layer"
-        )
+    _check_period(len(period), num_layers, spelt)
     plan = tuple(period) * (1 if num_layers is None else num_layers // len(period))
     used: dict[int, int] = {}
     for i, entry in enumerate(plan):
@@ -332,15 +351,50 @@ def layer_arguments(
         if device is not None or dtype is not None:
             part = part.to(device=device, dtype=dtype)
         return {**out, "attention": part}
+    module = build_mixer(name, **sizes, index=index, depth=depth, device=device, dtype=dtype)
+    return {**out, "mixer": module}
+
+
+def mixer_name(text: str) -> str | None:
+    """The registered token mixer that the layer name ``text`` (``NAME`` or ``mixer.NAME``)
+    names, or None."""
+    name = text.removeprefix("mixer.")
+    return name if name in _mixers() else None
+
+
+def build_mixer(
+    name: str,
+    *,
+    embed_dim: int,
+    num_heads: int,
+    head_dim: int | None = None,
+    index: int = 0,
+    depth: int = 1,
+    device: Any = None,
+    dtype: Any = None,
+) -> nn.Module:
+    """The registered token mixer ``name`` for a layer of width ``embed_dim`` with
+    ``num_heads`` heads of ``head_dim`` (embed_dim / num_heads by default), at place ``index``
+    of ``depth`` layers: its constructor gets those of these sizes it takes (``layer_idx`` and
+    ``num_layers`` for the place). Raises ValueError for an unknown name (the options listed)
+    or a mixer that the sizes do not build."""
     from attnkit import mixers
 
-    takes = mixers.REGISTRY.accepts(name)
+    takes = mixers.REGISTRY.accepts(name)  # unknown names: ValueError listing the mixers
     if "embed_dim" not in takes:
         raise ValueError(
             f"layers: token mixer {name!r} takes no embed_dim, so it cannot be built from the "
             "layer's sizes; give a factory in a list of layers"
         )
-    given = {**sizes, **place, "device": device, "dtype": dtype}
+    given = {
+        "embed_dim": embed_dim,
+        "num_heads": num_heads,
+        "head_dim": head_dim or embed_dim // num_heads,
+        "layer_idx": index,
+        "num_layers": depth,
+        "device": device,
+        "dtype": dtype,
+    }
     try:
         module = mixers.REGISTRY.build(name, **{k: v for k, v in given.items() if k in takes})
     except TypeError as err:
@@ -349,7 +403,7 @@ def layer_arguments(
             "a factory in a list of layers"
         ) from None
     _check_mixer(module, f"token mixer {name!r}")
-    return {**out, "mixer": module}
+    return module
 
 
 class StackCache(KVCache):

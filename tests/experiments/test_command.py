@@ -574,7 +574,13 @@ def test_a_grid_over_a_setting_records_each_and_reloads(tmp_path, capsys):
     for pairs in (3, 7):
         run_dir = out / f"set.num_pairs-{pairs}"
         saved = json.loads((run_dir / "config.json").read_text())
-        assert saved["settings"] == {"num_pairs": pairs, "keys": 9, "values": 10}
+        assert saved["settings"] == {
+            "num_pairs": pairs,
+            "keys": 9,
+            "values": 10,
+            "layers": None,
+            "num_layers": 2,
+        }
         loaded = ak.load_run(run_dir)
         assert loaded.task.settings.num_pairs == pairs
         stored = loaded.task.train[0][:, :-1, 1]  # value channel before the query

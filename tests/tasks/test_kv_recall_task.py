@@ -144,3 +144,65 @@ def test_the_settings_set_the_pairs_keys_and_values_of_the_data():
 def test_settings_that_do_not_fit_are_refused(settings, message):
     with pytest.raises(ConfigError, match=message):
         RunConfig(task="kv-recall", quick=True, seq_len=12, settings=settings).resolved()
+
+
+def _hybrid(layers, **kw):
+    settings = {"layers": layers, **kw.pop("settings", {})}
+    return RunConfig(task="kv-recall", quick=True, seq_len=8, n_train=32, n_test=8,
+                     d_model=8, settings=settings, **kw).resolved()  # fmt: skip
+
+
+def test_a_plan_sets_each_encoder_layers_mixing():
+    from attnkit.linear_family import Retention
+    from attnkit.mixers import Mamba2Mixer
+
+    config = _hybrid("1 retention : 1 mixer.mamba2 : 1 sliding:2", settings={"num_layers": 6})
+    model = tasks.get("kv-recall")(config).build_model()
+    layers = model.layers
+    assert len(layers) == 6
+    assert isinstance(layers[0].self_attention.module.attention, Retention)
+    assert isinstance(layers[1].mixer, Mamba2Mixer) and layers[1].self_attention is None
+    assert layers[2].window == 2 and layers[5].window == 2
+    tokens = tasks.get("kv-recall")(config).train[0][:3]
+    assert model(tokens).shape == (3, 10)
+
+
+def test_a_plan_of_full_layers_is_the_pure_model():
+    base = {"task": "kv-recall", "quick": True, "seq_len": 8, "n_train": 32, "n_test": 8,
+            "d_model": 8}  # fmt: skip
+    pure_config = RunConfig(**base).resolved()
+    torch.manual_seed(0)
+    pure = tasks.get("kv-recall")(pure_config).build_model()
+    torch.manual_seed(0)
+    planned = tasks.get("kv-recall")(_hybrid("full")).build_model()
+    tokens = tasks.get("kv-recall")(pure_config).train[0][:3]
+    assert torch.equal(pure(tokens), planned(tokens))
+
+
+@pytest.mark.parametrize(
+    ("kw", "message"),
+    [
+        ({"settings": {"layers": "1 full : 1 nope"}}, r"unknown layer 'nope'; a layer is one "
+         r"of: full, sliding:W, .*performer.*mixer\.mamba2"),
+        ({"settings": {"layers": "1 full : 2 gla"}}, r"num_layers = 2 is not a multiple"),
+        ({"settings": {"layers": "2 gla"}, "attention": "gla"}, r"both choose"),
+        ({"settings": {"layers": "1 full : 1 gla"}, "context_parallel": 2},
+         r"a plan of layers \(setting layers\) cannot be split over a ring"),
+    ],
+)  # fmt: skip
+def test_bad_plans_are_refused_before_the_run(kw, message):
+    with pytest.raises(ConfigError, match=message):
+        _hybrid(kw.pop("settings")["layers"], **kw)
+
+
+def test_a_hybrid_and_a_pure_stack_run(tmp_path):
+    out = tmp_path / "cmp"
+    argv = ["run", "kv-recall", "--quick", "--seq-len", "4", "--n-train", "32", "--n-test",
+            "8", "--epochs", "1", "--d-model", "8", "--no-progress", "--compare",
+            "set.layers=full,1 gated_deltanet : 1 sliding:2", "--out", str(out)]  # fmt: skip
+    assert cli.main(argv) == 0
+    table = (out / "compare.md").read_text().splitlines()
+    assert [row.split("|")[1].strip() for row in table[2:]] == [
+        "full",
+        "1 gated_deltanet : 1 sliding:2",
+    ]

@@ -152,3 +152,75 @@ def test_the_settings_set_the_pairs_keys_and_values_of_the_data():
     assert logits.shape == (2, 32, 4)
     with pytest.raises(ConfigError, match="num_pairs 9 does not fit seq_len 32"):
         RunConfig(task="mqar", quick=True, seq_len=32, settings={"num_pairs": 9}).resolved()
+
+
+def _hybrid(layers, **kw):
+    return _config(settings={"layers": layers, **kw.pop("settings", {})}, **kw)
+
+
+def test_a_plan_sets_each_layers_mixing_and_every_layer_stays_causal():
+    from attnkit.linear_family import GatedDeltaNet
+    from attnkit.mixers import GatedDeltaNetMixer
+
+    config = _hybrid("1 gated_deltanet : 1 sliding:3 : 1 mixer.gated_deltanet : 1 full",
+                     settings={"num_layers": 4})  # fmt: skip
+    task = tasks.get("mqar")(config)
+    torch.manual_seed(0)
+    model = task.build_model().eval()
+    kinds = [layer.attention for layer in model.layers]
+    assert isinstance(kinds[0].attention, GatedDeltaNet)
+    assert isinstance(kinds[2], GatedDeltaNetMixer)
+    assert [layer.window for layer in model.layers] == [None, 3, None, None]
+    mask = model.layers[1].mask(6, torch.device("cpu"))  # causal, the last 3 positions
+    want = torch.tensor([[0 <= i - j < 3 for j in range(6)] for i in range(6)])
+    assert torch.equal(mask, want)
+    tokens = task.train[0][:2]
+    changed = tokens.clone()
+    changed[:, 9:] = torch.flip(changed[:, 9:], [1])
+    with torch.no_grad():
+        a, b = model(tokens)[0], model(changed)[0]
+    torch.testing.assert_close(a[:, :9], b[:, :9], atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(a[:, 9:], b[:, 9:])
+
+
+def test_a_plan_of_the_run_attention_is_the_pure_stack():
+    torch.manual_seed(0)
+    pure = tasks.get("mqar")(_config(attention="gla")).build_model()
+    torch.manual_seed(0)
+    planned = tasks.get("mqar")(_hybrid("gla")).build_model()
+    tokens = torch.randint(0, 60, (2, 16))
+    assert torch.equal(pure(tokens)[0], planned(tokens)[0])
+
+
+@pytest.mark.parametrize(
+    ("kw", "message"),
+    [
+        ({"settings": {"layers": "1 gla : 1 fulll"}}, r"unknown layer 'fulll'; mqar's layers "
+         r"are: full, .*sliding:W, mixer\.gated_deltanet"),
+        ({"settings": {"layers": "3 gla : 1 full"}}, r"num_layers = 2 is not a multiple of the "
+         r"4 layers"),
+        ({"settings": {"layers": "1 gla : 1 full"}, "attention": "gla"}, r"--attention gla and "
+         r"setting layers '1 gla : 1 full' both choose"),
+        ({"settings": {"layers": "1 full : 1 gla"}, "supervise_attention": 1.0},
+         r"attention 'gla' does not give them \(the last layer's"),
+        ({"settings": {"layers": "2 gla"}, "score": "additive"}, r"--score additive "
+         r"contradicts --set layers='2 gla': no layer of the plan is exact attention"),
+    ],
+)  # fmt: skip
+def test_bad_plans_are_refused_before_the_run(kw, message):
+    with pytest.raises(ConfigError, match=message):
+        _config(**kw)
+
+
+def test_compare_a_hybrid_with_a_pure_stack(tmp_path):
+    from attnkit import cli
+
+    out = tmp_path / "cmp"
+    argv = ["run", "mqar", "--quick", "--seq-len", "8", "--n-train", "32", "--n-test", "8",
+            "--epochs", "1", "--d-model", "8", "--batch-size", "16", "--no-progress",
+            "--compare", "set.layers=full,1 gated_deltanet : 1 full",
+            "--out", str(out)]  # fmt: skip
+    assert cli.main(argv) == 0
+    table = (out / "compare.md").read_text().splitlines()
+    assert [row.split("|")[1].strip() for row in table[2:]] == ["full", "1 gated_deltanet : 1 full"]
+    assert (out / "set.layers-1_gated_deltanet___1_full" / "cost.json").is_file()

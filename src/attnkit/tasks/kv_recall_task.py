@@ -12,6 +12,12 @@ vocabulary and the number of values. The gold attention of the
 read-out position is the pair holding the queried key (``--supervise-attention``: the last
 layer's weights at the read-out position, every head, with ``--attention full``).
 
+Hybrid stacks (task settings ``layers`` and ``num_layers``): ``--set layers="1 gated_deltanet :
+1 full"`` gives each encoder layer its own mixing, a pattern of :mod:`attnkit.layer_plan`
+repeated to ``num_layers`` (2 by default) layers: ``full``, ``sliding:W`` (full attention over
+the positions less than W away), a name ``--attention`` takes, or a token mixer of
+:mod:`attnkit.mixers` (``mixer.gated_deltanet``, ...).
+
 Context-parallel (``--context-parallel P``, ``seq_len`` divisible by P): each sequence is split
 over a ring of P processes, attention evaluated by ring attention.
 """
@@ -25,8 +31,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from attnkit.tasks.base import REGISTRY, Metric, at_least, setting
-from attnkit.tasks.long_range import LongRangeTask
+from attnkit import layer_plan
+from attnkit.tasks.base import REGISTRY, Metric, Unused, at_least, setting
+from attnkit.tasks.long_range import HEADS, LAYERS, EncoderClassifier, LongRangeTask
+from attnkit.tasks.long_range import layer_arguments as _layer_arguments
 
 __all__ = ["VALUES", "KVRecallSettings", "KVRecallTask", "make_kv_recall"]
 
@@ -50,9 +58,18 @@ class KVRecallSettings:
         None, "key tokens the distinct keys are drawn from; None: max(seq_len, 16)"
     )
     values: int = setting(VALUES, "value classes (chance 1/values)")
+    layers: str | None = setting(
+        None,
+        "a plan, one mixing per layer ('1 gated_deltanet : 1 full', sliding:W, mixer.NAME), "
+        "repeated to num_layers; None: every layer is --attention",
+    )
+    num_layers: int = setting(LAYERS, "encoder layers")
 
     def __post_init__(self) -> None:
         at_least(self, 2, "num_pairs", "keys", "values")
+        at_least(self, 1, "num_layers")
+        if self.layers is not None:
+            layer_plan.split(self.layers, self.num_layers)  # a malformed plan: refused now
         if None not in (self.keys, self.num_pairs) and self.keys < self.num_pairs:
             raise ValueError(
                 f"setting keys ({self.keys}) must be >= num_pairs ({self.num_pairs}): the "
@@ -141,13 +158,64 @@ class KVRecallTask(LongRangeTask):
                 f"setting keys {s.keys} is fewer than the {pairs} pairs of a sequence (its keys "
                 "are distinct); set keys >= num_pairs"
             )
-        name = cls.attention_name(config)
-        if config.supervise_attention > 0 and name != "full":
+        names = cls.layer_names(config)
+        if s.layers is not None:
+            if config.attention != "default":
+                raise ValueError(
+                    f"--attention {config.attention} and setting layers {s.layers!r} both "
+                    "choose the layers' attention; name it in the plan"
+                )
+            if getattr(config, "context_parallel", 1) > 1:
+                raise ValueError(
+                    f"context_parallel {config.context_parallel}: a plan of layers (setting "
+                    "layers) cannot be split over a ring; only full attention can"
+                )
+            sizes = {"score": config.score, "align": config.align, "num_heads": HEADS,
+                     "max_len": config.seq_len}  # fmt: skip
+            with torch.random.fork_rng(devices=[]):  # names and sizes refused now
+                for each in dict.fromkeys(names):
+                    _layer_arguments(each, max(config.d_model // HEADS, 1) * HEADS, **sizes)
+        if config.supervise_attention > 0 and names[-1] != "full":
             raise ValueError(
                 f"supervise_attention needs weights that are a distribution over the keys; "
-                f"attention {name!r} does not give them (use --attention full)"
+                f"attention {names[-1]!r} does not give them (the last layer's; use --attention "
+                "full, or a plan whose last layer is full)"
             )
         super().validate(config)
+
+    @classmethod
+    def layer_names(cls, config) -> list[str]:
+        """The mixing of each encoder layer: the plan of setting ``layers`` repeated to
+        ``num_layers``, or ``num_layers`` times the run's attention."""
+        s = cls.settings_of(config)
+        if s.layers is None:
+            return [cls.attention_name(config)] * s.num_layers
+        return layer_plan.split(s.layers, s.num_layers)
+
+    @classmethod
+    def unused(cls, config) -> dict[str, Unused]:
+        plan = cls.settings_of(config).layers
+        if plan is None:
+            return super().unused(config)
+        if any(n == "full" or n.startswith("sliding") for n in cls.layer_names(config)):
+            return {}
+        why = "no layer of the plan is full attention (no score or alignment is built)"
+        return {key: Unused(f"--set layers={plan!r}", why) for key in ("score", "align")}
+
+    def build_model(self) -> EncoderClassifier:
+        c, s = self.config, self.settings
+        return EncoderClassifier(
+            self.vocab,
+            self.classes,
+            embed_dim=c.d_model,
+            max_len=self.length(),
+            attention=self.attention_name(c),
+            score=c.score,
+            align=c.align,
+            readout=self.readout,
+            layers=s.num_layers,
+            names=None if s.layers is None else self.layer_names(c),
+        )
 
     def __init__(self, config) -> None:
         super().__init__(config)

@@ -26,8 +26,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnkit import arguments, distributed
+from attnkit import arguments, distributed, layer_plan
 from attnkit.evaluation.capture import capture
+from attnkit.mixers import REGISTRY as MIXERS
 from attnkit.tasks import parts
 from attnkit.tasks.base import Task, Unused
 from attnkit.transformer import TransformerEncoderLayer
@@ -69,6 +70,10 @@ class EncoderClassifier(nn.Module):
         attention: ``"full"`` (multi-head attention with ``score``/``align``) or a registered
             attention-slot mechanism's name (one instance per layer).
         readout: the position whose final state is classified (e.g. 0 or -1).
+        names: the mixing of each layer instead (then ``attention`` and ``layers`` are not
+            read): ``"full"``, ``"sliding:W"`` (full attention over the positions less than W
+            away), a registered attention-slot mechanism or a token mixer of
+            :mod:`attnkit.mixers` (``mixer.NAME``); see :func:`layer_arguments`.
     """
 
     def __init__(
@@ -84,6 +89,7 @@ class EncoderClassifier(nn.Module):
         num_heads: int = HEADS,
         layers: int = LAYERS,
         readout: int = 0,
+        names: Sequence[str] | None = None,
     ) -> None:
         super().__init__()
         self.embed = nn.ModuleList([nn.Embedding(v, embed_dim) for v in vocab])
@@ -102,7 +108,20 @@ class EncoderClassifier(nn.Module):
                 embed_dim, num_heads, 2 * embed_dim, norm_first=True, attention=part
             )
 
-        self.layers = nn.ModuleList([layer() for _ in range(layers)])
+        if names is None:
+            self.layers = nn.ModuleList([layer() for _ in range(layers)])
+        else:
+            sizes = {"score": score, "align": align, "num_heads": num_heads, "max_len": max_len}
+            self.layers = nn.ModuleList(
+                TransformerEncoderLayer(
+                    embed_dim,
+                    num_heads,
+                    2 * embed_dim,
+                    norm_first=True,
+                    **layer_arguments(name, embed_dim, index=i, depth=len(names), **sizes),
+                )
+                for i, name in enumerate(names)
+            )
         self.norm = nn.LayerNorm(embed_dim)
         self.out = nn.Linear(embed_dim, classes)
         self.readout = readout
@@ -142,6 +161,43 @@ class EncoderClassifier(nn.Module):
         for layer in self.layers:
             x = layer(x)
         return x
+
+
+def layer_arguments(
+    name: str,
+    embed_dim: int,
+    *,
+    score: str,
+    align: str,
+    num_heads: int,
+    max_len: int,
+    index: int = 0,
+    depth: int = 1,
+) -> dict:
+    """The arguments of an encoder layer named ``name`` in a plan (:mod:`attnkit.layer_plan`):
+    ``full``, ``sliding:W``, an attention-slot mechanism or a token mixer. ValueError naming the
+    options for another name."""
+    head_dim = embed_dim // num_heads
+    if name == "full" or name.startswith("sliding"):
+        window = None if name == "full" else layer_plan.parse(name)[0].window
+        return {"attention": parts.build_attention(score, align, head_dim, max_len),
+                "window": window}  # fmt: skip
+    if name in parts.slot_mechanisms():
+        part = parts.build_slot_attention(
+            name, head_dim=head_dim, num_heads=num_heads, max_len=max_len
+        )
+        return {"attention": part}
+    mixer = layer_plan.mixer_name(name)
+    if mixer is None:
+        mixers = [f"mixer.{m}" for m in MIXERS.available()]
+        raise ValueError(
+            f"layers: unknown layer {name!r}; a layer is one of: full, sliding:W, "
+            f"{', '.join(parts.slot_mechanisms())}, {', '.join(mixers)}"
+        )
+    built = layer_plan.build_mixer(
+        mixer, embed_dim=embed_dim, num_heads=num_heads, index=index, depth=depth
+    )
+    return {"mixer": built}
 
 
 class LongRangeTask(Task):

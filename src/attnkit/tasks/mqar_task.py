@@ -24,6 +24,13 @@ mechanism), so that a value's position carries its key: one attention read then 
 query, and what is compared is the recall of the attention, not its ability to build an
 induction circuit first.
 
+Hybrid stacks (task settings ``layers`` and ``num_layers``): ``--set layers="1 gated_deltanet :
+1 full"`` gives each layer its own mixing, a pattern of :mod:`attnkit.layer_plan` repeated to
+``num_layers`` (2 by default) layers, whose names are those of :data:`ATTENTIONS`, ``sliding:W``
+(exact attention over the last W positions) and the token mixers of :mod:`attnkit.mixers`
+(``mixer.gated_deltanet``, ...); ``--compare "set.layers=full,1 gated_deltanet : 1 full"`` sets a
+hybrid beside a pure stack.
+
 Gold attention: at the query of a stored key, the position of that pair's value (``2j + 1`` for
 pair j), whose input carries both the key and the value. ``--supervise-attention λ`` adds
 λ · KL(gold ‖ a) over the query rows of the last layer's weights, every head, for ``full``
@@ -40,7 +47,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 import attnkit as ak
-from attnkit import arguments, masks
+from attnkit import arguments, layer_plan, masks
+from attnkit.mixers import TokenMixer
 from attnkit.tasks import parts
 from attnkit.tasks.base import REGISTRY, Metric, Task, Unused, at_least, setting
 
@@ -51,7 +59,9 @@ __all__ = [
     "MQARSettings",
     "MQARTask",
     "build_attention_layer",
+    "build_layer_mixing",
     "key_count",
+    "layer_names",
     "make_mqar",
     "pair_count",
 ]
@@ -104,9 +114,18 @@ class MQARSettings:
         None, "key tokens the distinct keys are drawn from; None: max(64, 2 · pairs)"
     )
     values: int = setting(VALUES, "value tokens, the classes of an answer (chance 1/values)")
+    layers: str | None = setting(
+        None,
+        "a plan, one mixing per layer ('1 gated_deltanet : 1 full', sliding:W, mixer.NAME), "
+        "repeated to num_layers; None: every layer is --attention",
+    )
+    num_layers: int = setting(LAYERS, "decoder layers")
 
     def __post_init__(self) -> None:
         at_least(self, 2, "num_pairs", "keys", "values")
+        at_least(self, 1, "num_layers")
+        if self.layers is not None:
+            layer_plan.split(self.layers, self.num_layers)  # a malformed plan: refused now
         if None not in (self.keys, self.num_pairs) and self.keys < self.num_pairs:
             raise ValueError(
                 f"setting keys ({self.keys}) must be >= num_pairs ({self.num_pairs}): the "
@@ -190,16 +209,66 @@ def build_attention_layer(
     return ak.MultiHeadAttention(embed_dim, HEADS, attention=part)
 
 
+def layer_names(config: Any) -> list[str]:
+    """The mixing of each decoder layer: the plan of setting ``layers`` repeated to
+    ``num_layers``, or ``num_layers`` times the run's attention."""
+    s = MQARTask.settings_of(config)
+    if s.layers is None:
+        return [MQARTask.attention_name(config)] * s.num_layers
+    return layer_plan.split(s.layers, s.num_layers)
+
+
+def build_layer_mixing(
+    name: str, embed_dim: int, *, max_len: int, depth: int, layers: int, config: Any = None
+) -> tuple[nn.Module, Tensor | None]:
+    """The mixing of decoder layer ``depth`` (from 1) of ``layers``, named as in a plan — a
+    name of :data:`ATTENTIONS`, ``sliding:W`` or a token mixer — and the window W of a sliding
+    layer (else None). ValueError naming the options for another name."""
+    if name.startswith("sliding"):
+        window = layer_plan.parse(name)[0].window  # a malformed window: its error
+        return build_attention_layer("full", embed_dim, max_len=max_len, config=config), window
+    if name in ATTENTIONS:
+        layer = build_attention_layer(name, embed_dim, max_len=max_len, depth=depth, config=config)
+        return layer, None
+    mixer = layer_plan.mixer_name(name)
+    if mixer is None:
+        mixers = [f"mixer.{m}" for m in ak.mixers.REGISTRY.available()]
+        raise ValueError(
+            f"layers: unknown layer {name!r}; mqar's layers are: {', '.join(ATTENTIONS)}, "
+            f"sliding:W, {', '.join(mixers)}"
+        )
+    built = layer_plan.build_mixer(
+        mixer, embed_dim=embed_dim, num_heads=HEADS, index=depth - 1, depth=layers
+    )
+    return built, None
+
+
 class _Layer(nn.Module):
-    def __init__(self, embed_dim: int, attention: nn.Module) -> None:
+    def __init__(
+        self, embed_dim: int, attention: nn.Module, *, name: str = "full", window=None
+    ) -> None:
         super().__init__()
         self.norm1, self.norm2 = nn.LayerNorm(embed_dim), nn.LayerNorm(embed_dim)
         self.attention = attention
         self.mlp = nn.Sequential(
             nn.Linear(embed_dim, 2 * embed_dim), nn.GELU(), nn.Linear(2 * embed_dim, embed_dim)
         )
+        self.mixes = isinstance(attention, TokenMixer)  # a whole layer: no mask, no weights
+        self.causal = self.mixes or name in CAUSAL_PARTS  # causal by construction: no mask
+        self.window = window
+
+    def mask(self, n: int, device: torch.device) -> Tensor | None:
+        """The layer's (N, N) mask: causal, and within the window of a sliding layer."""
+        if self.causal:
+            return None
+        mask = masks.causal(n, device=device)
+        if self.window is not None:
+            mask = mask & ~masks.causal(n, device=device).tril(-self.window)
+        return mask
 
     def forward(self, x: Tensor, mask: Tensor | None, need_weights: bool):
+        if self.mixes:
+            return x + self.mlp(self.norm2(x := x + self.attention(self.norm1(x)))), None
         out = self.attention(self.norm1(x), mask=mask, need_weights=need_weights)
         x = x + out[0]
         return x + self.mlp(self.norm2(x)), out.weights
@@ -218,6 +287,8 @@ class MQARDecoder(nn.Module):
         config: the run configuration (``score`` and ``align`` of ``"full"``), or None for
             scaled dot product and softmax.
         values: the number of values, the read-out's classes.
+        layers: the mixing of each layer (names as :func:`build_layer_mixing` takes them);
+            None: ``LAYERS`` layers of ``attention``.
     """
 
     def __init__(
@@ -229,20 +300,24 @@ class MQARDecoder(nn.Module):
         attention: str = "full",
         config=None,
         values: int = VALUES,
+        layers: list[str] | None = None,
     ) -> None:
         super().__init__()
         if config is None:
             config = _Defaults()
+        names = [attention] * LAYERS if layers is None else list(layers)
         self.tokens = nn.Embedding(vocab, embed_dim)
         self.previous = nn.Embedding(vocab + 1, embed_dim)  # id ``vocab``: before the start
         self.position = nn.Embedding(max_len, embed_dim)
         nn.init.normal_(self.position.weight, std=0.02)
         self.attention = attention
-        self.layers = nn.ModuleList(
-            _Layer(embed_dim, build_attention_layer(attention, embed_dim, max_len=max_len,
-                                                  depth=i + 1, config=config))
-            for i in range(LAYERS)
-        )  # fmt: skip
+
+        def layer(i: int, name: str) -> _Layer:  # the mixing, then the rest of its layer
+            mixing, window = build_layer_mixing(name, embed_dim, max_len=max_len, depth=i + 1,
+                                                layers=len(names), config=config)  # fmt: skip
+            return _Layer(embed_dim, mixing, name=name, window=window)
+
+        self.layers = nn.ModuleList(layer(i, name) for i, name in enumerate(names))
         self.norm = nn.LayerNorm(embed_dim)
         self.out = nn.Linear(embed_dim, values)
 
@@ -260,9 +335,9 @@ class MQARDecoder(nn.Module):
         before = torch.cat([start, tokens[:, :-1]], 1)
         x = self.tokens(tokens) + self.previous(before)
         x = x + self.position(torch.arange(n, device=tokens.device))
-        mask = None if self.attention in CAUSAL_PARTS else masks.causal(n, device=tokens.device)
         weights = None
         for i, layer in enumerate(self.layers):
+            mask = layer.mask(n, tokens.device)
             x, weights = layer(x, mask, need_weights and i == len(self.layers) - 1)
         return self.out(self.norm(x)), weights
 
@@ -305,6 +380,12 @@ class MQARTask(Task):
     @classmethod
     def unused(cls, config) -> dict[str, Unused]:
         name = cls.attention_name(config)
+        plan = cls.settings_of(config).layers
+        if plan is not None:
+            if any(n == "full" or n.startswith("sliding") for n in layer_names(config)):
+                return {}
+            why = "no layer of the plan is exact attention (no score or alignment is built)"
+            return {key: Unused(f"--set layers={plan!r}", why) for key in ("score", "align")}
         if name == "full":
             return {}
         why = (
@@ -336,14 +417,22 @@ class MQARTask(Task):
                 f"setting keys {s.keys} is fewer than the {pairs} pairs of a sequence (its keys "
                 "are distinct); set keys >= num_pairs"
             )
-        name = cls.attention_name(config)
-        if config.supervise_attention > 0 and name != "full":
+        names = layer_names(config)
+        if s.layers is not None and config.attention != "default":
+            raise ValueError(
+                f"--attention {config.attention} and setting layers {s.layers!r} both choose the "
+                "layers' attention; name it in the plan"
+            )
+        if config.supervise_attention > 0 and names[-1] != "full":
             raise ValueError(
                 f"supervise_attention needs weights that are a distribution over the keys; "
-                f"attention {name!r} does not give them (use --attention full)"
+                f"attention {names[-1]!r} does not give them (the last layer's; use --attention "
+                "full, or a plan whose last layer is full)"
             )
-        with torch.random.fork_rng(devices=[]):  # sizes a part refuses: refused now
-            build_attention_layer(name, config.d_model, max_len=config.seq_len, config=config)
+        with torch.random.fork_rng(devices=[]):  # names and sizes refused now
+            for i, each in enumerate(dict.fromkeys(names)):
+                build_layer_mixing(each, config.d_model, max_len=config.seq_len, depth=i + 1,
+                                   layers=len(names), config=config)  # fmt: skip
 
     def __init__(self, config) -> None:
         super().__init__(config)
@@ -363,7 +452,7 @@ class MQARTask(Task):
         c = self.config
         return MQARDecoder(self.vocab, embed_dim=c.d_model, max_len=c.seq_len,
                            attention=self.attention_name(c), config=c,
-                           values=self.values)  # fmt: skip
+                           values=self.values, layers=layer_names(c))  # fmt: skip
 
     def n_train(self) -> int:
         return self.train[0].shape[0]
