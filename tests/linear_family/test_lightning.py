@@ -109,4 +109,4 @@ def test_lightning_learns_multi_query_associative_recall():
         return ak.mechanisms.build("lightning", head_dim=EMBED // HEADS, num_heads=HEADS)
 
     assert recall_accuracy(part(), steps=0) < 0.3  # chance is 1/8
-    assert recall_accuracy(part(), steps=60) > 0.6
+    assert recall_accuracy(part(), steps=60) > 0.9  # 0.997 or more when measured
