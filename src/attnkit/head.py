@@ -95,6 +95,17 @@ class HeadAttention(nn.Module):
     # part is, for its messages
     size_arguments: ClassVar[dict[str, str]] = {}
     part_kind: ClassVar[str] = "attention part"
+    # for the mechanism contract (attnkit.mechanisms): which forward argument is a padding
+    # mask over which inputs. Derived from mask_forms unless a part declares it: a part that
+    # honours key masks takes ``mask`` over k and v.
+    mask_inputs: ClassVar[dict[str, tuple[str, ...]]] = {}
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "mask_inputs" not in cls.__dict__:
+            forms = cls.mask_forms  # a property when it follows from construction: unknown
+            keys = isinstance(forms, frozenset) and "key" in forms
+            cls.mask_inputs = {"mask": ("k", "v")} if keys else {}
 
     def forward(
         self,
@@ -142,10 +153,7 @@ class HeadAttention(nn.Module):
             q_offset=bool(q_offset),
             cache=cache is not None,
         )
-        if mask is not None:  # a key no query may attend: its contents reach nothing
-            dead = ~mask.any(-2).unsqueeze(-1)  # (…, N, 1)
-            zero = torch.zeros((), dtype=k.dtype, device=k.device)
-            k, v = torch.where(dead, zero, k), torch.where(dead, zero, v)
+        k, v, poisoned = self._exclude_masked_keys(k, v, mask)
         call: dict[str, Any] = {}
         for flag, key, value in (
             ("takes_q_offset", "q_offset", q_offset),
@@ -161,6 +169,9 @@ class HeadAttention(nn.Module):
         )
         if not isinstance(out, AttentionOutput):
             raise TypeError(f"{who}.attend returned {type(out).__name__}, not an AttentionOutput")
+        if poisoned is not None:  # a row that attends a non-finite key: non-finite, as w @ v
+            nan = torch.full((), float("nan"), dtype=out.context.dtype, device=out.context.device)
+            out = out._replace(context=torch.where(poisoned, nan, out.context))
         if mask is not None:  # a row without any key: context 0 (and weights 0), never NaN
             empty = ~mask.any(-1).unsqueeze(-1)  # (…, M, 1)
             zero = torch.zeros((), dtype=out.context.dtype, device=out.context.device)
@@ -170,6 +181,33 @@ class HeadAttention(nn.Module):
         if out.weights is not None:
             hooks.report(self, out.weights)
         return out if need_weights else out._replace(weights=None)
+
+    @staticmethod
+    def _exclude_masked_keys(
+        k: Tensor, v: Tensor, mask: Tensor | None
+    ) -> tuple[Tensor, Tensor, Tensor | None]:
+        """k and v with every key that a query may not attend made harmless for
+        :meth:`attend`, and the query rows (…, M, 1) that attend a non-finite key (None when
+        there is none).
+
+        A key no query may attend is zeroed. A key holding a non-finite value (NaN padding
+        after a sequence's end, later tokens under a causal mask) is zeroed too, so that a
+        part's plain ``w @ v`` or ``q @ kᵀ`` gives 0 · 0, not 0 · NaN, where its weight is 0,
+        and no gradient reaches it; the rows that do attend it are set non-finite afterwards,
+        as the plain sum would make them. Inside ``attnkit.trust.trusted(finite=True)`` the
+        inputs are known finite and not scanned."""
+        if mask is None:
+            return k, v, None
+        hide = ~mask.any(-2)  # (…, N): keys no query may attend
+        poisoned = None
+        if not trust.inputs_finite():
+            bad = ~(torch.isfinite(k).all(-1) & torch.isfinite(v).all(-1))  # (…, N)
+            if bool(bad.any()):
+                poisoned = (mask & bad.unsqueeze(-2)).any(-1, keepdim=True)  # (…, M, 1)
+                hide = hide | bad
+        hide = hide.unsqueeze(-1)
+        zero = torch.zeros((), dtype=k.dtype, device=k.device)
+        return torch.where(hide, zero, k), torch.where(hide, zero.to(v.dtype), v), poisoned
 
     def attend(
         self, q: Tensor, k: Tensor, v: Tensor, *, mask: Tensor | None, bias: Tensor | None,
@@ -312,11 +350,15 @@ class HeadAttention(nn.Module):
     @classmethod
     def example(cls) -> tuple[HeadAttention, tuple[Tensor, Tensor, Tensor], dict[str, Any]]:
         """A small instance (E = 8, H = 2, d = 4, at most 8 keys) with inputs q, k, v
-        (2, 2, 7, 4): ``module(*args, **kwargs)`` runs it."""
+        (2, 2, 7, 4), and for a part that honours key masks the key padding mask of lengths 7
+        and 5 (2, 2, 1, 7): ``module(*args, **kwargs)`` runs it."""
         module = cls.for_heads(embed_dim=8, num_heads=2, head_dim=4, max_len=8)
         g = torch.Generator().manual_seed(0)
         q, k, v = (torch.randn(2, 2, 7, 4, generator=g) for _ in range(3))
-        return module, (q, k, v), {}
+        if "mask" not in cls.mask_inputs:
+            return module, (q, k, v), {}
+        mask = masks.from_lengths(torch.tensor([7, 5]), 7)[:, None].expand(2, 2, 1, 7)
+        return module, (q, k, v), {"mask": mask}
 
 
 def check_head_inputs(
