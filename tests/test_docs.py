@@ -79,6 +79,10 @@ def run_block(block: Block) -> None:
     namespace = {"__name__": "__doc_block__"}
     threads = torch.get_num_threads()
     # Blocks that show how to register a part must not leave it registered for later tests.
+    # Each registry's packages are imported first: a block that looks a name up imports them
+    # (registering their parts), and a snapshot taken before would drop those parts for good.
+    for registry in list(Registry.instances):
+        registry.load()
     tables = [(r, r.snapshot()) for r in list(Registry.instances)]
     # The block must not leave global state behind for the tests that run after it.
     with torch.random.fork_rng():
