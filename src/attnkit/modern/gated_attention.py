@@ -41,9 +41,11 @@ class GatedAttention(MultiHeadAttention):
         num_heads: H.
         gate: ``"elementwise"`` (default; one gate per head and channel, as Qwen3-Next),
             ``"headwise"`` (one per head) or an :class:`attnkit.output_gate.OutputGate`.
-        num_kv_heads, head_dim, kdim, vdim, bias, dropout, attention, position, qk, pattern,
-            score_mod, kernel, device, dtype: as :class:`attnkit.MultiHeadAttention` (scaled
-            dot-product softmax attention unless ``attention=`` gives another per-head part).
+
+    The other arguments (``num_kv_heads``, ``head_dim``, ``kdim``, ``vdim``, ``bias``,
+    ``dropout``, ``attention``, ``position``, ``qk``, ``pattern``, ``score_mod``, ``kernel``,
+    ``device``, ``dtype``) are :class:`attnkit.MultiHeadAttention`'s; the per-head part is
+    scaled dot-product softmax attention unless ``attention=`` gives another.
     """
 
     mask_inputs: ClassVar[dict[str, tuple[str, ...]]] = {"mask": ("query",)}
