@@ -1,0 +1,437 @@
+"""attnkit's token-mixer layers inside Hugging Face ``transformers`` hybrid models.
+
+Hybrid models alternate softmax attention with *linear* token-mixer layers (Mamba-2's mixer,
+Gated DeltaNet, Kimi Delta Attention, lightning attention). Their attention layers go through
+transformers' attention interface and :func:`attnkit.integrations.transformers.swap_attention`
+evaluates them with attnkit; their linear layers are modules of their own, which
+:func:`swap_mixers` replaces: each becomes a :class:`TransformersMixer`, a module with the
+original's forward signature that holds the attnkit mixer equal to it (built by the mixer's
+``from_transformers``, its weights copied) and reads and writes the model's own cache, so
+``model(...)`` and ``model.generate(...)`` work unchanged:
+
+    from attnkit.integrations.transformers import swap_attention
+    from attnkit.integrations.transformers_mixers import swap_mixers
+    swap_mixers(model)        # every linear layer now an attnkit mixer
+    swap_attention(model)     # and every attention layer attnkit's attention
+
+With the defaults the swapped model is the same model: its logits equal the original's (float64:
+to rounding, with and without left or right padding at the real positions), and greedy
+generation gives the same tokens through the same cache. The layers covered
+(:data:`SUPPORTED`):
+
+========================================  ============================================
+transformers module                       attnkit mixer
+========================================  ============================================
+``Mamba2Mixer`` (Mamba-2)                 :class:`attnkit.mixers.Mamba2Mixer`
+``BambaMixer`` (Bamba)                    :class:`attnkit.mixers.Mamba2Mixer`
+``NemotronHMamba2Mixer`` (Nemotron-H)     :class:`attnkit.mixers.Mamba2Mixer`
+``Zamba2MambaMixer`` (Zamba 2)            :class:`attnkit.mixers.Mamba2Mixer`
+``Qwen3NextGatedDeltaNet`` (Qwen3-Next)   :class:`attnkit.mixers.GatedDeltaNetMixer`
+``KimiLinearDeltaAttention`` (Kimi)       :class:`attnkit.mixers.KimiDeltaAttentionMixer`
+``MiniMaxLightningAttention`` (MiniMax)   :class:`attnkit.mixers.LightningAttentionMixer`
+========================================  ============================================
+
+Linear layers that no attnkit mixer reproduces (Mamba-1 in Jamba, Zamba, Falcon-Mamba, Falcon-H1's
+µP-scaled mixer, the Gated DeltaNet variants not checked) are listed in :data:`NOT_EXACT`, and
+:func:`swap_mixers` refuses a model holding one by name, with the reason.
+
+The cache: transformers keeps a linear layer's state in its cache (``DynamicCache``'s linear
+attention layers: ``get_conv_state`` / ``get_recurrent_state`` and their ``update_*``; MiniMax's
+``MiniMaxCache``: ``get_linear_cache`` / ``set_linear_cache``). At every call the adapter reads
+the layer's states from there into a :class:`attnkit.mixers.MixerCache` (the convolution's
+last inputs, transposed; the recurrent state, transposed for Mamba-2, whose transformers layout
+is (B, H, P, n)), runs the mixer, and writes the new states back in transformers' layout: the
+convolution's new inputs through ``update_conv_state`` (so the cache keeps what transformers
+keeps, also when it records the past for rollback), the state through
+``update_recurrent_state``. Beam search and the cache's other operations act on those tensors
+as usual. The recurrent state is stored in the mixer's working dtype (float32 for half and
+float32 models, float64 for float64 ones; transformers stores Kimi's in float32 always).
+
+Padding: transformers zeroes the padded positions of the layer's input; attnkit's mixers remove
+them entirely (no write, no decay, output 0). At real positions the outputs agree for left and
+right padding when the input projection has no bias (every default configuration); the state
+after a *right*-padded prefill differs (transformers keeps decaying it over the padding,
+attnkit's is the state of the sequence alone), which matters only for generation from a
+right-padded batch (transformers pads generation on the left).
+
+Choosing another part: ``swap_mixers(model, chunk_size=16)`` passes its keyword arguments to
+the mixers' ``from_transformers`` (any chunk size gives the same outputs); ``mixer=`` builds
+another attnkit mixer per layer: a registered name or a :class:`attnkit.mixers.TokenMixer`
+class (built by its ``from_transformers``), or a callable ``module -> TokenMixer`` (a mixer
+of any kind and size, e.g. a new one to fine-tune). A mixer of the layer's own attnkit class
+keeps its states in transformers' cache as above; a mixer of another class keeps its
+:class:`attnkit.mixers.MixerCache` on the transformers cache object (one per layer; beam
+search does not reorder it).
+
+Parameters: the attnkit mixer holds copies of the original layer's weights (Gated DeltaNet's
+projections reordered into blocks, see :mod:`attnkit.mixers.gated_deltanet`), registered as
+``<layer>.mixer.*``; the original module is dropped, so ``model.parameters()`` and
+``model.state_dict()`` hold the attnkit layout (``state_dict`` keys change accordingly; save the
+original model for transformers' loaders).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from attnkit.mixers import REGISTRY as MIXERS
+from attnkit.mixers import (
+    GatedDeltaNetMixer,
+    KimiDeltaAttentionMixer,
+    LightningAttentionMixer,
+    Mamba2Mixer,
+    MixerCache,
+    TokenMixer,
+)
+from attnkit.mixers.conv import zero_padding
+
+__all__ = ["NOT_EXACT", "SUPPORTED", "TransformersMixer", "swap_mixers"]
+
+#: Where a :class:`TransformersMixer` keeps the caches of mixers whose states have no place in
+#: transformers' layout (an attribute of the transformers cache object: layer index → cache).
+SIDE_CACHES = "attnkit_mixer_caches"
+
+_MAMBA2_VARIANTS = ("BambaMixer", "NemotronHMamba2Mixer", "Zamba2MambaMixer")
+
+
+def _mamba2(module: nn.Module, **overrides: Any) -> Mamba2Mixer:
+    """:class:`Mamba2Mixer` equal to a Mamba-2 mixer of a hybrid model (Bamba, Nemotron-H, Zamba
+    2: the same layer as transformers' ``Mamba2Mixer`` under other names), weights copied."""
+    name = type(module).__name__
+    activation = getattr(module, "activation", None)
+    if activation != "silu":
+        raise ValueError(f"{name}: the convolution's activation must be 'silu', got {activation!r}")
+    inner = module.num_heads * module.head_dim
+    group = getattr(module.norm, "group_size", None)
+    if inner != module.intermediate_size or group != inner // module.n_groups:
+        raise ValueError(
+            f"{name}: expected heads·head_dim = intermediate_size and a gated norm over n_groups "
+            f"groups, got {module.num_heads}·{module.head_dim}, intermediate_size "
+            f"{module.intermediate_size}, norm group size {group}"
+        )
+    weight = module.in_proj.weight
+    sizes = {
+        "embed_dim": module.hidden_size,
+        "num_heads": module.num_heads,
+        "head_dim": module.head_dim,
+        "state_size": module.ssm_state_size,
+        "n_groups": module.n_groups,
+        "conv_kernel": module.conv_kernel_size,
+        "use_bias": module.in_proj.bias is not None,
+        "use_conv_bias": module.conv1d.bias is not None,
+        "eps": module.norm.variance_epsilon,
+        "time_step_limit": tuple(module.time_step_limit),
+        "chunk_size": module.chunk_size,
+    }
+    layer = Mamba2Mixer(**(sizes | overrides), device=weight.device, dtype=weight.dtype)
+    if (module.in_proj.bias is None) != (module.out_proj.bias is None):
+        raise ValueError(f"{name}: the input and output projections must both have biases or not")
+    with torch.no_grad():
+        layer.in_proj.weight.copy_(module.in_proj.weight)
+        layer.out_proj.weight.copy_(module.out_proj.weight)
+        if module.in_proj.bias is not None:
+            layer.in_proj.bias.copy_(module.in_proj.bias)
+            layer.out_proj.bias.copy_(module.out_proj.bias)
+        layer.conv.weight.copy_(module.conv1d.weight)
+        if module.conv1d.bias is not None:
+            layer.conv.bias.copy_(module.conv1d.bias)
+        for attr in ("A_log", "dt_bias", "D"):
+            getattr(layer, attr).copy_(getattr(module, attr))
+        layer.norm.weight.copy_(module.norm.weight)
+    return layer
+
+
+def _mamba2_mixer(module: nn.Module, **overrides: Any) -> Mamba2Mixer:
+    return Mamba2Mixer.from_transformers(module, **({"chunk_size": module.chunk_size} | overrides))
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """How one transformers linear layer maps onto attnkit.
+
+    Attributes:
+        mixer: the attnkit mixer class equal to it.
+        build: ``(module, **overrides) -> mixer`` with the weights copied.
+        state: the :class:`attnkit.mixers.MixerCache` entry of the recurrent state.
+        transposed: transformers' state is that entry with its last two dimensions swapped.
+        cache: ``"linear"`` (``get_conv_state`` / ``get_recurrent_state``) or ``"minimax"``
+            (``get_linear_cache`` / ``set_linear_cache``).
+        returns_state: the module's forward returns (output, state) rather than the output.
+    """
+
+    mixer: type[TokenMixer]
+    build: Callable[..., TokenMixer]
+    state: str
+    transposed: bool = False
+    cache: str = "linear"
+    returns_state: bool = False
+
+
+#: transformers linear layers that :func:`swap_mixers` replaces, by class name.
+SUPPORTED: dict[str, Layout] = {
+    "Mamba2Mixer": Layout(Mamba2Mixer, _mamba2_mixer, "ssm", transposed=True),
+    **{n: Layout(Mamba2Mixer, _mamba2, "ssm", transposed=True) for n in _MAMBA2_VARIANTS},
+    "Qwen3NextGatedDeltaNet": Layout(
+        GatedDeltaNetMixer, GatedDeltaNetMixer.from_transformers, "delta"
+    ),
+    "KimiLinearDeltaAttention": Layout(
+        KimiDeltaAttentionMixer, KimiDeltaAttentionMixer.from_transformers, "delta"
+    ),
+    "MiniMaxLightningAttention": Layout(
+        LightningAttentionMixer,
+        LightningAttentionMixer.from_transformers,
+        "lightning",
+        cache="minimax",
+        returns_state=True,
+    ),
+}
+
+_MAMBA1 = (
+    "Mamba-1's selective scan (a diagonal state per channel, Δ, B and C from x_proj/dt_proj) "
+    "is not a layer attnkit builds; its Mamba2Mixer has scalar decays per head"
+)
+_UNCHECKED = "not compared with attnkit's Gated DeltaNet layer (its projections are laid out apart)"
+
+#: transformers linear layers that no attnkit mixer reproduces, with the reason;
+#: :func:`swap_mixers` refuses a model holding one.
+NOT_EXACT: dict[str, str] = {
+    "MambaMixer": _MAMBA1,
+    "FalconMambaMixer": _MAMBA1 + " (and Falcon-Mamba RMS-normalises B, C and Δ)",
+    "JambaMambaMixer": _MAMBA1 + " (and Jamba RMS-normalises B, C and Δ)",
+    "ZambaMambaMixer": _MAMBA1,
+    "FalconH1Mixer": (
+        "Falcon-H1 scales the input by ssm_in_multiplier and the projections by a µP vector, and "
+        "by default (mamba_rms_norm=False) gates y·SiLU(z) without the RMSNorm, which attnkit's "
+        "Mamba2Mixer always applies"
+    ),
+    "GraniteMoeHybridMambaLayer": "not compared with attnkit's Mamba2Mixer",
+    "Qwen3_5GatedDeltaNet": _UNCHECKED,
+    "Qwen3_5MoeGatedDeltaNet": _UNCHECKED,
+    "Qwen4ExpTextGatedDeltaNet": _UNCHECKED,
+    "OlmoHybridGatedDeltaNet": _UNCHECKED,
+    "LaraMiniGatedDeltaNet": _UNCHECKED,
+    "BailingHybridDeltaAttention": "not compared with attnkit's linear layers",
+    "Glm5NextTextLinearAttention": "not compared with attnkit's linear layers",
+}
+
+_CACHE_NAMES = ("cache", "cache_params", "past_key_values")
+
+
+def _capture_input(module: nn.Module, args: tuple, kwargs: dict) -> None:
+    """A forward pre-hook on the mixer's convolution: keep its input (the new positions'
+    pre-convolution channels) for the transformers cache."""
+    module.__dict__["_attnkit_input"] = args[0] if args else kwargs["x"]
+
+
+class TransformersMixer(nn.Module):
+    """A transformers linear layer evaluated by an attnkit mixer (see the module docstring).
+
+    Args:
+        mixer: the attnkit :class:`attnkit.mixers.TokenMixer`, registered as ``mixer``.
+        original: the transformers module replaced: its forward signature, ``layer_idx`` and
+            class name are kept (the module itself is not).
+        in_layout: the mixer's states live in transformers' cache layout (the mixer is the
+            layer's own attnkit class); otherwise its cache is kept beside it.
+    """
+
+    def __init__(self, mixer: TokenMixer, original: nn.Module, *, in_layout: bool = True) -> None:
+        super().__init__()
+        if not isinstance(mixer, TokenMixer):
+            raise TypeError(f"mixer must be an attnkit TokenMixer, got {type(mixer).__name__}")
+        source = type(original).__name__
+        if source not in SUPPORTED:
+            raise ValueError(f"original must be one of {sorted(SUPPORTED)}, got {source}")
+        self.mixer = mixer
+        self.source = source
+        self.layer_idx = original.layer_idx
+        self.in_layout = bool(in_layout) and type(mixer) is SUPPORTED[source].mixer
+        self._signature = inspect.signature(original.forward)
+        self.kernel_size = None
+        conv = getattr(mixer, "conv", None)
+        if self.in_layout and SUPPORTED[source].cache == "linear":
+            self.kernel_size = conv.kernel_size
+            conv.register_forward_pre_hook(_capture_input, with_kwargs=True)
+
+    def extra_repr(self) -> str:
+        return f"source={self.source}, layer_idx={self.layer_idx}, in_layout={self.in_layout}"
+
+    def _arguments(self, args: tuple, kwargs: dict) -> dict[str, Any]:
+        for old in _CACHE_NAMES[1:]:  # transformers' deprecated names for the cache
+            if old in kwargs and "cache" not in kwargs and old not in self._signature.parameters:
+                kwargs["cache"] = kwargs.pop(old)
+        try:
+            bound = self._signature.bind(*args, **kwargs)
+        except TypeError as err:
+            raise TypeError(f"{self.source} (swapped): {err}") from None
+        arguments = dict(bound.arguments)
+        extra = arguments.pop(
+            next((n for n, p in self._signature.parameters.items() if p.kind == p.VAR_KEYWORD), ""),
+            {},
+        )
+        packed = extra.get("cu_seq_lens_q")
+        if packed is not None:
+            raise ValueError(
+                f"{self.source} (swapped): packed sequences (cu_seq_lens_q) are not supported; "
+                "give a padded batch with an attention_mask"
+            )
+        return arguments
+
+    def _keep(self, mask: object, x: Tensor) -> Tensor | None:
+        if mask is None:
+            return None
+        if not isinstance(mask, Tensor) or mask.dim() != 2 or mask.shape != x.shape[:2]:
+            shape = tuple(mask.shape) if isinstance(mask, Tensor) else type(mask).__name__
+            raise ValueError(
+                f"{self.source} (swapped): attention_mask must be the padding mask of the new "
+                f"positions, (B, N) = {tuple(x.shape[:2])} with 1 = a real position, got {shape}"
+            )
+        return mask.bool()
+
+    def _read(self, cache: Any, x: Tensor) -> MixerCache:
+        """The layer's states in transformers' ``cache`` as a MixerCache for the mixer."""
+        layout = SUPPORTED[self.source]
+        ours = self.mixer.new_cache()
+        if not self.in_layout:
+            side = cache.__dict__.setdefault(SIDE_CACHES, {})
+            return side.setdefault(self.layer_idx, ours)
+        work = torch.promote_types(x.dtype, torch.float32)
+        if layout.cache == "minimax":
+            state = cache.get_linear_cache(self.layer_idx)
+            conv = None
+        else:
+            state = cache.get_recurrent_state(self.layer_idx)
+            conv = cache.get_conv_state(self.layer_idx)
+        if isinstance(conv, Tensor) and self.kernel_size > 1:
+            last = conv[..., conv.shape[-1] - (self.kernel_size - 1) :]
+            ours.states[self.mixer.conv.state_name] = last.transpose(1, 2).to(x.dtype).contiguous()
+        if isinstance(state, Tensor):
+            state = state.transpose(-1, -2) if layout.transposed else state
+            ours.states[layout.state] = state.to(work).contiguous()
+        return ours
+
+    def _write(self, cache: Any, ours: MixerCache, keep: Tensor | None) -> Tensor | None:
+        """Write the mixer's new states back into transformers' ``cache``; returns the
+        recurrent state in transformers' layout."""
+        layout = SUPPORTED[self.source]
+        state = ours.states[layout.state]
+        state = state.transpose(-1, -2).contiguous() if layout.transposed else state
+        if layout.cache == "minimax":
+            cache.set_linear_cache(self.layer_idx, state)
+            return state
+        new = self.mixer.conv.__dict__.pop("_attnkit_input")
+        new = zero_padding(new, keep).transpose(1, 2)  # (B, channels, N), as transformers'
+        cache.update_conv_state(new, self.layer_idx, conv_kernel_size=self.kernel_size)
+        cache.update_recurrent_state(state, self.layer_idx)
+        return state
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        """The original module's forward: same arguments, same outputs."""
+        arguments = self._arguments(args, kwargs)
+        x = arguments["hidden_states"]
+        keep = self._keep(arguments.get("attention_mask"), x)
+        cache = arguments.get("cache")
+        layout = SUPPORTED[self.source]
+        if cache is None:
+            out = self.mixer(x, mask=keep)
+            return (out, None) if layout.returns_state else out
+        ours = self._read(cache, x)
+        try:
+            out = self.mixer(x, mask=keep, cache=ours)
+            state = self._write(cache, ours, keep) if self.in_layout else None
+        finally:
+            if self.kernel_size is not None:
+                self.mixer.conv.__dict__.pop("_attnkit_input", None)
+        return (out, state) if layout.returns_state else out
+
+
+def _builder(mixer: Any, overrides: dict[str, Any]) -> Callable[[nn.Module], TokenMixer]:
+    """``module -> TokenMixer`` for the ``mixer`` argument of :func:`swap_mixers`."""
+    if mixer is None:
+        return lambda m: SUPPORTED[type(m).__name__].build(m, **overrides)
+    if isinstance(mixer, str):
+        mixer = MIXERS.get(mixer)
+    if isinstance(mixer, type):
+        if not issubclass(mixer, TokenMixer) or not hasattr(mixer, "from_transformers"):
+            raise TypeError(
+                f"mixer must be a TokenMixer class with from_transformers, got {mixer.__name__}"
+            )
+        cls = mixer
+
+        def build(m: nn.Module) -> TokenMixer:
+            try:
+                return cls.from_transformers(m, **overrides)
+            except TypeError as err:
+                raise ValueError(
+                    f"mixer {cls.__name__} cannot be built from {type(m).__name__}: {err}"
+                ) from None
+
+        return build
+    if callable(mixer):
+        if overrides:
+            raise TypeError(
+                f"keyword arguments {sorted(overrides)} go to from_transformers; a callable mixer "
+                "takes none"
+            )
+        return mixer
+    raise TypeError(
+        f"mixer must be None, a registered mixer name, a TokenMixer class or a callable "
+        f"module -> TokenMixer, got {type(mixer).__name__}"
+    )
+
+
+def swap_mixers(model: nn.Module, *, mixer: Any = None, **overrides: Any) -> list[str]:
+    """Replace every linear token-mixer layer of a ``transformers`` model by an attnkit mixer.
+
+    Args:
+        model: a transformers model (any ``nn.Module``) holding layers listed in
+            :data:`SUPPORTED`.
+        mixer: None for the attnkit mixer equal to each layer (its ``from_transformers``);
+            a registered mixer name or a :class:`attnkit.mixers.TokenMixer` class, built from
+            each layer by its ``from_transformers``; or a callable ``module -> TokenMixer``.
+        **overrides: passed to ``from_transformers`` (e.g. ``chunk_size``).
+
+    Returns:
+        The names of the modules replaced, in ``model.named_modules()`` order.
+
+    Raises:
+        ValueError: the model holds a layer listed in :data:`NOT_EXACT` (named, with the
+            reason), or no linear layer at all; a mixer cannot be built from a layer.
+        TypeError: ``mixer`` is none of the above, or a callable returns no TokenMixer.
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch nn.Module, got {type(model).__name__}")
+    refused = sorted({type(m).__name__ for m in model.modules() if type(m).__name__ in NOT_EXACT})
+    if refused:
+        reasons = "; ".join(f"{n}: {NOT_EXACT[n]}" for n in refused)
+        raise ValueError(f"swap_mixers does not reproduce {', '.join(refused)} ({reasons})")
+    targets = [
+        (name, m)
+        for name, m in model.named_modules()
+        if type(m).__name__ in SUPPORTED and not isinstance(m, TransformersMixer)
+    ]
+    if not targets:
+        raise ValueError(
+            f"{type(model).__name__} holds no linear token-mixer layer that swap_mixers knows "
+            f"({', '.join(sorted(SUPPORTED))})"
+        )
+    build = _builder(mixer, overrides)
+    replaced = []
+    for name, module in targets:  # built first: a failure leaves the model as it was
+        built = build(module)
+        if not isinstance(built, TokenMixer):
+            raise TypeError(
+                f"the mixer built for {name} ({type(module).__name__}) must be a TokenMixer, got "
+                f"{type(built).__name__}"
+            )
+        built.train(module.training)
+        replaced.append((name, TransformersMixer(built, module)))
+    for name, adapter in replaced:
+        parent_name, _, attr = name.rpartition(".")
+        setattr(model.get_submodule(parent_name), attr, adapter)
+    return [name for name, _ in replaced]
