@@ -47,6 +47,8 @@ def _mean(embed_dim, **sizes):
 PLANS = {
     "gated_deltanet-full": ("1 gated_deltanet : 1 full", {}),
     "sliding-full-rope": ("2 sliding:3 : 1 full", {"position": "rope"}),
+    # a window slot first: the learned positions' offset is the positions seen, not kept
+    "sliding-first-learned": ("1 sliding:2 : 1 gated_deltanet", {}),
     "mixer-sliding-retention": ([_mean, "sliding:2", "retention"], {}),
     "mamba2-gla-alibi": ("1 mamba2 : 1 gla : 1 full", {"position": "alibi"}),
     "gated_deltanet-layer": ("1 mixer.gated_deltanet : 1 full", {}),
