@@ -200,3 +200,20 @@ def test_kda_learns_multi_query_associative_recall():
 
     assert recall_accuracy(part(), steps=0) < 0.3  # chance is 1/8
     assert recall_accuracy(part(), steps=60) > 0.9  # 0.997 or more when measured
+
+
+def test_bad_input_is_refused_by_name():
+    with pytest.raises(ValueError, match="head_dim"):
+        KimiDeltaAttention(0, 2)
+    with pytest.raises(ValueError, match="form must be one of"):
+        KimiDeltaAttention(4, 2, form="quadratic")
+    part = KimiDeltaAttention(4, 2, dtype=D)
+    q, k, v = _qkv(h=3)
+    with pytest.raises(ValueError, match=r"parameters for 2 heads of size 4"):
+        part(q, k, v)
+    q, k, v = _qkv()
+    with pytest.raises(ValueError, match="need_weights must be False"):
+        part(q, k, v, need_weights=True, cache=RecurrentCache())
+    window = ak.masks.causal(11) & ~ak.masks.causal(11).tril(-3)  # a sliding window
+    with pytest.raises(ValueError, match="varies over queries"):
+        part(q, k, v, mask=window)

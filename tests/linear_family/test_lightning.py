@@ -110,3 +110,19 @@ def test_lightning_learns_multi_query_associative_recall():
 
     assert recall_accuracy(part(), steps=0) < 0.3  # chance is 1/8
     assert recall_accuracy(part(), steps=60) > 0.9  # 0.997 or more when measured
+
+
+def test_bad_input_is_refused_by_name():
+    with pytest.raises(ValueError, match="layer_idx must be one of the num_layers = 2"):
+        LightningAttention(4, 2, layer_idx=2, num_layers=2)
+    with pytest.raises(ValueError, match="num_layers"):
+        LightningAttention(4, 2, num_layers=0)
+    with pytest.raises(ValueError, match="num_heads"):
+        LightningAttention(4, 0)
+    part = LightningAttention(4, 4, dtype=D)
+    q, k, v = _qkv()
+    with pytest.raises(ValueError, match=r"need 13 keys"):
+        part(q, k[..., :5, :], v[..., :5, :])
+    window = ak.masks.causal(13) & ~ak.masks.causal(13).tril(-3)  # a sliding window
+    with pytest.raises(ValueError, match="varies over queries"):
+        part(q, k, v, mask=window)
