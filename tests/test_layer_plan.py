@@ -87,10 +87,12 @@ def test_bad_plans_are_refused_with_the_options(layers, message):
 
 
 def test_wrong_types_are_refused():
-    with pytest.raises(TypeError, match=r"layers must be an int, a pattern .* got float"):
+    with pytest.raises(ValueError, match=r"layers must be a positive int, got 2.0, or a plan"):
         lp.parse(2.0)
-    with pytest.raises(TypeError, match="got bool"):
+    with pytest.raises(ValueError, match="got True"):
         lp.parse(True)
+    with pytest.raises(ValueError, match="got -1"):
+        lp.parse(-1)
     with pytest.raises(TypeError, match=r"layers\[1\] must be a layer name .* got int"):
         lp.parse(["full", 3])
     with pytest.raises(ValueError, match="num_layers must be a positive int"):

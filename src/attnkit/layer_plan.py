@@ -212,15 +212,17 @@ def parse(layers: object, num_layers: int | None = None) -> tuple[LayerEntry, ..
     Raises:
         ValueError: an unknown name (the options listed), a malformed pattern, an empty list, a
             ``num_layers`` that the period does not divide, or one module given to several
-            layers (a module holds one layer's parameters: give a factory).
-        TypeError: ``layers`` of another type, or a list entry that is neither a name, a
-            module nor a factory.
+            layers (a module holds one layer's parameters: give a factory), or ``layers`` that
+            is neither a positive int, a pattern nor a list.
+        TypeError: a list entry that is neither a name, a module nor a factory.
     """
     arguments.optional_positive_int(num_layers, "num_layers")
-    if isinstance(layers, bool):
-        raise TypeError("layers must be an int, a pattern (str) or a list, got bool")
-    if isinstance(layers, int):
-        arguments.positive_int(layers, "layers")
+    if not isinstance(layers, str | Sequence):
+        if not isinstance(layers, int) or isinstance(layers, bool) or layers < 1:
+            raise ValueError(
+                f"layers must be a positive int, got {layers!r}, or a plan: a pattern such as "
+                "'3 gated_deltanet : 1 full' or a list of one entry per layer"
+            )
         if num_layers is not None and num_layers != layers:
             raise ValueError(
                 f"num_layers = {num_layers} repeats a pattern; with layers = {layers} (an int) "
@@ -230,17 +232,12 @@ def parse(layers: object, num_layers: int | None = None) -> tuple[LayerEntry, ..
     if isinstance(layers, str):
         period = _pattern(layers)
         spelt = repr(layers)
-    elif isinstance(layers, Sequence):
+    else:
         period = [
             _entry(item, f"layers[{i}]") if isinstance(item, str) else _module(item, i)
             for i, item in enumerate(layers)
         ]
         spelt = "the list"
-    else:
-        raise TypeError(
-            f"layers must be an int, a pattern such as '3 gated_deltanet : 1 full' or a list "
-            f"of one entry per layer, got {type(layers).__name__}"
-        )
     _check_period(len(period), num_layers, spelt)
     plan = tuple(period) * (1 if num_layers is None else num_layers // len(period))
     used: dict[int, int] = {}
