@@ -44,7 +44,7 @@ def test_pieces_match_the_branches(monkeypatch, sizes, group, q_offset, m):
     torch.manual_seed(4)
     module = NativeSparseAttention(4, **sizes, group_size=group).double()
     n = q_offset + m
-    q, k, v = _inputs(2, 2, m, n)
+    q, k, v = _inputs(1, 2 * group, m, n)
     assert _nsa_blocks.applies(q, n, q_offset, None, module._sizes())
     out = module(q, k, v, q_offset=q_offset).context
     ref = module.branches(q, k, v, q_offset=q_offset).context

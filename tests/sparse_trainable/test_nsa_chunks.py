@@ -78,7 +78,11 @@ def test_mean_compression_and_a_temperature(monkeypatch):
         torch.testing.assert_close(a, b, atol=1e-12, rtol=1e-10)
 
 
-@pytest.mark.parametrize("l, s, lb, n", [(32, 16, 64, 1000), (4, 2, 4, 23), (6, 4, 8, 50)])
+@pytest.mark.parametrize(
+    "l, s, lb, n",
+    [(32, 16, 64, 1000), (4, 2, 4, 23), (6, 4, 8, 50), (48, 16, 64, 700), (6, 2, 4, 31),
+     (4, 4, 4, 30), (6, 4, 6, 40), (12, 2, 4, 33)],
+)  # fmt: skip
 def test_importance_is_the_overlap_sum(l, s, lb, n):
     """Eq. 9 (as NSA's docstring reads it): block j gathers the weights of the compressed
     blocks that share a key with it, against the dense product with the overlap matrix."""

@@ -290,7 +290,7 @@ class _Merge:
         top.copy_(new)
 
     def scattered(self, rows: Tensor, out: Tensor, lse: Tensor) -> None:
-        new = self.top.clone().scatter_reduce_(0, rows, lse, "amax")
+        new = self.top.clone().scatter_reduce_(0, rows.long(), lse, "amax")
         rise = (new > self.top).nonzero()[:, 0]
         if len(rise):
             old = (self.top[rise] - new[rise]).exp_()
@@ -338,27 +338,31 @@ class _Tiles:
     def __init__(self, chosen: Tensor, geo: _Geometry) -> None:
         m, sz = chosen.shape[0], geo.sz
         device = chosen.device
-        cur = (torch.arange(m, device=device) + geo.first * geo.lb) // geo.lb
-        j = chosen.long()
-        structural = j == cur[:, None]
+        cur = ((torch.arange(m, device=device) + geo.first * geo.lb) // geo.lb)[:, None]
+        cur = cur.to(chosen.dtype)
+        structural = chosen == cur
         if sz.local >= 2:
-            structural |= j == cur[:, None] - 1
+            structural |= chosen == cur - 1
         if sz.initial >= 1:
-            structural |= (j == 0) & (cur[:, None] >= geo.init_from)
-        keep = (j >= 0) & ~structural
-        row = torch.arange(m, device=device)[:, None].expand_as(j)[keep]
-        block = j[keep]
-        order = torch.sort(block * m + row).indices
-        row, block = row[order], block[order]
-        counts = torch.bincount(block, minlength=geo.full)
+            structural |= (chosen == 0) & (cur >= geo.init_from)
+        keep = (chosen >= 0) & ~structural
+        del structural
+        flat = keep.view(-1).nonzero()[:, 0]  # in row order
+        del keep
+        block, order = torch.sort(chosen.view(-1)[flat], stable=True)  # rows stay in order
+        row = flat[order].div_(chosen.shape[1], rounding_mode="floor").int()
+        del flat, order
+        counts = torch.bincount(block.int(), minlength=geo.full)
         per = (counts + TILE - 1) // TILE
-        first_tile = per.cumsum(0) - per
-        first_pair = counts.cumsum(0) - counts
-        rank = torch.arange(len(block), device=device) - first_pair[block]
-        slot = (first_tile[block] + rank // TILE) * TILE + rank % TILE
+        first_tile = (per.cumsum(0) - per).int()
+        first_pair = (counts.cumsum(0) - counts).int()
+        pairs = torch.arange(len(block), device=device, dtype=torch.int32)
+        rank = pairs.sub_(torch.repeat_interleave(first_pair, counts, output_size=len(block)))
+        slot = torch.repeat_interleave(first_tile, counts, output_size=len(block))
+        slot = slot.add_(rank // TILE).mul_(TILE).add_(rank % TILE)
         total = int(per.sum())
-        self.query = torch.full((total * TILE,), m, dtype=torch.long, device=device)
-        self.query[slot] = row
+        self.query = torch.full((total * TILE,), m, dtype=torch.int32, device=device)
+        self.query[slot.long()] = row
         self.block = torch.repeat_interleave(torch.arange(len(per), device=device), per)
         self.rows = m
 
@@ -394,7 +398,7 @@ def _compressed(x, kc, vc, geo: _Geometry, a: int, b: int, scale: float, lse=Non
     if cm == 0:
         zero = x.new_zeros(b - a, 0)
         return zero, x.new_zeros(b - a), x.new_zeros(b - a, vc.shape[-1]), cm, pos
-    e = torch.matmul(x[a:b], kc[:cm].transpose(0, 1)).mul_(scale)
+    e = torch.matmul(x[a:b] * scale, kc[:cm].transpose(0, 1))
     # blocks every row has seen need no mask: those ending at or before the first row
     every = min(cm, max(0, (int(pos[0]) - sz.block + 1) // sz.stride + 1))
     if every < cm:
@@ -427,19 +431,22 @@ def _forward_group(items, geo: _Geometry, scale: float) -> None:
     x0 = items[0][0]
     blocks = -(-geo.n // geo.lb)
     merges = [_Merge(geo.m, dv, x0) for _ in items]
-    chosen = torch.empty(geo.m, min(sz.selected, blocks), dtype=torch.long, device=x0.device)
+    kind = torch.int16 if blocks < 1 << 15 else torch.int32
+    chosen = torch.empty(geo.m, min(sz.selected, blocks), dtype=kind, device=x0.device)
     for a, b in _chunks(geo, items[0][3].shape[0]):
+        c0, c1 = geo.first + a // geo.lb, geo.first + -(-b // geo.lb)
+        seen = min(geo.n, c1 * geo.lb)  # the chunk's queries rank blocks 0 … c1 − 1 only
         score = None
         for x, _, _, kc, vc, gates, out, lse, _ in items:
             p, lse_c, o_c, _, pos = _compressed(x, kc, vc, geo, a, b, scale)
             lse[0, a:b] = lse_c
             out[a:b] = o_c * gates[a:b, 0:1]
-            part = importance(p, geo.n, sz)  # eq. 9
+            part = importance(p, seen, sz)  # eq. 9
             score = part if score is None else score.add_(part)
             del p
         sel, ok = rank_blocks(score, pos, None, sz)  # eqs. 10-11
-        chosen[a:b] = sel.masked_fill_(~ok, -1)
-        c0, c1 = geo.first + a // geo.lb, geo.first + -(-b // geo.lb)
+        chosen[a:b, : sel.shape[-1]] = sel.masked_fill_(~ok, -1)
+        chosen[a:b, sel.shape[-1] :] = -1
         pieces = _pieces(geo, c0, c1, x0.dtype, x0.device)
         for (x, keys, values, _, _, gates, out, lse, _), slc in zip(items, merges, strict=True):
             win = _Merge(b - a, dv, x)
@@ -509,25 +516,25 @@ def _backward_item(x, keys, values, kc, vc, gates, geo, scale, lse, chosen, grad
         slc.scattered(rows, o.reshape(-1, width), s.reshape(-1))
     o_s = slc.result()
     dgates[:, 1] = (grad * o_s).sum(-1)
-    gs = grad * gates[:, 1:2]
     for a, b in _chunks(geo, kc.shape[0]):
         c0, c1 = geo.first + a // geo.lb, geo.first + -(-b // geo.lb)
         for piece in _pieces(geo, c0, c1, x.dtype, x.device):
             if "slc" in piece.branches:
                 r0, r1 = piece.span(geo)
-                args = (gs[r0:r1], o_s[r0:r1], lse[1, r0:r1])
+                gs = grad[r0:r1] * gates[r0:r1, 1:2]
+                args = (gs, o_s[r0:r1], lse[1, r0:r1])
                 _flash_backward(piece, geo, x, keys, values, *args, scale, dq, dk, dv)
-    spare = lambda y: torch.cat([y, y.new_zeros(1, y.shape[-1])])  # noqa: E731
-    gs_, os_, ls_ = spare(gs), spare(o_s), torch.cat([lse[1], lse.new_zeros(1)])
     lb = geo.lb
     dk_blocks = dk[: geo.full * lb].view(geo.full, lb, dk.shape[-1])
     dv_blocks = dv[: geo.full * lb].view(geo.full, lb, dv.shape[-1])
     for rows, idx, block in tiles.batches():
         qt, kb, vb = _tile_inputs(x, keys, values, geo, (rows, idx), block, True)
         shape = qt.shape[:-1]
+        unused = (rows == geo.m).view(*shape, 1)
+        gt = grad.index_select(0, idx).mul_(gates[idx, 1:2]).view(*shape, -1)
         gq, gk, gv = FLASH_BACKWARD(
-            gs_[rows].view(*shape, -1), qt, kb, vb, os_[rows].view(*shape, -1),
-            ls_[rows].view(shape), 0.0, False, scale=scale,
+            gt.masked_fill_(unused, 0.0), qt, kb, vb, o_s.index_select(0, idx).view(*shape, -1),
+            lse[1, idx].view(shape), 0.0, False, scale=scale,
         )  # fmt: skip
         dq.index_add_(0, idx, gq.reshape(-1, dq.shape[-1]))
         dk_blocks.index_add_(0, block, gk[:, 0])

@@ -52,13 +52,21 @@ def importance(p_cmp: Tensor, n: int, sz: Sizes) -> Tensor:
     -> (…, M, ⌈N/l'⌉). Each block overlaps a run of at most ⌊(l' + l − 2)/s⌋ + 1 compressed
     blocks, so this reads O(M·N/l'·l/s) numbers, not the O(M·N²/(s·l')) of a dense product."""
     count, c = -(-n // sz.select), p_cmp.shape[-1]
-    if c and count and sz.select % sz.stride == 0:
-        # block j's run is i = j·r − a … j·r + r − 1 (r = l'/s, a = ⌊(l − 1)/s⌋): windows of
-        # r + a, step r, of the weights padded with a zeros before and zeros after
-        r, a = sz.select // sz.stride, (sz.block - 1) // sz.stride
-        after = max(0, count * r - c)
-        padded = torch.nn.functional.pad(p_cmp, (a, after))
-        return padded.unfold(-1, r + a, r)[..., :count, :].sum(-1)
+    r, a = sz.select // sz.stride, (sz.block - 1) // sz.stride
+    if c and count and sz.select % sz.stride == 0 and a <= r:
+        # block j's run is i = j·r − a … j·r + r − 1 (r = l'/s, a = ⌊(l − 1)/s⌋ ≤ r): the sum
+        # of its own group of r (i // r = j) plus the last a of the group before
+        lead = p_cmp.shape[:-1]
+        out = p_cmp.new_zeros(*lead, count)
+        whole = min(c // r, count)
+        out[..., :whole] = p_cmp[..., : whole * r].unflatten(-1, (whole, r)).sum(-1)
+        if whole < count and whole * r < c:
+            out[..., whole] = p_cmp[..., whole * r : (whole + 1) * r].sum(-1)
+        for t in range(1, a + 1):
+            last = min(count - 1, (c - 1 + t) // r)  # blocks 1 … last reach back to i = jr − t
+            if last >= 1:
+                out[..., 1 : last + 1] += p_cmp[..., r - t : last * r - t + 1 : r]
+        return out
     j = torch.arange(count, device=p_cmp.device)
     lo = (-((sz.block - 1 - j * sz.select) // sz.stride)).clamp_min(0)  # ceil, at least 0
     hi = ((j + 1) * sz.select - 1) // sz.stride

@@ -119,10 +119,20 @@ class BlockCompression(nn.Module):
         if l % stride:
             return self(x.unfold(-2, l, stride).transpose(-1, -2))
         parts = l // stride
-        sub = x[..., : (c + parts - 1) * stride, :].unflatten(-2, (c + parts - 1, stride))
-        sub = sub.flatten(-2)  # (…, C + parts − 1, stride·d), a view of x
         w = self.proj.weight
         out = nn.functional.linear(self.position.flatten(), w, self.proj.bias)
+        n = x.shape[-2]
+        if n % stride == 0 and x.is_contiguous():
+            # one product of every sub-block with every W_i: x viewed whole, so that no slice
+            # of it is copied (a slice of a batched x is not one matrix)
+            whole = x.unflatten(-2, (n // stride, stride)).flatten(-2)
+            every = whole @ w.unflatten(1, (parts, stride * d)).permute(2, 1, 0).flatten(1)
+            every = every.unflatten(-1, (parts, w.shape[0]))  # (…, N/stride, parts, d_out)
+            for i in range(parts):
+                out = out + every[..., i : i + c, i, :]
+            return out
+        sub = x[..., : (c + parts - 1) * stride, :].unflatten(-2, (c + parts - 1, stride))
+        sub = sub.flatten(-2)  # (…, C + parts − 1, stride·d), a view of x
         for i in range(parts):
             columns = w[:, i * stride * d : (i + 1) * stride * d]
             out = out + sub[..., i : i + c, :] @ columns.transpose(0, 1)
