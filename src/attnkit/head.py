@@ -102,10 +102,14 @@ class HeadAttention(nn.Module):
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        if "mask_inputs" not in cls.__dict__:
+        # the class that declares the mask_inputs this one inherits: derive them again unless
+        # a part declared them (for itself and its subclasses)
+        owner = next(c for c in cls.__mro__ if "mask_inputs" in c.__dict__)
+        if owner is HeadAttention or owner.__dict__.get("_derived_mask_inputs", False):
             forms = cls.mask_forms  # a property when it follows from construction: unknown
             keys = isinstance(forms, frozenset) and "key" in forms
             cls.mask_inputs = {"mask": ("k", "v")} if keys else {}
+            cls._derived_mask_inputs = True
 
     def forward(
         self,
