@@ -99,18 +99,19 @@ def moba_selection(
         return top_indices(gate, count)
 
 
-def _choosers(chosen: Tensor, b: int) -> tuple[Tensor, Tensor] | None:
+def _choosers(chosen: Tensor, b: int) -> Tensor | None:
     """The queries (L, P) of each item that chose earlier block b (``chosen`` (L, M, nb)),
-    left-aligned and padded with query 0, and which are real; None when none did."""
+    left-aligned and padded with the spare row M; None when none did."""
     sel = chosen[:, :, b]  # (L, M)
     counts = sel.sum(-1)
     p = int(counts.max())
     if p == 0:
         return None
+    m = sel.shape[1]
     slot = torch.where(sel, sel.cumsum(-1) - 1, p)  # the others write to a spare column
-    index = torch.zeros(sel.shape[0], p + 1, dtype=torch.long, device=sel.device)
-    index.scatter_(1, slot, torch.arange(sel.shape[1], device=sel.device).expand_as(slot))
-    return index[:, :p], torch.arange(p, device=sel.device) < counts[:, None]
+    index = torch.full((sel.shape[0], p + 1), m, dtype=torch.long, device=sel.device)
+    index.scatter_(1, slot, torch.arange(m, device=sel.device).expand_as(slot))
+    return index[:, :p]
 
 
 def _own_blocks(x: Tensor, shift: int, m: int, nq: int, bs: int, first: int) -> Tensor:
@@ -217,10 +218,10 @@ class MixtureOfBlockAttention(HeadAttention):
         nb = -(-n // bs)
         nbp = max(nb, first + nq)
         pad = nbp * bs - n
-        kb = torch.nn.functional.pad(k3, (0, 0, 0, pad)).unflatten(1, (nbp, bs))
-        vb = torch.nn.functional.pad(v3, (0, 0, 0, pad)).unflatten(1, (nbp, bs))
+        kb = (torch.nn.functional.pad(k3, (0, 0, 0, pad)) if pad else k3).unflatten(1, (nbp, bs))
+        vb = (torch.nn.functional.pad(v3, (0, 0, 0, pad)) if pad else v3).unflatten(1, (nbp, bs))
         keypos = torch.arange(nbp * bs, device=q.device).view(nbp, bs)
-        scale = 1.0 / math.sqrt(q.shape[-1])
+        qs = q3 * (1.0 / math.sqrt(q.shape[-1]))  # scaled once, not every score
         rp = None if rows is None else torch.nn.functional.pad(rows, (0, pad))
         bp = None
         if bias is not None:
@@ -231,7 +232,7 @@ class MixtureOfBlockAttention(HeadAttention):
         )
 
         # the own block: one (B × B) product per block of queries, causal inside
-        qa = torch.nn.functional.pad(q3, (0, 0, shift, nq * bs - shift - m)).unflatten(1, (nq, bs))
+        qa = torch.nn.functional.pad(qs, (0, 0, shift, nq * bs - shift - m)).unflatten(1, (nq, bs))
         apos = (first * bs + torch.arange(nq * bs, device=q.device)).view(nq, bs, 1)
         arow = torch.arange(nq * bs, device=q.device).view(nq, bs, 1)
         okeys = keypos[first : first + nq, None, :]  # (nq, 1, B)
@@ -241,52 +242,61 @@ class MixtureOfBlockAttention(HeadAttention):
                 own_ok = own_ok & rp.view(count, nbp, bs)[:, first : first + nq, None, :]
             else:
                 own_ok = own_ok & _own_blocks(rp, shift, m, nq, bs, first)
-        e_own = _scores(qa, kb[:, first : first + nq], own_ok, finite) * scale  # (L, nq, B, B)
+        e_own = _scores(qa, kb[:, first : first + nq], own_ok, finite)  # (L, nq, B, B)
         if bp is not None:
             e_own = e_own + _own_blocks(bp, shift, m, nq, bs, first)
         e_own = e_own.masked_fill(~own_ok, float("-inf"))
 
-        # the chosen earlier blocks: per key block, the scores of the queries that chose it
+        # the chosen earlier blocks: per key block, the scores of the queries that chose it;
+        # the padding of each item's list reads and writes a spare row M, dropped at the end
         tiles = []
         if blocks.shape[-1]:
             chosen = torch.zeros(count, m, nbp, dtype=torch.bool, device=q.device)
             chosen.scatter_(2, blocks, available)
+            qx = torch.cat([qs, qs.new_zeros(count, 1, qs.shape[-1])], 1)  # (L, M + 1, d)
             for b in range(nb):
-                found = _choosers(chosen, b)
-                if found is None:
+                index = _choosers(chosen, b)
+                if index is None:
                     continue
-                index, real = found
-                qg = torch.gather(q3, 1, index[..., None].expand(*index.shape, q3.shape[-1]))
-                ok = real[..., None] & (keypos[b] < n)
+                qg = torch.gather(qx, 1, index[..., None].expand(*index.shape, qx.shape[-1]))
                 span = slice(b * bs, (b + 1) * bs)
-                at = index[..., None].expand(*index.shape, bs)
-                if rp is not None:
-                    ok = ok & (rp[:, :, span] if rp.shape[1] == 1 else rp[:, :, span].gather(1, at))
-                e = _scores(qg, kb[:, b], ok, finite) * scale  # (L, P, B)
+                ok = None
+                if rp is not None or not finite or (b + 1) * bs > n:
+                    ok = (keypos[b] < n).expand(*index.shape, bs)
+                    if rp is not None:
+                        at = index.clamp_max(m - 1)[..., None].expand(*index.shape, bs)
+                        ok = ok & (
+                            rp[:, :, span] if rp.shape[1] == 1 else rp[:, :, span].gather(1, at)
+                        )
+                e = _scores(qg, kb[:, b], ok, finite)  # (L, P, B)
                 if bp is not None:
+                    at = index.clamp_max(m - 1)[..., None].expand(*index.shape, bs)
                     e = e + bp[:, :, span].gather(1, at)
-                tiles.append((b, index, real, ok, e.masked_fill(~ok, float("-inf"))))
+                if ok is not None:
+                    e = e.masked_fill(~ok, float("-inf"))
+                tiles.append((b, index, ok, e))
 
         # one softmax over the own block and the chosen blocks, by a shared row maximum
         with torch.no_grad():
             top = e_own.amax(-1).flatten(1)[:, shift : shift + m]  # (L, M)
-            for _, index, real, _, e in tiles:
-                top.scatter_reduce_(1, index, e.amax(-1).masked_fill(~real, float("-inf")), "amax")
+            top = torch.cat([top, top.new_zeros(count, 1)], 1)  # and the spare row
+            for _, index, _, e in tiles:
+                top.scatter_reduce_(1, index, e.amax(-1), "amax")
             top = torch.where(torch.isfinite(top), top, 0.0)
-        top_a = torch.nn.functional.pad(top, (shift, nq * bs - shift - m)).view(count, nq, bs, 1)
-        p_own = torch.exp(e_own - top_a)
+        top_a = torch.nn.functional.pad(top[:, :m], (shift, nq * bs - shift - m))
+        p_own = torch.sub(e_own, top_a.view(count, nq, bs, 1)).exp_()
         num = _weighted(p_own, vb[:, first : first + nq], own_ok, finite)
-        num = num.flatten(1, 2)[:, shift : shift + m]  # (L, M, d_v)
-        z = p_own.sum(-1).flatten(1)[:, shift : shift + m]
+        num = torch.nn.functional.pad(num.flatten(1, 2)[:, shift : shift + m], (0, 0, 0, 1))
+        z = torch.nn.functional.pad(p_own.sum(-1).flatten(1)[:, shift : shift + m], (0, 1))
         parts = []
-        for b, index, _, ok, e in tiles:
-            p = torch.exp(e - top.gather(1, index)[..., None])
+        for b, index, ok, e in tiles:
+            p = torch.sub(e, top.gather(1, index)[..., None]).exp_()
             o = _weighted(p, vb[:, b], ok, finite)
-            num = num.scatter_add(1, index[..., None].expand(*index.shape, dv), o)
-            z = z.scatter_add(1, index, p.sum(-1))
+            num.scatter_add_(1, index[..., None].expand(*index.shape, dv), o)  # in place: no
+            z.scatter_add_(1, index, p.sum(-1))  # copy of the (L, M, d_v) sum per key block
             parts.append((b, index, p))
-        z = z[..., None]
-        context = torch.where(z > 0, num / z.clamp_min(torch.finfo(z.dtype).tiny), 0.0)
+        z = z[:, :m, None]
+        context = torch.where(z > 0, num[:, :m] / z.clamp_min(torch.finfo(z.dtype).tiny), 0.0)
 
         weights = None
         if need_weights:
@@ -294,12 +304,12 @@ class MixtureOfBlockAttention(HeadAttention):
             for j in range(nq):
                 keys = slice((first + j) * bs, (first + j + 1) * bs)
                 dense[:, j * bs : (j + 1) * bs, keys] = p_own[:, j]
-            dense = dense[:, shift : shift + m]
+            dense = torch.nn.functional.pad(dense[:, shift : shift + m], (0, 0, 0, 1))
             for b, index, p in parts:
                 at = index[..., None].expand(*index.shape, bs)
-                dense[:, :, b * bs : (b + 1) * bs] = dense[:, :, b * bs : (b + 1) * bs].scatter_add(
-                    1, at, p
-                )
+                span = slice(b * bs, (b + 1) * bs)
+                dense[:, :, span] = dense[:, :, span].scatter_add(1, at, p)
+            dense = dense[:, :m]
             weights = dense[..., :n] / z.clamp_min(torch.finfo(z.dtype).tiny)
             weights = torch.nn.functional.pad(weights, (0, n_all - n)).view(*lead, m, n_all)
         return AttentionOutput(context.view(*lead, m, dv), weights)
