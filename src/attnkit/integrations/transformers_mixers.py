@@ -47,6 +47,10 @@ keeps, also when it records the past for rollback), the state through
 as usual. The recurrent state is stored in the mixer's working dtype (float32 for half and
 float32 models, float64 for float64 ones; transformers stores Kimi's in float32 always).
 
+Decoding a Mamba-2 layer: transformers' one-token step leaves the time-step limit out (its
+sequence path clamps Δ to ``time_step_limit``); the adapter does the same, so that Nemotron-H and
+Zamba 2, whose default limit is (time_step_min, ∞), decode as transformers does.
+
 Padding: transformers zeroes the padded positions of the layer's input; attnkit's mixers remove
 them entirely (no write, no decay, output 0). At real positions the outputs agree for left and
 right padding when the input projection has no bias (every default configuration); the state
@@ -74,6 +78,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -163,6 +168,8 @@ class Layout:
         cache: ``"linear"`` (``get_conv_state`` / ``get_recurrent_state``) or ``"minimax"``
             (``get_linear_cache`` / ``set_linear_cache``).
         returns_state: the module's forward returns (output, state) rather than the output.
+        step_unlimited: a one-token step from a state leaves the time-step limit out (as
+            transformers' Mamba-2 step does; its sequence path applies it).
     """
 
     mixer: type[TokenMixer]
@@ -171,12 +178,13 @@ class Layout:
     transposed: bool = False
     cache: str = "linear"
     returns_state: bool = False
+    step_unlimited: bool = False
 
 
 #: transformers linear layers that :func:`swap_mixers` replaces, by class name.
 SUPPORTED: dict[str, Layout] = {
-    "Mamba2Mixer": Layout(Mamba2Mixer, _mamba2_mixer, "ssm", transposed=True),
-    **{n: Layout(Mamba2Mixer, _mamba2, "ssm", transposed=True) for n in _MAMBA2_VARIANTS},
+    "Mamba2Mixer": Layout(Mamba2Mixer, _mamba2_mixer, "ssm", True, step_unlimited=True),
+    **{n: Layout(Mamba2Mixer, _mamba2, "ssm", True, step_unlimited=True) for n in _MAMBA2_VARIANTS},
     "Qwen3NextGatedDeltaNet": Layout(
         GatedDeltaNetMixer, GatedDeltaNetMixer.from_transformers, "delta"
     ),
@@ -244,9 +252,12 @@ class TransformersMixer(nn.Module):
         super().__init__()
         if not isinstance(mixer, TokenMixer):
             raise TypeError(f"mixer must be an attnkit TokenMixer, got {type(mixer).__name__}")
-        source = type(original).__name__
+        source = _name(original)
         if source not in SUPPORTED:
-            raise ValueError(f"original must be one of {sorted(SUPPORTED)}, got {source}")
+            raise ValueError(
+                f"original must be a transformers {' / '.join(sorted(SUPPORTED))}, got "
+                f"{type(original).__module__}.{type(original).__name__}"
+            )
         self.mixer = mixer
         self.source = source
         self.layer_idx = original.layer_idx
@@ -341,13 +352,30 @@ class TransformersMixer(nn.Module):
             out = self.mixer(x, mask=keep)
             return (out, None) if layout.returns_state else out
         ours = self._read(cache, x)
+        limit = None
+        if (
+            self.in_layout
+            and layout.step_unlimited
+            and x.shape[1] == 1
+            and layout.state in ours.states
+        ):
+            limit, self.mixer.time_step_limit = self.mixer.time_step_limit, (0.0, math.inf)
         try:
             out = self.mixer(x, mask=keep, cache=ours)
             state = self._write(cache, ours, keep) if self.in_layout else None
         finally:
+            if limit is not None:
+                self.mixer.time_step_limit = limit
             if self.kernel_size is not None:
                 self.mixer.conv.__dict__.pop("_attnkit_input", None)
         return (out, state) if layout.returns_state else out
+
+
+def _name(module: nn.Module) -> str:
+    """The class name of a transformers module ("" for others: attnkit's Mamba2Mixer is not
+    transformers')."""
+    cls = type(module)
+    return cls.__name__ if cls.__module__.startswith("transformers.") else ""
 
 
 def _builder(mixer: Any, overrides: dict[str, Any]) -> Callable[[nn.Module], TokenMixer]:
@@ -406,15 +434,11 @@ def swap_mixers(model: nn.Module, *, mixer: Any = None, **overrides: Any) -> lis
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch nn.Module, got {type(model).__name__}")
-    refused = sorted({type(m).__name__ for m in model.modules() if type(m).__name__ in NOT_EXACT})
+    refused = sorted({_name(m) for m in model.modules() if _name(m) in NOT_EXACT})
     if refused:
         reasons = "; ".join(f"{n}: {NOT_EXACT[n]}" for n in refused)
         raise ValueError(f"swap_mixers does not reproduce {', '.join(refused)} ({reasons})")
-    targets = [
-        (name, m)
-        for name, m in model.named_modules()
-        if type(m).__name__ in SUPPORTED and not isinstance(m, TransformersMixer)
-    ]
+    targets = [(name, m) for name, m in model.named_modules() if _name(m) in SUPPORTED]
     if not targets:
         raise ValueError(
             f"{type(model).__name__} holds no linear token-mixer layer that swap_mixers knows "
