@@ -200,3 +200,20 @@ def test_decoding_chunk_by_chunk_equals_the_whole_sequence(name):
     assert cache.length == 11
     window = [s for s in cache.layers if isinstance(s, StreamingCache)]
     assert all(len(s) <= s.window for s in window)  # a window slot keeps the last keys only
+
+
+def test_a_hybrid_decoder_with_cross_attention_decodes_as_it_computes():
+    torch.manual_seed(6)
+    stack = ak.TransformerDecoder(
+        "1 gated_deltanet : 1 sliding:3 : 1 mixer.mamba2", E, H, score="additive",
+        dtype=torch.float64,
+    ).eval()  # fmt: skip
+    # every layer's cross-attention takes the score, the parts' self-attention does not
+    scores = [type(layer.cross_attention.module.attention.score) for layer in stack.layers]
+    assert scores == [ak.scores.Additive] * 3
+    assert isinstance(stack.layers[0].self_attention.module.attention, GatedDeltaNet)
+    x, memory = _x(n=9, seed=7), _x(n=5, seed=8)
+    whole = stack(x, memory)
+    cache = stack.new_cache()
+    pieces = [stack(x[:, a:b], memory, cache=cache) for a, b in ((0, 4), (4, 5), (5, 9))]
+    torch.testing.assert_close(torch.cat(pieces, 1), whole, rtol=0, atol=1e-10)
