@@ -37,6 +37,20 @@ def test_equals_the_formula(group, order):
     torch.testing.assert_close(norm(x, z), expected, rtol=1e-12, atol=1e-12)
 
 
+def test_a_sigmoid_gate_multiplies_the_norm_by_sigma_z():
+    """Kimi Linear's and MiniMax's gate: (w ⊙ RMSNorm(x)) ⊙ σ(z), written out."""
+    torch.manual_seed(3)
+    norm = GatedRMSNorm(6, eps=1e-5, activation="sigmoid", dtype=torch.float64)
+    with torch.no_grad():
+        norm.weight.normal_()
+    x, z = torch.randn(3, 6, dtype=torch.float64), torch.randn(3, 6, dtype=torch.float64)
+    rms = x / torch.sqrt((x**2).mean(-1, keepdim=True) + 1e-5)
+    expected = norm.weight * rms / (1 + torch.exp(-z))
+    torch.testing.assert_close(norm(x, z), expected, rtol=1e-12, atol=1e-12)
+    with pytest.raises(ValueError, match="activation must be one of silu, sigmoid"):
+        GatedRMSNorm(6, activation="gelu")
+
+
 def test_the_orders_differ_and_no_gate_is_a_plain_rmsnorm():
     torch.manual_seed(1)
     x, z = torch.randn(4, 8, dtype=torch.float64), torch.randn(4, 8, dtype=torch.float64)

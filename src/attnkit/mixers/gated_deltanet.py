@@ -46,10 +46,16 @@ from torch import Tensor, nn
 
 from attnkit import arguments
 from attnkit.linear_family.deltanet import delta_chunkwise, delta_recurrent, l2_normalize
-from attnkit.mixers.base import REGISTRY, MixerCache, TokenMixer
+from attnkit.mixers.base import (
+    REGISTRY,
+    MixerCache,
+    TokenMixer,
+    check_cache,
+    check_input,
+    check_state,
+)
 from attnkit.mixers.conv import ShortConv, padding_mask, zero_padding
 from attnkit.mixers.gated_norm import GatedRMSNorm
-from attnkit.mixers.mamba2 import check_cache, check_input, check_state
 
 __all__ = ["GatedDeltaNetMixer"]
 

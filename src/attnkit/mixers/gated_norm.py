@@ -1,13 +1,16 @@
 """The gated RMSNorm at the output of today's recurrent token mixers: an RMSNorm of the mixer's
-output combined with a SiLU gate z read from the layer input.
+output combined with a gate z read from the layer input: SiLU(z), or σ(z) where the model gates
+with a sigmoid (Kimi Linear's KDA, MiniMax's lightning attention).
 
 Two orders are in use, and they differ:
 
 - ``"gate_first"`` (Mamba-2, ``MambaRMSNormGated`` of transformers and ``RMSNormGated`` of the
   reference ``mamba_ssm`` with ``norm_before_gate=False``): y = w ⊙ RMSNorm(x ⊙ SiLU(z)),
   the norm taken over groups of ``group_size`` channels (one group per B/C group);
-- ``"norm_first"`` (Qwen3-Next's Gated DeltaNet, ``Qwen3NextRMSNormGated``; Kimi Linear's KDA):
-  y = (w ⊙ RMSNorm(x)) ⊙ SiLU(z), the norm over each head's channels.
+- ``"norm_first"`` (Qwen3-Next's Gated DeltaNet, ``Qwen3NextRMSNormGated``):
+  y = (w ⊙ RMSNorm(x)) ⊙ SiLU(z), the norm over each head's channels; Kimi Linear's KDA
+  (``KimiLinearRMSNormGated``) and MiniMax's lightning attention take this order with
+  ``activation="sigmoid"``: y = (w ⊙ RMSNorm(x)) ⊙ σ(z).
 
 RMSNorm over a group g of channels: x_g / sqrt(mean(x_g²) + eps). The arithmetic runs in at
 least float32 (as the transformers modules do) and the result has x's dtype.
@@ -21,13 +24,14 @@ from torch import Tensor, nn
 
 from attnkit import arguments
 
-__all__ = ["ORDERS", "GatedRMSNorm"]
+__all__ = ["ACTIVATIONS", "ORDERS", "GatedRMSNorm"]
 
 ORDERS = ("gate_first", "norm_first")
+ACTIVATIONS = {"silu": F.silu, "sigmoid": torch.sigmoid}
 
 
 class GatedRMSNorm(nn.Module):
-    """RMSNorm(x) gated by SiLU(z): x, z (…, dim) → (…, dim).
+    """RMSNorm(x) gated by SiLU(z) (or σ(z)): x, z (…, dim) → (…, dim).
 
     Args:
         dim: the size of the last dim of x and z (the weight's size).
@@ -35,7 +39,9 @@ class GatedRMSNorm(nn.Module):
         group_size: channels per normalised group (``dim`` must be a multiple); None = all
             ``dim`` channels in one group.
         order: ``"gate_first"`` (w ⊙ RMSNorm(x ⊙ SiLU(z)), Mamba-2) or ``"norm_first"``
-            ((w ⊙ RMSNorm(x)) ⊙ SiLU(z), Qwen3-Next and Kimi Linear).
+            ((w ⊙ RMSNorm(x)) ⊙ SiLU(z), Qwen3-Next).
+        activation: the gate's nonlinearity, ``"silu"`` (Mamba-2, Qwen3-Next) or ``"sigmoid"``
+            (Kimi Linear, MiniMax).
 
     ``z=None`` leaves the gate out (a plain, grouped RMSNorm).
     """
@@ -47,6 +53,7 @@ class GatedRMSNorm(nn.Module):
         eps: float = 1e-6,
         group_size: int | None = None,
         order: str = "norm_first",
+        activation: str = "silu",
         device=None,
         dtype=None,
     ) -> None:
@@ -58,12 +65,20 @@ class GatedRMSNorm(nn.Module):
             raise ValueError(f"group_size {group} must divide dim {dim}")
         if order not in ORDERS:
             raise ValueError(f"order must be one of {', '.join(ORDERS)}, got {order!r}")
+        if activation not in ACTIVATIONS:
+            raise ValueError(
+                f"activation must be one of {', '.join(ACTIVATIONS)}, got {activation!r}"
+            )
         self.group_size = group
         self.order = order
+        self.activation = activation
         self.weight = nn.Parameter(torch.ones(dim, device=device, dtype=dtype))
 
     def extra_repr(self) -> str:
-        return f"dim={self.dim}, eps={self.eps}, group_size={self.group_size}, order={self.order!r}"
+        return (
+            f"dim={self.dim}, eps={self.eps}, group_size={self.group_size}, "
+            f"order={self.order!r}, activation={self.activation!r}"
+        )
 
     def _norm(self, x: Tensor) -> Tensor:
         groups = x.unflatten(-1, (self.dim // self.group_size, self.group_size))
@@ -81,7 +96,7 @@ class GatedRMSNorm(nn.Module):
         dtype = x.dtype
         work = torch.promote_types(dtype, torch.float32)
         h = x.to(work)
-        gate = None if z is None else F.silu(z.to(work))
+        gate = None if z is None else ACTIVATIONS[self.activation](z.to(work))
         if gate is not None and self.order == "gate_first":
             h = h * gate
         h = self.weight.to(work) * self._norm(h)

@@ -15,8 +15,8 @@ From the layer input x (B, N, E), with H heads of d channels:
    o_t = S_tᵀ q_t (:mod:`attnkit.linear_family.kda`: the chunkwise WY form for a sequence, the
    recurrence for a decoding step);
 5. the output norm per head, norm first and a sigmoid gate: (w ⊙ RMSNorm(o)) ⊙ σ(W_g^b W_g^a x)
-   (the norm is :class:`attnkit.mixers.GatedRMSNorm` without its SiLU gate; the gate is a
-   sigmoid here, as in the paper and transformers' ``KimiLinearRMSNormGated``), then the output
+   (:class:`attnkit.mixers.GatedRMSNorm` with ``activation="sigmoid"``: the gate is a sigmoid
+   here, as in the paper and transformers' ``KimiLinearRMSNormGated``), then the output
    projection.
 
 The per-head part :class:`attnkit.linear_family.KimiDeltaAttention` reads β and g from the head's
@@ -42,10 +42,16 @@ from torch import Tensor, nn
 from attnkit import arguments
 from attnkit.linear_family.deltanet import l2_normalize
 from attnkit.linear_family.kda import kda_chunkwise, kda_recurrent
-from attnkit.mixers.base import REGISTRY, MixerCache, TokenMixer
+from attnkit.mixers.base import (
+    REGISTRY,
+    MixerCache,
+    TokenMixer,
+    check_cache,
+    check_input,
+    check_state,
+)
 from attnkit.mixers.conv import ShortConv, padding_mask, zero_padding
 from attnkit.mixers.gated_norm import GatedRMSNorm
-from attnkit.mixers.mamba2 import check_cache, check_input, check_state
 
 __all__ = ["KimiDeltaAttentionMixer"]
 
@@ -101,7 +107,7 @@ class KimiDeltaAttentionMixer(TokenMixer):
         self.b_proj = nn.Linear(embed_dim, num_heads, bias=False, **kw)
         self.g_a_proj = nn.Linear(embed_dim, head_dim, bias=False, **kw)
         self.g_b_proj = nn.Linear(head_dim, inner, bias=False, **kw)
-        self.o_norm = GatedRMSNorm(head_dim, eps=eps, **kw)
+        self.o_norm = GatedRMSNorm(head_dim, eps=eps, activation="sigmoid", **kw)
         self.o_proj = nn.Linear(inner, embed_dim, bias=False, **kw)
 
     def extra_repr(self) -> str:
@@ -177,8 +183,8 @@ class KimiDeltaAttentionMixer(TokenMixer):
             o, state = kda_recurrent(q, k, v, beta, g, state)
         else:
             o, state = kda_chunkwise(q, k, v, beta, g, self.chunk_size, state)
-        gate = torch.sigmoid(self.g_b_proj(self.g_a_proj(x)).to(work)).view(b, n, h, d)
-        o = self.o_norm(o.transpose(1, 2)) * gate
+        gate = self.g_b_proj(self.g_a_proj(x)).to(work).view(b, n, h, d)
+        o = self.o_norm(o.transpose(1, 2), gate)
         y = self.o_proj(o.reshape(b, n, h * d).to(x.dtype))
         if cache is not None:
             cache.advance(n, delta=state)

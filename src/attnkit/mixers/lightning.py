@@ -8,8 +8,9 @@ From the layer input x (B, N, E), with H heads of d channels:
 2. lightning attention per head, S_t = λ_h S_{t−1} + k_t v_tᵀ, o_t = S_tᵀ q_t, with MiniMax's
    fixed decays λ_h (:class:`attnkit.linear_family.LightningAttention`, which depend on the
    layer's place l of L in its stack), neither scaled nor normalised;
-3. an RMSNorm over all H·d channels together (:class:`attnkit.mixers.GatedRMSNorm` without its
-   SiLU gate), a sigmoid output gate σ(W_g x) and the output projection.
+3. an RMSNorm over all H·d channels together, gated by a sigmoid σ(W_g x)
+   (:class:`attnkit.mixers.GatedRMSNorm` with ``activation="sigmoid"``), and the output
+   projection.
 
 Lightning Attention-2 tiles the sequence in blocks (MiniMax's ``block_size``, 256); the chunks
 of the chunkwise form are those blocks, and their size only trades memory for speed (64 by
@@ -33,10 +34,16 @@ from torch import Tensor, nn
 from attnkit import arguments
 from attnkit.linear_family.base import Inputs
 from attnkit.linear_family.lightning import LightningAttention
-from attnkit.mixers.base import REGISTRY, MixerCache, TokenMixer
+from attnkit.mixers.base import (
+    REGISTRY,
+    MixerCache,
+    TokenMixer,
+    check_cache,
+    check_input,
+    check_state,
+)
 from attnkit.mixers.conv import padding_mask, zero_padding
 from attnkit.mixers.gated_norm import GatedRMSNorm
-from attnkit.mixers.mamba2 import check_cache, check_input, check_state
 
 __all__ = ["LightningAttentionMixer"]
 
@@ -87,7 +94,7 @@ class LightningAttentionMixer(TokenMixer):
             chunk_size=chunk_size, **kw,
         )  # fmt: skip
         self.qkv_proj = nn.Linear(embed_dim, 3 * inner, bias=False, **kw)
-        self.norm = GatedRMSNorm(inner, eps=eps, **kw)
+        self.norm = GatedRMSNorm(inner, eps=eps, activation="sigmoid", **kw)
         self.output_gate = nn.Linear(embed_dim, inner, bias=False, **kw)
         self.out_proj = nn.Linear(inner, embed_dim, bias=False, **kw)
 
@@ -154,8 +161,7 @@ class LightningAttentionMixer(TokenMixer):
                 g = torch.where(keep[:, None, :, None], g, zero)
             form = "recurrent" if cache is not None and n == 1 else "chunkwise"
             o, state = self.attention.run(Inputs(q, k, v, g), form, state)
-        o = self.norm(o.transpose(1, 2).reshape(b, n, h * d))
-        o = o * torch.sigmoid(self.output_gate(x).to(work))
+        o = self.norm(o.transpose(1, 2).reshape(b, n, h * d), self.output_gate(x).to(work))
         y = self.out_proj(o.to(x.dtype))
         if cache is not None:
             cache.advance(n, lightning=state)

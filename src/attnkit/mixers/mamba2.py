@@ -39,50 +39,18 @@ from torch import Tensor, nn
 
 from attnkit import arguments
 from attnkit.linear_family import decay
-from attnkit.mixers.base import REGISTRY, MixerCache, TokenMixer
+from attnkit.mixers.base import (
+    REGISTRY,
+    MixerCache,
+    TokenMixer,
+    check_cache,
+    check_input,
+    check_state,
+)
 from attnkit.mixers.conv import ShortConv, padding_mask, zero_padding
 from attnkit.mixers.gated_norm import GatedRMSNorm
 
 __all__ = ["Mamba2Mixer"]
-
-
-def check_input(layer: nn.Module, x: object, embed_dim: int) -> None:
-    """Raise, naming ``layer``, unless x is a floating (B, N, embed_dim) tensor with N ≥ 1."""
-    who = type(layer).__name__
-    if not isinstance(x, Tensor):
-        raise TypeError(f"{who}: x must be a tensor (B, N, {embed_dim}), got {type(x).__name__}")
-    if not x.is_floating_point():
-        raise TypeError(f"{who}: x must be floating point, got dtype {x.dtype}")
-    if x.dim() != 3 or x.shape[-1] != embed_dim or x.shape[1] == 0:
-        raise ValueError(
-            f"{who}: x must be (B, N, embed_dim) = (B, N, {embed_dim}) with N ≥ 1, got "
-            f"{tuple(x.shape)}"
-        )
-
-
-def check_cache(layer: TokenMixer, cache: object) -> MixerCache | None:
-    """``cache`` as the layer's :class:`MixerCache` (claimed by it); TypeError for another kind,
-    ValueError (from :meth:`MixerCache.claim`) when another layer owns it."""
-    if cache is None:
-        return None
-    if not isinstance(cache, MixerCache):
-        raise TypeError(
-            f"{type(layer).__name__}: cache must be a MixerCache (from layer.new_cache()) or "
-            f"None, got {type(cache).__name__}"
-        )
-    cache.claim(layer)
-    return cache
-
-
-def check_state(layer: nn.Module, cache: MixerCache, name: str, shape: tuple, dtype) -> None:
-    """Raise ValueError when the cache's state ``name`` does not have ``shape`` and ``dtype``."""
-    state = cache.states.get(name)
-    if state is not None and (tuple(state.shape) != tuple(shape) or state.dtype != dtype):
-        raise ValueError(
-            f"{type(layer).__name__}: the cache's {name!r} state is {tuple(state.shape)} "
-            f"{state.dtype}, but this step needs {tuple(shape)} {dtype} (another batch size "
-            "or dtype?): start a new cache with layer.new_cache()"
-        )
 
 
 def time_limit(limit: object) -> tuple[float, float]:
