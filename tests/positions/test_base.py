@@ -93,6 +93,7 @@ def _declared_schemes():
         "dynamic_ntk": rs.DynamicNTKScaling(2.0, 4),
         "yarn": rs.YaRNScaling(2.0, 4),
         "llama3": rs.Llama3Scaling(2.0, 4),
+        "longrope": rs.LongRoPEScaling((1.0, 1.5), (2.0, 6.0), 8, 3.0),
     }
     for label, scaling in scalings.items():
         out[f"rope_scaled[{label}]"] = rs.ScaledRotary(scaling=scaling)
