@@ -38,3 +38,15 @@ def test_top_indices_without_ties_are_the_highest_in_index_order():
     index, available = top_indices(score, 9)
     want = torch.sort(score, dim=-1, descending=True).indices[:, :9].sort(-1).values
     assert torch.equal(index, want) and available.all()
+
+
+def test_top_indices_unordered_is_the_same_set():
+    g = torch.Generator().manual_seed(3)
+    score = torch.randn(20, 30, generator=g, dtype=torch.float64)
+    score[:5, 10:] = float("-inf")  # ties at the bar: the tie path
+    for count in (4, 12):
+        index, available = top_indices(score, count)
+        loose, loose_available = top_indices(score, count, ordered=False)
+        order = loose.sort(-1)
+        assert torch.equal(order.values, index)
+        assert torch.equal(torch.gather(loose_available, -1, order.indices), available)

@@ -1,4 +1,5 @@
-"""Attention over each query's selected keys on key-block tiles against the per-query gather
+"""Attention over each query's selected keys on key-block tiles and through the fused kernel
+with a selection mask against the per-query gather
 (gathered_softmax, itself checked against a loop in test_gathered.py) and, through DSA, against
 the loop from the V3.2 equations in test_dsa.py: float64, forward, weights and gradients."""
 
@@ -15,11 +16,17 @@ from attnkit.sparse_trainable._selected import selected_softmax
 D = torch.float64
 
 
+@pytest.mark.parametrize("fused", [False, True])
 @pytest.mark.parametrize("pairs, block, tile, q_offset", [(5, 3, 2, 0), (1 << 14, 4, 32, 6)])
-def test_selected_softmax_matches_the_gather(monkeypatch, pairs, block, tile, q_offset):
+def test_selected_softmax_matches_the_gather(monkeypatch, pairs, block, tile, q_offset, fused):
+    """The key-block tiles (any device) and the fused kernel with a selection mask (CPU;
+    ``MASK`` small: several chunks of rows)."""
     monkeypatch.setattr(_selected, "PAIRS", pairs)
     monkeypatch.setattr(_selected, "BLOCK", block)
     monkeypatch.setattr(_selected, "TILE", tile)
+    monkeypatch.setattr(_selected, "MASK", 3 * pairs)
+    if not fused:
+        monkeypatch.setattr(_selected, "_fused_applies", lambda q: False)
     g = torch.Generator().manual_seed(pairs)
     count, m, d, t = 3, 9, 4, 5
     n = m + q_offset

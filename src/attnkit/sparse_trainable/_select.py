@@ -78,7 +78,7 @@ def group_sum(x: Tensor, group_size: int) -> Tensor:
     return grouped.sum(-3, keepdim=True).expand_as(grouped).flatten(-4, -3)
 
 
-def top_indices(score: Tensor, count: int) -> tuple[Tensor, Tensor]:
+def top_indices(score: Tensor, count: int, *, ordered: bool = True) -> tuple[Tensor, Tensor]:
     """The ``count`` highest entries of ``score`` (…, K) per row, ties in index order (the set
     a stable descending sort puts first), in index order, and whether each is finite-or-+inf
     (entries at −inf are not available). NaN ranks as −inf.
@@ -86,6 +86,8 @@ def top_indices(score: Tensor, count: int) -> tuple[Tensor, Tensor]:
     A partial selection, not a sort: ``torch.topk`` finds the count-th highest value v, and the
     row takes every entry above v and the first entries equal to v (O(K) per row, where a sort
     is O(K log K)).
+
+    With ``ordered`` False the set comes in any order (no sort of the chosen indices).
 
     Returns:
         (index (…, count), available (…, count) bool).
@@ -103,7 +105,7 @@ def top_indices(score: Tensor, count: int) -> tuple[Tensor, Tensor]:
     tied = score == bar
     need = count - above.sum(-1, keepdim=True)
     if bool((tied.sum(-1, keepdim=True) == need).all()):  # no tie at the bar: topk's set
-        index = order.sort(-1).values
+        index = order.sort(-1).values if ordered else order
         return index, torch.gather(score, -1, index) > float("-inf")
     take = above | (tied & (tied.cumsum(-1) <= need))
     index = take.reshape(-1, k).nonzero()[:, 1].view(*lead, count)  # exactly count per row

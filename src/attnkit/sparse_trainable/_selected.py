@@ -109,6 +109,94 @@ class _SelectedSoftmax(torch.autograd.Function):
         return dq, dk.view_as(k), dv.view_as(v), None, None, None, None, None
 
 
+FLASH = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+FLASH_BACKWARD = getattr(
+    torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu_backward", None
+)
+#: mask entries (query rows × causal keys) per fused call
+MASK = 1 << 20
+
+
+def _fused_applies(q: Tensor) -> bool:
+    return (
+        FLASH is not None
+        and FLASH_BACKWARD is not None
+        and q.device.type == "cpu"
+        and q.dtype in (torch.float32, torch.float64)
+    )
+
+
+def _fused_chunks(m: int, n: int, q_offset: int):
+    """Rows [a, b) and the keys [0, end) they may read, ~MASK mask entries each."""
+    step = max(1, MASK // max(1, min(n, q_offset + m)))
+    for a in range(0, m, step):
+        b = min(m, a + step)
+        yield a, b, min(n, q_offset + b)
+
+
+def _selection_mask(keys: Tensor, ok: Tensor, end: int, like: Tensor) -> Tensor:
+    """(rows, end) additive mask: 0 at the selected keys, −inf elsewhere."""
+    inf = float("-inf")
+    mask = like.new_full((keys.shape[0], end), inf)
+    src = torch.zeros((), dtype=like.dtype, device=like.device).expand(keys.shape)
+    src = src.masked_fill(~ok, inf)
+    return mask.scatter_reduce_(1, keys.clamp_max(end - 1), src, "amax")
+
+
+class _FusedSelected(torch.autograd.Function):
+    """The selected keys as a mask over each chunk's causal keys, through PyTorch's fused CPU
+    kernel (forward and backward): every key up to the chunk's last is scored (as causal
+    attention does) and the mask keeps the selection, with no per-query gather."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, keys, ok, q_offset, scale, want_weights):
+        count, m, _ = q.shape
+        n = k.shape[1]
+        out = q.new_zeros(count, m, v.shape[-1])
+        lse = q.new_zeros(count, m)
+        weights = q.new_zeros(keys.shape) if want_weights else None
+        for c in range(count):
+            for a, b, end in _fused_chunks(m, n, q_offset):
+                mask = _selection_mask(keys[c, a:b], ok[c, a:b], end, q)
+                qc, kc, vc = q[c, a:b], k[c, :end], v[c, :end]
+                o, s = FLASH(
+                    qc[None, None], kc[None, None], vc[None, None], 0.0, False,
+                    attn_mask=mask[None, None], scale=scale,
+                )[:2]  # fmt: skip
+                has = ok[c, a:b].any(-1)
+                out[c, a:b] = o[0, 0].masked_fill(~has[:, None], 0.0)
+                lse[c, a:b] = s[0, 0].masked_fill(~has, 0.0)
+                if want_weights:  # p at the selected keys: exp(e − lse)
+                    e = torch.matmul(qc, kc.transpose(0, 1)).mul_(scale)
+                    e = e.gather(-1, keys[c, a:b].clamp_max(end - 1))
+                    p = e.sub_(lse[c, a:b, None]).exp_()
+                    weights[c, a:b] = p.masked_fill_(~ok[c, a:b], 0.0)
+        ctx.save_for_backward(q, k, v, keys, ok, out, lse)
+        ctx.q_offset, ctx.scale = q_offset, scale
+        return out, weights
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad, _grad_weights):
+        q, k, v, keys, ok, out, lse = ctx.saved_tensors
+        count, m, _ = q.shape
+        n = k.shape[1]
+        dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+        grad = grad.contiguous()
+        for c in range(count):
+            for a, b, end in _fused_chunks(m, n, ctx.q_offset):
+                mask = _selection_mask(keys[c, a:b], ok[c, a:b], end, q)
+                args = (grad[c, a:b], q[c, a:b], k[c, :end], v[c, :end], out[c, a:b])
+                gq, gk, gv = FLASH_BACKWARD(
+                    *(x[None, None] for x in args), lse[c, a:b][None, None], 0.0, False,
+                    attn_mask=mask[None, None], scale=ctx.scale,
+                )  # fmt: skip
+                dq[c, a:b] += gq[0, 0]
+                dk[c, :end] += gk[0, 0]
+                dv[c, :end] += gv[0, 0]
+        return dq, dk, dv, None, None, None, None, None
+
+
 def selected_softmax(
     q: Tensor,
     k: Tensor,
@@ -134,4 +222,6 @@ def selected_softmax(
         to q, k, v; the weights or None.
     """
     q, k, v = (x.contiguous() for x in (q, k, v))
+    if _fused_applies(q):
+        return _FusedSelected.apply(q, k, v, keys, ok, q_offset, scale, want_weights)
     return _SelectedSoftmax.apply(q, k, v, keys, ok, q_offset, scale, want_weights)

@@ -295,9 +295,14 @@ class DeepSeekSparseAttention(HeadAttention):
         ok = torch.empty(*lead, m, t, dtype=torch.bool, device=qi.device)
         columns = torch.arange(n, device=qi.device)
         step = query_block(m, lead.numel() * n * (qi.shape[-2] + 4))
+        # queries that may read at most t keys (position < t) take all of them: keys 0 … t − 1
+        # (those they may not read unavailable), the set a stable sort puts first
+        short = max(0, min(m, t - int(pos[0]))) if m else 0
+        starts = [*range(0, short, step), *range(short, m, step)]
+        ends = [min(short, a + step) if a < short else min(m, a + step) for a in starts]
         with torch.no_grad():
-            for s in range(0, m, step):
-                sl = slice(s, s + step)
+            for s, e in zip(starts, ends, strict=True):
+                sl = slice(s, e)
                 # causal: the block's queries read no key after its last position
                 end = max(t, min(n, int(pos[sl][-1]) + 1))
                 index = LightningIndexer.scores(qi[..., sl, :, :], wi[..., sl, :], ki[..., :end, :])
@@ -307,7 +312,13 @@ class DeepSeekSparseAttention(HeadAttention):
                     part = rows[..., sl, :] if rows.shape[-2] == m else rows
                     allowed = allowed & part[..., :end]
                 allowed = allowed.broadcast_to(index.shape)
-                top, available = top_indices(index.masked_fill(~allowed, float("-inf")), t)
+                if s < short:
+                    keys[..., sl, :] = columns[:t]
+                    ok[..., sl, :] = allowed[..., :t] & (index[..., :t] > float("-inf"))
+                    continue
+                # the set, in any order (the attention and the indexer's loss read it as such)
+                masked = index.masked_fill(~allowed, float("-inf"))
+                top, available = top_indices(masked, t, ordered=False)
                 keys[..., sl, :] = top
                 ok[..., sl, :] = available & torch.gather(allowed, -1, top)
         return keys, ok
