@@ -36,6 +36,18 @@ def _reasons(score: Score, align: Alignment, *, need_weights: bool) -> list[str]
     return reasons
 
 
+def _is_causal(mask: Tensor | None, m: int, n: int) -> bool:
+    """Whether ``mask`` is exactly the causal mask of M = N queries and keys, the same for every
+    batch and head (query i attends keys j ≤ i); False inside a compiled graph (a data-dependent
+    check would break it)."""
+    if mask is None or m != n or m < 2 or mask.shape[-2:] != (m, n):
+        return False
+    if any(size != 1 for size in mask.shape[:-2]) or torch.compiler.is_compiling():
+        return False
+    causal = torch.ones(m, n, dtype=torch.bool, device=mask.device).tril()
+    return torch.equal(mask.reshape(m, n), causal)
+
+
 def can_dispatch(score: Score, align: Alignment, *, need_weights: bool) -> bool:
     """Whether SDPA computes exactly this attention."""
     return not _reasons(score, align, need_weights=need_weights)
@@ -64,6 +76,13 @@ def attend(
         qp = qp.expand(*lead, *qp.shape[-2:])
         kp = kp.expand(*lead, *kp.shape[-2:])
         v = v.expand(*lead, *v.shape[-2:])
+    if bias is None and _is_causal(mask, qp.shape[-2], kp.shape[-2]):
+        # SDPA's own causal mode skips the tiles above the diagonal (a boolean mask makes it
+        # evaluate every tile); every row keeps its diagonal key, so no row is empty
+        context = F.scaled_dot_product_attention(
+            qp, kp, v, dropout_p=dropout, scale=scale, is_causal=True
+        )
+        return AttentionOutput(context)
     attn_mask: Tensor | None = mask
     if bias is not None:
         attn_mask = bias if inv_t == 1.0 else bias * inv_t
