@@ -237,7 +237,9 @@ def test_any_json_object_is_accepted_or_refused_with_a_config_error(data):
 
 def test_the_task_settings_are_resolved_recorded_and_read_back():
     c = RunConfig(task="kv-recall", quick=True, settings={"num_pairs": 8}).resolved()
-    assert c.settings == {"num_pairs": 8, "keys": None, "values": 10}  # every setting recorded
+    assert c.settings == {  # every setting recorded
+        "num_pairs": 8, "keys": None, "values": 10, "layers": None, "num_layers": 2
+    }  # fmt: skip
     saved = json.loads(c.to_json())
     assert saved["settings"] == c.settings
     assert RunConfig.from_json(c.to_json()).resolved() == c
@@ -271,7 +273,9 @@ def test_a_config_file_sets_the_task_settings_in_a_settings_table(tmp_path):
     path.write_text('task = "mqar"\nquick = true\n\n[settings]\nnum_pairs = 4\nvalues = 8\n')
     data = RunConfig.from_file(path)
     assert data["settings"] == {"num_pairs": 4, "values": 8}
-    assert RunConfig(**data).resolved().settings == {"num_pairs": 4, "keys": None, "values": 8}
+    assert RunConfig(**data).resolved().settings == {
+        "num_pairs": 4, "keys": None, "values": 8, "layers": None, "num_layers": 2
+    }  # fmt: skip
     path.write_text('task = "mqar"\nsettings = 4\n')
     with pytest.raises(ConfigError, match="settings must be dict or null, got int 4"):
         RunConfig.from_file(path)
