@@ -122,6 +122,12 @@ def test_declarations():
         from attnkit.distributed.positions import RingPositions
 
         RingPositions(scheme)
+    q, k = _qk()
+    with pytest.raises(NotImplementedError, match="does not declare per_token"):
+        scheme.transform_at(q, torch.arange(5), 5)
+    out = scheme(q, k, q_offset=3)  # place() is the forward's transform of each side
+    torch.testing.assert_close(scheme.place(q, torch.arange(3, 8), key=False), out.q)
+    torch.testing.assert_close(scheme.place(k, torch.arange(7), key=True), out.k)
 
 
 def test_float32_stays_finite_over_long_sequences_when_centred():

@@ -94,6 +94,15 @@ class XPos(PositionScheme):
         a, b = x[..., 0::2], x[..., 1::2]
         return torch.stack((a * cos - b * sin, a * sin + b * cos), dim=-1).flatten(-2)
 
+    def transform_at(self, x: Tensor, positions: Tensor, total: int) -> Tensor:
+        """Refused: one transform per position cannot place both queries and keys (their
+        scales are inverse); :meth:`place` takes which of the two x holds."""
+        raise NotImplementedError(
+            "xpos scales queries by ζ^{n/γ} and keys by ζ^{-m/γ}, so no single transform per "
+            "position places both (it does not declare per_token); use place(x, positions, "
+            "key=...)"
+        )
+
     def forward(self, q: Tensor, k: Tensor, *, q_offset: int = 0, k_offset: int = 0) -> Positioned:
         check_qk(q, k, "xpos", q_offset=q_offset, k_offset=k_offset)
         m, n = q.shape[-2], k.shape[-2]
