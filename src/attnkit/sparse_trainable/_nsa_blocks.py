@@ -47,9 +47,9 @@ FLASH_BACKWARD = getattr(
 #: queries per gathered tile (rows of one fused call's batch entry)
 TILE = 128
 #: gathered (query, block) pairs per fused call
-BATCH = 1 << 13
+BATCH = 1 << 12
 #: compressed scores per chunk of queries (numbers)
-CHUNK = 1 << 19
+CHUNK = 1 << 18
 
 
 def applies(q: Tensor, n: int, q_offset: int, rows, sz: Sizes) -> bool:

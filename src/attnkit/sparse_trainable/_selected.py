@@ -1,6 +1,8 @@
-"""Softmax attention of each query over its own selected keys (DSA's top-k), evaluated a chunk of
-queries at a time over key-block tiles (:mod:`attnkit.sparse_trainable._pairs`) with one
-hand-written backward.
+"""Softmax attention of each query over its own selected keys (DSA's top-k), a chunk of queries
+at a time with one hand-written backward: on the CPU through PyTorch's fused kernel, the
+selection an additive mask over the chunk's causal keys (every key up to the chunk's last is
+scored, as in causal attention; nothing is gathered); elsewhere over key-block tiles
+(:mod:`attnkit.sparse_trainable._pairs`), below.
 
 A query's selected keys are scattered over the key blocks it touches; each (query, touched
 block) is a pair, read through a (chunk, N) mask of the selection, so a key block is read once

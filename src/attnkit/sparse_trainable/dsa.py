@@ -9,19 +9,22 @@ with H^I indexer heads of size d^I, q^I_{t,j} and w^I_{t,j} from the query token
 the key token (one indexer key shared by the indexer heads).
 
 Cost, with T = min(k, N) keys per query: the main attention is scaled-dot softmax over the
-selected keys, evaluated a chunk of queries at a time over (query, key block) pairs tiled by key
-block with a hand-written backward (:mod:`attnkit.sparse_trainable._selected`): a block of l'
-keys that holds a selected key is scored whole (masked to the selection), so the work is the
-touched blocks' keys, between T and the causal prefix, and O(M·k) is kept. Selections spread
-over the whole prefix (as from an untrained indexer) touch nearly every block: then the main
-attention scores as many keys as causal attention. The indexer is dense but small (ReLU
-instead of softmax): O(M·N·H^I·d^I) time over each query block's causal prefix (half of
-causal attention's scoring at the defaults H^I·d^I = 64 = d), plus an O(N) partial selection
-of the top-k per query; it runs without autograd a block of queries at a time (O(block·N)
-memory), and its training signal is evaluated at the selected keys only (O(M·T·H^I·d^I) time,
-O(M·T) memory). With k ≥ N (the default 2048 at shorter lengths) every term is quadratic: the
-part is full causal attention. With a bias, an alignment other than a fixed-temperature
-softmax, or weights requested, the selected keys are gathered per query
+selected keys (:mod:`attnkit.sparse_trainable._selected`), on the CPU through PyTorch's fused
+kernel with the selection as a mask over each chunk's causal keys (forward and backward; as
+many scores as causal attention, no per-query gather), elsewhere over (query, key block) pairs
+tiled by key block with a hand-written backward (a block of l' keys that holds a selected key
+is scored whole, so the work is the touched blocks' keys, between T and the causal prefix);
+O(M·k) is kept. Selections spread over the whole prefix (as from an untrained indexer) touch
+nearly every block, so on either path the main attention scores about as many keys as causal
+attention; queries before position T read all of their keys (no top-k is taken). The
+indexer is dense but small (ReLU instead of softmax): O(M·N·H^I·d^I) time over each query
+block's causal prefix (half of causal attention's scoring at the defaults H^I·d^I = 64 = d),
+plus an O(N) partial selection of the top-k per query; it runs without autograd a block of
+queries at a time (O(block·N) memory), and its training signal is evaluated at the selected
+keys only (O(M·T·H^I·d^I) time, O(M·T) memory). With k ≥ N (the default 2048 at shorter
+lengths) every term is quadratic: the part is full causal attention. With a bias, an
+alignment other than a fixed-temperature softmax, or weights requested, the selected keys are
+gathered per query
 (:mod:`attnkit.sparse_trainable._gathered`).
 
 Training (sec. 2.1, "sparse training stage"): the indexer is trained by the KL divergence from
