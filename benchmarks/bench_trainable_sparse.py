@@ -13,7 +13,7 @@ Memory: one fresh process per (case, N, step), started with glibc set to return 
 resident memory above the resident memory before it (high-water mark reset).
 
     python benchmarks/bench_trainable_sparse.py [--n 4096,8192,16384] [--repeats 5]
-        [--cases sdpa,nsa,dsa] [--threads 1] [--no-memory]
+        [--cases sdpa,nsa,dsa] [--threads 1] [--no-memory] [--counts]
 """
 
 from __future__ import annotations
@@ -82,6 +82,37 @@ def times(names: list[str], n: int, repeats: int) -> dict[tuple[str, str], float
     return {key: statistics.median(value) for key, value in seen.items()}
 
 
+def nsa_counts(n: int) -> dict[str, float]:
+    """Keys NSA's fused path scores per query, by piece, at N (one head of random inputs, the
+    papers' defaults), each costing 4·d flops (q·k and p·v) as a key of causal SDPA does
+    (SDPA scores (N + 1)/2 keys per query on average)."""
+    from attnkit.sparse_trainable import _nsa_blocks as nb
+
+    part = NativeSparseAttention(D)
+    sz = part._sizes()
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 1, n, D, generator=g) for _ in range(3))
+    with torch.no_grad():
+        kc, vc = part._compress(k, v, None, torch.arange(n))
+        gates = torch.sigmoid(part.gate(q))
+        chosen = torch.empty(n, sz.selected, dtype=torch.int16)
+        items = [(q[0, 0], k[0, 0], v[0, 0], kc[0, 0], vc[0, 0], gates[0, 0],
+                  torch.empty(n, D), torch.empty(3, n), chosen)]  # fmt: skip
+        geo = nb._Geometry(n, n, 0, sz)
+        nb._forward_group(items, geo, D**-0.5)
+    counts = {"compressed": 0.0, "selected, forced blocks": 0.0, "window": 0.0}
+    for a, b in nb._chunks(geo, kc.shape[-2]):
+        counts["compressed"] += (b - a) * min(kc.shape[-2], max(0, (b - 1 - 31) // 16 + 1))
+        for piece in nb._pieces(geo, a // 64, -(-b // 64), torch.float32, "cpu"):
+            r0, r1 = piece.span(geo)
+            name = "selected, forced blocks" if "slc" in piece.branches else "window"
+            counts[name] += (r1 - r0) * piece.length
+    tiles = nb._Tiles(chosen, geo)
+    counts["selected, gathered tiles"] = len(tiles.query) * 64
+    counts["(of which unused slots)"] = int((tiles.query == n).sum()) * 64
+    return {key: value / n for key, value in counts.items()}
+
+
 def cell(name: str, n: int, step_name: str, threads: int) -> dict:
     """Peak bytes of one step above the resident memory before it, in this process."""
     torch.set_num_threads(threads)
@@ -111,12 +142,21 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--no-memory", action="store_true")
+    parser.add_argument("--counts", action="store_true", help="print NSA's scored keys")
     parser.add_argument("--cell", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.cell:
         print(json.dumps(cell(*json.loads(args.cell))))
         return
     torch.set_num_threads(args.threads)
+    if args.counts:
+        print("| N | SDPA | " + " | ".join(nsa_counts(64 * 16)) + " | NSA / SDPA |")
+        for n in (int(x) for x in args.n.split(",")):
+            c = nsa_counts(n)
+            scored = sum(v for key, v in c.items() if not key.startswith("("))
+            row = " | ".join(f"{v:.0f}" for v in c.values())
+            print(f"| {n} | {(n + 1) / 2:.0f} | {row} | {scored / ((n + 1) / 2):.2f} |")
+        return
     names = args.cases.split(",")
     others = [x for x in names if x != "sdpa"]
     load = os.getloadavg()
