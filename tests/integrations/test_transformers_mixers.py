@@ -58,6 +58,17 @@ CONFIGS = {
         "mamba_d_head": 8,
         "mamba_chunk_size": 5,
     },
+    "granitemoehybrid": _ATTN
+    | _MAMBA
+    | {
+        "num_hidden_layers": 2,
+        "layer_types": ["mamba", "attention"],
+        "mamba_n_heads": 4,
+        "mamba_d_head": 8,
+        "mamba_chunk_size": 5,
+        "num_local_experts": 2,
+        "num_experts_per_tok": 1,
+    },
     "nemotron_h": _ATTN
     | {
         "num_hidden_layers": 3,
@@ -119,6 +130,7 @@ CONFIGS = {
 LAYERS = {
     "mamba2": "Mamba2Mixer",
     "bamba": "BambaMixer",
+    "granitemoehybrid": "GraniteMoeHybridMambaLayer",
     "nemotron_h": "NemotronHMamba2Mixer",
     "zamba2": "Zamba2MambaMixer",
     "qwen3_next": "Qwen3NextGatedDeltaNet",

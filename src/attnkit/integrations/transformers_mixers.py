@@ -24,6 +24,7 @@ transformers module                       attnkit mixer
 ========================================  ============================================
 ``Mamba2Mixer`` (Mamba-2)                 :class:`attnkit.mixers.Mamba2Mixer`
 ``BambaMixer`` (Bamba)                    :class:`attnkit.mixers.Mamba2Mixer`
+``GraniteMoeHybridMambaLayer`` (Granite)  :class:`attnkit.mixers.Mamba2Mixer`
 ``NemotronHMamba2Mixer`` (Nemotron-H)     :class:`attnkit.mixers.Mamba2Mixer`
 ``Zamba2MambaMixer`` (Zamba 2)            :class:`attnkit.mixers.Mamba2Mixer`
 ``Qwen3NextGatedDeltaNet`` (Qwen3-Next)   :class:`attnkit.mixers.GatedDeltaNetMixer`
@@ -102,12 +103,18 @@ __all__ = ["NOT_EXACT", "SUPPORTED", "TransformersMixer", "swap_mixers"]
 #: transformers' layout (an attribute of the transformers cache object: layer index → cache).
 SIDE_CACHES = "attnkit_mixer_caches"
 
-_MAMBA2_VARIANTS = ("BambaMixer", "NemotronHMamba2Mixer", "Zamba2MambaMixer")
+_MAMBA2_VARIANTS = (
+    "BambaMixer",
+    "GraniteMoeHybridMambaLayer",
+    "NemotronHMamba2Mixer",
+    "Zamba2MambaMixer",
+)
 
 
 def _mamba2(module: nn.Module, **overrides: Any) -> Mamba2Mixer:
-    """:class:`Mamba2Mixer` equal to a Mamba-2 mixer of a hybrid model (Bamba, Nemotron-H, Zamba
-    2: the same layer as transformers' ``Mamba2Mixer`` under other names), weights copied."""
+    """:class:`Mamba2Mixer` equal to a Mamba-2 mixer of a hybrid model (Bamba, Granite 4 hybrid,
+    Nemotron-H, Zamba 2: the same layer as transformers' ``Mamba2Mixer`` under other names),
+    weights copied."""
     name = type(module).__name__
     activation = getattr(module, "activation", None)
     if activation != "silu":
@@ -218,7 +225,6 @@ NOT_EXACT: dict[str, str] = {
         "by default (mamba_rms_norm=False) gates y·SiLU(z) without the RMSNorm, which attnkit's "
         "Mamba2Mixer always applies"
     ),
-    "GraniteMoeHybridMambaLayer": "not compared with attnkit's Mamba2Mixer",
     "Qwen3_5GatedDeltaNet": _UNCHECKED,
     "Qwen3_5MoeGatedDeltaNet": _UNCHECKED,
     "Qwen4ExpTextGatedDeltaNet": _UNCHECKED,
