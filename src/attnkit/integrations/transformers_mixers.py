@@ -19,22 +19,16 @@ to rounding, with and without left or right padding at the real positions), and 
 generation gives the same tokens through the same cache. The layers covered
 (:data:`SUPPORTED`):
 
-========================================  ============================================
-transformers module                       attnkit mixer
-========================================  ============================================
-``Mamba2Mixer`` (Mamba-2)                 :class:`attnkit.mixers.Mamba2Mixer`
-``BambaMixer`` (Bamba)                    :class:`attnkit.mixers.Mamba2Mixer`
-``GraniteMoeHybridMambaLayer`` (Granite)  :class:`attnkit.mixers.Mamba2Mixer`
-``NemotronHMamba2Mixer`` (Nemotron-H)     :class:`attnkit.mixers.Mamba2Mixer`
-``Zamba2MambaMixer`` (Zamba 2)            :class:`attnkit.mixers.Mamba2Mixer`
-``Qwen3NextGatedDeltaNet`` (Qwen3-Next)   :class:`attnkit.mixers.GatedDeltaNetMixer`
-``KimiLinearDeltaAttention`` (Kimi)       :class:`attnkit.mixers.KimiDeltaAttentionMixer`
-``MiniMaxLightningAttention`` (MiniMax)   :class:`attnkit.mixers.LightningAttentionMixer`
-========================================  ============================================
+- ``Mamba2Mixer`` (Mamba-2), ``BambaMixer`` (Bamba), ``GraniteMoeHybridMambaLayer`` (Granite 4
+  hybrid), ``NemotronHMamba2Mixer`` (Nemotron-H), ``Zamba2MambaMixer`` (Zamba 2):
+  :class:`attnkit.mixers.Mamba2Mixer`;
+- ``Qwen3NextGatedDeltaNet`` (Qwen3-Next): :class:`attnkit.mixers.GatedDeltaNetMixer`;
+- ``KimiLinearDeltaAttention`` (Kimi Linear): :class:`attnkit.mixers.KimiDeltaAttentionMixer`;
+- ``MiniMaxLightningAttention`` (MiniMax): :class:`attnkit.mixers.LightningAttentionMixer`.
 
-Linear layers that no attnkit mixer reproduces (Mamba-1 in Jamba, Zamba, Falcon-Mamba, Falcon-H1's
-µP-scaled mixer, the Gated DeltaNet variants not checked) are listed in :data:`NOT_EXACT`, and
-:func:`swap_mixers` refuses a model holding one by name, with the reason.
+Linear layers that no attnkit mixer reproduces (Mamba-1 in Jamba, Zamba and Falcon-Mamba;
+Falcon-H1's µP-scaled mixer; the Gated DeltaNet variants not checked) are listed in
+:data:`NOT_EXACT`, and :func:`swap_mixers` refuses a model holding one by name, with the reason.
 
 The cache: transformers keeps a linear layer's state in its cache (``DynamicCache``'s linear
 attention layers: ``get_conv_state`` / ``get_recurrent_state`` and their ``update_*``; MiniMax's
