@@ -289,6 +289,27 @@ def test_the_weights_are_copies(pair):
         assert sum(p.numel() for p in swapped.get_submodule(name).parameters()) == count
 
 
+def test_gradients_equal_the_original():
+    """Training through the swapped model: the gradients with respect to the input embeddings
+    and to the layers around the mixers equal the original's; the mixer's own parameters get
+    gradients (its weights are its own copies)."""
+    model = build("qwen3_next", seed=6)
+    swapped = copy.deepcopy(model)
+    swap_mixers(swapped)
+    ids, mask = inputs(2)
+    grads = []
+    for m in (model, swapped):
+        embeds = m.get_input_embeddings()(ids).detach().requires_grad_()
+        with widened(modeling("qwen3_next")):
+            m(inputs_embeds=embeds, attention_mask=mask).logits[mask.bool()].pow(2).sum().backward()
+        grads.append((embeds.grad, m.lm_head.weight.grad))
+    torch.testing.assert_close(grads[1][0], grads[0][0], **TOL)
+    torch.testing.assert_close(grads[1][1], grads[0][1], **TOL)
+    mixer = swapped.model.layers[0].linear_attn.mixer
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in mixer.parameters())
+    assert "_attnkit_input" not in mixer.conv.__dict__  # nothing kept after a call
+
+
 def test_a_chunk_size_override_changes_nothing():
     model = build("qwen3_next", seed=1)
     swapped = copy.deepcopy(model)

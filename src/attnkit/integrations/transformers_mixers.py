@@ -349,7 +349,11 @@ class TransformersMixer(nn.Module):
         cache = arguments.get("cache")
         layout = SUPPORTED[self.source]
         if cache is None:
-            out = self.mixer(x, mask=keep)
+            try:
+                out = self.mixer(x, mask=keep)
+            finally:
+                if self.kernel_size is not None:  # the captured input is not needed
+                    self.mixer.conv.__dict__.pop("_attnkit_input", None)
             return (out, None) if layout.returns_state else out
         ours = self._read(cache, x)
         limit = None
