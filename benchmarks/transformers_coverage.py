@@ -90,6 +90,15 @@ HYBRIDS: dict[str, dict] = {
     | {"linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_key_head_dim": 8}
     | {"linear_value_head_dim": 6, "num_experts": 2, "num_experts_per_tok": 1}
     | {"moe_intermediate_size": 8, "shared_expert_intermediate_size": 8},
+    "qwen3_5_text": _ATTN
+    | {"num_hidden_layers": 2, "layer_types": ["linear_attention", "full_attention"]}
+    | {"linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_key_head_dim": 8}
+    | {"linear_value_head_dim": 6},
+    "qwen3_5_moe_text": _ATTN
+    | {"num_hidden_layers": 2, "layer_types": ["linear_attention", "full_attention"]}
+    | {"linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_key_head_dim": 8}
+    | {"linear_value_head_dim": 6, "num_experts": 2, "num_experts_per_tok": 1}
+    | {"moe_intermediate_size": 8, "shared_expert_intermediate_size": 8},
     "zamba2": _ATTN
     | {"num_hidden_layers": 2, "layers_block_type": ["mamba", "hybrid"]}
     | {"n_mamba_heads": 4, "mamba_headdim": 8, "mamba_d_state": 6, "mamba_ngroups": 2}

@@ -5,7 +5,7 @@ run with their float32 casts widened (tests/mixers/hf_float64.py), so that both 
 float64."""
 
 import copy
-import importlib
+import sys
 
 import pytest
 import torch
@@ -104,6 +104,28 @@ CONFIGS = {
         "moe_intermediate_size": 8,
         "shared_expert_intermediate_size": 8,
     },
+    "qwen3_5_text": _ATTN
+    | {
+        "num_hidden_layers": 2,
+        "layer_types": ["linear_attention", "full_attention"],
+        "linear_num_key_heads": 2,
+        "linear_num_value_heads": 4,
+        "linear_key_head_dim": 8,
+        "linear_value_head_dim": 6,
+    },
+    "qwen3_5_moe_text": _ATTN
+    | {
+        "num_hidden_layers": 2,
+        "layer_types": ["full_attention", "linear_attention"],
+        "linear_num_key_heads": 2,
+        "linear_num_value_heads": 2,
+        "linear_key_head_dim": 6,
+        "linear_value_head_dim": 8,
+        "num_experts": 2,
+        "num_experts_per_tok": 1,
+        "moe_intermediate_size": 8,
+        "shared_expert_intermediate_size": 8,
+    },
     "kimi_linear": _ATTN
     | {
         "num_hidden_layers": 2,
@@ -134,13 +156,16 @@ LAYERS = {
     "nemotron_h": "NemotronHMamba2Mixer",
     "zamba2": "Zamba2MambaMixer",
     "qwen3_next": "Qwen3NextGatedDeltaNet",
+    "qwen3_5_text": "Qwen3_5GatedDeltaNet",
+    "qwen3_5_moe_text": "Qwen3_5MoeGatedDeltaNet",
     "kimi_linear": "KimiLinearDeltaAttention",
     "minimax": "MiniMaxLightningAttention",
 }
 
 
-def modeling(model_type):
-    return importlib.import_module(f"transformers.models.{model_type}.modeling_{model_type}")
+def modeling(model):
+    """The transformers module file that defines ``model``'s layers."""
+    return sys.modules[type(model).__module__]
 
 
 def build(model_type, extra=None, seed=0):
@@ -205,10 +230,10 @@ def test_every_linear_layer_is_replaced(pair):
 def test_logits_equal_the_original(pair, left, right):
     """Without padding, left-padded (every position, padding included) and right-padded (the
     real positions)."""
-    model_type, original, swapped = pair
+    _model_type, original, swapped = pair
     ids, mask = inputs(left, right)
     kwargs = {} if left == right == 0 else {"attention_mask": mask}
-    with torch.no_grad(), widened(modeling(model_type)):
+    with torch.no_grad(), widened(modeling(original)):
         expected = original(ids, **kwargs).logits
         got = swapped(ids, **kwargs).logits
     keep = mask.bool() if right else torch.ones_like(mask, dtype=torch.bool)
@@ -234,9 +259,9 @@ def decode(model, ids, mask, steps):
 
 @pytest.mark.parametrize("left", [0, 3])
 def test_cached_decoding_equals_the_original(pair, left):
-    model_type, original, swapped = pair
+    _model_type, original, swapped = pair
     ids, mask = inputs(left)
-    with torch.no_grad(), widened(modeling(model_type)):
+    with torch.no_grad(), widened(modeling(original)):
         expected, tokens, _ = decode(original, ids, mask, 4)
         got, got_tokens, _ = decode(swapped, ids, mask, 4)
     assert torch.equal(got_tokens, tokens)
@@ -248,7 +273,7 @@ def test_the_cache_holds_what_the_original_keeps(pair):
     layer equal those the original model wrote."""
     model_type, original, swapped = pair
     ids, mask = inputs(2)
-    with torch.no_grad(), widened(modeling(model_type)):
+    with torch.no_grad(), widened(modeling(original)):
         _, _, theirs = decode(original, ids, mask, 2)
         _, _, ours = decode(swapped, ids, mask, 2)
     layers = [m.layer_idx for m in swapped.modules() if isinstance(m, TransformersMixer)]
@@ -262,10 +287,10 @@ def test_the_cache_holds_what_the_original_keeps(pair):
 
 
 def test_greedy_generate_gives_the_same_tokens(pair):
-    model_type, original, swapped = pair
+    _model_type, original, swapped = pair
     ids, mask = inputs(2)
     kwargs = {"max_new_tokens": 5, "do_sample": False, "pad_token_id": 0, "attention_mask": mask}
-    with torch.no_grad(), widened(modeling(model_type)):
+    with torch.no_grad(), widened(modeling(original)):
         expected = original.generate(ids, **kwargs)
         got = swapped.generate(ids, **kwargs)
     assert torch.equal(got, expected)
@@ -300,7 +325,7 @@ def test_gradients_equal_the_original():
     grads = []
     for m in (model, swapped):
         embeds = m.get_input_embeddings()(ids).detach().requires_grad_()
-        with widened(modeling("qwen3_next")):
+        with widened(modeling(model)):
             m(inputs_embeds=embeds, attention_mask=mask).logits[mask.bool()].pow(2).sum().backward()
         grads.append((embeds.grad, m.lm_head.weight.grad))
     torch.testing.assert_close(grads[1][0], grads[0][0], **TOL)
@@ -315,7 +340,7 @@ def test_a_chunk_size_override_changes_nothing():
     swapped = copy.deepcopy(model)
     swap_mixers(swapped, chunk_size=2)
     ids, mask = inputs(3)
-    with torch.no_grad(), widened(modeling("qwen3_next")):
+    with torch.no_grad(), widened(modeling(model)):
         torch.testing.assert_close(
             swapped(ids, attention_mask=mask).logits, model(ids, attention_mask=mask).logits, **TOL
         )
@@ -328,7 +353,7 @@ def test_with_swap_attention_the_whole_model_is_attnkit():
     swap_mixers(swapped)
     swap_attention(swapped)
     ids, mask = inputs(2)
-    with torch.no_grad(), widened(modeling("qwen3_next")):
+    with torch.no_grad(), widened(modeling(model)):
         expected, tokens, _ = decode(model, ids, mask, 3)
         got, got_tokens, _ = decode(swapped, ids, mask, 3)
     assert torch.equal(got_tokens, tokens)
@@ -360,7 +385,7 @@ def test_a_mixer_by_name_or_class():
     swap_mixers(model, mixer="mamba2", chunk_size=3)
     assert all(m.mixer.chunk_size == 3 for m in model.modules() if isinstance(m, TransformersMixer))
     ids, _ = inputs()
-    with torch.no_grad(), widened(modeling("mamba2")):
+    with torch.no_grad(), widened(modeling(reference)):
         torch.testing.assert_close(model(ids).logits, reference(ids).logits, **TOL)
     with pytest.raises(ValueError, match="GatedDeltaNetMixer cannot be built from Mamba2Mixer"):
         swap_mixers(copy.deepcopy(reference), mixer=GatedDeltaNetMixer)

@@ -22,7 +22,8 @@ generation gives the same tokens through the same cache. The layers covered
 - ``Mamba2Mixer`` (Mamba-2), ``BambaMixer`` (Bamba), ``GraniteMoeHybridMambaLayer`` (Granite 4
   hybrid), ``NemotronHMamba2Mixer`` (Nemotron-H), ``Zamba2MambaMixer`` (Zamba 2):
   :class:`attnkit.mixers.Mamba2Mixer`;
-- ``Qwen3NextGatedDeltaNet`` (Qwen3-Next): :class:`attnkit.mixers.GatedDeltaNetMixer`;
+- ``Qwen3NextGatedDeltaNet`` (Qwen3-Next), ``Qwen3_5GatedDeltaNet`` and
+  ``Qwen3_5MoeGatedDeltaNet`` (Qwen3.5): :class:`attnkit.mixers.GatedDeltaNetMixer`;
 - ``KimiLinearDeltaAttention`` (Kimi Linear): :class:`attnkit.mixers.KimiDeltaAttentionMixer`;
 - ``MiniMaxLightningAttention`` (MiniMax): :class:`attnkit.mixers.LightningAttentionMixer`.
 
@@ -97,6 +98,7 @@ __all__ = ["NOT_EXACT", "SUPPORTED", "TransformersMixer", "swap_mixers"]
 #: transformers' layout (an attribute of the transformers cache object: layer index → cache).
 SIDE_CACHES = "attnkit_mixer_caches"
 
+_QWEN35 = ("Qwen3_5GatedDeltaNet", "Qwen3_5MoeGatedDeltaNet")
 _MAMBA2_VARIANTS = (
     "BambaMixer",
     "GraniteMoeHybridMambaLayer",
@@ -153,6 +155,44 @@ def _mamba2(module: nn.Module, **overrides: Any) -> Mamba2Mixer:
     return layer
 
 
+def _gated_deltanet(module: nn.Module, **overrides: Any) -> GatedDeltaNetMixer:
+    """:class:`GatedDeltaNetMixer` equal to Qwen3.5's Gated DeltaNet layer (Qwen3-Next's layer
+    with its projections apart: ``in_proj_qkv``, ``in_proj_z``, ``in_proj_b``, ``in_proj_a``,
+    each in blocks, head-major, as attnkit's), weights copied."""
+    name = type(module).__name__
+    if module.activation not in ("silu", "swish") or module.conv1d.bias is not None:
+        raise ValueError(
+            f"{name}: expected a SiLU convolution without bias, got activation "
+            f"{module.activation!r}, bias {module.conv1d.bias is not None}"
+        )
+    if getattr(module.norm, "activation", "silu") not in ("silu", "swish"):
+        raise ValueError(
+            f"{name}: expected a SiLU gate in the norm, got {module.norm.activation!r}"
+        )
+    sizes = {
+        "embed_dim": module.hidden_size,
+        "num_heads": module.num_k_heads,
+        "head_dim": module.head_k_dim,
+        "num_v_heads": module.num_v_heads,
+        "head_v_dim": module.head_v_dim,
+        "conv_kernel": module.conv_kernel_size,
+        "eps": module.norm.variance_epsilon,
+    }
+    weight = module.in_proj_qkv.weight
+    layer = GatedDeltaNetMixer(**(sizes | overrides), device=weight.device, dtype=weight.dtype)
+    with torch.no_grad():
+        layer.in_proj_qkvz.weight.copy_(torch.cat([weight, module.in_proj_z.weight], 0))
+        layer.in_proj_ba.weight.copy_(
+            torch.cat([module.in_proj_b.weight, module.in_proj_a.weight], 0)
+        )
+        layer.conv.weight.copy_(module.conv1d.weight)
+        for attr in ("dt_bias", "A_log"):
+            getattr(layer, attr).copy_(getattr(module, attr))
+        layer.norm.weight.copy_(module.norm.weight)
+        layer.out_proj.weight.copy_(module.out_proj.weight)
+    return layer
+
+
 def _mamba2_mixer(module: nn.Module, **overrides: Any) -> Mamba2Mixer:
     return Mamba2Mixer.from_transformers(module, **({"chunk_size": module.chunk_size} | overrides))
 
@@ -189,6 +229,7 @@ SUPPORTED: dict[str, Layout] = {
     "Qwen3NextGatedDeltaNet": Layout(
         GatedDeltaNetMixer, GatedDeltaNetMixer.from_transformers, "delta"
     ),
+    **{n: Layout(GatedDeltaNetMixer, _gated_deltanet, "delta") for n in _QWEN35},
     "KimiLinearDeltaAttention": Layout(
         KimiDeltaAttentionMixer, KimiDeltaAttentionMixer.from_transformers, "delta"
     ),
@@ -205,7 +246,7 @@ _MAMBA1 = (
     "Mamba-1's selective scan (a diagonal state per channel, Δ, B and C from x_proj/dt_proj) "
     "is not a layer attnkit builds; its Mamba2Mixer has scalar decays per head"
 )
-_UNCHECKED = "not compared with attnkit's Gated DeltaNet layer (its projections are laid out apart)"
+_UNCHECKED = "not compared with attnkit's Gated DeltaNet layer"
 
 #: transformers linear layers that no attnkit mixer reproduces, with the reason;
 #: :func:`swap_mixers` refuses a model holding one.
@@ -219,8 +260,6 @@ NOT_EXACT: dict[str, str] = {
         "by default (mamba_rms_norm=False) gates y·SiLU(z) without the RMSNorm, which attnkit's "
         "Mamba2Mixer always applies"
     ),
-    "Qwen3_5GatedDeltaNet": _UNCHECKED,
-    "Qwen3_5MoeGatedDeltaNet": _UNCHECKED,
     "Qwen4ExpTextGatedDeltaNet": _UNCHECKED,
     "OlmoHybridGatedDeltaNet": _UNCHECKED,
     "LaraMiniGatedDeltaNet": _UNCHECKED,
