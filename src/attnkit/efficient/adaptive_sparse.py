@@ -20,7 +20,7 @@ from attnkit import arguments, masks
 from attnkit import taxonomy as tx
 from attnkit.alignments import Entmax
 from attnkit.core import Attention
-from attnkit.head import HeadAttention, check_head_inputs
+from attnkit.head import HeadAttention
 from attnkit.mechanisms import REGISTRY, example_tensor
 from attnkit.output import AttentionOutput
 
@@ -98,18 +98,16 @@ class AdaptivelySparseAttention(HeadAttention):
         """α per head, (H,)."""
         return self.attention.align.alpha.reshape(-1)
 
-    def forward(
+    def attend(
         self,
         q: Tensor,
         k: Tensor,
         v: Tensor,
         *,
-        mask: Tensor | None = None,
-        bias: Tensor | None = None,
-        need_weights: bool = False,
+        mask: Tensor | None,
+        bias: Tensor | None,
+        need_weights: bool,
     ) -> AttentionOutput:
-        arguments.boolean(need_weights, "need_weights")
-        check_head_inputs(q, k, v, mask, bias, "AdaptivelySparseAttention")
         if q.dim() < 3 or q.shape[-3] != self.num_heads:
             raise ValueError(
                 f"AdaptivelySparseAttention(num_heads={self.num_heads}) needs q "

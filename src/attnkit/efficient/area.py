@@ -21,7 +21,7 @@ from torch import Tensor
 from attnkit import arguments, masks
 from attnkit import taxonomy as tx
 from attnkit.core import Attention
-from attnkit.head import HeadAttention, check_head_inputs
+from attnkit.head import HeadAttention
 from attnkit.mechanisms import REGISTRY, example_tensor
 from attnkit.output import AttentionOutput
 
@@ -82,30 +82,19 @@ class AreaAttention(HeadAttention):
     def extra_repr(self) -> str:
         return f"max_area={self.max_area}"
 
-    def forward(
+    def attend(
         self,
         q: Tensor,
         k: Tensor,
         v: Tensor,
         *,
-        mask: Tensor | None = None,
-        bias: Tensor | None = None,
-        need_weights: bool = False,
+        mask: Tensor | None,
+        bias: Tensor | None,
+        need_weights: bool,
     ) -> AttentionOutput:
-        arguments.boolean(need_weights, "need_weights")
-        check_head_inputs(q, k, v, mask, bias, "AreaAttention")
-        if bias is not None:
-            raise ValueError(
-                "AreaAttention cannot honour a bias: a bias per (query, key) pair has no value "
-                "for an area of several keys"
-            )
-        area_mask = None
-        if mask is not None:
-            # a key no query may attend is padding: zero it, so that its content (even NaN)
-            # cannot reach an area (areas holding it are masked anyway)
-            key_ok = mask.any(-2, keepdim=True).transpose(-1, -2)  # (…, N, 1)
-            k, v = torch.where(key_ok, k, 0.0), torch.where(key_ok, v, 0.0)
-            area_mask = areas(mask, self.max_area, "all")
+        # keys no query may attend hold zeros (the template): their content, even NaN, cannot
+        # reach an area (areas holding them are masked anyway)
+        area_mask = None if mask is None else areas(mask, self.max_area, "all")
         out = self.attention(
             q,
             areas(k, self.max_area, "mean"),

@@ -40,7 +40,8 @@ from torch import Tensor, nn
 from attnkit import arguments, masks
 from attnkit import taxonomy as tx
 from attnkit.core import Attention
-from attnkit.head import HeadAttention, check_head_inputs
+from attnkit.head import HeadAttention
+from attnkit.inputs import broadcast_shapes
 from attnkit.mechanisms import REGISTRY, example_tensor
 from attnkit.output import AttentionOutput
 
@@ -135,23 +136,22 @@ class DifferentialAttention(HeadAttention):
             + self.lambda_init
         )
 
-    def forward(
+    def attend(
         self,
         q: Tensor,
         k: Tensor,
         v: Tensor,
         *,
-        mask: Tensor | None = None,
-        bias: Tensor | None = None,
-        need_weights: bool = False,
+        mask: Tensor | None,
+        bias: Tensor | None,
+        need_weights: bool,
     ) -> AttentionOutput:
         """The context (1 − λ_init) · RMSNorm((A_1 − λ A_2) V) (eqs. 1 and 3); with
         ``need_weights=True`` also the weights, the differential map A_1 − λ A_2 (…, M, N),
         signed, its rows summing to 1 − λ, and the two softmax maps by name in ``extra``:
         ``maps``, A_1 and A_2 stacked (…, 2, M, N). ``scores`` and ``log_prob`` are None."""
         who = type(self).__name__
-        arguments.boolean(need_weights, "need_weights")
-        lead = check_head_inputs(q, k, v, mask, bias, who)
+        lead = broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
         if q.shape[-1] != self.head_dim:
             raise ValueError(f"{who}(head_dim={self.head_dim}) got q with {q.shape[-1]} features")
         d = self.head_dim // 2

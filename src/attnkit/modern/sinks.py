@@ -27,7 +27,7 @@ from attnkit import arguments, masks
 from attnkit import taxonomy as tx
 from attnkit.alignments import Alignment, AlignOutput
 from attnkit.core import Attention
-from attnkit.head import HeadAttention, check_head_inputs
+from attnkit.head import HeadAttention
 from attnkit.mechanisms import REGISTRY, example_tensor
 from attnkit.output import AttentionOutput
 from attnkit.scores import Score
@@ -162,17 +162,15 @@ class SinkAttention(HeadAttention):
     def taxonomy_tags(self) -> list:
         return [tx.AlignmentKind.GLOBAL]
 
-    def forward(
+    def attend(
         self,
         q: Tensor,
         k: Tensor,
         v: Tensor,
         *,
-        mask: Tensor | None = None,
-        bias: Tensor | None = None,
-        need_weights: bool = False,
+        mask: Tensor | None,
+        bias: Tensor | None,
+        need_weights: bool,
     ) -> AttentionOutput:
-        arguments.boolean(need_weights, "need_weights")
-        check_head_inputs(q, k, v, mask, bias, type(self).__name__)
         out = self.attention(q, k, v, mask=mask, bias=bias, need_weights=need_weights)
         return AttentionOutput(out.context, out.weights if need_weights else None)
