@@ -99,7 +99,7 @@ def test_padded_queries_get_zero_and_mha_slot_works():
 def test_refuses_causal_masks_bias_and_long_inputs():
     q, k, v = _qkv(5, lead=(1,))
     part = Linformer(6, 3).to(D)
-    with pytest.raises(ValueError, match="not a padding mask"):
+    with pytest.raises(ValueError, match="Linformer: the mask varies over queries"):
         part(q, k, v, mask=ak.masks.causal(6))
     with pytest.raises(ValueError, match="bias"):
         part(q, k, v, bias=torch.zeros(6, 6, dtype=D))

@@ -117,9 +117,9 @@ def test_sorting_is_learned_and_in_multi_head_attention():
 def test_masks_and_biases_it_cannot_honour_are_refused():
     part = SinkhornAttention(4, block_size=2)
     q = torch.randn(2, 6, 4)
-    with pytest.raises(ValueError, match="key-padding masks"):
+    with pytest.raises(ValueError, match=r"SinkhornAttention: the mask varies over queries"):
         part(q, q, q, mask=ak.masks.causal(6))
-    with pytest.raises(ValueError, match="cannot honour a bias"):
+    with pytest.raises(ValueError, match=r"SinkhornAttention.*accepts_bias"):
         part(q, q, q, bias=torch.zeros(6, 6))
     with pytest.raises(ValueError, match="temperature must be > 0"):
         SinkhornAttention(4, temperature=0.0)

@@ -25,12 +25,12 @@ from typing import ClassVar
 import torch
 from torch import Tensor, nn
 
-from attnkit import arguments, hooks, masks
+from attnkit import arguments, masks
 from attnkit import taxonomy as tx
 from attnkit.alignments import Softmax
-from attnkit.efficient.feature_maps import refuse_bias
-from attnkit.efficient.landmarks import padding_masks, zero_rows
-from attnkit.head import HeadAttention, check_head_inputs
+from attnkit.efficient.landmarks import padding_masks
+from attnkit.head import HeadAttention
+from attnkit.inputs import broadcast_shapes
 from attnkit.mechanisms import REGISTRY, example_tensor
 from attnkit.output import AttentionOutput
 
@@ -114,33 +114,29 @@ class Linformer(HeadAttention):
             )
         return p @ x  # (H, k, N) broadcasts over (…, H, N, d)
 
-    def forward(
+    def attend(
         self,
         q: Tensor,
         k: Tensor,
         v: Tensor,
         *,
-        mask: Tensor | None = None,
-        bias: Tensor | None = None,
-        need_weights: bool = False,
+        mask: Tensor | None,
+        bias: Tensor | None,
+        need_weights: bool,
     ) -> AttentionOutput:
         who = type(self).__name__
-        arguments.boolean(need_weights, "need_weights")
-        lead = check_head_inputs(q, k, v, mask, bias, who)
-        refuse_bias(bias, who)
+        lead = broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
         n = k.shape[-2]
         if n > self.max_len:
             raise ValueError(
                 f"{who}(max_len={self.max_len}) got {n} keys (k of shape {tuple(k.shape)}): its "
                 "projections E, F are fixed to max_len positions"
             )
-        query_keep, key_keep = padding_masks(mask, torch.Size((*lead, q.shape[-2], n)), who)
-        keep = None if key_keep is None else key_keep.transpose(-1, -2)  # (…, N, 1)
-        pk = self.project(zero_rows(k, keep), self.e_proj)
-        pv = self.project(zero_rows(v, keep), self.e_proj if self.f_proj is None else self.f_proj)
+        # padded keys hold zeros (the template), so E and F mix in nothing from them
+        query_keep, _ = padding_masks(mask, torch.Size((*lead, q.shape[-2], n)), who)
+        pk = self.project(k, self.e_proj)
+        pv = self.project(v, self.e_proj if self.f_proj is None else self.f_proj)
         scores = (q * q.shape[-1] ** -0.5) @ pk.transpose(-1, -2)  # scale (M, d), not (M, k)
         # A query that may attend no key (padding, or no real key at all) attends nothing.
         weights = self.align(scores, query_keep).weights
-        context = weights @ pv
-        hooks.report(self, weights)
-        return AttentionOutput(context, weights if need_weights else None)
+        return AttentionOutput(weights @ pv, weights)

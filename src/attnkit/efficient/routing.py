@@ -35,12 +35,12 @@ from typing import ClassVar
 import torch
 from torch import Tensor
 
-from attnkit import arguments, hooks, masks
+from attnkit import arguments, masks
 from attnkit import taxonomy as tx
 from attnkit.alignments import Softmax
 from attnkit.core import Attention
 from attnkit.efficient.gather import pairs
-from attnkit.head import HeadAttention, check_head_inputs
+from attnkit.head import HeadAttention
 from attnkit.mechanisms import REGISTRY, example_tensor
 from attnkit.output import AttentionOutput
 
@@ -129,18 +129,16 @@ class RoutingAttention(HeadAttention):
         """The cluster (…, L) of each vector of x (…, L, d): its nearest centroid."""
         return (_unit(x) @ self.centroids.to(x.dtype).T).argmax(-1)
 
-    def forward(
+    def attend(
         self,
         q: Tensor,
         k: Tensor,
         v: Tensor,
         *,
-        mask: Tensor | None = None,
-        bias: Tensor | None = None,
-        need_weights: bool = False,
+        mask: Tensor | None,
+        bias: Tensor | None,
+        need_weights: bool,
     ) -> AttentionOutput:
-        arguments.boolean(need_weights, "need_weights")
-        check_head_inputs(q, k, v, mask, bias, "RoutingAttention")
         if q.shape[-1] != self.d:
             raise ValueError(f"RoutingAttention(d={self.d}) got q with {q.shape[-1]} features")
         cq, ck = self.route(q), self.route(k)
@@ -153,7 +151,6 @@ class RoutingAttention(HeadAttention):
             self._update(q, k, cq, ck, mask)
         same = cq.unsqueeze(-1) == ck.unsqueeze(-2)  # (…, M, N): the routing mask
         full_mask = same if mask is None else same & mask
-        # the core's Attention reports the weights to a listener itself
         out = self.attention(q, k, v, mask=full_mask, bias=bias, need_weights=need_weights)
         return AttentionOutput(out.context, out.weights if need_weights else None)
 
@@ -226,9 +223,8 @@ class RoutingAttention(HeadAttention):
         index = qi.flatten(-2)[..., None].expand(*lead, -1, v.shape[-1])
         context = out.new_zeros(*lead, m, v.shape[-1]).scatter_add(-2, index, out)
         dense = None
-        if need_weights or hooks.listening():
+        if need_weights:
             flat = (qi[..., :, None] * n + ki[..., None, :]).flatten(-3)
             dense = weights.new_zeros(*lead, m * n).scatter_add(-1, flat, weights.flatten(-3))
             dense = dense.unflatten(-1, (m, n))
-            hooks.report(self, dense)
-        return context, dense if need_weights else None
+        return context, dense

@@ -31,11 +31,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnkit import arguments, hooks, masks
+from attnkit import arguments, masks
 from attnkit import taxonomy as tx
 from attnkit.alignments import Softmax
 from attnkit.efficient._shared import masked_logsumexp as _logsumexp
-from attnkit.head import HeadAttention, check_head_inputs
+from attnkit.head import HeadAttention
+from attnkit.inputs import broadcast_shapes
 from attnkit.mechanisms import REGISTRY, example_tensor
 from attnkit.output import AttentionOutput
 
@@ -116,27 +117,19 @@ class SinkhornAttention(HeadAttention):
             f"n_iter={self.n_iter}, temperature={self.temperature}"
         )
 
-    def forward(
+    def attend(
         self,
         q: Tensor,
         k: Tensor,
         v: Tensor,
         *,
-        mask: Tensor | None = None,
-        bias: Tensor | None = None,
-        need_weights: bool = False,
+        mask: Tensor | None,
+        bias: Tensor | None,
+        need_weights: bool,
     ) -> AttentionOutput:
-        arguments.boolean(need_weights, "need_weights")
-        lead = check_head_inputs(q, k, v, mask, bias, "SinkhornAttention")
+        lead = broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
         if q.shape[-1] != self.d:
             raise ValueError(f"SinkhornAttention(d={self.d}) got q with {q.shape[-1]} features")
-        if bias is not None:
-            raise ValueError("SinkhornAttention cannot honour a bias: its sorted keys are mixtures")
-        if mask is not None and mask.dim() >= 2 and mask.shape[-2] != 1:
-            raise ValueError(
-                f"SinkhornAttention honours key-padding masks (…, 1, N) only (its sorted keys are "
-                f"mixtures of keys), got a mask of shape {tuple(mask.shape)}"
-            )
         m, n, dv = q.shape[-2], k.shape[-2], v.shape[-1]
         qz = q.broadcast_to(*lead, m, self.d).reshape(-1, m, self.d)
         kz = k.broadcast_to(*lead, n, self.d).reshape(-1, n, self.d)
@@ -145,12 +138,9 @@ class SinkhornAttention(HeadAttention):
         valid = torch.ones(z, n, dtype=torch.bool, device=q.device)
         if mask is not None:
             valid = mask.broadcast_to(*lead, 1, n).reshape(z, n)
-        context, weights = self._attend(qz, kz, vz, valid, need_weights or hooks.listening())
+        context, weights = self._attend(qz, kz, vz, valid, need_weights)
         context = context.reshape(*lead, m, dv)
-        if weights is not None:
-            weights = weights.reshape(*lead, m, n)
-            hooks.report(self, weights)
-        return AttentionOutput(context, weights if need_weights else None)
+        return AttentionOutput(context, None if weights is None else weights.reshape(*lead, m, n))
 
     def _attend(self, q, k, v, valid, want_weights):
         z, m, n = q.shape[0], q.shape[1], k.shape[1]

@@ -37,11 +37,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnkit import arguments, hooks, masks
+from attnkit import arguments, masks
 from attnkit import taxonomy as tx
 from attnkit.alignments import Softmax
-from attnkit.head import HeadAttention, check_head_inputs
-from attnkit.kernels.base import guarded_sum
+from attnkit.head import HeadAttention
+from attnkit.inputs import broadcast_shapes
 from attnkit.mechanisms import REGISTRY, example_tensor
 from attnkit.output import AttentionOutput
 
@@ -346,27 +346,23 @@ class Synthesizer(HeadAttention):
             dict.fromkeys(getattr(c, "scoring", tx.Scoring.LOCATION) for c in self.components)
         )
 
-    def forward(
+    def attend(
         self,
         q: Tensor,
         k: Tensor,
         v: Tensor,
         *,
-        mask: Tensor | None = None,
-        bias: Tensor | None = None,
-        need_weights: bool = False,
-        q_offset: int = 0,
+        mask: Tensor | None,
+        bias: Tensor | None,
+        need_weights: bool,
+        q_offset: int,
     ) -> AttentionOutput:
         """``q_offset``: the position of the first query, passed to the components that index
-        query positions (the random forms)."""
-        arguments.boolean(need_weights, "need_weights")
+        query positions (the random forms). Keys no query may attend hold zeros (the
+        template): their content, even NaN, reaches nothing."""
         arguments.nonnegative_int(q_offset, "q_offset")
-        lead = check_head_inputs(q, k, v, mask, bias, "Synthesizer")
+        lead = broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
         m, n = q.shape[-2], k.shape[-2]
-        if mask is not None:
-            # a key no query may attend is padding: its content (even NaN) must reach nothing
-            key_ok = mask.any(-2, keepdim=True).transpose(-1, -2)
-            k, v = torch.where(key_ok, k, 0.0), torch.where(key_ok, v, 0.0)
         alpha = self.mixture().to(q.dtype)
         logits = None
         for a, component in zip(alpha, self.components, strict=True):
@@ -377,14 +373,4 @@ class Synthesizer(HeadAttention):
             logits = logits + bias
         logits = logits.broadcast_to(*lead, m, n)
         weights = self.align(logits, mask).weights
-        hooks.report(self, weights)
-        context = _weighted_sum(weights, v)
-        return AttentionOutput(context, weights if need_weights else None)
-
-
-def _weighted_sum(weights: Tensor, v: Tensor) -> Tensor:
-    """weights @ v, in which a value of weight 0 (a masked key, e.g. a later one under a causal
-    mask) has no influence even when it is NaN or infinite."""
-    if torch.compiler.is_compiling() or bool(torch.isfinite(v).all()):
-        return weights @ v
-    return guarded_sum(torch.matmul, weights, v)
+        return AttentionOutput(weights @ v, weights)

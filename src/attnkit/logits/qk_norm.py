@@ -110,6 +110,9 @@ class QKNormAttention(HeadAttention):
     def taxonomy_tags(self) -> list:
         return [tx.Scoring.SCALED_MULTIPLICATIVE]
 
+    # Its own forward, not the template's attend: it only normalises q and k and hands the call
+    # to the inner part, whose forward validates, excludes masked keys and reports (the template
+    # around it would do all of that twice).
     def forward(
         self,
         q: Tensor,

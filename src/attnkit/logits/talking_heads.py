@@ -22,11 +22,11 @@ from typing import ClassVar
 import torch
 from torch import Tensor, nn
 
-from attnkit import arguments, hooks
+from attnkit import arguments
 from attnkit import taxonomy as tx
 from attnkit.alignments import Softmax
-from attnkit.head import HeadAttention, check_head_inputs
-from attnkit.kernels.base import guarded_sum
+from attnkit.head import HeadAttention
+from attnkit.inputs import broadcast_shapes
 from attnkit.mechanisms import REGISTRY, example_tensor
 from attnkit.output import AttentionOutput
 
@@ -76,28 +76,25 @@ class TalkingHeadsAttention(HeadAttention):
     def taxonomy_tags(self) -> list:
         return [tx.Scoring.SCALED_MULTIPLICATIVE, tx.QueryMultiplicity.MULTI_HEAD]
 
-    def forward(
+    def attend(
         self,
         q: Tensor,
         k: Tensor,
         v: Tensor,
         *,
-        mask: Tensor | None = None,
-        bias: Tensor | None = None,
-        need_weights: bool = False,
+        mask: Tensor | None,
+        bias: Tensor | None,
+        need_weights: bool,
     ) -> AttentionOutput:
-        arguments.boolean(need_weights, "need_weights")
-        lead = check_head_inputs(q, k, v, mask, bias, "TalkingHeadsAttention")
+        lead = broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
         if len(lead) < 1 or lead[-1] != self.num_heads:
             raise ValueError(
                 f"TalkingHeadsAttention(num_heads={self.num_heads}) needs the heads at dim -3: "
                 f"q (…, {self.num_heads}, M, d), got q {tuple(q.shape)} and k {tuple(k.shape)}"
             )
         m, n = q.shape[-2], k.shape[-2]
+        # keys no row of a head may attend hold zeros (the template), so NaN there stays out
         keep = None if mask is None else mask.broadcast_to(*lead, m, n)
-        if keep is not None:  # keys no row of a head may attend: zero, so NaN there stays out
-            seen = keep.any(-2)[..., None]
-            k, v = k.where(seen, 0.0), v.where(seen, 0.0)
         e = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(q.shape[-1])
         if bias is not None:
             e = e + bias
@@ -108,11 +105,7 @@ class TalkingHeadsAttention(HeadAttention):
         a_mixed = torch.einsum("...hmn,hg->...gmn", a, self.weights_proj.to(a.dtype))
         if keep is not None:
             a_mixed = a_mixed.masked_fill(~keep, 0.0)
-        hooks.report(self, a)
-        if keep is not None and not bool(torch.isfinite(v).all()):
-            context = guarded_sum(torch.matmul, a_mixed, v)  # NaN at weight 0 stays out
-        else:
-            context = torch.matmul(a_mixed, v)
+        context = torch.matmul(a_mixed, v)
         return AttentionOutput(context, a if need_weights else None)
 
     def extra_repr(self) -> str:
