@@ -123,7 +123,7 @@ def test_key_padding_in_both_fields_and_padded_queries_get_zero():
 def test_refuses_other_masks_and_bias_and_fits_the_attention_slot():
     q, k, v = _qkv(5)
     part = FMMformer(2).to(D)
-    with pytest.raises(ValueError, match="not a padding mask"):
+    with pytest.raises(ValueError, match="FMMformer: the mask varies over queries"):
         part(q, k, v, mask=ak.masks.causal(9))
     with pytest.raises(ValueError, match="bias"):
         part(q, k, v, bias=torch.zeros(9, 9, dtype=D))

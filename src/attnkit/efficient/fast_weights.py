@@ -22,11 +22,12 @@ from typing import ClassVar
 import torch
 from torch import Tensor, nn
 
-from attnkit import arguments, hooks, masks
+from attnkit import masks
 from attnkit import taxonomy as tx
 from attnkit.efficient import kernelized as kz
-from attnkit.efficient.feature_maps import causal_rows, check_causal, make_feature_map, refuse_bias
-from attnkit.head import HeadAttention, check_head_inputs
+from attnkit.efficient.feature_maps import causal_rows, check_causal, make_feature_map
+from attnkit.head import HeadAttention
+from attnkit.inputs import broadcast_shapes
 from attnkit.mechanisms import REGISTRY, example_tensor
 from attnkit.output import AttentionOutput
 
@@ -98,24 +99,22 @@ class FastWeightProgrammer(HeadAttention):
     def taxonomy_tags(self) -> list:
         return [tx.Scoring.SIMILARITY, tx.AlignmentKind.SOFT]
 
-    def forward(
+    def attend(
         self,
         q: Tensor,
         k: Tensor,
         v: Tensor,
         *,
-        mask: Tensor | None = None,
-        bias: Tensor | None = None,
-        need_weights: bool = False,
-        q_offset: int = 0,
+        mask: Tensor | None,
+        bias: Tensor | None,
+        need_weights: bool,
+        q_offset: int,
     ) -> AttentionOutput:
         who = type(self).__name__
         rows = causal_rows(self, q, k, v, q_offset, mask=mask, bias=bias, need_weights=need_weights)
         if rows is not None:  # queries after a KV cache: the last rows of the causal sequence
             return rows
-        arguments.boolean(need_weights, "need_weights")
-        lead = check_head_inputs(q, k, v, mask, bias, who)
-        refuse_bias(bias, who)
+        lead = broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
         check_causal(q, k, who)
         n = k.shape[-2]
         keep = kz.key_mask(mask, torch.Size((*lead, n, n)), who)
@@ -126,7 +125,6 @@ class FastWeightProgrammer(HeadAttention):
         fq, fk, v = (x.broadcast_to(*lead, n, x.shape[-1]) for x in (fq, fk, v))
         context = _programme(fq, fk, v)
         weights = None
-        if need_weights or hooks.listening():
+        if need_weights:
             weights = kz.dense_feature_weights(self.align, fq, fk, keep, causal=True)
-            hooks.report(self, weights)
-        return AttentionOutput(context, weights if need_weights else None)
+        return AttentionOutput(context, weights)

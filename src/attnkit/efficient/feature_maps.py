@@ -76,11 +76,13 @@ def causal_rows(
     or None when there is nothing to do (``q_offset`` 0, or a non-causal part, for which a
     query's position does not matter).
 
-    Causal kernelized attention answers row i from keys j ≤ i and its own query only, so the
-    queries are front-padded with zero rows to N, the whole causal sequence is evaluated, and
-    its last M rows are returned (weights too; parts report only those rows to listeners). The
-    cost is that of the whole sequence, O(N); :meth:`LinearAttention.step` carries the
-    recurrent state instead."""
+    Called from the part's :meth:`attnkit.HeadAttention.attend` (inputs validated, masked keys
+    excluded by the template, which reports the returned weights): causal kernelized attention
+    answers row i from keys j ≤ i and its own query only, so the queries are front-padded with
+    zero rows to N, the part's ``attend`` evaluates the whole causal sequence, and its last M
+    rows are returned (weights too; weights the part reports by name inside ``attend`` are
+    reported for those rows only). The cost is that of the whole sequence, O(N);
+    :meth:`LinearAttention.step` carries the recurrent state instead."""
     offset = arguments.nonnegative_int(q_offset, "q_offset")
     if offset == 0 or not getattr(part, "causal", False):
         return None
@@ -98,7 +100,7 @@ def causal_rows(
     listening = hooks.listening()
     reports: list[hooks.Report] = []
     with hooks.listen(reports.append) if listening else contextlib.nullcontext():
-        out = part.forward(q, k, v, mask=mask, bias=bias, need_weights=need_weights)
+        out = part.attend(q, k, v, mask=mask, bias=bias, need_weights=need_weights, q_offset=0)
     for r in reports:
         hooks.report(r.module, r.weights[..., -m:, :], r.name)
     return out.map(lambda x: x[..., -m:, :])
@@ -161,13 +163,13 @@ def attend(
     part: nn.Module, fq: Tensor, fk: Tensor, v: Tensor, keep: Tensor | None, need_weights: bool
 ) -> AttentionOutput:
     """Kernelized attention with ``part``'s ``causal``/``chunk_size``/``align``; weights formed
-    densely only when asked for or listened to."""
+    densely only when asked for (the template :meth:`attnkit.HeadAttention.forward` asks for
+    them when someone listens, and reports them)."""
     if part.causal:
         context = kz.causal_feature_attention(fq, fk, v, keep, part.chunk_size)
     else:
         context = kz.feature_attention(fq, fk, v, keep)
     weights = None
-    if need_weights or hooks.listening():
+    if need_weights:
         weights = kz.dense_feature_weights(part.align, fq, fk, keep, part.causal)
-        hooks.report(part, weights)
-    return AttentionOutput(context, weights if need_weights else None)
+    return AttentionOutput(context, weights)

@@ -34,9 +34,10 @@ from attnkit import arguments, hooks, masks
 from attnkit import taxonomy as tx
 from attnkit.alignments import Softmax
 from attnkit.efficient import kernelized as kz
-from attnkit.efficient.feature_maps import causal_rows, check_causal, make_feature_map, refuse_bias
+from attnkit.efficient.feature_maps import causal_rows, check_causal, make_feature_map
 from attnkit.efficient.landmarks import padding_masks, zero_rows
-from attnkit.head import HeadAttention, check_head_inputs
+from attnkit.head import HeadAttention
+from attnkit.inputs import broadcast_shapes
 from attnkit.kernels.base import guarded_sum
 from attnkit.mechanisms import REGISTRY, example_tensor
 from attnkit.output import AttentionOutput
@@ -183,16 +184,16 @@ class FMMformer(HeadAttention):
         context = context.flatten(-3, -2)[..., :m, :]
         return context, weights, j
 
-    def forward(
+    def attend(
         self,
         q: Tensor,
         k: Tensor,
         v: Tensor,
         *,
-        mask: Tensor | None = None,
-        bias: Tensor | None = None,
-        need_weights: bool = False,
-        q_offset: int = 0,
+        mask: Tensor | None,
+        bias: Tensor | None,
+        need_weights: bool,
+        q_offset: int,
     ) -> AttentionOutput:
         """The context w₁ D V + w₂ L V; with ``need_weights=True`` also the weights, the blend
         w₁ D + w₂ L (…, M, N), and the two fields' weights by name in ``extra``: ``near``, D
@@ -201,15 +202,13 @@ class FMMformer(HeadAttention):
         rows = causal_rows(self, q, k, v, q_offset, mask=mask, bias=bias, need_weights=need_weights)
         if rows is not None:  # queries after a KV cache: the last rows of the causal sequence
             return rows
-        arguments.boolean(need_weights, "need_weights")
-        lead = check_head_inputs(q, k, v, mask, bias, who)
-        refuse_bias(bias, who)
+        lead = broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
         if self.causal:
             check_causal(q, k, who)
         m, n = q.shape[-2], k.shape[-2]
         query_keep, key_row = padding_masks(mask, torch.Size((*lead, m, n)), who)
+        # padded keys hold zeros and rows without a key are set to 0 (the template)
         key_keep = None if key_row is None else key_row.transpose(-1, -2)  # (…, N, 1)
-        k, v = zero_rows(k, key_keep), zero_rows(v, key_keep)
         near, band, slots = self.near_field(q, k, v, key_row)
         fq, fk = self.features(q), self.features(k)
         if self.causal:
@@ -217,17 +216,14 @@ class FMMformer(HeadAttention):
         else:
             far = kz.feature_attention(fq, fk, v, key_keep)
         context = self.near_weight * near + self.far_weight * far
-        context = zero_rows(context, query_keep)
-        near_w = far_w = blended = None
-        if need_weights or hooks.listening():
-            band, slots = band.flatten(-3, -2)[..., :m, :], slots.flatten(0, 1)[:m]
-            dense = band.new_zeros(*band.shape[:-1], n)
-            near_w = dense.scatter_add(-1, slots.expand_as(band), band)
-            far_w = kz.dense_feature_weights(self.far_align, fq, fk, key_keep, self.causal)
-            near_w, far_w = zero_rows(near_w, query_keep), zero_rows(far_w, query_keep)
-            blended = self.near_weight * near_w + self.far_weight * far_w
-            hooks.report(self, near_w, "near")
-            hooks.report(self, far_w, "far")
         if not need_weights:
             return AttentionOutput(context)
+        band, slots = band.flatten(-3, -2)[..., :m, :], slots.flatten(0, 1)[:m]
+        dense = band.new_zeros(*band.shape[:-1], n)
+        near_w = dense.scatter_add(-1, slots.expand_as(band), band)
+        far_w = kz.dense_feature_weights(self.far_align, fq, fk, key_keep, self.causal)
+        near_w, far_w = zero_rows(near_w, query_keep), zero_rows(far_w, query_keep)
+        blended = self.near_weight * near_w + self.far_weight * far_w
+        hooks.report(self, near_w, "near")
+        hooks.report(self, far_w, "far")
         return AttentionOutput(context, blended, extra={"near": near_w, "far": far_w})

@@ -44,10 +44,10 @@ from attnkit.efficient.feature_maps import (
     attend_inputs,
     causal_rows,
     check_causal,
-    refuse_bias,
     whole_maps,
 )
-from attnkit.head import HeadAttention, check_head_inputs
+from attnkit.head import HeadAttention
+from attnkit.inputs import broadcast_shapes
 from attnkit.mechanisms import REGISTRY, example_tensor
 from attnkit.output import AttentionOutput
 
@@ -214,24 +214,22 @@ class Performer(DerivedBuffers, HeadAttention):
             shift = top if shift is None else torch.maximum(shift, top)
         return torch.where(torch.isfinite(shift), shift, 0)
 
-    def forward(
+    def attend(
         self,
         q: Tensor,
         k: Tensor,
         v: Tensor,
         *,
-        mask: Tensor | None = None,
-        bias: Tensor | None = None,
-        need_weights: bool = False,
-        q_offset: int = 0,
+        mask: Tensor | None,
+        bias: Tensor | None,
+        need_weights: bool,
+        q_offset: int,
     ) -> AttentionOutput:
         who = type(self).__name__
         rows = causal_rows(self, q, k, v, q_offset, mask=mask, bias=bias, need_weights=need_weights)
         if rows is not None:  # queries after a KV cache: the last rows of the causal sequence
             return rows
-        arguments.boolean(need_weights, "need_weights")
-        lead = check_head_inputs(q, k, v, mask, bias, who)
-        refuse_bias(bias, who)
+        lead = broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
         if q.shape[-1] != self.d:
             raise ValueError(f"{who}(d={self.d}) got q with {q.shape[-1]} features")
         if self.causal:

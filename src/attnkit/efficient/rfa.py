@@ -28,12 +28,13 @@ from typing import ClassVar
 import torch
 from torch import Tensor, nn
 
-from attnkit import arguments, hooks, masks
+from attnkit import arguments, masks
 from attnkit import taxonomy as tx
 from attnkit.derived import DerivedBuffers
 from attnkit.efficient import kernelized as kz
-from attnkit.efficient.feature_maps import attend_inputs, causal_rows, check_causal, refuse_bias
-from attnkit.head import HeadAttention, check_head_inputs
+from attnkit.efficient.feature_maps import attend_inputs, causal_rows, check_causal
+from attnkit.head import HeadAttention
+from attnkit.inputs import broadcast_shapes
 from attnkit.kernels.base import guarded_sum
 from attnkit.mechanisms import REGISTRY, example_tensor
 from attnkit.output import AttentionOutput
@@ -141,24 +142,22 @@ class RandomFeatureAttention(DerivedBuffers, HeadAttention):
         """g_t = sigmoid(w_g·k_t + b_g) (…, N, 1)."""
         return torch.sigmoid(k @ self.gate_weight[:, None] + self.gate_bias)
 
-    def forward(
+    def attend(
         self,
         q: Tensor,
         k: Tensor,
         v: Tensor,
         *,
-        mask: Tensor | None = None,
-        bias: Tensor | None = None,
-        need_weights: bool = False,
-        q_offset: int = 0,
+        mask: Tensor | None,
+        bias: Tensor | None,
+        need_weights: bool,
+        q_offset: int,
     ) -> AttentionOutput:
         who = type(self).__name__
         rows = causal_rows(self, q, k, v, q_offset, mask=mask, bias=bias, need_weights=need_weights)
         if rows is not None:  # queries after a KV cache: the last rows of the causal sequence
             return rows
-        arguments.boolean(need_weights, "need_weights")
-        lead = check_head_inputs(q, k, v, mask, bias, who)
-        refuse_bias(bias, who)
+        lead = broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
         if q.shape[-1] != self.d:
             raise ValueError(f"{who}(d={self.d}) got q with {q.shape[-1]} features")
         if self.causal:
@@ -173,11 +172,8 @@ class RandomFeatureAttention(DerivedBuffers, HeadAttention):
         if keep is not None:  # a padded step leaves the state as it is: g = 1, no write
             g = torch.where(keep, g, torch.ones((), dtype=g.dtype))
         context = _gated_scan(fq, fk, v, g, keep, self.chunk_size)
-        weights = None
-        if need_weights or hooks.listening():
-            weights = _gated_weights(self.align, fq, fk, g, keep)
-            hooks.report(self, weights)
-        return AttentionOutput(context, weights if need_weights else None)
+        weights = _gated_weights(self.align, fq, fk, g, keep) if need_weights else None
+        return AttentionOutput(context, weights)
 
 
 def _decay(g: Tensor) -> tuple[Tensor, Tensor]:

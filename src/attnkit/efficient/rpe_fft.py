@@ -29,12 +29,13 @@ from typing import ClassVar
 import torch
 from torch import Tensor, nn
 
-from attnkit import arguments, hooks, masks
+from attnkit import arguments, masks
 from attnkit import taxonomy as tx
 from attnkit.efficient import kernelized as kz
-from attnkit.efficient.feature_maps import make_feature_map, refuse_bias
+from attnkit.efficient.feature_maps import make_feature_map
 from attnkit.efficient.performer import Performer
-from attnkit.head import HeadAttention, check_head_inputs
+from attnkit.head import HeadAttention
+from attnkit.inputs import broadcast_shapes
 from attnkit.kernels.base import guarded_sum
 from attnkit.mechanisms import REGISTRY, example_tensor
 from attnkit.output import AttentionOutput
@@ -170,24 +171,22 @@ class RelativeKernelAttention(HeadAttention):
             return self.phi.features(x, is_query=is_query, keep=keep)
         return self.phi(x)
 
-    def forward(
+    def attend(
         self,
         q: Tensor,
         k: Tensor,
         v: Tensor,
         *,
-        mask: Tensor | None = None,
-        bias: Tensor | None = None,
-        need_weights: bool = False,
-        q_offset: int = 0,
+        mask: Tensor | None,
+        bias: Tensor | None,
+        need_weights: bool,
+        q_offset: int,
     ) -> AttentionOutput:
         """``q_offset``: the position of the first query (keys sit at 0 … N−1), e.g. the number
         of cached positions in incremental decoding."""
         who = type(self).__name__
-        arguments.boolean(need_weights, "need_weights")
         arguments.nonnegative_int(q_offset, "q_offset")
-        lead = check_head_inputs(q, k, v, mask, bias, who)
-        refuse_bias(bias, who)
+        lead = broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
         m, n = q.shape[-2], k.shape[-2]
         if max(m + q_offset, n) > self.max_len:
             raise ValueError(
@@ -213,8 +212,7 @@ class RelativeKernelAttention(HeadAttention):
         den = (fq * cz).sum(-1, keepdim=True)
         context = kz._divide(num, den)
         weights = None
-        if need_weights or hooks.listening():
+        if need_weights:
             scores = (fq @ fk.transpose(-1, -2)) * toeplitz_dense(c, m, n)
             weights = self.align(scores, None if keep is None else keep.transpose(-1, -2)).weights
-            hooks.report(self, weights)
-        return AttentionOutput(context, weights if need_weights else None)
+        return AttentionOutput(context, weights)
