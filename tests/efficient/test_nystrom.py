@@ -99,9 +99,11 @@ def test_fused_path_equals_the_equation_and_the_explicit_factors():
     want = torch.autograd.grad((explicit.context * r).sum(), (q, k, v))
     for a, w in zip(got, want, strict=True):
         torch.testing.assert_close(a, w, atol=1e-10, rtol=1e-8)
-    with ak.hooks.listen() as reports:  # a listener gets the factors
+    with ak.hooks.listen() as reports:  # a listener gets the factors and the weights
         part(q, k, v)
-    assert {r.name for r in reports} == {"to_landmarks", "from_landmarks"}
+    assert {r.name for r in reports} == {"to_landmarks", "from_landmarks", "weights"}
+    (dense,) = (r.weights for r in reports if r.name == "weights")
+    torch.testing.assert_close(dense, explicit.weights)
 
 
 def test_padding_equals_truncation_and_padded_queries_get_zero():
@@ -119,7 +121,7 @@ def test_padding_equals_truncation_and_padded_queries_get_zero():
 def test_refuses_causal_masks_and_bias_and_fits_the_attention_slot():
     q, k, v = _qkv(4)
     part = NystromAttention(4)
-    with pytest.raises(ValueError, match=r"not a padding mask.*causal"):
+    with pytest.raises(ValueError, match=r"NystromAttention: the mask varies over queries.*key, padding"):
         part(q, k, v, mask=ak.masks.causal(8))
     with pytest.raises(ValueError, match="bias"):
         part(q, k, v, bias=torch.zeros(8, 8, dtype=D))

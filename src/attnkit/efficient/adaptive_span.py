@@ -38,11 +38,11 @@ from typing import ClassVar
 import torch
 from torch import Tensor, nn
 
-from attnkit import arguments, hooks, masks
+from attnkit import arguments, masks
 from attnkit import taxonomy as tx
 from attnkit.alignments import Alignment, Softmax
 from attnkit.efficient.span_band import span_band_attention, span_mask
-from attnkit.head import HeadAttention, check_head_inputs
+from attnkit.head import HeadAttention
 from attnkit.mechanisms import REGISTRY, example_tensor
 from attnkit.output import AttentionOutput
 
@@ -55,7 +55,7 @@ __all__ = [
 
 
 class _SpanPart(HeadAttention):
-    """What the two span parts share: validation, the band evaluation and the report."""
+    """What the two span parts share: their checks and the band evaluation."""
 
     # capabilities (attnkit.head.HeadAttention)
     causal_form: ClassVar[bool] = True
@@ -74,10 +74,8 @@ class _SpanPart(HeadAttention):
     def taxonomy_tags(self) -> list:
         return [tx.Scoring.SCALED_MULTIPLICATIVE, tx.AlignmentKind.LOCAL]
 
-    def _check(self, q, k, v, mask, bias, need_weights, q_offset, who) -> None:
-        arguments.boolean(need_weights, "need_weights")
+    def _check(self, q, q_offset, who) -> None:
         arguments.nonnegative_int(q_offset, "q_offset")
-        check_head_inputs(q, k, v, mask, bias, who)
         if q.dim() < 3 or q.shape[-3] != self.num_heads:
             raise ValueError(
                 f"{who}(num_heads={self.num_heads}) needs q (…, H={self.num_heads}, M, d), got "
@@ -85,8 +83,7 @@ class _SpanPart(HeadAttention):
             )
 
     def _attend(self, q, k, v, spans, mask, bias, need_weights, q_offset):
-        want = need_weights or hooks.listening()
-        context, weights = span_band_attention(
+        return span_band_attention(
             q,
             k,
             v,
@@ -97,10 +94,8 @@ class _SpanPart(HeadAttention):
             bias=bias,
             q_offset=q_offset,
             block=self.block,
-            need_weights=want,
+            need_weights=need_weights,
         )
-        hooks.report(self, weights)
-        return context, weights if need_weights else None
 
 
 def _ramp_and_block(ramp: object, block: object) -> tuple[float, int]:
@@ -183,20 +178,20 @@ class AdaptiveSpanAttention(_SpanPart):
         the units of its eq. 4 (keys), which a training loop adds to the task loss."""
         return self.span_penalty * self.spans.sum()
 
-    def forward(
+    def attend(
         self,
         q: Tensor,
         k: Tensor,
         v: Tensor,
         *,
-        mask: Tensor | None = None,
-        bias: Tensor | None = None,
-        need_weights: bool = False,
-        q_offset: int = 0,
+        mask: Tensor | None,
+        bias: Tensor | None,
+        need_weights: bool,
+        q_offset: int,
     ) -> AttentionOutput:
         """``q_offset``: the position of the first query (keys sit at 0 … N−1), e.g. the number
         of cached positions in incremental decoding."""
-        self._check(q, k, v, mask, bias, need_weights, q_offset, "AdaptiveSpanAttention")
+        self._check(q, q_offset, "AdaptiveSpanAttention")
         spans = self.spans.to(q.dtype)[:, None]  # (H, 1): one span for every query of a head
         context, weights = self._attend(q, k, v, spans, mask, bias, need_weights, q_offset)
         return AttentionOutput(context, weights)
@@ -276,19 +271,19 @@ class DynamicSpanAttention(_SpanPart):
         used, ``part.spans(q)`` (the spans of a call's queries q, differentiable)."""
         return self.span_penalty * spans.reshape(spans.shape[0], -1).sum(-1).mean()
 
-    def forward(
+    def attend(
         self,
         q: Tensor,
         k: Tensor,
         v: Tensor,
         *,
-        mask: Tensor | None = None,
-        bias: Tensor | None = None,
-        need_weights: bool = False,
-        q_offset: int = 0,
+        mask: Tensor | None,
+        bias: Tensor | None,
+        need_weights: bool,
+        q_offset: int,
     ) -> AttentionOutput:
         """``q_offset``: the position of the first query (keys sit at 0 … N−1)."""
-        self._check(q, k, v, mask, bias, need_weights, q_offset, "DynamicSpanAttention")
+        self._check(q, q_offset, "DynamicSpanAttention")
         if q.shape[-1] != self.head_dim:
             raise ValueError(
                 f"DynamicSpanAttention(head_dim={self.head_dim}) got q with {q.shape[-1]} features"

@@ -22,7 +22,8 @@ from torch import Tensor, nn
 from attnkit import arguments, hooks, masks
 from attnkit import taxonomy as tx
 from attnkit.alignments import Alignment, AlignOutput
-from attnkit.head import HeadAttention, check_head_inputs
+from attnkit.head import HeadAttention
+from attnkit.inputs import broadcast_shapes
 from attnkit.output import AttentionOutput
 
 __all__ = [
@@ -200,6 +201,10 @@ def landmark_attention(
     present_k), present (…, m, 1). Padded queries and keys and empty landmarks are masked out of
     every factor; computed in at least float32 and returned in the inputs' dtype.
 
+    The body of :meth:`LandmarkAttention.attend`: the inputs are those of the template
+    :meth:`attnkit.HeadAttention.forward` (validated, no bias, a key or padding mask, padded
+    keys holding zeros), which also reports the weights.
+
     Returns:
         AttentionOutput: the context; with ``need_weights=True`` the weights, the dense
         approximation F A⁺ B (…, M, N), whose entries may be negative (A⁺ is a pseudo-inverse)
@@ -207,20 +212,16 @@ def landmark_attention(
         ``extra``: ``to_landmarks`` F (…, M, m) and ``from_landmarks`` B (…, m, N).
     """
     who = type(part).__name__
-    arguments.boolean(need_weights, "need_weights")
-    lead = check_head_inputs(q, k, v, mask, bias, who)
-    if bias is not None:
-        raise ValueError(
-            f"{who}: an additive bias cannot be applied to a landmark approximation (the (M, N) "
-            "scores are never formed); pass bias=None"
-        )
+    lead = broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
     m, n = q.shape[-2], k.shape[-2]
     query_keep, key_row = padding_masks(mask, torch.Size((*lead, m, n)), who)
     key_keep = None if key_row is None else key_row.transpose(-1, -2)
     dtype, work = q.dtype, working_dtype(q)
+    # padded keys hold zeros already (the template); padded queries are zeroed here, so that
+    # they reach no query landmark
     q = zero_rows(q.to(work), query_keep).broadcast_to(*lead, m, q.shape[-1])
-    k = zero_rows(k.to(work), key_keep).broadcast_to(*lead, n, k.shape[-1])
-    v = zero_rows(v.to(work), key_keep)
+    k = k.to(work).broadcast_to(*lead, n, k.shape[-1])
+    v = v.to(work)
     ql, q_present, kl, k_present = landmarks(q, k, query_keep, key_keep)
     # every landmark non-empty (the usual case): no mask to apply to the factors
     q_present = None if bool(q_present.all()) else q_present
@@ -295,15 +296,15 @@ class LandmarkAttention(HeadAttention):
             *segment_means(k, self.num_landmarks, key_keep),
         )
 
-    def forward(
+    def attend(
         self,
         q: Tensor,
         k: Tensor,
         v: Tensor,
         *,
-        mask: Tensor | None = None,
-        bias: Tensor | None = None,
-        need_weights: bool = False,
+        mask: Tensor | None,
+        bias: Tensor | None,
+        need_weights: bool,
     ) -> AttentionOutput:
         return landmark_attention(
             self,

@@ -138,6 +138,9 @@ class LSHAttention(HeadAttention):
         proj = torch.einsum("...ld,rdb->r...lb", x, rot.to(x.dtype))
         return torch.cat([proj, -proj], -1).argmax(-1)
 
+    # Its own forward, not the template's attend: the shared-QK call part(q) (k and v None)
+    # builds its keys from the queries, and the buckets, not only the mask, decide which values
+    # a row may not see (guarded_sum below), which the template's key exclusion cannot cover.
     def forward(
         self,
         q: Tensor,

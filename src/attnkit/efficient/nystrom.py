@@ -40,7 +40,7 @@ from attnkit import hooks, masks
 from attnkit import taxonomy as tx
 from attnkit.alignments import Softmax
 from attnkit.efficient.landmarks import LandmarkAttention
-from attnkit.head import check_head_inputs
+from attnkit.inputs import broadcast_shapes
 from attnkit.mechanisms import REGISTRY, example_tensor
 from attnkit.output import AttentionOutput
 
@@ -70,15 +70,15 @@ class NystromAttention(LandmarkAttention):
         """Scaled dot products x yᵀ/√d (x scaled: (P, d) multiplications, not (P, R))."""
         return (x * x.shape[-1] ** -0.5) @ y.transpose(-1, -2)
 
-    def forward(
+    def attend(
         self,
         q: Tensor,
         k: Tensor,
         v: Tensor,
         *,
-        mask: Tensor | None = None,
-        bias: Tensor | None = None,
-        need_weights: bool = False,
+        mask: Tensor | None,
+        bias: Tensor | None,
+        need_weights: bool,
     ) -> AttentionOutput:
         """The context F (Z (B V)) (see :func:`attnkit.efficient.landmarks.landmark_attention`).
 
@@ -90,12 +90,12 @@ class NystromAttention(LandmarkAttention):
         O((M + N)·d + m²), not O((M + N)·m). ``to_landmarks`` and ``from_landmarks`` are then
         not returned (``extra`` is None); ask for ``need_weights=True`` (or listen) to get them.
         """
-        if mask is None and bias is None and need_weights is False and self._fused(q, k, v):
+        if mask is None and bias is None and not need_weights and self._fused(q, k, v):
             return self._fused_forward(q, k, v)
-        return super().forward(q, k, v, mask=mask, bias=bias, need_weights=need_weights)
+        return super().attend(q, k, v, mask=mask, bias=bias, need_weights=need_weights)
 
     def _fused(self, q: Tensor, k: Tensor, v: Tensor) -> bool:
-        """Whether :meth:`forward` may take the fused path (the factors are this class's)."""
+        """Whether :meth:`attend` may take the fused path (the factors are this class's)."""
         m = self.num_landmarks
         own = type(self).score is NystromAttention.score and (
             type(self).landmarks is LandmarkAttention.landmarks
@@ -113,7 +113,7 @@ class NystromAttention(LandmarkAttention):
         )
 
     def _fused_forward(self, q: Tensor, k: Tensor, v: Tensor) -> AttentionOutput:
-        lead = check_head_inputs(q, k, v, None, None, type(self).__name__)
+        lead = broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
         (mq, d), n, dv = q.shape[-2:], k.shape[-2], v.shape[-1]
         q, k = q.expand(*lead, mq, d), k.expand(*lead, n, d)
         ql, _, kl, _ = self.landmarks(q, k, None, None)
