@@ -121,7 +121,7 @@ def test_padding_equals_truncation_and_padded_queries_get_zero():
 def test_refuses_causal_masks_and_bias_and_fits_the_attention_slot():
     q, k, v = _qkv(4)
     part = NystromAttention(4)
-    with pytest.raises(ValueError, match=r"NystromAttention: the mask varies over queries.*key, padding"):
+    with pytest.raises(ValueError, match=r"NystromAttention: the mask varies over queries"):
         part(q, k, v, mask=ak.masks.causal(8))
     with pytest.raises(ValueError, match="bias"):
         part(q, k, v, bias=torch.zeros(8, 8, dtype=D))
