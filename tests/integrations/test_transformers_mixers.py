@@ -314,6 +314,14 @@ def test_the_weights_are_copies(pair):
         assert sum(p.numel() for p in swapped.get_submodule(name).parameters()) == count
 
 
+def test_saving_the_swapped_model_is_refused(pair, tmp_path):
+    """transformers could not load the mixers' weights: save_pretrained says so."""
+    *_, swapped = pair
+    with pytest.raises(ValueError, match="save the original model"):
+        swapped.save_pretrained(tmp_path)
+    assert not any(tmp_path.iterdir())
+
+
 def test_gradients_equal_the_original():
     """Training through the swapped model: the gradients with respect to the input embeddings
     and to the layers around the mixers equal the original's; the mixer's own parameters get

@@ -67,7 +67,8 @@ Parameters: the attnkit mixer holds copies of the original layer's weights (Gate
 projections reordered into blocks, see :mod:`attnkit.mixers.gated_deltanet`), registered as
 ``<layer>.mixer.*``; the original module is dropped, so ``model.parameters()`` and
 ``model.state_dict()`` hold the attnkit layout (``state_dict`` keys change accordingly; save the
-original model for transformers' loaders).
+original model for transformers' loaders; the swapped model's ``save_pretrained`` raises
+``ValueError``).
 """
 
 from __future__ import annotations
@@ -75,6 +76,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import math
+import types
 from collections.abc import Callable
 from typing import Any
 
@@ -92,7 +94,7 @@ from attnkit.mixers import (
 )
 from attnkit.mixers.conv import zero_padding
 
-__all__ = ["NOT_EXACT", "SUPPORTED", "TransformersMixer", "swap_mixers"]
+__all__ = ["NOT_EXACT", "SUPPORTED", "Layout", "TransformersMixer", "swap_mixers"]
 
 #: Where a :class:`TransformersMixer` keeps the caches of mixers whose states have no place in
 #: transformers' layout (an attribute of the transformers cache object: layer index → cache).
@@ -501,4 +503,15 @@ def swap_mixers(model: nn.Module, *, mixer: Any = None, **overrides: Any) -> lis
     for name, adapter in replaced:
         parent_name, _, attr = name.rpartition(".")
         setattr(model.get_submodule(parent_name), attr, adapter)
+    if hasattr(model, "save_pretrained"):
+        model.save_pretrained = types.MethodType(_refuse_saving, model)
     return [name for name, _ in replaced]
+
+
+def _refuse_saving(self: nn.Module, *args: Any, **kwargs: Any) -> None:
+    """``save_pretrained`` of a model whose linear layers :func:`swap_mixers` replaced."""
+    raise ValueError(
+        f"{type(self).__name__}'s linear layers are attnkit mixers (swap_mixers), whose weights "
+        "transformers cannot load: save the original model, or torch.save(model.state_dict()) "
+        "and load it into a model swapped the same way"
+    )
