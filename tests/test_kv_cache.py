@@ -290,3 +290,40 @@ def test_rollback_refuses_by_name_and_changes_nothing():
     mixed.layers[1] = LatentCache()
     with pytest.raises(ValueError, match="layer 1 holds a LatentCache, which cannot forget"):
         mixed.rollback(0)
+
+
+def test_a_rope_layer_caches_its_keys_placed_and_places_only_the_new_ones():
+    """With a per-token scheme (RoPE) after a q/k norm, a LayerCache holds the keys as placed at
+    their positions (per key/value head): each step rotates only its new keys, and decoding
+    still equals the causal pass. A cache that declares it re-places keys holds them raw."""
+    torch.manual_seed(0)
+    e, h, h_kv = 16, 4, 2
+    mha = ak.MultiHeadAttention(
+        e, h, num_kv_heads=h_kv, position="rope", qk=[ak.qk_chain.HeadNorm(e // h), "position"]
+    ).double().eval()  # fmt: skip
+    x = torch.randn(2, 7, e, dtype=torch.float64)
+    lengths = []
+    real = mha.position.forward
+
+    def counting(q, k, **kw):
+        lengths.append(k.shape[-2])
+        return real(q, k, **kw)
+
+    mha.position.forward = counting
+    with torch.no_grad():
+        whole = mha(x, mask=masks.causal(7)).context
+        lengths.clear()
+        cache = LayerCache()
+        steps = [mha(x[:, :3], mask=masks.causal(3), cache=cache).context]
+        steps += [mha(x[:, t : t + 1], cache=cache).context for t in range(3, 7)]
+        torch.testing.assert_close(torch.cat(steps, 1), whole, rtol=1e-12, atol=1e-12)
+        assert lengths == [3, 1, 1, 1, 1]  # only the new keys are placed
+        # the cached keys are the projected, normed keys rotated at their positions
+        _, projected, _ = mha._project_heads(x, x, x)
+        _, k = mha.qk[0](projected, projected)
+        placed = mha.position(k, k, q_offset=0, k_offset=0).k
+        assert cache.k.shape == (2, h_kv, 7, e // h)
+        torch.testing.assert_close(cache.k, placed, rtol=1e-12, atol=1e-12)
+        streaming = StreamingCache(sinks=2, window=8)
+        mha(x[:, :3], mask=masks.causal(3), cache=streaming)
+        torch.testing.assert_close(streaming.k, projected[:, :, :3])  # as projected

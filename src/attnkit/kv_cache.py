@@ -27,6 +27,7 @@ naming the part and the reason.
 from __future__ import annotations
 
 import weakref
+from typing import ClassVar
 
 import torch
 from torch import Tensor, nn
@@ -130,7 +131,19 @@ class MemoryCache(_Owned):
 class LayerCache(_Owned):
     """The keys and values of one attention layer: k (B, …, H_kv, N, d) and v (B, …, H_kv, N, d_v),
     grown along N by :meth:`append`; empty (None) until the first step. It belongs to the layer
-    that uses it first (see :meth:`claim`); its ``memory`` to that of the cross-attention."""
+    that uses it first (see :meth:`claim`); its ``memory`` to that of the cross-attention.
+
+    Attributes:
+        holds_placed_keys: the cache keeps each key as the layer placed it at its position,
+            when the layer's position scheme transforms every token by its own position alone
+            (``per_token``, such as RoPE, and not reading the total length) after a q/k chain
+            that acts on each position alone: a decoding step then places only its new keys
+            instead of every cached key again. Keys are kept as projected otherwise, and by a
+            cache that declares False (one that moves keys to other positions, as a paged view
+            of several sequences or a streaming window that re-places its keys).
+    """
+
+    holds_placed_keys: ClassVar[bool] = True
 
     def __init__(self) -> None:
         self.k: Tensor | None = None

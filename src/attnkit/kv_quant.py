@@ -27,6 +27,8 @@ d = d_v = 64, group = 32 and float32 scales, 152 bytes for 128 numbers against 5
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import torch
 from torch import Tensor
 
@@ -64,6 +66,9 @@ class QuantizedLayerCache(LayerCache):
         group: the tokens per key group (one scale and zero per channel and group); the keys of
             an incomplete group are kept in full precision until it fills.
     """
+
+    # keys quantised as projected, per channel (KIVI), placed when read
+    holds_placed_keys: ClassVar[bool] = False
 
     def __init__(self, group: int = 32) -> None:
         super().__init__()

@@ -525,12 +525,45 @@ class MultiHeadAttention(nn.Module):
             context = read(self, q, k, v, query, mask, bias, step.offset)
             if context is not None:
                 return self._merge_heads(AttentionOutput(context), query)
-        k, v, k_offset = step.extend(k, v, key.shape[-2])
-        k, v = self._share_kv_heads(k, v)
-        q, k, bias, value_term = self._place(q, k, bias, query, step.offset, k_offset)
+        if step.decoding and self._places_into(step.cache):
+            q, k, v, bias, value_term = self._place_then_extend(q, k, v, bias, query, step)
+        else:
+            k, v, k_offset = step.extend(k, v, key.shape[-2])
+            k, v = self._share_kv_heads(k, v)
+            q, k, bias, value_term = self._place(q, k, bias, query, step.offset, k_offset)
         mask, sparse = self._head_mask(mask, query, key, q, k, step, block_mask, score_mod)
         out = self._call_part(q, k, v, mask, bias, need_weights, value_term, step, sparse)
         return self._merge_heads(out, query)
+
+    def _places_into(self, cache: LayerCache | None) -> bool:
+        """Whether this layer's keys go into ``cache`` placed at their positions: the cache
+        declares ``holds_placed_keys`` and the position scheme transforms each token by its own
+        position alone, without a bias or a term on the values (the q/k chain's steps act on
+        each position alone by their contract)."""
+        scheme = self.position
+        return (
+            cache is not None
+            and cache.holds_placed_keys
+            and scheme.per_token
+            and not scheme.reads_total_length
+            and not scheme.adds_bias
+        )
+
+    def _place_then_extend(
+        self, q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, query: Tensor, step: _NoCache
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor | None, ValueTerm | None]:
+        """The new keys placed at their positions (after ``step.offset`` cached ones), then
+        appended to a cache of placed keys: the cached keys are not placed again at every step.
+        Placed per query head (as the chain and scheme see them), kept per key/value head."""
+        shared_k, _ = self._share_kv_heads(k, k[..., :0, :0])
+        q, placed, bias, value_term = self._place(
+            q, shared_k, bias, query, step.offset, step.offset
+        )
+        group = self.num_heads // self.num_kv_heads
+        placed = placed if group == 1 else placed[..., ::group, :, :]
+        k, v, _ = step.extend(placed, v, k.shape[-2])
+        k, v = self._share_kv_heads(k, v)
+        return q, k, v, bias, value_term
 
     def _merge_heads(self, out: AttentionOutput, query: Tensor) -> AttentionOutput:
         """Concatenate the heads of the context (…, H, M, d_v), gate them by the query tokens

@@ -68,6 +68,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from types import TracebackType
+from typing import ClassVar
 
 import torch
 from torch import Tensor, nn
@@ -204,6 +205,9 @@ class PagedLayerCache(LayerCache):
     and values (pages · page_size, H_kv, d_v), made on the first append and grown with the
     cache's pool. Written and read only inside :meth:`PagedKVCache.step` (see the module
     docstring for the layout of the view); like every cache it belongs to one layer."""
+
+    # sequences sit at other offsets of the batch view: keys are placed when read
+    holds_placed_keys: ClassVar[bool] = False
 
     def __init__(self, cache: PagedKVCache, index: int) -> None:
         super().__init__()

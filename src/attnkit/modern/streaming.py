@@ -25,6 +25,8 @@ tokens (a prompt), each query should still see only the sinks and its own window
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import torch
 from torch import Tensor
 
@@ -61,6 +63,9 @@ class StreamingCache(LayerCache):
     ``seen`` counts the tokens appended in all. Pass it as ``cache=`` to
     :class:`attnkit.MultiHeadAttention` (with ``position="rope"`` for the paper's positions).
     """
+
+    # the window re-places its keys at their positions in the cache
+    holds_placed_keys: ClassVar[bool] = False
 
     def __init__(self, sinks: int = 4, window: int = 1020) -> None:
         super().__init__()
