@@ -296,6 +296,21 @@ def test_greedy_generate_gives_the_same_tokens(pair):
     assert torch.equal(got, expected)
 
 
+@pytest.mark.parametrize("model_type", ["bamba", "kimi_linear"])
+def test_beam_search_reorders_the_states_it_reads(model_type):
+    """Beam search reorders transformers' cache between steps; the swapped layers read the
+    reordered states, so the beams equal the original's."""
+    original = build(model_type, seed=7)
+    swapped = copy.deepcopy(original)
+    swap_mixers(swapped)
+    ids, mask = inputs(2, n=6)
+    kwargs = {"max_new_tokens": 4, "num_beams": 3, "do_sample": False, "pad_token_id": 0}
+    with torch.no_grad(), widened(modeling(original)):
+        expected = original.generate(ids, attention_mask=mask, **kwargs)
+        got = swapped.generate(ids, attention_mask=mask, **kwargs)
+    assert torch.equal(got, expected)
+
+
 def test_the_weights_are_copies(pair):
     """The adapter's mixer holds copies: the original's parameters are not shared, changing them
     leaves the swapped model as it was; the state dict names the mixer's parameters."""
