@@ -144,6 +144,10 @@ class LayerCache(_Owned):
     """
 
     holds_placed_keys: ClassVar[bool] = True
+    #: The cache keeps the keys and values of every position seen, so :meth:`rollback` can
+    #: drop the last k. A cache that folds positions into a state or drops some declares False
+    #: (or overrides :meth:`rollback` with its own).
+    keeps_every_position: ClassVar[bool] = True
 
     def __init__(self) -> None:
         self.k: Tensor | None = None
@@ -189,11 +193,10 @@ class LayerCache(_Owned):
         """Forget the last ``k`` cached positions, as if they had never been decoded (for
         speculative decoding, which drops the draft tokens the target rejected); the next step
         then sits at position ``len(self)``. Raises ValueError when fewer than k are cached,
-        and for a subclass that stores something other than keys and values per position
-        (one that overrides :meth:`append` without overriding this method: a recurrent
-        state or a window of kept tokens cannot give back its last k positions)."""
+        and for a cache that does not declare ``keeps_every_position`` (a recurrent state or a
+        window of kept tokens cannot give back its last k positions)."""
         arguments.nonnegative_int(k, "k")
-        if type(self).append is not LayerCache.append:
+        if not self.keeps_every_position:
             raise ValueError(
                 f"{type(self).__name__}.rollback: this cache does not store the keys and values "
                 "of every position (it folds them into a state or drops some) and keeps no "

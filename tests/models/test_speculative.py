@@ -135,3 +135,14 @@ def test_a_cache_that_cannot_roll_back_is_refused_before_decoding():
     draft.new_cache = lambda: recurrent_cache(1)
     with pytest.raises(ValueError, match=r"rolls back the draft's cache: RecurrentCache\.rollback"):
         speculative.generate(target, draft, _prompt(), 3)
+
+
+def test_a_hybrid_target_with_a_mixer_layer_is_refused_by_its_cache_kind():
+    """A token mixer's cache folds positions into states: refused by name before any call."""
+    torch.manual_seed(0)
+    target = DecoderLM(V, 16, 2, "1 mixer.gated_deltanet : 1 full", max_len=32)
+    calls = []
+    target.forward = lambda *a, **kw: calls.append(a)
+    with pytest.raises(ValueError, match=r"rolls back the target's cache: MixerCache\.rollback"):
+        speculative.generate(target, _lm(1), _prompt(), 3)
+    assert not calls

@@ -84,6 +84,9 @@ class RecurrentCache(LayerCache):
     it; a layer holding another part refuses it when it first claims the cache.
     """
 
+    # positions are folded into the state
+    keeps_every_position: ClassVar[bool] = False
+
     def __init__(self) -> None:
         super().__init__()
         self.state: Tensor | None = None

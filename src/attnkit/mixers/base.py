@@ -42,6 +42,9 @@ class MixerCache(LayerCache):
     :class:`attnkit.kv_cache.LayerCache` of attention layers, so one cache serves a hybrid stack.
     """
 
+    # positions are folded into the states
+    keeps_every_position: ClassVar[bool] = False
+
     def __init__(self) -> None:
         super().__init__()
         self.states: dict[str, Tensor] = {}

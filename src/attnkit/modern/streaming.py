@@ -64,6 +64,9 @@ class StreamingCache(LayerCache):
     :class:`attnkit.MultiHeadAttention` (with ``position="rope"`` for the paper's positions).
     """
 
+    # positions between the sinks and the window are dropped
+    keeps_every_position: ClassVar[bool] = False
+
     # the window re-places its keys at their positions in the cache
     holds_placed_keys: ClassVar[bool] = False
 
