@@ -17,14 +17,14 @@ and :class:`attnkit.models.decoder_lm.DecoderLM`):
 The names (:func:`names` lists them):
 
 - ``full``: the stack's self-attention as its other arguments build it (score, alignment,
-  ``attention``, ``position``, ``pattern``, ``score_mod``);
+  ``attention``, ``position``, ``pattern``, ``score_mod``, ``gate``);
 - ``sliding:W``: that self-attention over a sliding window of W keys (each query attends
   itself and the W − 1 positions before it: Gemma 2/3's and Mistral's local layers; in an
   encoder, the positions less than W away on either side); no ``pattern``;
 - a per-head attention part registered in :mod:`attnkit.mechanisms` (``gated_deltanet``,
   ``mamba2``, ``retention``, ``gla``, ...), built by its ``for_heads`` at the layer's sizes and
   placed in the self-attention's ``attention`` slot (without the stack's ``position``,
-  ``pattern`` or ``score_mod``, which shape the ``full`` layers); ``part.NAME`` says so
+  ``pattern``, ``score_mod`` or ``gate``, which shape the ``full`` layers); ``part.NAME`` says so
   explicitly;
 - a token mixer registered in :data:`attnkit.mixers.REGISTRY`, a whole layer in place of the
   self-attention, built with ``embed_dim`` and those of the layer's sizes its constructor takes
@@ -76,7 +76,7 @@ _SLIDING = re.compile(r"^sliding:(\d+)$")
 _NAME = re.compile(r"^(?:(part|mixer)\.)?([A-Za-z_]\w*)$")
 
 # The self-attention arguments that shape the ``full`` layers only.
-_SELF_ATTENTION = ("attention", "position", "pattern", "score_mod")
+_SELF_ATTENTION = ("attention", "position", "pattern", "score_mod", "gate")
 
 
 @dataclass(frozen=True)
@@ -317,7 +317,7 @@ def layer_arguments(
         return dict(layer)
     out = {k: v for k, v in layer.items() if k not in _SELF_ATTENTION}
     if entry.kind == "sliding":
-        for key in ("attention", "position", "score_mod"):
+        for key in ("attention", "position", "score_mod", "gate"):
             if key in layer:
                 out[key] = layer[key]
         return {**out, "window": entry.window}

@@ -110,6 +110,7 @@ class _Block(nn.Module):
         score_mod: ScoreMod | None = None,
         window: int | None = None,
         mixer: nn.Module | None = None,
+        gate: str | nn.Module | None = None,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
@@ -125,6 +126,7 @@ class _Block(nn.Module):
             "position": position,
             "pattern": pattern,
             "score_mod": score_mod,
+            "gate": gate,
         }
         if self.window is not None and pattern is not None:
             raise ValueError(
@@ -223,6 +225,8 @@ class TransformerEncoderLayer(_Block):
     ``window`` places away (in a decoder layer: itself and the ``window`` − 1 before it).
     ``mixer``: an :class:`attnkit.mixers.TokenMixer` that takes the self-attention's place (a
     Mamba-2 or Gated DeltaNet layer of a hybrid stack); it is called with key padding only.
+    ``gate``: the self-attention's sigmoid output gate (``"elementwise"`` or ``"headwise"``,
+    see :class:`attnkit.MultiHeadAttention`; Qwen3-Next's full-attention layers).
     """
 
     def _build(

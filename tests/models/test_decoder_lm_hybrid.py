@@ -52,6 +52,11 @@ PLANS = {
     "mixer-sliding-retention": ([_mean, "sliding:2", "retention"], {}),
     "mamba2-gla-alibi": ("1 mamba2 : 1 gla : 1 full", {"position": "alibi"}),
     "gated_deltanet-layer": ("1 mixer.gated_deltanet : 1 full", {}),
+    # Qwen3-Next's order: Gated DeltaNet layers, then a gated full-attention layer with RoPE
+    "qwen3_next-like": (
+        "3 mixer.gated_deltanet : 1 full",
+        {"position": "rope", "gate": "elementwise", "num_kv_heads": 1},
+    ),
 }
 
 
@@ -143,3 +148,14 @@ def test_lightning_layers_learn_their_place_in_the_stack():
         if isinstance(part, ak.linear_family.lightning.LightningAttention)
     ]
     assert places == [(0, 4), (1, 4), (2, 4), (3, 4)]
+
+
+def test_the_stacks_gate_reaches_its_full_layers_only():
+    """gate= shapes the self-attention of the full layers; the mixer layers take no slot."""
+    plan, kw = PLANS["qwen3_next-like"]
+    lm = _lm(plan, **kw)
+    full = [b.self_attention for b in lm.decoder.layers if b.mixer is None]
+    mixers = [b.mixer for b in lm.decoder.layers if b.mixer is not None]
+    assert len(full) == 1 and len(mixers) == 3
+    mha = getattr(full[0], "module", full[0])
+    assert mha.gate is not None and mha.gate.kind == "elementwise"
