@@ -12,7 +12,10 @@ Layers from small random configs (no download), float32, ``--threads`` threads (
 - ``kda``: transformers' ``KimiLinearDeltaAttention`` (hidden 256, 4 heads of 64, kernel 4, its
   chunk 64) vs :class:`attnkit.mixers.KimiDeltaAttentionMixer` (chunk 64);
 - ``lightning``: transformers' ``MiniMaxLightningAttention`` (hidden 256, 4 heads of 64, its
-  block 256, layer 1 of 4) vs :class:`attnkit.mixers.LightningAttentionMixer` (chunk 64).
+  block 256, layer 1 of 4) vs :class:`attnkit.mixers.LightningAttentionMixer` (chunk 64);
+- ``gated_attention``: transformers' ``Qwen3NextAttention`` (hidden 256, 4 query and 2 key/value
+  heads of 64, a quarter of each head rotated, SDPA) vs
+  :meth:`attnkit.modern.GatedAttention.from_transformers`, Qwen3-Next's full-attention layer.
 
 All run transformers' torch path (no compiled kernels are installed). The two run interleaved
 (transformers, attnkit; then attnkit, transformers; …) so that load changes hit both and neither
@@ -41,13 +44,16 @@ from transformers.models.mamba2 import modeling_mamba2
 from transformers.models.minimax import modeling_minimax
 from transformers.models.qwen3_next import modeling_qwen3_next
 
+import attnkit as ak
 from attnkit.benchmarking.timing import machine
+from attnkit.kv_cache import LayerCache
 from attnkit.mixers import (
     GatedDeltaNetMixer,
     KimiDeltaAttentionMixer,
     LightningAttentionMixer,
     Mamba2Mixer,
 )
+from attnkit.modern import GatedAttention
 
 HIDDEN = 256
 
@@ -110,11 +116,60 @@ def lightning() -> tuple[object, torch.nn.Module, torch.nn.Module]:
     return cfg, _MiniMaxLayer(theirs), ours
 
 
+class _Qwen3NextFull(torch.nn.Module):
+    """transformers' Qwen3NextAttention (SDPA, causal by SDPA's own mode) called as the other
+    layers are: x (and a DynamicCache) to the output, its rotary embedding at the positions
+    after the cached ones."""
+
+    def __init__(self, module: torch.nn.Module, cfg: object) -> None:
+        super().__init__()
+        self.module = module
+        self.rotary = modeling_qwen3_next.Qwen3NextRotaryEmbedding(cfg)
+
+    def forward(self, x: torch.Tensor, cache: object = None) -> torch.Tensor:
+        start = 0 if cache is None else cache.get_seq_length()
+        positions = torch.arange(start, start + x.shape[1])[None]
+        cos_sin = self.rotary(x, positions)
+        return self.module(x, cos_sin, None, cache=cache)[0]
+
+
+class _GatedFull(torch.nn.Module):
+    """attnkit's GatedAttention called the same way: a causal mask over a prefill, none for a
+    single decoding step (it may attend every cached key)."""
+
+    def __init__(self, layer: torch.nn.Module) -> None:
+        super().__init__()
+        self.layer = layer
+
+    def new_cache(self) -> LayerCache:
+        return LayerCache()
+
+    def forward(self, x: torch.Tensor, cache: LayerCache | None = None) -> torch.Tensor:
+        n = x.shape[1]
+        start = 0 if cache is None else len(cache)
+        mask = ak.masks.causal(n, start + n) if n > 1 else None
+        return self.layer(x, mask=mask, cache=cache).context
+
+
+def gated_attention() -> tuple[object, torch.nn.Module, torch.nn.Module]:
+    cfg = Qwen3NextConfig(
+        hidden_size=HIDDEN, num_attention_heads=4, num_key_value_heads=2, head_dim=64,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                         "partial_rotary_factor": 0.25},
+        num_hidden_layers=1, layer_types=["full_attention"], max_position_embeddings=8192,
+    )  # fmt: skip
+    cfg._attn_implementation = "sdpa"
+    theirs = modeling_qwen3_next.Qwen3NextAttention(cfg, 0)
+    ours = _GatedFull(GatedAttention.from_transformers(theirs))
+    return cfg, _Qwen3NextFull(theirs, cfg), ours
+
+
 LAYERS: dict[str, Callable[[], tuple[object, torch.nn.Module, torch.nn.Module]]] = {
     "mamba2": mamba2,
     "gated_deltanet": gated_deltanet,
     "kda": kda,
     "lightning": lightning,
+    "gated_attention": gated_attention,
 }
 
 
