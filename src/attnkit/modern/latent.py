@@ -167,6 +167,9 @@ class MultiHeadLatentAttention(nn.Module):
         bias: biases in the down-projections and the output projection (as the released
             models' ``attention_bias``).
         rope_base: RoPE's base (θ_i = base^{−2i/d_h^R}).
+        rotary: rotate q^R and k^R (False: the d_h^R features are kept as they are, a
+            position-free MLA whose k^R is still one key shared by all heads, as Kimi Linear's
+            full-attention layers).
         eps: ε of the RMSNorms.
         device, dtype: of the parameters.
 
@@ -188,6 +191,7 @@ class MultiHeadLatentAttention(nn.Module):
         q_rank: int | None = None,
         bias: bool = False,
         rope_base: float = 10000.0,
+        rotary: bool = True,
         eps: float = 1e-6,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
@@ -216,6 +220,7 @@ class MultiHeadLatentAttention(nn.Module):
         self.rope_base = float(rope_base)
         if not self.rope_base > 1:
             raise ValueError(f"rope_base must be > 1, got {rope_base!r}")
+        self.rotary = arguments.boolean(rotary, "rotary")
         kw = {"device": device, "dtype": dtype}
         h, dq = self.num_heads, self.head_dim + self.rope_dim
         if self.q_rank is None:
@@ -246,7 +251,7 @@ class MultiHeadLatentAttention(nn.Module):
         return (
             f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, kv_rank={self.kv_rank}, "
             f"head_dim={self.head_dim}, rope_dim={self.rope_dim}, v_head_dim={self.v_head_dim}, "
-            f"q_rank={self.q_rank}"
+            f"q_rank={self.q_rank}" + ("" if self.rotary else ", rotary=False")
         )
 
     def _queries(self, x: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
@@ -257,12 +262,14 @@ class MultiHeadLatentAttention(nn.Module):
             q = self.w_uq(self.q_norm(self.w_dq(x)))
         q = q.unflatten(-1, (self.num_heads, -1)).transpose(-2, -3)
         q_c, q_r = q.split((self.head_dim, self.rope_dim), dim=-1)
-        return q_c, rotate(q_r, positions, self.rope_base)
+        return q_c, rotate(q_r, positions, self.rope_base) if self.rotary else q_r
 
     def latents(self, x: Tensor, offset: int = 0) -> tuple[Tensor, Tensor]:
         """c^KV (…, L, d_c) and the rotated shared key k^R (…, L, d_h^R) of tokens x (…, L, E)
         at positions ``offset`` … (eqs. 9 and 15): what :class:`LatentCache` stores."""
         c, k_r = self.w_dkv(x).split((self.kv_rank, self.rope_dim), dim=-1)
+        if not self.rotary:
+            return self.kv_norm(c), k_r
         positions = torch.arange(offset, offset + x.shape[-2], device=x.device)
         return self.kv_norm(c), rotate(k_r, positions, self.rope_base)
 
