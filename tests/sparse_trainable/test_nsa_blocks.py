@@ -38,9 +38,22 @@ def _inputs(b, h, m, n, d=4, seed=0):
 
 @pytest.mark.parametrize("sizes, group, q_offset, m", CASES)
 def test_pieces_match_the_branches(monkeypatch, sizes, group, q_offset, m):
+    _check(monkeypatch, sizes, group, q_offset, m)
+
+
+@pytest.mark.parametrize("sizes, group, q_offset, m", [CASES[1], CASES[6]])
+def test_pieces_with_rising_references(monkeypatch, sizes, group, q_offset, m):
+    """Every merge of gathered tiles takes the path where the rows' references rise to the
+    running maximum (SLACK −inf), as when a block's scores lie far above the others'."""
+    monkeypatch.setattr(_nsa_blocks, "SLACK", float("-inf"))
+    _check(monkeypatch, sizes, group, q_offset, m)
+
+
+def _check(monkeypatch, sizes, group, q_offset, m):
     monkeypatch.setattr(_nsa_blocks, "TILE", 3)  # several tiles per block
     monkeypatch.setattr(_nsa_blocks, "BATCH", 12)  # several batches of tiles
     monkeypatch.setattr(_nsa_blocks, "CHUNK", 400)  # several chunks of queries
+    monkeypatch.setattr(_nsa_blocks, "PIECES", 12)  # several chunks of the pieces' calls
     torch.manual_seed(4)
     module = NativeSparseAttention(4, **sizes, group_size=group).double()
     n = q_offset + m

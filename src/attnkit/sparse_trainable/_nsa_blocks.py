@@ -50,6 +50,8 @@ TILE = 128
 BATCH = 1 << 12
 #: compressed scores per chunk of queries (numbers)
 CHUNK = 1 << 18
+#: query rows per chunk of the pieces' calls
+PIECES = 1 << 11
 
 
 def applies(q: Tensor, n: int, q_offset: int, rows, sz: Sizes) -> bool:
@@ -269,14 +271,22 @@ def _flash_backward(piece, geo, x, keys, values, grad, out, lse, scale, dq, dk, 
         dv[rows] += gv[:, 0, s : s + lb].reshape(blocks * lb, -1)
 
 
+#: how far above a row's reference a piece's log-sum-exp may lie before the reference rises
+#: (exp(SLACK) stays far from overflow in float32)
+SLACK = 30.0
+
+
 class _Merge:
     """A branch's running merge over rows [0, R): Σ_i exp(lse_i − top) o_i, Σ_i exp(lse_i −
-    top) and top; row R takes what belongs to no row."""
+    top) and top; row R takes what belongs to no row. The reference ``top`` rises only when a
+    piece's log-sum-exp exceeds it by more than SLACK (it is not the running maximum): the
+    sums are exact either way, and the weights stay below exp(SLACK)."""
 
     def __init__(self, rows: int, dim: int, like: Tensor) -> None:
         self.acc = like.new_zeros(rows + 1, dim)
         self.total = like.new_zeros(rows + 1)
         self.top = like.new_full((rows + 1,), float("-inf"))
+        self.top[-1] = 0.0  # the spare row: any finite reference
 
     def dense(self, r0: int, out: Tensor, lse: Tensor) -> None:
         top = self.top[r0 : r0 + len(lse)]
@@ -290,6 +300,12 @@ class _Merge:
         top.copy_(new)
 
     def scattered(self, rows: Tensor, out: Tensor, lse: Tensor) -> None:
+        w = lse - self.top[rows]
+        if bool((w <= SLACK).all()):  # no row's reference needs to rise: exp(w) ≤ e^SLACK
+            w = w.exp_()
+            self.total.index_add_(0, rows, w)
+            self.acc.index_add_(0, rows, out * w[:, None])
+            return
         new = self.top.clone().scatter_reduce_(0, rows.long(), lse, "amax")
         rise = (new > self.top).nonzero()[:, 0]
         if len(rise):
@@ -416,9 +432,11 @@ def _compressed(x, kc, vc, geo: _Geometry, a: int, b: int, scale: float, lse=Non
     return p, lse, torch.matmul(p, vc[:cm]), cm, pos
 
 
-def _chunks(geo: _Geometry, cc: int):
-    """Query rows in chunks of whole query blocks, ~CHUNK compressed scores each."""
-    per = max(1, CHUNK // max(1, cc) // geo.lb) * geo.lb
+def _chunks(geo: _Geometry, cc: int | None):
+    """Query rows in chunks of whole query blocks: ~CHUNK compressed scores each (``cc``
+    compressed blocks), or with ``cc`` None ~PIECES rows (the pieces' calls)."""
+    per = PIECES if cc is None else CHUNK // max(1, cc)
+    per = max(1, per // geo.lb) * geo.lb
     for a in range(0, geo.m, per):
         yield a, min(geo.m, a + per)
 
@@ -434,7 +452,7 @@ def _forward_group(items, geo: _Geometry, scale: float) -> None:
     kind = torch.int16 if blocks < 1 << 15 else torch.int32
     chosen = torch.empty(geo.m, min(sz.selected, blocks), dtype=kind, device=x0.device)
     for a, b in _chunks(geo, items[0][3].shape[0]):
-        c0, c1 = geo.first + a // geo.lb, geo.first + -(-b // geo.lb)
+        c1 = geo.first + -(-b // geo.lb)
         seen = min(geo.n, c1 * geo.lb)  # the chunk's queries rank blocks 0 … c1 − 1 only
         score = None
         for x, _, _, kc, vc, gates, out, lse, _ in items:
@@ -447,6 +465,8 @@ def _forward_group(items, geo: _Geometry, scale: float) -> None:
         sel, ok = rank_blocks(score, pos, None, sz)  # eqs. 10-11
         chosen[a:b, : sel.shape[-1]] = sel.masked_fill_(~ok, -1)
         chosen[a:b, sel.shape[-1] :] = -1
+    for a, b in _chunks(geo, None):
+        c0, c1 = geo.first + a // geo.lb, geo.first + -(-b // geo.lb)
         pieces = _pieces(geo, c0, c1, x0.dtype, x0.device)
         for (x, keys, values, _, _, gates, out, lse, _), slc in zip(items, merges, strict=True):
             win = _Merge(b - a, dv, x)
@@ -491,6 +511,8 @@ def _backward_item(x, keys, values, kc, vc, gates, geo, scale, lse, chosen, grad
         else:
             dgates[a:b, 0] = 0.0
         del p
+    for a, b in _chunks(geo, None):
+        g = gates[a:b]
         c0, c1 = geo.first + a // geo.lb, geo.first + -(-b // geo.lb)
         pieces = _pieces(geo, c0, c1, x.dtype, x.device)
         win = _Known(lse[2, a:b], width)
@@ -516,7 +538,7 @@ def _backward_item(x, keys, values, kc, vc, gates, geo, scale, lse, chosen, grad
         slc.scattered(rows, o.reshape(-1, width), s.reshape(-1))
     o_s = slc.result()
     dgates[:, 1] = (grad * o_s).sum(-1)
-    for a, b in _chunks(geo, kc.shape[0]):
+    for a, b in _chunks(geo, None):
         c0, c1 = geo.first + a // geo.lb, geo.first + -(-b // geo.lb)
         for piece in _pieces(geo, c0, c1, x.dtype, x.device):
             if "slc" in piece.branches:
