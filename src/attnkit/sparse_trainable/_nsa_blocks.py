@@ -36,7 +36,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from attnkit.sparse_trainable._nsa_chunks import Sizes, importance, rank_blocks
+from attnkit.sparse_trainable._nsa_chunks import Sizes, importance
+from attnkit.sparse_trainable._select import top_indices
 
 __all__ = ["applies", "nsa_blocks"]
 
@@ -432,6 +433,20 @@ def _compressed(x, kc, vc, geo: _Geometry, a: int, b: int, scale: float, lse=Non
     return p, lse, torch.matmul(p, vc[:cm]), cm, pos
 
 
+def _rank(score: Tensor, pos: Tensor, sz: Sizes) -> tuple[Tensor, Tensor]:
+    """:func:`rank_blocks` without a mask, in place on ``score`` (Q, count), the set in any
+    order: the forced blocks +inf, the blocks after the query's own −inf, then the top n."""
+    inf = float("inf")
+    cur = pos // sz.select
+    score[:, : sz.initial] = inf
+    rows = torch.arange(len(pos), device=pos.device)
+    for t in range(sz.local):
+        some = cur >= t
+        score[rows[some], cur[some] - t] = inf
+    after = torch.arange(score.shape[-1], device=pos.device)[None, :] > cur[:, None]
+    return top_indices(score.masked_fill_(after, -inf), sz.selected, ordered=False)
+
+
 def _chunks(geo: _Geometry, cc: int | None):
     """Query rows in chunks of whole query blocks: ~CHUNK compressed scores each (``cc``
     compressed blocks), or with ``cc`` None ~PIECES rows (the pieces' calls)."""
@@ -462,7 +477,7 @@ def _forward_group(items, geo: _Geometry, scale: float) -> None:
             part = importance(p, seen, sz)  # eq. 9
             score = part if score is None else score.add_(part)
             del p
-        sel, ok = rank_blocks(score, pos, None, sz)  # eqs. 10-11
+        sel, ok = _rank(score, pos, sz)  # eqs. 10-11
         chosen[a:b, : sel.shape[-1]] = sel.masked_fill_(~ok, -1)
         chosen[a:b, sel.shape[-1] :] = -1
     for a, b in _chunks(geo, None):
