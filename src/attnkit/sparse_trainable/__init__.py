@@ -5,6 +5,7 @@ top-k keys) and Mixture of Block Attention (each query routing itself to the top
 their mean key). Each is a registered mechanism and a causal per-head part for
 ``MultiHeadAttention(attention=...)``."""
 
+from attnkit.sparse_trainable.deepseek_v32 import SparseLatentAttention, SparseLatentCache
 from attnkit.sparse_trainable.dsa import DeepSeekSparseAttention, LightningIndexer
 from attnkit.sparse_trainable.moba import MixtureOfBlockAttention
 from attnkit.sparse_trainable.nsa import (
@@ -22,4 +23,6 @@ __all__ = [
     "MixtureOfBlockAttention",
     "NSABranches",
     "NativeSparseAttention",
+    "SparseLatentAttention",
+    "SparseLatentCache",
 ]
