@@ -88,6 +88,8 @@ def test_indexer_scores_and_selection_match_transformers():
     allowed = keep & real[:, :, None]
     err = (scores - hf_scores)[allowed].abs().max()
     assert err < 1e-12, err
+    _, shipped = _run_ref(cfg, ref, x, pad, pos)  # as shipped: float32 scores
+    torch.testing.assert_close(scores[allowed], shipped[allowed].to(D), atol=1e-4, rtol=1e-4)
     # the selection: no ties at the k-th score, so the set is well defined
     masked = scores.masked_fill(~keep, float("-inf"))
     top = masked.topk(5, dim=-1).values
