@@ -1,7 +1,7 @@
 """Kimi Linear's full-attention layer (transformers' KimiLinearAttention) is multi-head latent
 attention without positions: ``MultiHeadLatentAttention(rotary=False)`` with the same weights
 equals it in float64 (prefill, a padded batch, gradients), and its cached decoding equals the
-causal pass of transformers' layer."""
+causal pass of transformers' layer and transformers' own cached decoding."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from attnkit.modern import LatentCache, MultiHeadLatentAttention
 D = torch.float64
 kimi = pytest.importorskip("transformers.models.kimi_linear.modeling_kimi_linear")
 masking_utils = pytest.importorskip("transformers.masking_utils")
+cache_utils = pytest.importorskip("transformers.cache_utils")
 
 # transformers' parameter names -> ours (per head [nope, rope] query rows and [k, v] rows)
 NAMES = {
@@ -41,6 +42,7 @@ def _pair(q_rank, bias=False):
         hidden_size=32, num_attention_heads=4, num_key_value_heads=4, q_lora_rank=q_rank,
         kv_lora_rank=8, qk_nope_head_dim=6, qk_rope_head_dim=4, v_head_dim=5,
         attention_bias=bias, max_position_embeddings=64, num_hidden_layers=1, vocab_size=10,
+        layer_types=["full_attention"], pad_token_id=None, bos_token_id=None, eos_token_id=None,
     )  # fmt: skip
     cfg._attn_implementation = "eager"
     torch.manual_seed(0)
@@ -138,8 +140,21 @@ def test_cached_decoding_equals_transformers_causal_pass(absorbed, monkeypatch):
     parts = [ours(x[:, :4], ak.masks.causal(4), cache=cache, absorbed=absorbed).output]
     for t in range(4, 9):  # one token at a time over the cached latents
         parts.append(ours(x[:, t : t + 1], cache=cache, absorbed=absorbed).output)
-    assert (torch.cat(parts, 1) - whole).abs().max() < 1e-12
+    stepped = torch.cat(parts, 1)
+    assert (stepped - whole).abs().max() < 1e-12
     assert len(cache) == 9
+    # transformers' own cache over the same steps
+    hf_cache = cache_utils.DynamicCache(config=cfg)
+    ones = torch.ones(2, 9, dtype=torch.long)
+    pos = torch.arange(9)[None].expand(2, 9)
+    theirs = []
+    for a, b in [(0, 4)] + [(t, t + 1) for t in range(4, 9)]:
+        step_mask = masking_utils.create_causal_mask(
+            config=cfg, inputs_embeds=x[:, a:b], attention_mask=ones[:, :b], cache=hf_cache,
+            position_ids=pos[:, a:b],
+        )  # fmt: skip
+        theirs.append(ref(x[:, a:b], step_mask, cache=hf_cache)[0])
+    assert (stepped - torch.cat(theirs, 1)).abs().max() < 1e-12
 
 
 def test_rotary_must_be_a_bool():
