@@ -221,3 +221,37 @@ def test_later_non_finite_tokens_reach_no_earlier_query_on_the_tiled_path():
         planted = part(q, k2, v2, mask=causal).context
     assert torch.isfinite(planted[..., :5, :]).all()
     torch.testing.assert_close(planted[..., :5, :], clean[..., :5, :], rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize(
+    "top_k, group, q_offset, m, mask",
+    [(3, 1, 0, 11, None), (4, 2, 3, 9, "pad"), (20, 1, 0, 9, None), (2, 1, 5, 7, "rows")],
+)
+def test_inference_selects_and_attends_a_block_at_a_time(
+    monkeypatch, top_k, group, q_offset, m, mask
+):
+    """Without autograd each block of queries is attended as soon as it is selected (small
+    blocks here: several); the output equals the path that selects every query first (with
+    autograd, checked against the loop above) and the float64 loop itself."""
+    from attnkit.sparse_trainable import _gathered
+
+    monkeypatch.setattr(_gathered, "BLOCK_ELEMENTS", 40)
+    torch.manual_seed(1)
+    part = DeepSeekSparseAttention(4, top_k=top_k, indexer_heads=2, indexer_dim=3)
+    part = part.double()
+    part.group_size = group
+    n = q_offset + m
+    q, k, v = _inputs(m=m, n=n, seed=5)
+    g = torch.Generator().manual_seed(2)
+    keep = None
+    if mask == "pad":
+        keep = (torch.arange(n) < torch.tensor([n, n - 2])[:, None])[:, None, None, :]
+    elif mask == "rows":
+        keep = torch.rand(2, 2, m, n, generator=g) < 0.8
+    with torch.no_grad():
+        fast = part(q, k, v, mask=keep, q_offset=q_offset).context
+    full = part(q, k, v, mask=keep, q_offset=q_offset).context.detach()
+    torch.testing.assert_close(fast, full, atol=1e-12, rtol=1e-10)
+    every = torch.ones(2, 2, m, n, dtype=torch.bool) if keep is None else keep
+    ref = _reference(part, q, k, v, every.expand(2, 2, m, n), q_offset)
+    torch.testing.assert_close(fast, ref, atol=1e-12, rtol=1e-10)

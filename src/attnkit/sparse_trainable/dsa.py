@@ -244,11 +244,10 @@ class DeepSeekSparseAttention(HeadAttention):
         k, v = sanitize(k, v, rows, q_offset + m - 1)
 
         qi, wi, ki = self.indexer.project(q.detach(), k.detach())
-        keys, ok = self._select(qi, wi, ki, rows, pos)  # (*lead, M, T)
         trains = any(x.requires_grad for x in (qi, wi, ki))
         trains = bool(self.indexer_loss_weight) and torch.is_grad_enabled() and trains
         align, dense_weights = self.align, need_weights or hooks.listening()
-        if (
+        fast = (
             bias is None
             and not dense_weights
             and type(align) is Softmax
@@ -258,10 +257,24 @@ class DeepSeekSparseAttention(HeadAttention):
             # the tiles read keys a query may not attend with weight 0 (0 · NaN = NaN): keys
             # that are not finite take the per-query gathers
             and (trust.inputs_finite() or bool(torch.isfinite(k).all() and torch.isfinite(v).all()))
-        ):  # key-block tiles: no per-query gather; the weights only for the indexer's loss
-            count = lead.numel()
+        )
+        count = lead.numel()
+        scale = 1.0 / math.sqrt(self.head_dim) / align.fixed_temperature if fast else 0.0
+        if fast and not torch.is_grad_enabled():
+            # inference: each block of queries is attended as soon as it is selected, so that
+            # no (…, M, k) selection is held
+            flat_k, flat_v = (x.reshape(count, *x.shape[-2:]) for x in (k, v))
+            context = q.new_empty(count, m, v.shape[-1])
+            for sl, top, available in self._select_blocks(qi, wi, ki, rows, pos):
+                qb = q[..., sl, :].reshape(count, -1, q.shape[-1])
+                flat = (x.reshape(count, *x.shape[-2:]) for x in (top, available))
+                part, _ = selected_softmax(qb, flat_k, flat_v, *flat, q_offset + sl.start, scale)
+                context[:, sl] = part
+            hooks.report(self, None)
+            return AttentionOutput(context.view(*lead, m, v.shape[-1]), None)
+        keys, ok = self._select(qi, wi, ki, rows, pos)  # (*lead, M, T)
+        if fast:  # key-block tiles: no per-query gather; the weights only for the indexer's loss
             flat = (x.reshape(count, *x.shape[-2:]) for x in (q, k, v, keys, ok))
-            scale = 1.0 / math.sqrt(self.head_dim) / align.fixed_temperature
             context, w = selected_softmax(*flat, q_offset, scale, want_weights=trains)
             context = context.view(*lead, m, v.shape[-1])
             w = None if w is None else w.view(keys.shape)
@@ -296,6 +309,15 @@ class DeepSeekSparseAttention(HeadAttention):
         t = min(self.top_k, n)
         keys = torch.empty(*lead, m, t, dtype=torch.long, device=qi.device)
         ok = torch.empty(*lead, m, t, dtype=torch.bool, device=qi.device)
+        for sl, top, available in self._select_blocks(qi, wi, ki, rows, pos):
+            keys[..., sl, :], ok[..., sl, :] = top, available
+        return keys, ok
+
+    def _select_blocks(self, qi: Tensor, wi: Tensor, ki: Tensor, rows: Tensor | None, pos: Tensor):
+        """:meth:`_select` a block of queries at a time: yields (rows slice, keys (*lead, b, T),
+        available (*lead, b, T)), without autograd."""
+        lead, m, n = ki.shape[:-2], qi.shape[-3], ki.shape[-2]
+        t = min(self.top_k, n)
         columns = torch.arange(n, device=qi.device)
         step = query_block(m, lead.numel() * n * (qi.shape[-2] + 4))
         # queries that may read at most t keys (position < t) take all of them: keys 0 … t − 1
@@ -303,9 +325,9 @@ class DeepSeekSparseAttention(HeadAttention):
         short = max(0, min(m, t - int(pos[0]))) if m else 0
         starts = [*range(0, short, step), *range(short, m, step)]
         ends = [min(short, a + step) if a < short else min(m, a + step) for a in starts]
-        with torch.no_grad():
-            for s, e in zip(starts, ends, strict=True):
-                sl = slice(s, e)
+        for s, e in zip(starts, ends, strict=True):
+            sl = slice(s, e)
+            with torch.no_grad():
                 # causal: the block's queries read no key after its last position
                 end = max(t, min(n, int(pos[sl][-1]) + 1))
                 index = LightningIndexer.scores(qi[..., sl, :, :], wi[..., sl, :], ki[..., :end, :])
@@ -316,15 +338,14 @@ class DeepSeekSparseAttention(HeadAttention):
                     allowed = allowed & part[..., :end]
                 allowed = allowed.broadcast_to(index.shape)
                 if s < short:
-                    keys[..., sl, :] = columns[:t]
-                    ok[..., sl, :] = allowed[..., :t] & (index[..., :t] > float("-inf"))
-                    continue
-                # the set, in any order (the attention and the indexer's loss read it as such)
-                masked = index.masked_fill(~allowed, float("-inf"))
-                top, available = top_indices(masked, t, ordered=False)
-                keys[..., sl, :] = top
-                ok[..., sl, :] = available & torch.gather(allowed, -1, top)
-        return keys, ok
+                    top = columns[:t].expand(*index.shape[:-1], t)
+                    available = allowed[..., :t] & (index[..., :t] > float("-inf"))
+                else:
+                    # the set, in any order (the attention and the indexer's loss read it so)
+                    masked = index.masked_fill(~allowed, float("-inf"))
+                    top, available = top_indices(masked, t, ordered=False)
+                    available = available & torch.gather(allowed, -1, top)
+            yield sl, top, available
 
     def _attend(
         self, q: Tensor, k: Tensor, v: Tensor, keys: Tensor, ok: Tensor, picked: Tensor | None
