@@ -526,6 +526,29 @@ def test_the_template_keeps_nan_padding_and_empty_rows_out_of_a_minimal_part():
     assert torch.equal(row.context[:, :, 2], torch.zeros_like(row.context[:, :, 2]))
 
 
+def test_finite_keys_whose_row_sums_overflow_are_not_taken_for_non_finite():
+    """The template finds non-finite keys by row sums first: a value row of finite entries
+    ±0.6·max, whose sum overflows, is looked at entry by entry and its rows are not set to NaN;
+    a NaN key is still found, and only the rows that attend it are non-finite."""
+    part = MinimalPart()
+    q, k, v = _inputs()
+    q = q * 1e-3  # small weights: w · 0.6·max stays finite
+    big = 0.6 * torch.finfo(v.dtype).max
+    v = v.clone()
+    v[:, :, 2] = torch.tensor([big, big, -big, -big], dtype=v.dtype)[:D].repeat(D // 4 + 1)[:D]
+    assert not torch.isfinite(v.sum(-1)).all() and torch.isfinite(v).all()
+    causal = ak.masks.causal(N)
+    out = part(q, k, v, mask=causal).context
+    with ak.trust.trusted(finite=True):  # stated finite: no scan at all
+        want = part(q, k, v, mask=causal).context
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(out, want, rtol=0, atol=0)
+    k = k.clone()
+    k[:, :, 4] = float("nan")  # attended by queries 4 and 5 only
+    out = part(q, k, v, mask=causal).context
+    assert torch.isfinite(out[:, :, :4]).all() and not torch.isfinite(out[:, :, 4:]).any()
+
+
 def test_a_part_without_attend_or_forward_says_what_to_implement():
     class Nothing(ak.HeadAttention):
         mask_forms = frozenset({"key"})
