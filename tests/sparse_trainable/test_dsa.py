@@ -233,9 +233,10 @@ def test_inference_selects_and_attends_a_block_at_a_time(
     """Without autograd each block of queries is attended as soon as it is selected (small
     blocks here: several); the output equals the path that selects every query first (with
     autograd, checked against the loop above) and the float64 loop itself."""
-    from attnkit.sparse_trainable import _gathered
+    from attnkit.sparse_trainable import _gathered, dsa
 
     monkeypatch.setattr(_gathered, "BLOCK_ELEMENTS", 40)
+    monkeypatch.setattr(dsa, "ATTEND_ELEMENTS", 3 * 4 * top_k)  # runs of a few blocks
     torch.manual_seed(1)
     part = DeepSeekSparseAttention(4, top_k=top_k, indexer_heads=2, indexer_dim=3)
     part = part.double()

@@ -73,6 +73,10 @@ from attnkit.sparse_trainable._selected import selected_softmax
 __all__ = ["DeepSeekSparseAttention", "LightningIndexer", "indexer_loss"]
 
 
+#: selected keys (count · rows · k) per fused call of the inference path
+ATTEND_ELEMENTS = 1 << 20
+
+
 @arguments.renamed(heads="num_heads")
 class LightningIndexer(nn.Module):
     """DSA eq. 1: I_{t,s} = Σ_j w_{t,j} ReLU(q^I_{t,j} · k^I_s) for q (…, M, d), k (…, N, d)
@@ -265,11 +269,25 @@ class DeepSeekSparseAttention(HeadAttention):
             # no (…, M, k) selection is held
             flat_k, flat_v = (x.reshape(count, *x.shape[-2:]) for x in (k, v))
             context = q.new_empty(count, m, v.shape[-1])
-            for sl, top, available in self._select_blocks(qi, wi, ki, rows, pos):
-                qb = q[..., sl, :].reshape(count, -1, q.shape[-1])
-                flat = (x.reshape(count, *x.shape[-2:]) for x in (top, available))
-                part, _ = selected_softmax(qb, flat_k, flat_v, *flat, q_offset + sl.start, scale)
-                context[:, sl] = part
+            # selection blocks gathered into runs of ~ATTEND_ELEMENTS selected keys
+            rows_per_run = max(1, ATTEND_ELEMENTS // max(1, count * min(self.top_k, n)))
+            run: list = []
+
+            def attend(run: list) -> None:
+                a, b = run[0][0].start, run[-1][0].stop
+                keys_run, ok_run = (torch.cat([r[i] for r in run], -2) for i in (1, 2))
+                qb = q[..., a:b, :].reshape(count, b - a, q.shape[-1])
+                flat = (x.reshape(count, *x.shape[-2:]) for x in (keys_run, ok_run))
+                part, _ = selected_softmax(qb, flat_k, flat_v, *flat, q_offset + a, scale)
+                context[:, a:b] = part
+
+            for block in self._select_blocks(qi, wi, ki, rows, pos):
+                run.append(block)
+                if block[0].stop - run[0][0].start >= rows_per_run:
+                    attend(run)
+                    run = []
+            if run:
+                attend(run)
             hooks.report(self, None)
             return AttentionOutput(context.view(*lead, m, v.shape[-1]), None)
         keys, ok = self._select(qi, wi, ki, rows, pos)  # (*lead, M, T)
