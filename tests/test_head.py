@@ -151,7 +151,8 @@ def test_every_per_head_part_in_attnkit_derives_from_head_attention():
 
     covered = {type(_build(n)) for n in PARTS}
     bases = {"_SpanPart", "LinearFamilyPart", "_DecayFamily", "LandmarkAttention"}
-    needs_a_group = {"RingAttention"}  # tested in tests/distributed with a process group
+    # tested in tests/distributed with a process group
+    needs_a_group = {"RingAttention", "RingLinearAttention"}
     for cls in subclasses(HeadAttention):
         if not cls.__module__.startswith("attnkit.") or cls.__name__ in bases | needs_a_group:
             continue

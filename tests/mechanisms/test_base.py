@@ -29,6 +29,7 @@ from attnkit.linear_family import LinearFamilyPart, UnnormalizedWeights
 from attnkit.modern.sinks import SinkSoftmax
 from attnkit.queries.query_types import QueryTagged
 from attnkit.sparse_trainable import BlockCompression, LightningIndexer, MeanCompression
+from attnkit.sparse_trainable.deepseek_v32 import LatentIndexer, SparseLatentAttention
 
 # Public nn.Module classes in the mechanism packages that are not mechanisms, and why.
 NOT_MECHANISMS = {
@@ -51,6 +52,9 @@ NOT_MECHANISMS = {
     BlockCompression: "NSA's block compression φ, a part of the registered native_sparse",
     MeanCompression: "NSA's parameter-free block compression, a part of native_sparse",
     LightningIndexer: "DSA's index scores, a part of the registered deepseek_sparse",
+    LatentIndexer: "DeepSeek-V3.2's released indexer, a part of SparseLatentAttention",
+    SparseLatentAttention: "DeepSeek-V3.2's released layer, built from transformers' module "
+    "(from_transformers); the per-head DSA part is registered as deepseek_sparse",
     LinearAggregation: "an aggregation of the affinity matrix, a part of parallel co-attention",
     NestedPerceptronAggregation: "an aggregation of the affinity matrix, a part of parallel "
     "co-attention",
