@@ -527,8 +527,8 @@ def test_the_template_keeps_nan_padding_and_empty_rows_out_of_a_minimal_part():
     assert torch.equal(row.context[:, :, 2], torch.zeros_like(row.context[:, :, 2]))
 
 
-def test_finite_keys_whose_row_sums_overflow_are_not_taken_for_non_finite():
-    """The template finds non-finite keys by row sums first: a value row of finite entries
+def test_finite_keys_whose_sums_overflow_are_not_taken_for_non_finite():
+    """The template finds non-finite keys by a sum first: a value row of finite entries
     ±0.6·max, whose sum overflows, is looked at entry by entry and its rows are not set to NaN;
     a NaN key is still found, and only the rows that attend it are non-finite."""
     part = MinimalPart()

@@ -366,13 +366,13 @@ class HeadAttention(nn.Module):
 
 
 def _sums_finite(k: Tensor, v: Tensor) -> bool:
-    """Whether the row sums of k and v are all finite: then every entry is (a NaN or an
-    infinite entry makes its row's sum non-finite), found by two float reductions instead of an
-    elementwise scan; a sum that overflows only sends the caller to the exact scan."""
+    """Whether the sums of k and of v are finite: then every entry is (a NaN or an infinite
+    entry makes the sum non-finite), found by two float reductions instead of an elementwise
+    scan; a sum that overflows only sends the caller to the exact scan."""
     k_sum, v_sum = (
-        x.detach().sum(-1, dtype=torch.promote_types(x.dtype, torch.float32)) for x in (k, v)
+        x.detach().sum(dtype=torch.promote_types(x.dtype, torch.float32)) for x in (k, v)
     )
-    return bool(torch.isfinite(k_sum).all() & torch.isfinite(v_sum).all())
+    return bool(torch.isfinite(k_sum + v_sum))
 
 
 def check_head_inputs(
