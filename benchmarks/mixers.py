@@ -15,7 +15,10 @@ Layers from small random configs (no download), float32, ``--threads`` threads (
   block 256, layer 1 of 4) vs :class:`attnkit.mixers.LightningAttentionMixer` (chunk 64);
 - ``gated_attention``: transformers' ``Qwen3NextAttention`` (hidden 256, 4 query and 2 key/value
   heads of 64, a quarter of each head rotated, SDPA) vs
-  :meth:`attnkit.modern.GatedAttention.from_transformers`, Qwen3-Next's full-attention layer.
+  :meth:`attnkit.modern.GatedAttention.from_transformers`, Qwen3-Next's full-attention layer;
+- ``deepseek_v32``: transformers' ``DeepseekV32Attention`` (hidden 256, 4 heads, latent ranks 64,
+  its indexer with 4 heads of 32 and top-k 2048, eager) vs
+  :meth:`attnkit.sparse_trainable.SparseLatentAttention.from_transformers`.
 
 All run transformers' torch path (no compiled kernels are installed). The two run interleaved
 (transformers, attnkit; then attnkit, transformers; …) so that load changes hit both and neither
@@ -39,6 +42,8 @@ from collections.abc import Callable
 
 import torch
 from transformers import DynamicCache, Mamba2Config, Qwen3NextConfig
+from transformers.masking_utils import create_causal_mask
+from transformers.models.deepseek_v32 import modeling_deepseek_v32
 from transformers.models.kimi_linear import configuration_kimi_linear, modeling_kimi_linear
 from transformers.models.mamba2 import modeling_mamba2
 from transformers.models.minimax import modeling_minimax
@@ -54,6 +59,7 @@ from attnkit.mixers import (
     Mamba2Mixer,
 )
 from attnkit.modern import GatedAttention
+from attnkit.sparse_trainable.deepseek_v32 import SparseLatentAttention, SparseLatentCache
 
 HIDDEN = 256
 
@@ -164,12 +170,62 @@ def gated_attention() -> tuple[object, torch.nn.Module, torch.nn.Module]:
     return cfg, _Qwen3NextFull(theirs, cfg), ours
 
 
+class _DeepseekV32Full(torch.nn.Module):
+    """transformers' DeepseekV32Attention (eager, its causal mask from ``create_causal_mask``)
+    called as the other layers are, its rotary embedding after the cached positions."""
+
+    def __init__(self, module: torch.nn.Module, cfg: object) -> None:
+        super().__init__()
+        self.module, self.cfg = module, cfg
+        self.rotary = modeling_deepseek_v32.DeepseekV32RotaryEmbedding(cfg)
+
+    def forward(self, x: torch.Tensor, cache: object = None) -> torch.Tensor:
+        start = 0 if cache is None else cache.get_seq_length()
+        positions = torch.arange(start, start + x.shape[1])[None]
+        mask = create_causal_mask(
+            config=self.cfg, inputs_embeds=x, attention_mask=None, cache=cache,
+            position_ids=positions,
+        )  # fmt: skip
+        cos_sin = self.rotary(x, positions)
+        return self.module(x, cos_sin, mask, cache=cache, position_ids=positions)[0]
+
+
+class _SparseLatentFull(torch.nn.Module):
+    """attnkit's SparseLatentAttention called the same way (a causal mask over a prefill)."""
+
+    def __init__(self, layer: torch.nn.Module) -> None:
+        super().__init__()
+        self.layer = layer
+
+    def new_cache(self) -> SparseLatentCache:
+        return SparseLatentCache()
+
+    def forward(self, x: torch.Tensor, cache: SparseLatentCache | None = None) -> torch.Tensor:
+        mask = ak.masks.causal(x.shape[1]) if x.shape[1] > 1 else None
+        return self.layer(x, mask, cache=cache).output
+
+
+def deepseek_v32() -> tuple[object, torch.nn.Module, torch.nn.Module]:
+    cfg = modeling_deepseek_v32.DeepseekV32Config(
+        hidden_size=HIDDEN, num_attention_heads=4, num_key_value_heads=4, q_lora_rank=64,
+        kv_lora_rank=64, qk_nope_head_dim=32, qk_rope_head_dim=16, v_head_dim=32,
+        index_n_heads=4, index_head_dim=32, index_topk=2048, attention_bias=False,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        max_position_embeddings=8192, num_hidden_layers=1, vocab_size=10,
+    )  # fmt: skip
+    cfg._attn_implementation = "eager"
+    theirs = modeling_deepseek_v32.DeepseekV32Attention(cfg, 0)
+    ours = _SparseLatentFull(SparseLatentAttention.from_transformers(theirs))
+    return cfg, _DeepseekV32Full(theirs, cfg), ours
+
+
 LAYERS: dict[str, Callable[[], tuple[object, torch.nn.Module, torch.nn.Module]]] = {
     "mamba2": mamba2,
     "gated_deltanet": gated_deltanet,
     "kda": kda,
     "lightning": lightning,
     "gated_attention": gated_attention,
+    "deepseek_v32": deepseek_v32,
 }
 
 
