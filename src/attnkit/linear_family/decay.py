@@ -25,9 +25,11 @@ away, never multiplied by zero.
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
 
 from attnkit.kernels.base import guarded_sum
 
@@ -35,6 +37,7 @@ __all__ = [
     "causal_matmul",
     "chunkwise",
     "log_decay_matrix",
+    "mamba2_decay_parameters",
     "parallel",
     "recurrent",
     "segment_sum",
@@ -46,6 +49,18 @@ __all__ = [
 
 # Positions per sub-chunk of the per-dimension decays (GLA) inside a chunk.
 SUB = 16
+
+
+def mamba2_decay_parameters(
+    num_heads: int, channels: int = 1, *, device=None, dtype=None
+) -> tuple[nn.Parameter, nn.Parameter]:
+    """Mamba-2's initial decay of every head, g = −exp(A_log) softplus(… + b_Δ): A_log
+    (H, 1, 1) with A = exp(A_log) uniform in [1, 16], and the step bias b_Δ (H, 1, channels)
+    = softplus⁻¹(Δ) with Δ log-uniform in [10⁻³, 10⁻¹] (one step per channel for KDA)."""
+    kw = {"device": device, "dtype": dtype}
+    a = torch.empty(num_heads, 1, 1, **kw).uniform_(1, 16)
+    dt = torch.empty(num_heads, 1, channels, **kw).uniform_(math.log(1e-3), math.log(1e-1)).exp()
+    return nn.Parameter(a.log()), nn.Parameter(dt + torch.log(-torch.expm1(-dt)))
 
 
 def tril(n: int, device=None, *, strict: bool = False) -> Tensor:

@@ -37,7 +37,13 @@ from torch import Tensor, nn
 
 from attnkit import taxonomy as tx
 from attnkit.linear_family.base import Inputs, LinearFamilyPart
-from attnkit.linear_family.decay import causal_matmul, log_decay_matrix, split_chunks, tril
+from attnkit.linear_family.decay import (
+    causal_matmul,
+    log_decay_matrix,
+    mamba2_decay_parameters,
+    split_chunks,
+    tril,
+)
 from attnkit.mechanisms import REGISTRY
 
 __all__ = [
@@ -235,10 +241,7 @@ class GatedDeltaNet(DeltaNet):
             head_dim, num_heads, form=form, chunk_size=chunk_size, device=device, dtype=dtype
         )
         kw = {"device": device, "dtype": dtype}
-        a = torch.empty(num_heads, 1, 1, **kw).uniform_(1, 16)
-        dt = torch.exp(torch.empty(num_heads, 1, 1, **kw).uniform_(math.log(1e-3), math.log(1e-1)))
-        self.A_log = nn.Parameter(a.log())
-        self.dt_bias = nn.Parameter(dt + torch.log(-torch.expm1(-dt)))  # softplus⁻¹(Δ)
+        self.A_log, self.dt_bias = mamba2_decay_parameters(num_heads, **kw)
         self.dt_weight = nn.Parameter(torch.randn(num_heads, head_dim, 1, **kw) / head_dim)
 
     def log_decays(self, k: Tensor) -> Tensor:

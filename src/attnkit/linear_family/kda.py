@@ -32,7 +32,6 @@ short convolution and gated output norm, is :class:`attnkit.mixers.KimiDeltaAtte
 
 from __future__ import annotations
 
-import math
 from typing import ClassVar
 
 import torch
@@ -181,12 +180,7 @@ class KimiDeltaAttention(DeltaNet):
             head_dim, num_heads, form=form, chunk_size=chunk_size, device=device, dtype=dtype
         )
         kw = {"device": device, "dtype": dtype}
-        a = torch.empty(num_heads, 1, 1, **kw).uniform_(1, 16)
-        dt = torch.exp(
-            torch.empty(num_heads, 1, head_dim, **kw).uniform_(math.log(1e-3), math.log(1e-1))
-        )
-        self.A_log = nn.Parameter(a.log())
-        self.dt_bias = nn.Parameter(dt + torch.log(-torch.expm1(-dt)))  # softplus⁻¹(Δ)
+        self.A_log, self.dt_bias = decay.mamba2_decay_parameters(num_heads, head_dim, **kw)
         self.dt_weight = nn.Parameter(torch.randn(num_heads, head_dim, head_dim, **kw) / head_dim)
 
     def log_decays(self, k: Tensor) -> Tensor:

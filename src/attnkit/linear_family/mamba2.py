@@ -19,7 +19,6 @@ the layer's input and output and are left to the layer.
 
 from __future__ import annotations
 
-import math
 from typing import ClassVar
 
 import torch
@@ -27,6 +26,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnkit import taxonomy as tx
+from attnkit.linear_family import decay
 from attnkit.linear_family.base import Inputs, _DecayFamily
 from attnkit.mechanisms import REGISTRY
 
@@ -62,10 +62,7 @@ class Mamba2SSD(_DecayFamily):
     ) -> None:
         super().__init__(head_dim, num_heads, form=form, chunk_size=chunk_size)
         kw = {"device": device, "dtype": dtype}
-        a = torch.empty(num_heads, 1, 1, **kw).uniform_(1, 16)
-        dt = torch.exp(torch.empty(num_heads, 1, 1, **kw).uniform_(math.log(1e-3), math.log(1e-1)))
-        self.A_log = nn.Parameter(a.log())
-        self.dt_bias = nn.Parameter(dt + torch.log(-torch.expm1(-dt)))  # softplus⁻¹(Δ)
+        self.A_log, self.dt_bias = decay.mamba2_decay_parameters(num_heads, **kw)
         self.dt_weight = nn.Parameter(torch.randn(num_heads, head_dim, 1, **kw) / head_dim)
         self.D = nn.Parameter(torch.ones(num_heads, 1, 1, **kw))
 
