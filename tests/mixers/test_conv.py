@@ -7,7 +7,8 @@ import torch.nn.functional as F
 
 from attnkit import masks
 from attnkit.mixers import MixerCache
-from attnkit.mixers.conv import ShortConv, last_real, padding_mask
+from attnkit.mixers.base import padding_mask
+from attnkit.mixers.conv import ShortConv, last_real
 
 
 def reference(conv: ShortConv, x: torch.Tensor) -> torch.Tensor:

@@ -8,7 +8,8 @@ norms around a per-head kernel, and decodes from a state of its own kind. :class
 that layer's contract:
 
 - ``forward(x, *, mask=None, cache=None) -> Tensor``: ``mask`` is key padding (B, N) or
-  (B, 1, N), True = a real position; padding equals truncation. ``cache`` is the layer's
+  (B, 1, N), True = a real position; padding equals truncation. The base's ``forward`` checks
+  x, the cache and the mask and calls the layer's ``mix(x, keep, cache)``. ``cache`` is the layer's
   :class:`MixerCache` (from :meth:`TokenMixer.new_cache`); x then holds the new positions only.
 - ``causal``: the mixer attends causally (every recurrent mixer does).
 - ``cache_kind``: what its cache holds (``"recurrent"``: a state of constant size).
@@ -20,8 +21,10 @@ from __future__ import annotations
 
 from typing import ClassVar
 
+import torch
 from torch import Tensor, nn
 
+from attnkit import masks
 from attnkit.kv_cache import LayerCache
 from attnkit.registry import Registry
 
@@ -32,6 +35,7 @@ __all__ = [
     "check_cache",
     "check_input",
     "check_state",
+    "padding_mask",
 ]
 
 
@@ -87,9 +91,20 @@ class TokenMixer(nn.Module):
         """An empty cache for decoding with this layer."""
         return MixerCache()
 
-    def forward(  # pragma: no cover - the subclass's
+    def forward(
         self, x: Tensor, *, mask: Tensor | None = None, cache: MixerCache | None = None
     ) -> Tensor:
+        """x (B, N, E) → (B, N, E); ``mask`` key padding (B, N) or (B, 1, N), True = real;
+        with ``cache`` x holds the new positions only. Checks x against ``embed_dim``, claims
+        the cache and reads the mask, then calls :meth:`mix`."""
+        check_input(self, x, self.embed_dim)
+        cache = check_cache(self, cache)
+        keep = padding_mask(mask, x.shape[0], x.shape[1], type(self).__name__)
+        return self.mix(x, keep, cache)
+
+    def mix(self, x: Tensor, keep: Tensor | None, cache: MixerCache | None) -> Tensor:
+        """The layer's own mixing of checked x (B, N, E): ``keep`` (B, N) marks the real
+        positions (None: all), ``cache`` is this layer's cache or None."""
         raise NotImplementedError
 
 
@@ -134,3 +149,24 @@ def check_state(layer: nn.Module, cache: MixerCache, name: str, shape: tuple, dt
             f"{state.dtype}, but this step needs {tuple(shape)} {dtype} (another batch size "
             "or dtype?): start a new cache with layer.new_cache()"
         )
+
+
+def padding_mask(mask: Tensor | None, batch: int, length: int, who: str) -> Tensor | None:
+    """A token mixer's key-padding ``mask`` (B, N) or (B, 1, N), True = a real position, as
+    (B, N); None stays None. Raises TypeError for a non-boolean mask and ValueError, naming
+    ``who``, for another shape."""
+    if mask is None:
+        return None
+    if not isinstance(mask, Tensor):
+        raise masks.not_a_tensor(mask, "mask")
+    if mask.dtype != torch.bool:
+        raise TypeError(
+            f"{who}: mask must be boolean (True = a real position), got dtype {mask.dtype}; "
+            "convert a 0/1 mask with mask.bool()"
+        )
+    if tuple(mask.shape) not in ((batch, length), (batch, 1, length)):
+        raise ValueError(
+            f"{who}: mask must be key padding of shape (B, N) = ({batch}, {length}) or "
+            f"(B, 1, N) = ({batch}, 1, {length}), got {tuple(mask.shape)}"
+        )
+    return mask.reshape(batch, length)

@@ -23,33 +23,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnkit import arguments, masks
-from attnkit.mixers.base import MixerCache
+from attnkit import arguments
+from attnkit.mixers.base import MixerCache, padding_mask
 
-__all__ = ["ACTIVATIONS", "ShortConv", "last_real", "padding_mask", "zero_padding"]
+__all__ = ["ACTIVATIONS", "ShortConv", "last_real", "zero_padding"]
 
 ACTIVATIONS = (None, "silu")
-
-
-def padding_mask(mask: Tensor | None, batch: int, length: int, who: str) -> Tensor | None:
-    """A token mixer's key-padding ``mask`` (B, N) or (B, 1, N), True = a real position, as
-    (B, N); None stays None. Raises TypeError for a non-boolean mask and ValueError, naming
-    ``who``, for another shape."""
-    if mask is None:
-        return None
-    if not isinstance(mask, Tensor):
-        raise masks.not_a_tensor(mask, "mask")
-    if mask.dtype != torch.bool:
-        raise TypeError(
-            f"{who}: mask must be boolean (True = a real position), got dtype {mask.dtype}; "
-            "convert a 0/1 mask with mask.bool()"
-        )
-    if tuple(mask.shape) not in ((batch, length), (batch, 1, length)):
-        raise ValueError(
-            f"{who}: mask must be key padding of shape (B, N) = ({batch}, {length}) or "
-            f"(B, 1, N) = ({batch}, 1, {length}), got {tuple(mask.shape)}"
-        )
-    return mask.reshape(batch, length)
 
 
 def zero_padding(x: Tensor, keep: Tensor | None) -> Tensor:

@@ -50,11 +50,9 @@ from attnkit.mixers.base import (
     REGISTRY,
     MixerCache,
     TokenMixer,
-    check_cache,
-    check_input,
     check_state,
 )
-from attnkit.mixers.conv import ShortConv, padding_mask, zero_padding
+from attnkit.mixers.conv import ShortConv, zero_padding
 from attnkit.mixers.gated_norm import GatedRMSNorm
 
 __all__ = ["GatedDeltaNetMixer"]
@@ -170,15 +168,8 @@ class GatedDeltaNetMixer(TokenMixer):
             layer.out_proj.weight.copy_(module.out_proj.weight)
         return layer
 
-    def forward(
-        self, x: Tensor, *, mask: Tensor | None = None, cache: MixerCache | None = None
-    ) -> Tensor:
-        """x (B, N, E) → (B, N, E); ``mask`` key padding (B, N) or (B, 1, N), True = real;
-        with ``cache`` x holds the new positions only."""
-        check_input(self, x, self.embed_dim)
-        cache = check_cache(self, cache)
+    def mix(self, x: Tensor, keep: Tensor | None, cache: MixerCache | None) -> Tensor:
         b, n, _ = x.shape
-        keep = padding_mask(mask, b, n, type(self).__name__)
         hk, dk, hv, dv = self.num_heads, self.head_dim, self.num_v_heads, self.head_v_dim
         r = hv // hk
         work = torch.promote_types(x.dtype, torch.float32)

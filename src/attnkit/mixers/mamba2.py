@@ -43,11 +43,9 @@ from attnkit.mixers.base import (
     REGISTRY,
     MixerCache,
     TokenMixer,
-    check_cache,
-    check_input,
     check_state,
 )
-from attnkit.mixers.conv import ShortConv, padding_mask, zero_padding
+from attnkit.mixers.conv import ShortConv, zero_padding
 from attnkit.mixers.gated_norm import GatedRMSNorm
 
 __all__ = ["Mamba2Mixer"]
@@ -201,15 +199,8 @@ class Mamba2Mixer(TokenMixer):
             layer.norm.weight.copy_(module.norm.weight)
         return layer
 
-    def forward(
-        self, x: Tensor, *, mask: Tensor | None = None, cache: MixerCache | None = None
-    ) -> Tensor:
-        """x (B, N, E) → (B, N, E); ``mask`` key padding (B, N) or (B, 1, N), True = real;
-        with ``cache`` x holds the new positions only."""
-        check_input(self, x, self.embed_dim)
-        cache = check_cache(self, cache)
+    def mix(self, x: Tensor, keep: Tensor | None, cache: MixerCache | None) -> Tensor:
         b, n, _ = x.shape
-        keep = padding_mask(mask, b, n, type(self).__name__)
         h, g, p, s = self.num_heads, self.n_groups, self.head_dim, self.state_size
         work = torch.promote_types(x.dtype, torch.float32)
         if cache is not None:
