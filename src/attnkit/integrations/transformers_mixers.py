@@ -101,60 +101,6 @@ __all__ = ["NOT_EXACT", "SUPPORTED", "Layout", "TransformersMixer", "swap_mixers
 SIDE_CACHES = "attnkit_mixer_caches"
 
 _QWEN35 = ("Qwen3_5GatedDeltaNet", "Qwen3_5MoeGatedDeltaNet")
-_MAMBA2_VARIANTS = (
-    "BambaMixer",
-    "GraniteMoeHybridMambaLayer",
-    "NemotronHMamba2Mixer",
-    "Zamba2MambaMixer",
-)
-
-
-def _mamba2(module: nn.Module, **overrides: Any) -> Mamba2Mixer:
-    """:class:`Mamba2Mixer` equal to a Mamba-2 mixer of a hybrid model (Bamba, Granite 4 hybrid,
-    Nemotron-H, Zamba 2: the same layer as transformers' ``Mamba2Mixer`` under other names),
-    weights copied."""
-    name = type(module).__name__
-    activation = getattr(module, "activation", None)
-    if activation != "silu":
-        raise ValueError(f"{name}: the convolution's activation must be 'silu', got {activation!r}")
-    inner = module.num_heads * module.head_dim
-    group = getattr(module.norm, "group_size", None)
-    if inner != module.intermediate_size or group != inner // module.n_groups:
-        raise ValueError(
-            f"{name}: expected heads·head_dim = intermediate_size and a gated norm over n_groups "
-            f"groups, got {module.num_heads}·{module.head_dim}, intermediate_size "
-            f"{module.intermediate_size}, norm group size {group}"
-        )
-    weight = module.in_proj.weight
-    sizes = {
-        "embed_dim": module.hidden_size,
-        "num_heads": module.num_heads,
-        "head_dim": module.head_dim,
-        "state_size": module.ssm_state_size,
-        "n_groups": module.n_groups,
-        "conv_kernel": module.conv_kernel_size,
-        "use_bias": module.in_proj.bias is not None,
-        "use_conv_bias": module.conv1d.bias is not None,
-        "eps": module.norm.variance_epsilon,
-        "time_step_limit": tuple(module.time_step_limit),
-        "chunk_size": module.chunk_size,
-    }
-    layer = Mamba2Mixer(**(sizes | overrides), device=weight.device, dtype=weight.dtype)
-    if (module.in_proj.bias is None) != (module.out_proj.bias is None):
-        raise ValueError(f"{name}: the input and output projections must both have biases or not")
-    with torch.no_grad():
-        layer.in_proj.weight.copy_(module.in_proj.weight)
-        layer.out_proj.weight.copy_(module.out_proj.weight)
-        if module.in_proj.bias is not None:
-            layer.in_proj.bias.copy_(module.in_proj.bias)
-            layer.out_proj.bias.copy_(module.out_proj.bias)
-        layer.conv.weight.copy_(module.conv1d.weight)
-        if module.conv1d.bias is not None:
-            layer.conv.bias.copy_(module.conv1d.bias)
-        for attr in ("A_log", "dt_bias", "D"):
-            getattr(layer, attr).copy_(getattr(module, attr))
-        layer.norm.weight.copy_(module.norm.weight)
-    return layer
 
 
 def _gated_deltanet(module: nn.Module, **overrides: Any) -> GatedDeltaNetMixer:
@@ -196,6 +142,8 @@ def _gated_deltanet(module: nn.Module, **overrides: Any) -> GatedDeltaNetMixer:
 
 
 def _mamba2_mixer(module: nn.Module, **overrides: Any) -> Mamba2Mixer:
+    """The Mamba-2 mixer at the module's own chunk size (any chunk size gives the same
+    outputs), weights copied."""
     return Mamba2Mixer.from_transformers(module, **({"chunk_size": module.chunk_size} | overrides))
 
 
@@ -226,8 +174,10 @@ class Layout:
 
 #: transformers linear layers that :func:`swap_mixers` replaces, by class name.
 SUPPORTED: dict[str, Layout] = {
-    "Mamba2Mixer": Layout(Mamba2Mixer, _mamba2_mixer, "ssm", True, step_unlimited=True),
-    **{n: Layout(Mamba2Mixer, _mamba2, "ssm", True, step_unlimited=True) for n in _MAMBA2_VARIANTS},
+    **{
+        n: Layout(Mamba2Mixer, _mamba2_mixer, "ssm", True, step_unlimited=True)
+        for n in Mamba2Mixer.TRANSFORMERS_NAMES
+    },
     "Qwen3NextGatedDeltaNet": Layout(
         GatedDeltaNetMixer, GatedDeltaNetMixer.from_transformers, "delta"
     ),

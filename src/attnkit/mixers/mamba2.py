@@ -32,6 +32,7 @@ transpose is transformers' (B, H, P, n)). The time-step limit is applied in deco
 from __future__ import annotations
 
 import math
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -162,14 +163,50 @@ class Mamba2Mixer(TokenMixer):
             f"conv_kernel={self.conv.kernel_size}, chunk_size={self.chunk_size}"
         )
 
+    #: transformers' Mamba-2 mixers: ``Mamba2Mixer``, and the same layer under the names of the
+    #: hybrid models (Bamba, Granite 4 hybrid, Nemotron-H, Zamba 2).
+    TRANSFORMERS_NAMES: ClassVar[tuple[str, ...]] = (
+        "Mamba2Mixer",
+        "BambaMixer",
+        "GraniteMoeHybridMambaLayer",
+        "NemotronHMamba2Mixer",
+        "Zamba2MambaMixer",
+    )
+
     @classmethod
     def from_transformers(cls, module: nn.Module, **overrides) -> Mamba2Mixer:
-        """The mixer equal to a transformers ``Mamba2Mixer`` ``module``, its weights copied
-        (same device and dtype). ``overrides`` (e.g. ``chunk_size``) replace the sizes read from
-        the module."""
-        if type(module).__name__ != "Mamba2Mixer" or not hasattr(module, "in_proj"):
+        """The mixer equal to a transformers Mamba-2 mixer ``module`` (one of
+        :attr:`TRANSFORMERS_NAMES`), its weights copied (same device and dtype). ``overrides``
+        (e.g. ``chunk_size``) replace the sizes read from the module.
+
+        Raises:
+            TypeError: another module.
+            ValueError: a layer this mixer does not reproduce (a convolution activation other
+                than SiLU, heads that do not fill the inner size, a norm not grouped by
+                ``n_groups``, a bias on one projection only)."""
+        name = type(module).__name__
+        if name not in cls.TRANSFORMERS_NAMES or not hasattr(module, "in_proj"):
+            others = ", ".join(cls.TRANSFORMERS_NAMES[1:])
             raise TypeError(
-                f"module must be a transformers Mamba2Mixer, got {type(module).__name__}"
+                f"module must be a transformers Mamba2Mixer (or the same layer of a hybrid "
+                f"model: {others}), got {name}"
+            )
+        activation = getattr(module, "activation", None)
+        if activation != "silu":
+            raise ValueError(
+                f"{name}: the convolution's activation must be 'silu', got {activation!r}"
+            )
+        inner = module.num_heads * module.head_dim
+        group = getattr(module.norm, "group_size", None)
+        if inner != module.intermediate_size or group != inner // module.n_groups:
+            raise ValueError(
+                f"{name}: expected heads·head_dim = intermediate_size and a gated norm over "
+                f"n_groups groups, got {module.num_heads}·{module.head_dim}, intermediate_size "
+                f"{module.intermediate_size}, norm group size {group}"
+            )
+        if (module.in_proj.bias is None) != (module.out_proj.bias is None):
+            raise ValueError(
+                f"{name}: the input and output projections must both have biases or not"
             )
         weight = module.in_proj.weight
         sizes = {
@@ -194,8 +231,8 @@ class Mamba2Mixer(TokenMixer):
             layer.conv.weight.copy_(module.conv1d.weight)
             if module.conv1d.bias is not None:
                 layer.conv.bias.copy_(module.conv1d.bias)
-            for name in ("A_log", "dt_bias", "D"):
-                getattr(layer, name).copy_(getattr(module, name))
+            for attr in ("A_log", "dt_bias", "D"):
+                getattr(layer, attr).copy_(getattr(module, attr))
             layer.norm.weight.copy_(module.norm.weight)
         return layer
 
