@@ -305,9 +305,9 @@ class _Merge:
         if bool((w <= SLACK).all()):  # no row's reference needs to rise: exp(w) ≤ e^SLACK
             w = w.exp_()
             self.total.index_add_(0, rows, w)
-            self.acc.index_add_(0, rows, out * w[:, None])
+            self.acc.index_add_(0, rows, out.mul_(w[:, None]))
             return
-        new = self.top.clone().scatter_reduce_(0, rows.long(), lse, "amax")
+        new = self.top.clone().scatter_reduce_(0, rows, lse, "amax")
         rise = (new > self.top).nonzero()[:, 0]
         if len(rise):
             old = (self.top[rise] - new[rise]).exp_()
@@ -317,7 +317,7 @@ class _Merge:
         top = self.top[rows]
         w = (lse - top.masked_fill(top == float("-inf"), 0.0)).exp_()
         self.total.index_add_(0, rows, w)
-        self.acc.index_add_(0, rows, out * w[:, None])
+        self.acc.index_add_(0, rows, out.mul_(w[:, None]))
 
     def result(self) -> tuple[Tensor, Tensor]:
         """(o (R, d), lse (R,)); rows without a key 0."""
@@ -341,7 +341,7 @@ class _Known:
 
     def scattered(self, rows: Tensor, out: Tensor, lse: Tensor) -> None:
         w = (lse - self.lse[rows]).exp_()
-        self.acc.index_add_(0, rows, out * w[:, None])
+        self.acc.index_add_(0, rows, out.mul_(w[:, None]))
 
     def result(self) -> Tensor:
         return self.acc[:-1]
@@ -384,10 +384,12 @@ class _Tiles:
         self.rows = m
 
     def batches(self):
+        """(rows, rows clamped to real ones, blocks) per batch of tiles, int64 (the index
+        kernels take a slower path with int32)."""
         step = max(1, BATCH // TILE)
         for t0 in range(0, len(self.block), step):
             t1 = min(len(self.block), t0 + step)
-            rows = self.query[t0 * TILE : t1 * TILE]
+            rows = self.query[t0 * TILE : t1 * TILE].long()
             yield rows, rows.clamp_max(self.rows - 1), self.block[t0:t1]
 
 
@@ -605,11 +607,11 @@ class _NSABlocks(torch.autograd.Function):
         q, k, v, kc, vc, gates, lse, chosen = ctx.saved_tensors
         geo = _Geometry(q.shape[1], k.shape[1], ctx.q_offset, ctx.sz)
         grads = [torch.zeros_like(x) for x in (q, k, v, kc, vc, gates)]
-        grad = grad.contiguous()
         for c in range(q.shape[0]):
+            # one head's gradient at a time: the incoming one may be a broadcast (of a sum)
             _backward_item(
                 q[c], k[c], v[c], kc[c], vc[c], gates[c], geo, ctx.scale, lse[c], chosen[c],
-                grad[c], [x[c] for x in grads],
+                grad[c].contiguous(), [x[c] for x in grads],
             )  # fmt: skip
         return (*grads, None, None, None)
 

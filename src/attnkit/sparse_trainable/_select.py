@@ -11,6 +11,7 @@ import torch
 from torch import Tensor
 
 __all__ = [
+    "all_finite",
     "gather_keys",
     "gather_mask",
     "group_sum",
@@ -19,6 +20,25 @@ __all__ = [
     "sanitize",
     "top_indices",
 ]
+
+
+def all_finite(*xs: Tensor) -> bool:
+    """Whether every entry of the tensors is finite, without a tensor of their size: a sum
+    holding a NaN or an infinity is not finite, so a finite sum settles it in one pass; only a
+    sum that overflowed (or a tensor that is not finite) is checked entry by entry, a slice of
+    rows (dim −2) at a time."""
+    for x in xs:
+        if x.numel() == 0 or bool(torch.isfinite(x.sum())):
+            continue
+        if x.dim() < 2:
+            if not bool(torch.isfinite(x).all()):
+                return False
+            continue
+        step = max(1, (1 << 16) // max(1, x[..., :1, :].numel()))
+        for a in range(0, x.shape[-2], step):
+            if not bool(torch.isfinite(x.narrow(-2, a, min(step, x.shape[-2] - a))).all()):
+                return False
+    return True
 
 
 def query_positions(m: int, q_offset: int, device) -> Tensor:

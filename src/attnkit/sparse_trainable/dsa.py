@@ -61,6 +61,7 @@ from attnkit.sparse_trainable._gathered import (
     selected_index_scores,
 )
 from attnkit.sparse_trainable._select import (
+    all_finite,
     gather_keys,
     group_sum,
     query_positions,
@@ -260,7 +261,7 @@ class DeepSeekSparseAttention(HeadAttention):
             and v.numel()
             # the tiles read keys a query may not attend with weight 0 (0 · NaN = NaN): keys
             # that are not finite take the per-query gathers
-            and (trust.inputs_finite() or bool(torch.isfinite(k).all() and torch.isfinite(v).all()))
+            and (trust.inputs_finite() or all_finite(k, v))
         )
         count = lead.numel()
         scale = 1.0 / math.sqrt(self.head_dim) / align.fixed_temperature if fast else 0.0

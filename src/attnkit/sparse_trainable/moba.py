@@ -49,7 +49,7 @@ from attnkit.inputs import broadcast_shapes
 from attnkit.mechanisms import REGISTRY, example_tensor
 from attnkit.output import AttentionOutput
 from attnkit.sizing import Sizes, build
-from attnkit.sparse_trainable._select import top_indices
+from attnkit.sparse_trainable._select import all_finite, top_indices
 
 __all__ = ["MixtureOfBlockAttention", "moba_selection"]
 
@@ -227,9 +227,7 @@ class MixtureOfBlockAttention(HeadAttention):
         if bias is not None:
             bp = bias[..., :n].broadcast_to(*lead, m, n).reshape(count, m, n)
             bp = torch.nn.functional.pad(bp, (0, pad))
-        finite = trust.inputs_finite() or bool(
-            torch.isfinite(k3).all() and torch.isfinite(v3).all()
-        )
+        finite = trust.inputs_finite() or all_finite(k3, v3)
 
         # the own block: one (B × B) product per block of queries, causal inside
         qa = torch.nn.functional.pad(qs, (0, 0, shift, nq * bs - shift - m)).unflatten(1, (nq, bs))

@@ -73,6 +73,7 @@ from attnkit.sparse_trainable import _nsa_blocks as nsa_blocks
 from attnkit.sparse_trainable._gathered import gathered_softmax
 from attnkit.sparse_trainable._nsa_chunks import Sizes, importance, nsa_chunked, rank_blocks
 from attnkit.sparse_trainable._select import (
+    all_finite,
     gather_keys,
     gather_mask,
     group_sum,
@@ -300,9 +301,7 @@ class NativeSparseAttention(HeadAttention):
             )
             return AttentionOutput(out.context, out.selected_weights if need_weights else None)
         lead, q_, k_, v_, rows, pos, scale = self._prepare(q, k, v, mask, bias, q_offset)
-        if not trust.inputs_finite() and not (
-            torch.isfinite(k_).all() and torch.isfinite(v_).all()
-        ):
+        if not (trust.inputs_finite() or all_finite(k_, v_)):
             # the tiles read keys a query may not attend with weight 0 (0 · NaN = NaN): keys
             # that are not finite, where some query may read them, take the per-query gathers
             out = self.branches(q, k, v, mask=mask, bias=bias, q_offset=q_offset)
