@@ -18,7 +18,11 @@ Layers from small random configs (no download), float32, ``--threads`` threads (
   :meth:`attnkit.modern.GatedAttention.from_transformers`, Qwen3-Next's full-attention layer;
 - ``deepseek_v32``: transformers' ``DeepseekV32Attention`` (hidden 256, 4 heads, latent ranks 64,
   its indexer with 4 heads of 32 and top-k 2048, eager) vs
-  :meth:`attnkit.sparse_trainable.SparseLatentAttention.from_transformers`.
+  :meth:`attnkit.sparse_trainable.SparseLatentAttention.from_transformers`;
+- ``kimi_mla``: transformers' ``KimiLinearAttention`` (hidden 256, 4 heads, latent ranks 64,
+  nope 32 / "rope" 16 / value 32 per head, no positions, SDPA) vs
+  ``attnkit.modern.MultiHeadLatentAttention(rotary=False)`` with its weights (Kimi Linear's
+  full-attention layer).
 
 All run transformers' torch path (no compiled kernels are installed). The two run interleaved
 (transformers, attnkit; then attnkit, transformers; …) so that load changes hit both and neither
@@ -58,7 +62,7 @@ from attnkit.mixers import (
     LightningAttentionMixer,
     Mamba2Mixer,
 )
-from attnkit.modern import GatedAttention
+from attnkit.modern import GatedAttention, LatentCache, MultiHeadLatentAttention
 from attnkit.sparse_trainable.deepseek_v32 import SparseLatentAttention, SparseLatentCache
 
 HIDDEN = 256
@@ -219,6 +223,71 @@ def deepseek_v32() -> tuple[object, torch.nn.Module, torch.nn.Module]:
     return cfg, _DeepseekV32Full(theirs, cfg), ours
 
 
+class _KimiFull(torch.nn.Module):
+    """transformers' KimiLinearAttention (SDPA; no positions, so no rotary embedding) called as
+    the other layers are, its causal mask from ``create_causal_mask`` (None for SDPA's own
+    causal mode when nothing is padded)."""
+
+    def __init__(self, module: torch.nn.Module, cfg: object) -> None:
+        super().__init__()
+        self.module, self.cfg = module, cfg
+
+    def forward(self, x: torch.Tensor, cache: object = None) -> torch.Tensor:
+        start = 0 if cache is None else cache.get_seq_length()
+        positions = torch.arange(start, start + x.shape[1])[None]
+        mask = create_causal_mask(
+            config=self.cfg, inputs_embeds=x, attention_mask=None, cache=cache,
+            position_ids=positions,
+        )  # fmt: skip
+        return self.module(x, mask, cache=cache)[0]
+
+
+class _LatentFull(torch.nn.Module):
+    """attnkit's MultiHeadLatentAttention called the same way: a causal mask over a prefill,
+    none for a single decoding step."""
+
+    def __init__(self, layer: torch.nn.Module) -> None:
+        super().__init__()
+        self.layer = layer
+
+    def new_cache(self) -> LatentCache:
+        return LatentCache()
+
+    def forward(self, x: torch.Tensor, cache: LatentCache | None = None) -> torch.Tensor:
+        n = x.shape[1]
+        start = 0 if cache is None else len(cache)
+        mask = ak.masks.causal(n, start + n) if n > 1 else None
+        return self.layer(x, mask, cache=cache).output
+
+
+# transformers' KimiLinearAttention parameter names -> MultiHeadLatentAttention's
+_KIMI_NAMES = {
+    "kv_a_proj_with_mqa": "w_dkv", "kv_a_layernorm": "kv_norm", "kv_b_proj": "w_ukv",
+    "o_proj": "w_o", "q_proj": "w_q", "q_a_proj": "w_dq", "q_a_layernorm": "q_norm",
+    "q_b_proj": "w_uq",
+}  # fmt: skip
+
+
+def kimi_mla() -> tuple[object, torch.nn.Module, torch.nn.Module]:
+    cfg = configuration_kimi_linear.KimiLinearConfig(
+        hidden_size=HIDDEN, num_attention_heads=4, num_key_value_heads=4, q_lora_rank=64,
+        kv_lora_rank=64, qk_nope_head_dim=32, qk_rope_head_dim=16, v_head_dim=32,
+        attention_bias=False, max_position_embeddings=8192, num_hidden_layers=1,
+        layer_types=["full_attention"], vocab_size=10, pad_token_id=None, bos_token_id=None,
+        eos_token_id=None,
+    )  # fmt: skip
+    cfg._attn_implementation = "sdpa"
+    theirs = modeling_kimi_linear.KimiLinearAttention(cfg, 0)
+    ours = MultiHeadLatentAttention(
+        HIDDEN, 4, 64, head_dim=32, rope_dim=16, v_head_dim=32, q_rank=64, rotary=False,
+        eps=1e-6,
+    )  # fmt: skip
+    state = theirs.state_dict()
+    ours.load_state_dict({_KIMI_NAMES[k.split(".")[0]] + k[k.index(".") :]: v
+                          for k, v in state.items()})  # fmt: skip
+    return cfg, _KimiFull(theirs, cfg), _LatentFull(ours)
+
+
 LAYERS: dict[str, Callable[[], tuple[object, torch.nn.Module, torch.nn.Module]]] = {
     "mamba2": mamba2,
     "gated_deltanet": gated_deltanet,
@@ -226,6 +295,7 @@ LAYERS: dict[str, Callable[[], tuple[object, torch.nn.Module, torch.nn.Module]]]
     "lightning": lightning,
     "gated_attention": gated_attention,
     "deepseek_v32": deepseek_v32,
+    "kimi_mla": kimi_mla,
 }
 
 
