@@ -13,6 +13,8 @@ that layer's contract:
   :class:`MixerCache` (from :meth:`TokenMixer.new_cache`); x then holds the new positions only.
 - ``causal``: the mixer attends causally (every recurrent mixer does).
 - ``cache_kind``: what its cache holds (``"recurrent"``: a state of constant size).
+- ``state_names``: the names of the states its :class:`MixerCache` holds after a call, each
+  with its shape and meaning; ``state_shapes(batch)`` gives the shapes for a batch.
 - ``from_transformers(module)`` (optional): the mixer equal to a transformers module, with its
   weights copied.
 """
@@ -44,6 +46,9 @@ class MixerCache(LayerCache):
     recurrent state, ...) that the mixer reads and replaces at every step, and the number of
     positions seen. It sits in a :class:`attnkit.kv_cache.KVCache` slot beside the
     :class:`attnkit.kv_cache.LayerCache` of attention layers, so one cache serves a hybrid stack.
+
+    After a call, ``states`` holds exactly the states that the owning layer's class declares in
+    :attr:`TokenMixer.state_names`, with the shapes of :meth:`TokenMixer.state_shapes`.
     """
 
     # positions are folded into the states
@@ -81,11 +86,20 @@ class MixerCache(LayerCache):
 
 class TokenMixer(nn.Module):
     """The base of token-mixer layers: x (B, N, embed_dim) -> (B, N, embed_dim), see the module
-    docstring for the contract. Subclasses set ``causal`` and ``cache_kind`` and implement
-    :meth:`forward`; :meth:`new_cache` gives an empty :class:`MixerCache`."""
+    docstring for the contract. Subclasses set ``causal``, ``cache_kind`` and ``state_names``
+    and implement :meth:`mix` and :meth:`state_shapes`; :meth:`new_cache` gives an empty
+    :class:`MixerCache`."""
 
     causal: ClassVar[bool] = True
     cache_kind: ClassVar[str] = "recurrent"
+    #: The states of this layer's :class:`MixerCache`, by name (the entries of
+    #: ``cache.states`` after a call, no others), each with its shape and what it holds.
+    state_names: ClassVar[dict[str, str]] = {}
+
+    def state_shapes(self, batch: int) -> dict[str, tuple[int, ...]]:
+        """The shape of each state of :attr:`state_names` for ``batch`` sequences, from this
+        layer's sizes."""
+        raise NotImplementedError
 
     def new_cache(self) -> MixerCache:
         """An empty cache for decoding with this layer."""

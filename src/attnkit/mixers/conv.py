@@ -68,6 +68,10 @@ class ShortConv(nn.Module):
     The weight has the shape of a depthwise ``nn.Conv1d`` (C, 1, K) (its last tap multiplies
     the current position), so a ``nn.Conv1d(C, C, K, groups=C)``'s weights copy over as they
     are.
+
+    State: with a cache, the entry ``state_name`` holds the last K − 1 real inputs,
+    (B, K − 1, C) in x's dtype (:meth:`state_shape`); the owning layer lists it among its
+    :attr:`attnkit.mixers.TokenMixer.state_names`.
     """
 
     def __init__(
@@ -106,9 +110,13 @@ class ShortConv(nn.Module):
             f"bias={self.bias is not None}, activation={self.activation!r}"
         )
 
+    def state_shape(self, batch: int) -> tuple[int, int, int]:
+        """The shape of the state kept for ``batch`` sequences: (B, K − 1, C)."""
+        return (arguments.positive_int(batch, "batch"), self.kernel_size - 1, self.channels)
+
     def new_state(self, batch: int, *, device=None, dtype=None) -> Tensor:
         """The state before the first position: K − 1 zero inputs (B, K − 1, C)."""
-        return torch.zeros(batch, self.kernel_size - 1, self.channels, device=device, dtype=dtype)
+        return torch.zeros(self.state_shape(batch), device=device, dtype=dtype)
 
     def forward(
         self, x: Tensor, *, mask: Tensor | None = None, cache: MixerCache | None = None

@@ -39,6 +39,7 @@ laid out as transformers').
 from __future__ import annotations
 
 import math
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -76,7 +77,20 @@ class GatedDeltaNetMixer(TokenMixer):
 
     Initialised as transformers' ``Qwen3NextGatedDeltaNet``: A ∈ [0.01, 16] uniform, b_Δ = 1,
     the norm weights 1, no biases.
+
+    Cache states (:attr:`state_names`, :meth:`state_shapes`):
+
+    - ``"conv"``: (B, K − 1, 2·H_k·d_k + H_v·d_v), the short convolution's last K − 1 real
+      inputs ([q, k, v]), in x's dtype;
+    - ``"delta"``: (B, H_v, d_k, d_v), the delta rule's state S of each value head (as
+      transformers' recurrent state), in x's dtype promoted to at least float32.
     """
+
+    state_names: ClassVar[dict[str, str]] = {
+        "conv": "(B, K − 1, 2·H_k·d_k + H_v·d_v): the short convolution's last K − 1 real "
+        "inputs ([q, k, v])",
+        "delta": "(B, H_v, d_k, d_v): the delta rule's state of each value head",
+    }
 
     def __init__(
         self,
@@ -127,6 +141,12 @@ class GatedDeltaNetMixer(TokenMixer):
             f"num_v_heads={self.num_v_heads}, head_v_dim={self.head_v_dim}, "
             f"conv_kernel={self.conv.kernel_size}, chunk_size={self.chunk_size}"
         )
+
+    def state_shapes(self, batch: int) -> dict[str, tuple[int, ...]]:
+        return {
+            "conv": self.conv.state_shape(batch),
+            "delta": (batch, self.num_v_heads, self.head_dim, self.head_v_dim),
+        }
 
     @classmethod
     def from_transformers(cls, module: nn.Module, **overrides) -> GatedDeltaNetMixer:

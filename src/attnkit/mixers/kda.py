@@ -34,6 +34,7 @@ transformers').
 from __future__ import annotations
 
 import math
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -72,7 +73,20 @@ class KimiDeltaAttentionMixer(TokenMixer):
     Initialised as transformers' ``KimiLinearDeltaAttention`` (flash-linear-attention's
     initialisation): A ∈ [1, 16] uniform, b_Δ = softplus⁻¹(Δ) with Δ log-uniform in
     [10⁻³, 10⁻¹], the norm weights 1, no biases.
+
+    Cache states (:attr:`state_names`, :meth:`state_shapes`):
+
+    - ``"conv"``: (B, K − 1, 3·H·d), the short convolution's last K − 1 real inputs
+      ([q, k, v]), in x's dtype;
+    - ``"delta"``: (B, H, d, d), the KDA state S of each head (rows: key channels, columns:
+      value channels, as transformers' recurrent state), in x's dtype promoted to at least
+      float32.
     """
+
+    state_names: ClassVar[dict[str, str]] = {
+        "conv": "(B, K − 1, 3·H·d): the short convolution's last K − 1 real inputs ([q, k, v])",
+        "delta": "(B, H, d, d): the KDA state of each head (key channels × value channels)",
+    }
 
     def __init__(
         self,
@@ -113,6 +127,10 @@ class KimiDeltaAttentionMixer(TokenMixer):
             f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, head_dim={self.head_dim}, "
             f"conv_kernel={self.conv.kernel_size}, chunk_size={self.chunk_size}"
         )
+
+    def state_shapes(self, batch: int) -> dict[str, tuple[int, ...]]:
+        h, d = self.num_heads, self.head_dim
+        return {"conv": self.conv.state_shape(batch), "delta": (batch, h, d, d)}
 
     @classmethod
     def from_transformers(cls, module: nn.Module, **overrides) -> KimiDeltaAttentionMixer:

@@ -27,6 +27,8 @@ transformers' ``MiniMaxCache`` linear cache).
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -59,7 +61,17 @@ class LightningAttentionMixer(TokenMixer):
             (:func:`attnkit.linear_family.lightning.lightning_slopes`).
         chunk_size: positions per block (any value gives the same outputs).
         eps: the output norm's epsilon.
+
+    Cache state (:attr:`state_names`, :meth:`state_shapes`; no convolution):
+
+    - ``"lightning"``: (B, H, d, d), the state S of each head (key channels × value channels,
+      as transformers' ``MiniMaxCache`` linear cache), in x's dtype promoted to at least
+      float32.
     """
+
+    state_names: ClassVar[dict[str, str]] = {
+        "lightning": "(B, H, d, d): the state of each head (key channels × value channels)",
+    }
 
     def __init__(
         self,
@@ -98,6 +110,10 @@ class LightningAttentionMixer(TokenMixer):
 
     def extra_repr(self) -> str:
         return f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, head_dim={self.head_dim}"
+
+    def state_shapes(self, batch: int) -> dict[str, tuple[int, ...]]:
+        h, d = self.num_heads, self.head_dim
+        return {"lightning": (arguments.positive_int(batch, "batch"), h, d, d)}
 
     @classmethod
     def from_transformers(cls, module: nn.Module, **overrides) -> LightningAttentionMixer:

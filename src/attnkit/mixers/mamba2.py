@@ -86,7 +86,19 @@ class Mamba2Mixer(TokenMixer):
             [min, max] and at least floor (as transformers initialises it).
 
     Initialised as transformers' ``Mamba2Mixer``: A = 1, …, H, D = 1, the gate weights 1.
+
+    Cache states (:attr:`state_names`, :meth:`state_shapes`):
+
+    - ``"conv"``: (B, K − 1, H·P + 2·G·n), the short convolution's last K − 1 real inputs
+      (xBC), in x's dtype;
+    - ``"ssm"``: (B, H, n, P), the SSD state of each head (transformers' (B, H, P, n)
+      transposed), in x's dtype promoted to at least float32.
     """
+
+    state_names: ClassVar[dict[str, str]] = {
+        "conv": "(B, K − 1, H·P + 2·G·n): the short convolution's last K − 1 real inputs (xBC)",
+        "ssm": "(B, H, n, P): the SSD state of each head",
+    }
 
     def __init__(
         self,
@@ -162,6 +174,12 @@ class Mamba2Mixer(TokenMixer):
             f"state_size={self.state_size}, n_groups={self.n_groups}, "
             f"conv_kernel={self.conv.kernel_size}, chunk_size={self.chunk_size}"
         )
+
+    def state_shapes(self, batch: int) -> dict[str, tuple[int, ...]]:
+        return {
+            "conv": self.conv.state_shape(batch),
+            "ssm": (batch, self.num_heads, self.state_size, self.head_dim),
+        }
 
     #: transformers' Mamba-2 mixers: ``Mamba2Mixer``, and the same layer under the names of the
     #: hybrid models (Bamba, Granite 4 hybrid, Nemotron-H, Zamba 2).
