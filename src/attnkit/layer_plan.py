@@ -20,7 +20,8 @@ The names (:func:`names` lists them):
   ``attention``, ``position``, ``pattern``, ``score_mod``, ``gate``);
 - ``sliding:W``: that self-attention over a sliding window of W keys (each query attends
   itself and the W − 1 positions before it: Gemma 2/3's and Mistral's local layers; in an
-  encoder, the positions less than W away on either side); no ``pattern``;
+  encoder, the positions less than W away on either side), evaluated block-sparsely over a
+  whole sequence so that its cost follows N·W; no ``pattern``;
 - a per-head attention part registered in :mod:`attnkit.mechanisms` (``gated_deltanet``,
   ``mamba2``, ``retention``, ``gla``, ...), built by its ``for_heads`` at the layer's sizes and
   placed in the self-attention's ``attention`` slot (without the stack's ``position``,

@@ -3,13 +3,14 @@ token mixer in its place), the feed-forward, where the norms sit, and the slidin
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from attnkit import arguments
+from attnkit import arguments, layer_patterns, patterns
 from attnkit.kernels.block_mask import BlockMask, MaskMod, ScoreMod
 from attnkit.kv_cache import LayerCache
 from attnkit.multihead import MultiHeadAttention
@@ -41,6 +42,14 @@ def _mixer(mixer: nn.Module | None, slots: dict[str, Any]) -> nn.Module | None:
             f"mixer= replaces the self-attention, so its {', '.join(given)} cannot be given too"
         )
     return mixer
+
+
+@functools.cache
+def _window_pattern(window: int, causal: bool) -> MaskMod:
+    """The mask function of a sliding window of ``window`` keys, one per (window, causal) and
+    shared by every layer, so that the block masks built from it (kept per mask function and
+    length, :func:`attnkit.layer_patterns.pattern_block_mask`) are shared too."""
+    return patterns.sliding_window(window - 1, causal=causal)
 
 
 def attention_heads(
@@ -160,6 +169,29 @@ class Block(nn.Module):
             )
         padding = None if mask is None else mask[..., -y.shape[-2] :]
         return self.mixer(y, mask=padding, cache=cache)
+
+    def _window_block_mask(
+        self,
+        m: int,
+        n: int,
+        causal: bool,
+        device: torch.device,
+        cached: int,
+        block_mask: BlockMask | None,
+    ) -> BlockMask | None:
+        """(M, N) the sliding window of the self-attention as a block mask, for a call over a
+        whole sequence (nothing ``cached``): the chunked kernel visits only the tiles near the
+        diagonal, so time and memory follow N·window, not N². Causally it holds the causal mask
+        too. None where the window is a dense mask instead (:meth:`_window_mask`): no window or
+        every key inside it; a decoding step (M × window is small, and a window cache keeps the
+        last keys in places of its own); a ``block_mask`` of the call's (the two restrictions
+        meet as masks); or a per-head part that does not declare ``accepts_block_mask``."""
+        if self.window is None or n <= self.window or cached or block_mask is not None:
+            return None
+        if not self.self_attention.module.attention.accepts_block_mask:
+            return None
+        pattern = _window_pattern(self.window, causal)
+        return layer_patterns.pattern_block_mask(pattern, m, n, device)
 
     def _window_mask(self, m: int, n: int, causal: bool, device: torch.device) -> Tensor | None:
         """(M, N) the sliding window of the self-attention (None without one, or when every key

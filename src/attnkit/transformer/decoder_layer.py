@@ -160,7 +160,13 @@ class TransformerDecoderLayer(Block):
         score_mod: ScoreMod | None,
     ) -> Tensor:
         m = y.shape[-2]
-        n = m + (0 if cache is None else len(cache))
+        cached = 0 if cache is None else len(cache)
+        n = m + cached
+        window = self._window_block_mask(m, n, causal, y.device, cached, block_mask)
+        if window is not None:  # the whole sequence, the window (and causality) block-sparse
+            return self.self_attention(
+                y, mask=mask, cache=cache, block_mask=window, score_mod=score_mod
+            ).context
         # One new position after the cached ones may attend every key: no mask to build, check
         # or apply on the per-token path of decoding.
         future = masks.causal(m, n, device=y.device) if causal and m > 1 else None

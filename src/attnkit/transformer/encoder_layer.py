@@ -31,7 +31,8 @@ class TransformerEncoderLayer(Block):
     evaluated block-sparsely so that the cost follows its density; ``score_mod``: applied to the
     self-attention's per-head scores (see :class:`attnkit.MultiHeadAttention`).
     ``window``: a sliding window of the self-attention, each query attends the keys less than
-    ``window`` places away (in a decoder layer: itself and the ``window`` − 1 before it).
+    ``window`` places away (in a decoder layer: itself and the ``window`` − 1 before it);
+    over a whole sequence it is evaluated block-sparsely (cost and memory follow N·window).
     ``mixer``: an :class:`attnkit.mixers.TokenMixer` that takes the self-attention's place (a
     Mamba-2 or Gated DeltaNet layer of a hybrid stack); it is called with key padding only.
     ``gate``: the self-attention's sigmoid output gate (``"elementwise"`` or ``"headwise"``,
@@ -61,9 +62,13 @@ class TransformerEncoderLayer(Block):
                 x, self.norm1, lambda y: self._mix(y, mask, None, block_mask, score_mod)
             )
             return self._sublayer(x, self.norm2, self.ff)
-        sparse = {"block_mask": block_mask, "score_mod": score_mod}
         n = x.shape[-2]
-        own = masks.combine(self._window_mask(n, n, False, x.device), mask)
+        window = self._window_block_mask(n, n, False, x.device, 0, block_mask)
+        if window is not None:
+            sparse, own = {"block_mask": window, "score_mod": score_mod}, mask
+        else:
+            sparse = {"block_mask": block_mask, "score_mod": score_mod}
+            own = masks.combine(self._window_mask(n, n, False, x.device), mask)
         x = self._sublayer(
             x, self.norm1, lambda y: self.self_attention(y, mask=own, **sparse).context
         )
