@@ -565,3 +565,60 @@ def test_a_part_without_attend_or_forward_says_what_to_implement():
     torch.testing.assert_close(
         KeyOnlyPart()(q, q, q, mask=expanded).context, KeyOnlyPart()(q, q, q, mask=key).context
     )
+
+
+class StatePart(MinimalPart):
+    """MinimalPart keeping the sum of its earlier values in a cache of its own: a mask covers
+    the positions in that state and the keys given; attend() sees the mask it is given."""
+
+    takes_cache = True
+    seen: ClassVar[list] = []
+
+    def state_positions(self, cache):
+        return cache["positions"]
+
+    def attend(self, q, k, v, *, mask, bias, need_weights, cache):
+        StatePart.seen.append(mask)
+        return super().attend(q, k, v, mask=mask, bias=bias, need_weights=need_weights)
+
+
+class WholeMaskPart(MinimalPart):
+    """MinimalPart declaring key masks only but reading every mask itself (declared_mask)."""
+
+    mask_forms = frozenset({"key"})
+
+    def declared_mask(self, mask, m, who):
+        return mask
+
+
+def test_a_part_keeping_a_state_is_given_the_mask_columns_of_its_keys():
+    """A mask over 3 positions in the state and the 2 keys given: validated at that width,
+    attend() gets its last 2 columns, and the empty rows and hidden keys follow them."""
+    q, k, v = (x[..., :2, :] for x in _inputs())
+    mask = torch.ones(2, 5, dtype=torch.bool)
+    mask[0, 3:] = False  # query 0 attends only positions in the state: no key given
+    mask[1, 4] = False  # key 1 is attended by no query: hidden
+    StatePart.seen.clear()
+    out = StatePart()(q, k, v, mask=mask, need_weights=True, cache={"positions": 3})
+    assert torch.equal(StatePart.seen[0], mask[:, 3:])
+    want = MinimalPart()(q, k, v, mask=mask[:, 3:], need_weights=True)
+    torch.testing.assert_close(out.context, want.context, rtol=0, atol=0)
+    assert torch.equal(out.context[:, :, 0], torch.zeros_like(out.context[:, :, 0]))
+    with pytest.raises(ValueError, match=r"mask of shape \(2, 2\) does not broadcast .* 5\)"):
+        StatePart()(q, k, v, mask=mask[:, 3:], cache={"positions": 3})
+    key = torch.tensor([True, False, True, True, True])  # one row: over every query as it is
+    StatePart()(q, k, v, mask=key, cache={"positions": 3})
+    assert torch.equal(StatePart.seen[-1], key[None, 3:])
+    StatePart()(q, k, v, mask=mask[:, 3:], cache={"positions": 0})  # nothing in the state
+    assert torch.equal(StatePart.seen[-1], mask[:, 3:])
+
+
+def test_a_part_may_read_masks_its_own_way():
+    """declared_mask is the template's hole for a part that reads masks itself: a causal mask
+    reaches WholeMaskPart, which KeyOnlyPart (the template's reading) refuses."""
+    q, k, v = _inputs()
+    causal = ak.masks.causal(N)
+    with pytest.raises(ValueError, match="KeyOnlyPart: the mask varies over queries"):
+        KeyOnlyPart()(q, k, v, mask=causal)
+    out = WholeMaskPart()(q, k, v, mask=causal).context
+    torch.testing.assert_close(out, MinimalPart()(q, k, v, mask=causal).context, rtol=0, atol=0)

@@ -49,7 +49,9 @@ class HeadAttention(nn.Module):
     A subclass declares what it supports and implements :meth:`attend` (q, k, v, *, mask, bias,
     need_weights) returning an :class:`attnkit.AttentionOutput`: the base's :meth:`forward` is a
     template that does what every part needs around it (validation, refusals by capability,
-    masked keys hidden, empty rows 0, weights reported to hooks). A part may instead override
+    masked keys hidden, empty rows 0, weights reported to hooks); two smaller holes say how the
+    part reads a mask (:meth:`declared_mask`) and how many positions it keeps in a state of
+    its own (:meth:`state_positions`). A part may instead override
     ``forward(q, k, v, *, mask=None, bias=None, need_weights=False, ...)`` and do those itself.
     Either takes only the keywords its capabilities name: ``q_offset`` with
     ``takes_q_offset``, ``cache`` with ``takes_cache``, ``block_mask`` with
@@ -143,10 +145,15 @@ class HeadAttention(nn.Module):
             )
         if not isinstance(need_weights, bool):
             raise TypeError(f"{who}: need_weights must be a bool, got {need_weights!r}")
-        check_head_inputs(q, k, v, mask, bias, who)
+        before = self.state_positions(cache) if self.takes_cache else 0
+        lead = check_head_inputs(q, k, v, None if before else mask, bias, who)
+        if before and mask is not None:  # over the state's positions and the keys given
+            masks.check(mask, torch.Size((*lead, q.shape[-2], before + k.shape[-2])))
+            if mask.shape[-1] != 1:
+                mask = mask[..., before:]  # the state's positions are the part's to read
         if mask is not None and mask.dim() == 1:
             mask = mask[None]  # (N,) is (1, N) under broadcasting: one row for every query
-        mask = self._mask_as_declared(mask, q.shape[-2], who)
+        mask = self.declared_mask(mask, q.shape[-2], who)
         self.check_supported(
             who,
             mask=mask,
@@ -225,10 +232,26 @@ class HeadAttention(nn.Module):
         declares it takes: ``q_offset``, ``cache``, ``block_mask``, ``score_mod``."""
         raise NotImplementedError
 
-    def _mask_as_declared(self, mask: Tensor | None, m: int, who: str) -> Tensor | None:
-        """A mask of M rows for a part that does not declare ``"full"``: its first row when
-        all rows are equal (a key mask expanded over the queries); a causal mask (with key
-        padding) passes for a part that declares ``"causal"``; any other is refused."""
+    def state_positions(self, cache: Any) -> int:
+        """The positions before the keys given that the part holds in a state of its own in
+        ``cache`` rather than in k and v (asked only of a part that ``takes_cache``); 0 here.
+
+        A mask then covers those positions and the keys given, (…, M, state + N): the
+        template :meth:`forward` validates it at that width and gives :meth:`attend` its last
+        N columns (the positions in the state were masked when they were folded in)."""
+        return 0
+
+    def declared_mask(self, mask: Tensor | None, m: int, who: str) -> Tensor | None:
+        """The mask as :meth:`attend` takes it, in a form the part declares (called by the
+        template :meth:`forward` on a validated mask of at least two dims, or None).
+
+        Here, for a part that does not declare ``"full"``, a mask of M rows becomes its first
+        row when all rows are equal (a key mask expanded over the queries); key padding whose
+        padded queries' rows are all False passes for a part that declares ``"padding"``, a
+        causal mask (with key padding) for one that declares ``"causal"``; any other is
+        refused with a ValueError. A part that reads masks in a way of its own (one causal by
+        construction reads only the causal triangle) overrides this and refuses what it cannot
+        honour itself."""
         if mask is None or mask_form(mask, m) != "full" or "full" in self.mask_forms:
             return mask
         if bool((mask == mask[..., :1, :]).all()):

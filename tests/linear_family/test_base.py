@@ -201,3 +201,22 @@ def test_a_recurrent_cache_reads_the_part_and_refuses_one_that_does_not_declare_
         cache.claim(torch.nn.Module())
     _mha("retention")(_x(1, 2), cache=cache)  # the refused layers did not claim it
     assert len(cache) == 2
+
+
+def test_a_capture_while_decoding_from_the_state_records_only_the_steps_with_keys():
+    """Under a capture the template asks every part for its weights: a step from a
+    RecurrentCache has none (its keys are gone), runs unchanged and reports nothing, while a
+    call given its keys reports its weights."""
+    torch.manual_seed(0)
+    part = ak.mechanisms.build("gla", head_dim=4, num_heads=2, dtype=torch.float64)
+    q, k, v = (torch.randn(1, 2, 4, 4, dtype=torch.float64) for _ in range(3))
+    full = part(q, k, v).context
+    with ak.evaluation.capture(part) as records:
+        part(q, k, v)
+    assert [w.shape for w in next(iter(records.values()))] == [(1, 2, 4, 4)]
+    cache = lf.RecurrentCache()
+    with ak.evaluation.capture(part) as records:
+        first = part(q[..., :3, :], k[..., :3, :], v[..., :3, :], cache=cache)
+        second = part(q[..., 3:, :], k[..., 3:, :], v[..., 3:, :], q_offset=3, cache=cache)
+    assert not any(records.values()) and first.weights is None and second.weights is None
+    torch.testing.assert_close(torch.cat([first.context, second.context], -2), full)

@@ -26,8 +26,8 @@ from torch import Tensor, nn
 from attnkit import arguments, hooks, masks
 from attnkit import taxonomy as tx
 from attnkit.alignments.base import Alignment, AlignOutput
-from attnkit.efficient.feature_maps import refuse_bias
-from attnkit.head import HeadAttention, check_head_inputs
+from attnkit.head import HeadAttention
+from attnkit.inputs import broadcast_shapes
 from attnkit.kv_cache import KVCache, LayerCache
 from attnkit.linear_family import decay
 from attnkit.linear_family.decay import tril
@@ -269,25 +269,37 @@ class LinearFamilyPart(HeadAttention):
         """What follows reading the state (identity here)."""
         return out
 
-    # The door.
+    # The template's holes (attnkit.head.HeadAttention.forward validates, refuses a bias by
+    # capability, hides the keys no query attends and reports the weights).
 
-    def forward(
+    def state_positions(self, cache: object) -> int:
+        """The positions a :class:`RecurrentCache` has folded into its state (0 for any other
+        cache, whose keys the layer gives with the new ones)."""
+        return len(cache) if isinstance(cache, RecurrentCache) else 0
+
+    def declared_mask(self, mask: Tensor | None, m: int, who: str) -> Tensor | None:
+        """The mask as given: the part is causal by construction and reads a mask only within
+        the causal triangle, where :meth:`attend` refuses one that is not key padding."""
+        return mask
+
+    def attend(
         self,
         q: Tensor,
         k: Tensor,
         v: Tensor,
         *,
-        mask: Tensor | None = None,
-        bias: Tensor | None = None,
-        need_weights: bool = False,
+        mask: Tensor | None,
+        bias: Tensor | None,
+        need_weights: bool,
         q_offset: int = 0,
         cache: LayerCache | None = None,
     ) -> AttentionOutput:
+        """Causal self-attention of the N positions of q, k, v after ``q_offset`` earlier ones:
+        given as keys too (k, v hold all ``q_offset`` + M), or folded into the state of a
+        :class:`RecurrentCache` (k, v hold the M new ones)."""
         who = type(self).__name__
-        arguments.boolean(need_weights, "need_weights")
         offset = arguments.nonnegative_int(q_offset, "q_offset")
-        lead = check_head_inputs(q, k, v, None, bias, who)
-        refuse_bias(bias, who)
+        lead = broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
         if len(lead) < 1 or lead[-1] != self.num_heads or q.shape[-1] != self.head_dim:
             raise ValueError(
                 f"{who} has parameters for {self.num_heads} heads of size {self.head_dim}: "
@@ -300,7 +312,9 @@ class LinearFamilyPart(HeadAttention):
                 f"{who}: cache must be a LayerCache or None, got {type(cache).__name__}"
             )
         stateful = isinstance(cache, RecurrentCache)
-        if stateful and (n != m or need_weights):
+        # a capture (hooks listening) asks for weights too: a step from the state has none to
+        # report; only the caller's own request is refused
+        if stateful and (n != m or (need_weights and not hooks.listening())):
             raise ValueError(
                 f"{who}: with a RecurrentCache k and v hold the {m} new positions only (got k "
                 f"{tuple(k.shape)}), and the weights over the earlier positions, whose keys are "
@@ -316,10 +330,7 @@ class LinearFamilyPart(HeadAttention):
                 f"{who} is causal self-attention: the {m} queries at positions {offset} … "
                 f"{offset + m - 1} need {offset + m} keys, got k {tuple(k.shape)}"
             )
-        masks.check(mask, torch.Size((*lead, m, offset + m)))
-        if mask is not None and stateful and mask.shape[-1] != 1:
-            mask = mask[..., -m:]  # the earlier positions are in the state already
-        elif mask is not None and offset and m > 1 and mask.shape[-2] == m:
+        if mask is not None and not stateful and offset and m > 1 and mask.shape[-2] == m:
             above = mask.new_zeros(*mask.shape[:-2], offset, mask.shape[-1])
             mask = torch.cat([above, mask], -2)  # the earlier rows: left out, then cut away
         length = m if stateful else n
@@ -340,15 +351,13 @@ class LinearFamilyPart(HeadAttention):
         else:
             out, _ = self.run(x, self.form, None)
         out = _zero(self.finish(out, x), rows)[..., length - m :, :].to(dtype)
-        weights = None
-        if not stateful and (need_weights or hooks.listening()):
-            visible = tril(length, q.device)
-            if rows is not None:
-                visible = visible & rows.unsqueeze(-1) & keep.unsqueeze(-2)
-            weights = self.align(self.dense_weights(x), visible).weights
-            weights = weights[..., length - m :, :].to(dtype)
-            hooks.report(self, weights)
-        return AttentionOutput(out, weights if need_weights else None)
+        if stateful or not need_weights:
+            return AttentionOutput(out)
+        visible = tril(length, q.device)
+        if rows is not None:
+            visible = visible & rows.unsqueeze(-1) & keep.unsqueeze(-2)
+        weights = self.align(self.dense_weights(x), visible).weights
+        return AttentionOutput(out, weights[..., length - m :, :].to(dtype))
 
 
 class _DecayFamily(LinearFamilyPart):
