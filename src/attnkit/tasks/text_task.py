@@ -52,6 +52,7 @@ from attnkit.tasks import text_pretrained as tp
 from attnkit.tasks.base import REGISTRY, Metric, Task, Unused, at_least, setting
 from attnkit.tasks.parts import build_attention, task_loss
 from attnkit.tasks.rationale_task import RationaleModel
+from attnkit.tasks.tables import classification_tables
 
 __all__ = [
     "PRETRAINED_DEFAULTS",
@@ -514,8 +515,6 @@ class TextTask(Task):
     @torch.no_grad()
     def report_tables(self, model) -> list[dict]:
         """The test split's confusion matrix and per-label precision, recall and F1."""
-        from attnkit.experiments.report import classification_tables
-
         model.eval()
         data = self.data.splits["test"]
         predicted = torch.cat(

@@ -43,6 +43,7 @@ from typing import Any
 import torch
 
 from attnkit.tasks.base import REGISTRY, Metric, Task
+from attnkit.tasks.run_keys import RunKeys
 
 __all__ = [
     "CHECKED",
@@ -281,11 +282,7 @@ def check_task_class(cls: Any, source: str) -> None:
     if not isinstance(defaults, Mapping) or set(defaults) != {"full", "quick"}:
         got = sorted(defaults) if isinstance(defaults, Mapping) else type(defaults).__name__
         raise ValueError(f"{who}: defaults must have exactly 'full' and 'quick', got {got}")
-    from dataclasses import fields
-
-    from attnkit.experiments.config import RunConfig  # the keys a run configuration has
-
-    keys = {f.name for f in fields(RunConfig)}
+    keys = set(RunKeys.names())
     for mode, values in defaults.items():
         if not isinstance(values, Mapping):
             raise ValueError(f"{who}: defaults[{mode!r}] must be a dict, got {values!r}")
