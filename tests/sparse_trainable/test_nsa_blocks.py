@@ -2,8 +2,8 @@
 queries are the last keys) against the branch-by-branch evaluation
 (``NativeSparseAttention.branches``, itself checked against a loop from the paper's equations
 in test_nsa.py), in float64: forward, gradients of the inputs and parameters, partial blocks,
-query offsets, groups, windows shorter and longer than a block multiple, several chunks and
-tile batches."""
+query offsets, groups, windows shorter and longer than a block multiple, several chunks, spans
+and tile batches."""
 
 from __future__ import annotations
 
@@ -54,6 +54,7 @@ def _check(monkeypatch, sizes, group, q_offset, m):
     monkeypatch.setattr(_nsa_blocks, "BATCH", 12)  # several batches of tiles
     monkeypatch.setattr(_nsa_blocks, "CHUNK", 400)  # several chunks of queries
     monkeypatch.setattr(_nsa_blocks, "PIECES", 12)  # several chunks of the pieces' calls
+    monkeypatch.setattr(_nsa_blocks, "SPAN", 16)  # the forward over several spans of queries
     torch.manual_seed(4)
     module = NativeSparseAttention(4, **sizes, group_size=group).double()
     n = q_offset + m

@@ -1,11 +1,12 @@
-"""The shared helpers of the trainable sparse parts: top-n selection against a stable sort."""
+"""The shared helpers of the trainable sparse parts: top-n selection against a stable sort, the
+finite check against ``torch.isfinite``."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from attnkit.sparse_trainable._select import top_indices
+from attnkit.sparse_trainable._select import all_finite, top_indices, top_indices_packed
 
 
 @pytest.mark.parametrize("count", [1, 3, 7, 12, 20])
@@ -50,3 +51,50 @@ def test_top_indices_unordered_is_the_same_set():
         order = loose.sort(-1)
         assert torch.equal(order.values, index)
         assert torch.equal(torch.gather(loose_available, -1, order.indices), available)
+
+
+@pytest.mark.parametrize("count", [0, 1, 5, 16, 40])
+def test_packed_top_indices_are_the_set_a_stable_sort_puts_first(count):
+    """float32 scores with ties, ±inf, NaN, −0 and negative values: the same set as the first
+    ``count`` of a stable descending sort (ties by index, NaN as −inf, −0 equal to +0), with
+    the same availability."""
+    g = torch.Generator().manual_seed(count)
+    score = (torch.randint(-3, 4, (60, 33), generator=g) * 0.5).float()
+    r = torch.rand(60, 33, generator=g)
+    score[r < 0.1] = float("inf")
+    score[(r >= 0.1) & (r < 0.2)] = float("-inf")
+    score[(r >= 0.2) & (r < 0.25)] = float("nan")
+    score[(r >= 0.25) & (r < 0.3)] = -0.0
+    score[40:] = torch.randn(20, 33, generator=g)  # no ties
+    index, available = top_indices_packed(score, count)
+    inf = float("inf")
+    clean = torch.where(score.isnan(), -inf, score) + 0.0  # −0 → +0 for the sort's ties
+    take = min(count, 33)
+    order = torch.sort(clean, dim=-1, descending=True, stable=True).indices[:, :take]
+    want = order.sort(-1)
+    got = index.sort(-1)
+    assert torch.equal(got.values, want.values)
+    assert torch.equal(
+        torch.gather(available, -1, got.indices), torch.gather(clean, -1, want.values) > -inf
+    )
+
+
+def test_packed_top_indices_take_float32_only():
+    with pytest.raises(TypeError, match="float32"):
+        top_indices_packed(torch.zeros(2, 3, dtype=torch.float64), 1)
+
+
+def test_all_finite_agrees_with_isfinite():
+    """A finite sum settles it; a sum that overflows (finite entries) and a NaN or an infinity
+    anywhere take the check by slices."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 3, 50, 8, generator=g)
+    assert all_finite(x, x[0])
+    big = torch.full((3, 40, 8), 3e38)  # finite, its sum overflows
+    assert all_finite(big)
+    for bad in (float("nan"), float("inf"), float("-inf")):
+        y = x.clone()
+        y[1, 2, 49, 7] = bad
+        assert not all_finite(x, y)
+        assert not all_finite(y.flatten())
+    assert all_finite(torch.zeros(0, 4))

@@ -37,7 +37,7 @@ import torch
 from torch import Tensor
 
 from attnkit.sparse_trainable._nsa_chunks import Sizes, importance
-from attnkit.sparse_trainable._select import top_indices
+from attnkit.sparse_trainable._select import top_indices, top_indices_packed
 
 __all__ = ["applies", "nsa_blocks"]
 
@@ -53,6 +53,10 @@ BATCH = 1 << 12
 CHUNK = 1 << 18
 #: query rows per chunk of the pieces' calls
 PIECES = 1 << 11
+#: the compressed branch's products run over a multiple of this many compressed blocks
+WIDTH = 16
+#: query rows the forward takes to its end at a time (what it holds grows with them)
+SPAN = 1 << 13
 
 
 def applies(q: Tensor, n: int, q_offset: int, rows, sz: Sizes) -> bool:
@@ -348,14 +352,15 @@ class _Known:
 
 
 class _Tiles:
-    """A head's gathered (query, block) pairs, sorted by block, in tiles of TILE queries:
-    ``query`` (tiles·TILE,) rows (R, the spare row, where a slot is unused), ``block``
-    (tiles,)."""
+    """A head's gathered (query, block) pairs of rows [start, start + R), sorted by block, in
+    tiles of TILE queries: ``query`` (tiles·TILE,) rows counted from ``start`` (R, the spare
+    row, where a slot is unused), ``block`` (tiles,)."""
 
-    def __init__(self, chosen: Tensor, geo: _Geometry) -> None:
+    def __init__(self, chosen: Tensor, geo: _Geometry, start: int = 0) -> None:
         m, sz = chosen.shape[0], geo.sz
         device = chosen.device
-        cur = ((torch.arange(m, device=device) + geo.first * geo.lb) // geo.lb)[:, None]
+        first = start + geo.first * geo.lb
+        cur = ((torch.arange(m, device=device) + first) // geo.lb)[:, None]
         cur = cur.to(chosen.dtype)
         structural = chosen == cur
         if sz.local >= 2:
@@ -381,25 +386,26 @@ class _Tiles:
         self.query = torch.full((total * TILE,), m, dtype=torch.int32, device=device)
         self.query[slot.long()] = row
         self.block = torch.repeat_interleave(torch.arange(len(per), device=device), per)
-        self.rows = m
+        self.rows, self.start = m, start
 
     def batches(self):
-        """(rows, rows clamped to real ones, blocks) per batch of tiles, int64 (the index
-        kernels take a slower path with int32)."""
+        """(rows counted from ``start``, the rows in the call (a real one for an unused
+        slot), blocks) per batch of tiles, int64 (the index kernels take a slower path with
+        int32)."""
         step = max(1, BATCH // TILE)
         for t0 in range(0, len(self.block), step):
             t1 = min(len(self.block), t0 + step)
             rows = self.query[t0 * TILE : t1 * TILE].long()
-            yield rows, rows.clamp_max(self.rows - 1), self.block[t0:t1]
+            yield rows, rows.clamp_max(self.rows - 1).add_(self.start), self.block[t0:t1]
 
 
-def _tile_inputs(x: Tensor, keys: Tensor, values: Tensor, geo: _Geometry, pick, block, zero):
-    """The tiles' queries (tiles, 1, TILE, d) and their blocks; unused slots hold some query
-    (their results go to the spare row), or with ``zero`` 0."""
-    rows, idx = pick
+def _tile_inputs(x: Tensor, keys: Tensor, values: Tensor, geo: _Geometry, idx, block, unused):
+    """The tiles' queries (tiles, 1, TILE, d) at rows ``idx`` and their blocks; unused slots
+    hold some query (their results go to the spare row), or 0 where ``unused`` (a mask) is
+    given."""
     qt = x.index_select(0, idx).view(len(block), 1, TILE, -1)
-    if zero:
-        qt.masked_fill_((rows == geo.m).view(len(block), 1, TILE, 1), 0.0)
+    if unused is not None:
+        qt.masked_fill_(unused.view(len(block), 1, TILE, 1), 0.0)
     lb = geo.lb
     kb = keys[: geo.full * lb].view(geo.full, lb, keys.shape[-1]).index_select(0, block)
     vb = values[: geo.full * lb].view(geo.full, lb, values.shape[-1]).index_select(0, block)
@@ -407,13 +413,22 @@ def _tile_inputs(x: Tensor, keys: Tensor, values: Tensor, geo: _Geometry, pick, 
     return qt, kb, vb
 
 
-def _compressed(x, kc, vc, geo: _Geometry, a: int, b: int, scale: float, lse=None):
-    """The compressed branch for rows [a, b): scores → weights p (normalized), lse, output;
-    with ``lse`` given, the weights from it."""
+def _compressed(
+    x, kc, vc, geo: _Geometry, a: int, b: int, scale: float, lse=None, *, normalize=True
+):
+    """The compressed branch for rows [a, b): scores → weights p, lse, output; with ``lse``
+    given, the weights from it. With ``normalize`` False p is each row's weights times a
+    positive number of the row (exp(e − max e)), enough to rank one head's blocks, and the
+    output is normalized instead (an (M × d) pass, not an (M × C) one).
+
+    The columns run to a multiple of ``WIDTH`` where the compressed blocks reach (blocks no
+    row has seen, weight 0): products of an odd width run at about half speed."""
     sz = geo.sz
     pos = torch.arange(a, b, device=x.device) + geo.first * geo.lb
     cc = kc.shape[0]
     cm = min(cc, max(0, (int(pos[-1]) - sz.block + 1) // sz.stride + 1))
+    if cm:
+        cm = min(cc, -(-cm // WIDTH) * WIDTH)
     if cm == 0:
         zero = x.new_zeros(b - a, 0)
         return zero, x.new_zeros(b - a), x.new_zeros(b - a, vc.shape[-1]), cm, pos
@@ -428,11 +443,14 @@ def _compressed(x, kc, vc, geo: _Geometry, a: int, b: int, scale: float, lse=Non
         p = e.sub_(top).exp_()
         total = p.sum(-1, keepdim=True)
         has = total > 0
-        p = p.div_(total.where(has, 1.0))
-        lse = torch.where(has, top + total.where(has, 1.0).log(), 0.0)[..., 0]
-    else:  # the backward's recomputation: the weights only
-        return e.sub_(lse[:, None]).exp_(), lse, None, cm, pos
-    return p, lse, torch.matmul(p, vc[:cm]), cm, pos
+        total = total.where(has, 1.0)
+        lse = torch.where(has, top + total.log(), 0.0)[..., 0]
+        if normalize:
+            p = p.div_(total)
+            return p, lse, torch.matmul(p, vc[:cm]), cm, pos
+        return p, lse, torch.matmul(p, vc[:cm]).div_(total), cm, pos
+    # the backward's recomputation: the weights only
+    return e.sub_(lse[:, None]).exp_(), lse, None, cm, pos
 
 
 def _rank(score: Tensor, pos: Tensor, sz: Sizes) -> tuple[Tensor, Tensor]:
@@ -445,44 +463,66 @@ def _rank(score: Tensor, pos: Tensor, sz: Sizes) -> tuple[Tensor, Tensor]:
     for t in range(sz.local):
         some = cur >= t
         score[rows[some], cur[some] - t] = inf
-    after = torch.arange(score.shape[-1], device=pos.device)[None, :] > cur[:, None]
-    return top_indices(score.masked_fill_(after, -inf), sz.selected, ordered=False)
+    c0 = int(cur[0]) + 1  # blocks before it are no row's future
+    after = torch.arange(c0, score.shape[-1], device=pos.device)[None, :] > cur[:, None]
+    score[:, c0:].masked_fill_(after, -inf)
+    if score.dtype == torch.float32:
+        return top_indices_packed(score, sz.selected)
+    return top_indices(score, sz.selected, ordered=False)
 
 
-def _chunks(geo: _Geometry, cc: int | None):
-    """Query rows in chunks of whole query blocks: ~CHUNK compressed scores each (``cc``
-    compressed blocks), or with ``cc`` None ~PIECES rows (the pieces' calls)."""
+def _chunks(geo: _Geometry, cc: int | None, lo: int = 0, hi: int | None = None):
+    """Query rows [lo, hi) (``lo`` a multiple of l') in chunks of whole query blocks: ~CHUNK
+    compressed scores each (``cc`` compressed blocks), or with ``cc`` None ~PIECES rows (the
+    pieces' calls)."""
+    hi = geo.m if hi is None else hi
     per = PIECES if cc is None else CHUNK // max(1, cc)
     per = max(1, per // geo.lb) * geo.lb
-    for a in range(0, geo.m, per):
-        yield a, min(geo.m, a + per)
+    for a in range(lo, hi, per):
+        yield a, min(hi, a + per)
 
 
 def _forward_group(items, geo: _Geometry, scale: float) -> None:
     """The heads of one selection group (NSA eq. 10: their block importances summed), each
     an (x, keys, values, kc, vc, gates, out, lse, chosen): writes the context ``out``
-    (M, d_v), ``lse`` (3, M) and, where not None, ``chosen`` (M, n') (−1 where unavailable)."""
+    (M, d_v), ``lse`` (3, M) and, where not None, ``chosen`` (M, n') (−1 where unavailable).
+
+    Runs over spans of SPAN query rows, each to its end (compressed branch and selection,
+    pieces, gathered tiles), so that what a span holds (the selected branch's running
+    merge, the chosen blocks, the sorted pairs) grows with SPAN, not with M."""
+    span = max(1, SPAN // geo.lb) * geo.lb
+    for lo in range(0, geo.m, span):
+        _forward_span(items, geo, scale, lo, min(geo.m, lo + span))
+
+
+def _forward_span(items, geo: _Geometry, scale: float, lo: int, hi: int) -> None:
+    """:func:`_forward_group` for query rows [lo, hi) (``lo`` a multiple of l')."""
     sz, dv = geo.sz, items[0][2].shape[-1]
     x0 = items[0][0]
     blocks = -(-geo.n // geo.lb)
-    merges = [_Merge(geo.m, dv, x0) for _ in items]
+    merges = [_Merge(hi - lo, dv, x0) for _ in items]
     kind = torch.int16 if blocks < 1 << 15 else torch.int32
-    chosen = torch.empty(geo.m, min(sz.selected, blocks), dtype=kind, device=x0.device)
-    for a, b in _chunks(geo, items[0][3].shape[0]):
+    chosen = torch.empty(hi - lo, min(sz.selected, blocks), dtype=kind, device=x0.device)
+    for a, b in _chunks(geo, items[0][3].shape[0], lo, hi):
         c1 = geo.first + -(-b // geo.lb)
         seen = min(geo.n, c1 * geo.lb)  # the chunk's queries rank blocks 0 … c1 − 1 only
         score = None
         for x, _, _, kc, vc, gates, out, lse, _ in items:
-            p, lse_c, o_c, _, pos = _compressed(x, kc, vc, geo, a, b, scale)
+            # one head ranks by its own weights up to a factor per row; a group sums
+            # normalized weights (eq. 10)
+            p, lse_c, o_c, _, pos = _compressed(
+                x, kc, vc, geo, a, b, scale, normalize=len(items) > 1
+            )
             lse[0, a:b] = lse_c
-            out[a:b] = o_c * gates[a:b, 0:1]
+            out[a:b] = o_c.mul_(gates[a:b, 0:1])
             part = importance(p, seen, sz)  # eq. 9
             score = part if score is None else score.add_(part)
-            del p
+            del p, o_c
         sel, ok = _rank(score, pos, sz)  # eqs. 10-11
-        chosen[a:b, : sel.shape[-1]] = sel.masked_fill_(~ok, -1)
-        chosen[a:b, sel.shape[-1] :] = -1
-    for a, b in _chunks(geo, None):
+        del score
+        chosen[a - lo : b - lo, : sel.shape[-1]] = sel.masked_fill_(~ok, -1)
+        chosen[a - lo : b - lo, sel.shape[-1] :] = -1
+    for a, b in _chunks(geo, None, lo, hi):
         c0, c1 = geo.first + a // geo.lb, geo.first + -(-b // geo.lb)
         pieces = _pieces(geo, c0, c1, x0.dtype, x0.device)
         for (x, keys, values, _, _, gates, out, lse, _), slc in zip(items, merges, strict=True):
@@ -491,21 +531,26 @@ def _forward_group(items, geo: _Geometry, scale: float) -> None:
                 o, s = _flash(piece, geo, x, keys, values, scale)
                 r0, _ = piece.span(geo)
                 if "slc" in piece.branches:
-                    slc.dense(r0, o, s)
+                    slc.dense(r0 - lo, o, s)
                 if "win" in piece.branches:
                     win.dense(r0 - a, o, s)
+                del o, s
             o_w, lse[2, a:b] = win.result()
-            out[a:b] += o_w * gates[a:b, 2:3]
-    tiles = _Tiles(chosen, geo)
+            del win
+            out[a:b] += o_w.mul_(gates[a:b, 2:3])
+            del o_w
+    tiles = _Tiles(chosen, geo, lo)
     for (x, keys, values, _, _, gates, out, lse, kept), slc in zip(items, merges, strict=True):
         for rows, idx, block in tiles.batches():
-            qt, kb, vb = _tile_inputs(x, keys, values, geo, (rows, idx), block, False)
+            qt, kb, vb = _tile_inputs(x, keys, values, geo, idx, block, None)
             o, s = FLASH(qt, kb, vb, 0.0, False, scale=scale)[:2]
+            del qt, kb, vb
             slc.scattered(rows, o.reshape(-1, dv), s.reshape(-1))
-        o_s, lse[1] = slc.result()
-        out += o_s * gates[:, 1:2]
+            del o, s
+        o_s, lse[1, lo:hi] = slc.result()
+        out[lo:hi] += o_s.mul_(gates[lo:hi, 1:2])
         if kept is not None:
-            kept.copy_(chosen)
+            kept[lo:hi].copy_(chosen)
 
 
 def _backward_item(x, keys, values, kc, vc, gates, geo, scale, lse, chosen, grad, d):
@@ -550,7 +595,7 @@ def _backward_item(x, keys, values, kc, vc, gates, geo, scale, lse, chosen, grad
                 _flash_backward(piece, geo, x, keys, values, *args, scale, dq, dk, dv)
     tiles = _Tiles(chosen, geo)
     for rows, idx, block in tiles.batches():
-        qt, kb, vb = _tile_inputs(x, keys, values, geo, (rows, idx), block, False)
+        qt, kb, vb = _tile_inputs(x, keys, values, geo, idx, block, None)
         o, s = FLASH(qt, kb, vb, 0.0, False, scale=scale)[:2]
         slc.scattered(rows, o.reshape(-1, width), s.reshape(-1))
     o_s = slc.result()
@@ -567,9 +612,10 @@ def _backward_item(x, keys, values, kc, vc, gates, geo, scale, lse, chosen, grad
     dk_blocks = dk[: geo.full * lb].view(geo.full, lb, dk.shape[-1])
     dv_blocks = dv[: geo.full * lb].view(geo.full, lb, dv.shape[-1])
     for rows, idx, block in tiles.batches():
-        qt, kb, vb = _tile_inputs(x, keys, values, geo, (rows, idx), block, True)
+        unused = rows == tiles.rows
+        qt, kb, vb = _tile_inputs(x, keys, values, geo, idx, block, unused)
         shape = qt.shape[:-1]
-        unused = (rows == geo.m).view(*shape, 1)
+        unused = unused.view(*shape, 1)
         gt = grad.index_select(0, idx).mul_(gates[idx, 1:2]).view(*shape, -1)
         gq, gk, gv = FLASH_BACKWARD(
             gt.masked_fill_(unused, 0.0), qt, kb, vb, o_s.index_select(0, idx).view(*shape, -1),
@@ -626,6 +672,8 @@ def nsa_blocks(
     q_offset: int,
     sz: Sizes,
     scale: float,
+    *,
+    out: Tensor | None = None,
 ) -> Tensor:
     """The gated NSA context (count, M, d_v) where :func:`applies` (module docstring).
 
@@ -636,12 +684,20 @@ def nsa_blocks(
         q_offset: the position of the first query, a multiple of l'.
         sz: the sizes; ``group`` consecutive items share their selection.
         scale: the factor of the dot products.
+        out: where to write the context without autograd (a (count, M, d_v) tensor whose
+            rows are contiguous); with autograd it must be None.
     """
     q, k, v, kc, vc, gates = (x.contiguous() for x in (q, k, v, kc, vc, gates))
-    if not (torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v, kc, vc, gates))):
+    record = torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v, kc, vc, gates))
+    if out is not None and (record or out.stride(-1) != 1 or out.stride(-2) != out.shape[-1]):
+        raise ValueError(
+            "nsa_blocks writes into out only without autograd and with contiguous rows; got "
+            f"out of stride {out.stride()} with autograd {'on' if record else 'off'}"
+        )
+    if not record:
         count, m, _ = q.shape
         geo = _Geometry(m, k.shape[1], q_offset, sz)
-        out = q.new_empty(count, m, v.shape[-1])
+        out = q.new_empty(count, m, v.shape[-1]) if out is None else out
         lse = q.new_empty(3, m)
         for c in range(0, count, sz.group):
             items = [

@@ -19,6 +19,7 @@ __all__ = [
     "row_mask",
     "sanitize",
     "top_indices",
+    "top_indices_packed",
 ]
 
 
@@ -130,3 +131,37 @@ def top_indices(score: Tensor, count: int, *, ordered: bool = True) -> tuple[Ten
     take = above | (tied & (tied.cumsum(-1) <= need))
     index = take.reshape(-1, k).nonzero()[:, 1].view(*lead, count)  # exactly count per row
     return index, torch.gather(score, -1, index) > float("-inf")
+
+
+def top_indices_packed(score: Tensor, count: int) -> tuple[Tensor, Tensor]:
+    """:func:`top_indices` with ``ordered`` False for a float32 ``score`` (…, K), K < 2³¹: the
+    same set, by one ``torch.topk`` over int64 keys that hold the score's order in the high
+    half and the reversed index in the low half, so that every key is distinct and a tie goes
+    to the lower index with no pass over the ties.
+
+    The high half is the float's bits made monotone (a negative float's magnitude bits
+    flipped), after NaN → −inf and −0 → +0, so that the keys order as the scores do.
+
+    Returns:
+        (index (…, count) int64 in any order, available (…, count) bool).
+    """
+    if score.dtype != torch.float32:
+        raise TypeError(f"top_indices_packed takes float32 scores, got {score.dtype}")
+    k = score.shape[-1]
+    count = min(count, k)
+    lead = score.shape[:-1]
+    if count == 0 or lead.numel() == 0:
+        empty = score.new_zeros(*lead, count, dtype=torch.long)
+        return empty, empty.bool()
+    inf = float("inf")
+    bits = score.nan_to_num(nan=-inf, posinf=inf, neginf=-inf).add_(0.0).view(torch.int32)
+    bits = bits.bitwise_xor_(bits.bitwise_right_shift(31).bitwise_and_(0x7FFFFFFF))
+    low = torch.arange(k - 1, -1, -1, device=score.device)
+    key = bits.long().bitwise_left_shift_(32).bitwise_or_(low)
+    del bits
+    top = torch.topk(key, count, dim=-1, sorted=False).values
+    del key
+    index = (k - 1) - top.bitwise_and(0xFFFFFFFF)
+    lowest = torch.tensor(-inf).view(torch.int32)  # −inf's key: 0xFF800000 made monotone
+    lowest = int(lowest ^ (lowest >> 31 & 0x7FFFFFFF))
+    return index, top.bitwise_right_shift_(32) > lowest

@@ -308,12 +308,24 @@ class NativeSparseAttention(HeadAttention):
             return AttentionOutput(out.context, None)
         q, k, v = q_, k_, v_
         count, m = lead.numel(), q.shape[-2]
+        sizes, factor = self._sizes(), scale / align.fixed_temperature
+        fast = nsa_blocks.applies(q, k.shape[-2], q_offset, rows, sizes)
+        if fast and not self._needs_grad(q, k, v):
+            # inference: one selection group's compressed keys and gates at a time
+            q, k, v = (x.reshape(count, *x.shape[-2:]) for x in (q, k, v))
+            context = q.new_empty(count, m, self.value_dim)
+            for c in range(0, count, self.group_size):
+                s = slice(c, c + self.group_size)
+                kc, vc = self._compress(k[s], v[s], None, pos)
+                gates = torch.sigmoid(self.gate(q[s]))
+                args = (q[s], k[s], v[s], kc, vc, gates, q_offset, sizes, factor)
+                nsa_blocks.nsa_blocks(*args, out=context[s])
+            return AttentionOutput(context.view(*lead, m, self.value_dim))
         kc, vc = self._compress(k, v, rows, pos)
         gates = torch.sigmoid(self.gate(q))
         flat = (x.reshape(count, *x.shape[-2:]) for x in (q, k, v, kc, vc, gates))
         rows3 = None if rows is None else rows.reshape(count, *rows.shape[-2:])
-        sizes, factor = self._sizes(), scale / align.fixed_temperature
-        if nsa_blocks.applies(q, k.shape[-2], q_offset, rows, sizes):
+        if fast:
             context = nsa_blocks.nsa_blocks(*flat, q_offset, sizes, factor)
         else:
             context = nsa_chunked(*flat, rows3, q_offset, sizes, factor)
@@ -351,6 +363,12 @@ class NativeSparseAttention(HeadAttention):
         hooks.report(self, dense_win, "window")
         return NSABranches(
             context, o_cmp, o_slc, o_win, gates, p_cmp, blocks, available, dense_slc, dense_win
+        )
+
+    def _needs_grad(self, *inputs: Tensor) -> bool:
+        """Whether autograd records this call (an input or a parameter requires grad)."""
+        return torch.is_grad_enabled() and (
+            any(x.requires_grad for x in inputs) or any(p.requires_grad for p in self.parameters())
         )
 
     def _sizes(self) -> Sizes:
