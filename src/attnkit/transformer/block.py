@@ -3,20 +3,20 @@ token mixer in its place), the feed-forward, where the norms sit, and the slidin
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from attnkit import arguments, layer_patterns, patterns
+from attnkit import arguments
 from attnkit.kernels.block_mask import BlockMask, MaskMod, ScoreMod
 from attnkit.kv_cache import LayerCache
 from attnkit.multihead import MultiHeadAttention
 from attnkit.positions import PositionScheme
 from attnkit.queries.query_types import QueryTagged
 from attnkit.transformer.feed_forward import FeedForward
+from attnkit.transformer.window import window_block_mask, window_mask
 
 __all__ = ["Block", "attention_heads"]
 
@@ -42,14 +42,6 @@ def _mixer(mixer: nn.Module | None, slots: dict[str, Any]) -> nn.Module | None:
             f"mixer= replaces the self-attention, so its {', '.join(given)} cannot be given too"
         )
     return mixer
-
-
-@functools.cache
-def _window_pattern(window: int, causal: bool) -> MaskMod:
-    """The mask function of a sliding window of ``window`` keys, one per (window, causal) and
-    shared by every layer, so that the block masks built from it (kept per mask function and
-    length, :func:`attnkit.layer_patterns.pattern_block_mask`) are shared too."""
-    return patterns.sliding_window(window - 1, causal=causal)
 
 
 def attention_heads(
@@ -190,8 +182,7 @@ class Block(nn.Module):
             return None
         if not self.self_attention.module.attention.accepts_block_mask:
             return None
-        pattern = _window_pattern(self.window, causal)
-        return layer_patterns.pattern_block_mask(pattern, m, n, device)
+        return window_block_mask(self.window, n, causal, device)
 
     def _window_mask(self, m: int, n: int, causal: bool, device: torch.device) -> Tensor | None:
         """(M, N) the sliding window of the self-attention (None without one, or when every key
@@ -199,6 +190,4 @@ class Block(nn.Module):
         and the window − 1 places before it, else the places less than window away."""
         if self.window is None or n <= self.window:
             return None
-        i = torch.arange(n - m, n, device=device)[:, None]
-        d = i - torch.arange(n, device=device)[None, :]
-        return (d < self.window) & (d >= 0) if causal else d.abs() < self.window
+        return window_mask(self.window, m, n, causal, device)
