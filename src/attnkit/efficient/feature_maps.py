@@ -26,7 +26,6 @@ __all__ = [
     "causal_rows",
     "check_causal",
     "make_feature_map",
-    "refuse_bias",
     "whole_maps",
 ]
 
@@ -111,14 +110,6 @@ def check_causal(q: Tensor, k: Tensor, who: str) -> None:
         raise ValueError(
             f"{who}(causal=True) needs as many queries as keys (self-attention), got q "
             f"{tuple(q.shape)} and k {tuple(k.shape)}"
-        )
-
-
-def refuse_bias(bias: Tensor | None, who: str) -> None:
-    if bias is not None:
-        raise ValueError(
-            f"{who}: an additive bias cannot be applied to kernelized attention (its scores are "
-            "never formed); pass bias=None"
         )
 
 
