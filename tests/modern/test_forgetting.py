@@ -11,6 +11,7 @@ import math
 import pytest
 import torch
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import attnkit as ak
 from attnkit.kv_cache import LayerCache
@@ -207,3 +208,110 @@ def test_bad_arguments_name_themselves():
         ForgettingAttention(4, 0)
     with pytest.raises((TypeError, ValueError), match="bias_init"):
         ForgettingAttention(4, 2, bias_init=float("nan"))
+
+
+def _dense_reference(part, q, k, v, mask, bias):
+    """The dense computation written out: softmax(q kᵀ/√d_k + D + bias) v over the keys that
+    ``mask`` (…, M, N) and causality allow, D = c_i − c_j built whole (forgetting_bias), padded
+    positions neither decaying nor attending; rows with no key give 0."""
+    m, n = q.shape[-2], k.shape[-2]
+    real = mask.any(-2)
+    log_f = torch.nn.functional.logsigmoid(
+        torch.einsum("bhnd,hd->bhn", v, part.forget_weight) + part.forget_bias[:, None]
+    )
+    log_f = torch.where(real, log_f, torch.zeros((), dtype=log_f.dtype))
+    allowed = mask & ak.masks.causal(m, n) & real[..., n - m :, None]
+    scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1]) + forgetting_bias(log_f, m) + bias
+    weights = torch.softmax(scores.masked_fill(~allowed, float("-inf")), -1)
+    weights = torch.where(allowed.any(-1, keepdim=True), weights, torch.zeros((), dtype=F64))
+    return weights @ v, weights
+
+
+@pytest.mark.parametrize("m", [11, 7])  # a prefill, and the last 7 queries after 4 cached keys
+def test_blocks_equal_the_dense_computation_with_large_row_offsets(m):
+    """Blocks of 3 rows that do not divide M; a bias with per-row offsets of ±1e4 (softmax is
+    blind to them, an unstable sum is not); d_k = 5 queries and keys, d_v = 3 values."""
+    torch.manual_seed(11)
+    part = ForgettingAttention(3, 2, bias_init=1.0, block_size=3).to(F64)
+    with torch.no_grad():
+        part.forget_weight.mul_(2)
+    g = torch.Generator().manual_seed(12)
+    n = 11
+    q = torch.randn(2, 2, m, 5, generator=g, dtype=F64).requires_grad_()
+    k = torch.randn(2, 2, n, 5, generator=g, dtype=F64).requires_grad_()
+    v = torch.randn(2, 2, n, 3, generator=g, dtype=F64).requires_grad_()
+    offsets = 1e4 * torch.tensor([1.0, -1.0])[torch.arange(m) % 2].to(F64)[:, None]
+    bias = (torch.randn(2, 1, m, n, generator=g, dtype=F64) + offsets).requires_grad_()
+    real = torch.ones(2, n, dtype=torch.bool)
+    real[1, [0, 5, 6]] = False  # holes, one of them a query
+    mask = real[:, None, None, :].expand(2, 2, m, n)
+    out = part(q, k, v, mask=mask, bias=bias, need_weights=True)
+    ref_part = ForgettingAttention(3, 2, block_size=3).to(F64)
+    ref_part.load_state_dict(part.state_dict())
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v, bias)]
+    context, weights = _dense_reference(ref_part, *leaves[:3], mask, leaves[3])
+    torch.testing.assert_close(out.context, context, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(out.weights, weights, rtol=1e-12, atol=1e-12)
+    assert out.weights[..., 0, n - m + 1 :].abs().max() == 0  # causal in the first block too
+    probe = torch.randn(context.shape, dtype=F64, generator=torch.Generator().manual_seed(13))
+    (out.context * probe).sum().backward()
+    (context * probe).sum().backward()
+    for ours, ref, what in zip((q, k, v, bias), leaves, "qkvb", strict=True):
+        torch.testing.assert_close(ours.grad, ref.grad, rtol=1e-10, atol=1e-10, msg=what)
+    for name in ("forget_weight", "forget_bias"):
+        ours, ref = getattr(part, name).grad, getattr(ref_part, name).grad
+        torch.testing.assert_close(ours, ref, rtol=1e-10, atol=1e-10, msg=name)
+    assert part.forget_weight.grad.abs().max() > 1e-3  # the gates do get a gradient
+    # the same part with all rows in one block: the same result
+    whole = ForgettingAttention(3, 2, block_size=None).to(F64)
+    whole.load_state_dict(part.state_dict())
+    torch.testing.assert_close(
+        whole(q, k, v, mask=mask, bias=bias).context, out.context, rtol=1e-12, atol=1e-12
+    )
+
+
+class _Largest(TorchDispatchMode):
+    """The most elements of any tensor an operation makes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.largest = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, (tuple, list)) else (out,):
+            if isinstance(t, torch.Tensor):
+                self.largest = max(self.largest, t.numel())
+        return out
+
+
+@pytest.mark.parametrize("block", [8, None])
+def test_memory_is_a_block_of_rows_not_the_whole_bias(block):
+    """No tensor made in the forward pass, and none kept for the backward pass, has the
+    (B, H, N, N) size of the dense bias: at most (B, H, block, N) (counted, not timed)."""
+    part = ForgettingAttention(4, 2, block_size=block)
+    b, h, n, d = 1, 2, 64, 4
+    q, k, v = (torch.randn(b, h, n, d) for _ in range(3))
+    with torch.no_grad(), _Largest() as made:
+        part(q, k, v)
+    kept = []
+
+    def pack(t):
+        kept.append(t.numel())
+        return t
+
+    q.requires_grad_()
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = part(q, k, v).context
+    out.sum().backward()
+    assert q.grad is not None and q.grad.abs().max() > 0
+    if block is None:  # the dense computation: the whole bias exists and is kept
+        assert made.largest >= b * h * n * n and max(kept) >= b * h * n * n
+    else:
+        assert made.largest <= b * h * block * n
+        assert max(kept) <= b * h * block * n
+
+
+def test_block_size_is_checked():
+    with pytest.raises(ValueError, match="block_size"):
+        ForgettingAttention(4, 2, block_size=0)

@@ -26,25 +26,40 @@ padding anywhere (left, right, holes) equals truncation; as a query such a posit
 too and its row is 0. Decoding with a KV cache recomputes the
 cumulative sum over the cached values at each step (O(N) per step, less than the attention's
 own O(N·d)); the queries are the last M of the N positions.
+
+Memory: D is never built whole. Softmax rows are independent, so the queries are taken in
+blocks of ``block_size`` rows: each block builds its rows of D, c_i − c_j for its queries and
+the keys up to its last one, and attends those keys only, so at most (…, block, N) scores exist
+at a time. That is O(N·block) rather than O(N²), and about half the work of the dense (…, M, N)
+computation, because the keys after a block are never read. With autograd, each block is
+recomputed in the backward pass (activation checkpointing) instead of keeping its (…, block,
+N) weights, so training holds O(N·block) too. ``block_size=None`` takes all M rows at once, as
+the dense computation does.
 """
 
 from __future__ import annotations
 
 import math
+from contextlib import nullcontext
 from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 
-from attnkit import arguments, masks
+from attnkit import arguments, masks, trust
 from attnkit import taxonomy as tx
 from attnkit.core import attention
 from attnkit.head import HeadAttention
 from attnkit.mechanisms import REGISTRY, example_tensor
 from attnkit.output import AttentionOutput
 
-__all__ = ["ForgettingAttention", "forgetting_bias"]
+__all__ = ["DEFAULT_BLOCK_SIZE", "ForgettingAttention", "forgetting_bias"]
+
+#: Query rows per block of :class:`ForgettingAttention` (at N = 4096 keys, a block's float32
+#: scores take 4 MiB per head).
+DEFAULT_BLOCK_SIZE = 256
 
 
 def forgetting_bias(log_forget: Tensor, m: int) -> Tensor:
@@ -52,9 +67,25 @@ def forgetting_bias(log_forget: Tensor, m: int) -> Tensor:
     positions: D_ij = Σ_{l=j+1}^{i'} log f_l = c_i' − c_j with i' = N − M + i for the keys
     j ≤ i' (Lin et al. eq. 6); 0 for later keys, which a causal mask excludes."""
     n = log_forget.shape[-1]
-    c = log_forget.cumsum(-1)
-    diff = c[..., n - m :, None] - c[..., None, :]
-    return torch.where(masks.causal(m, n, device=c.device), diff, torch.zeros((), dtype=c.dtype))
+    return _bias_rows(log_forget.cumsum(-1), n - m, n)
+
+
+def _bias_rows(c: Tensor, first: int, last: int) -> Tensor:
+    """Rows ``first`` … ``last − 1`` of D over the keys 0 … last − 1, (…, last − first,
+    last), from the cumulative log gates c (…, N): c_i − c_j for j ≤ i, 0 after."""
+    diff = c[..., first:last, None] - c[..., None, :last]
+    causal = masks.causal(last - first, last, device=c.device)
+    return torch.where(causal, diff, torch.zeros((), dtype=c.dtype))
+
+
+def _rows(x: Tensor | None, q0: int, q1: int, m: int, keys: int) -> Tensor | None:
+    """Rows q0 … q1 − 1 of a mask or bias broadcasting to (…, M, N), over the first ``keys``
+    columns (a dimension of size 1 stays)."""
+    if x is None:
+        return None
+    if x.dim() >= 2 and x.shape[-2] == m and m > 1:
+        x = x[..., q0:q1, :]
+    return x[..., :keys] if x.shape[-1] > 1 else x
 
 
 @REGISTRY.register("forgetting")
@@ -68,6 +99,8 @@ class ForgettingAttention(HeadAttention):
         num_heads: H, each with its own gate w_f (d,) and b_f.
         bias_init: b_f's initial value: f ≈ σ(bias_init) at first (0 gives ½, as the paper's
             code, which zero-initialises the gate's bias).
+        block_size: query rows per block (see the module docstring: the blocks bound the
+            memory to O(N·block_size) and do not change the result); None: all rows at once.
         device, dtype: of the gate's parameters.
 
     Causal by construction: query i (the (N − M + i)-th position) attends keys j ≤ i; a mask
@@ -93,6 +126,7 @@ class ForgettingAttention(HeadAttention):
         num_heads: int,
         *,
         bias_init: float = 0.0,
+        block_size: int | None = DEFAULT_BLOCK_SIZE,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
@@ -100,6 +134,7 @@ class ForgettingAttention(HeadAttention):
         self.head_dim = arguments.positive_int(head_dim, "head_dim")
         self.num_heads = arguments.positive_int(num_heads, "num_heads")
         self.bias_init = arguments.finite_float(bias_init, "bias_init")
+        self.block_size = arguments.optional_positive_int(block_size, "block_size")
         kw: dict[str, Any] = {"device": device, "dtype": dtype}
         self.forget_weight = nn.Parameter(
             torch.randn(num_heads, head_dim, **kw) / math.sqrt(head_dim)
@@ -107,7 +142,7 @@ class ForgettingAttention(HeadAttention):
         self.forget_bias = nn.Parameter(torch.full((num_heads,), self.bias_init, **kw))
 
     def extra_repr(self) -> str:
-        return f"head_dim={self.head_dim}, num_heads={self.num_heads}"
+        return f"head_dim={self.head_dim}, num_heads={self.num_heads}, block_size={self.block_size}"
 
     def taxonomy_tags(self) -> list:
         return [tx.Scoring.SCALED_MULTIPLICATIVE, tx.AlignmentKind.GLOBAL]
@@ -149,14 +184,47 @@ class ForgettingAttention(HeadAttention):
                 f"so N >= M, got q {tuple(q.shape)} and k {tuple(k.shape)}"
             )
         log_f = self.log_forget(v)
-        causal = masks.causal(m, n, device=q.device)
-        if mask is None:
-            mask = causal
-        else:  # a position no query may attend is padding: it does not decay, and as a
-            # query it attends nothing (its row is 0)
+        real = None
+        if mask is not None:  # a position no query may attend is padding: it does not decay,
+            # and as a query it attends nothing (its row is 0)
             real = mask.any(-2)  # (…, N)
             log_f = torch.where(real, log_f, torch.zeros((), dtype=log_f.dtype))
-            mask = mask & causal & real[..., n - m :, None]
-        forget = forgetting_bias(log_f, m).to(q.dtype)
-        bias = forget if bias is None else forget + bias
-        return attention(q, k, v, mask=mask, bias=bias, need_weights=need_weights)
+        c = log_f.cumsum(-1)
+        step = m if self.block_size is None else self.block_size
+        # a block's recomputation in the backward pass runs under the trust of this call
+        trusted, finite = trust.is_trusted(), trust.inputs_finite()
+
+        def block(q0: int, q1: int, q, k, v, c, mask, real, bias) -> tuple[Tensor, ...]:
+            keys = n - m + q1  # the block's last query sits at position keys − 1
+            block_mask = masks.causal(q1 - q0, keys, device=q.device)
+            if mask is not None:
+                block_mask = block_mask & _rows(mask, q0, q1, m, keys)
+                rows = real if real.shape[-1] == 1 else real[..., n - m + q0 : keys]
+                block_mask = block_mask & rows[..., None]
+            forget = _bias_rows(c, n - m + q0, keys).to(q.dtype)
+            extra = _rows(bias, q0, q1, m, keys)
+            with trust.trusted(finite=finite) if trusted else nullcontext():
+                out = attention(
+                    q[..., q0:q1, :], k[..., :keys, :], v[..., :keys, :], mask=block_mask,
+                    bias=forget if extra is None else forget + extra, need_weights=need_weights,
+                )  # fmt: skip
+            if not need_weights:
+                return (out.context,)
+            return out.context, F.pad(out.weights, (0, n - keys))
+
+        spans = [(q0, min(q0 + step, m)) for q0 in range(0, m, step)]
+        inputs = (q, k, v, c, mask, real, bias)
+        recompute = len(spans) > 1 and torch.is_grad_enabled() and any(
+            t is not None and t.requires_grad for t in inputs
+        )  # fmt: skip
+        parts = [
+            checkpoint(block, q0, q1, *inputs, use_reentrant=False)
+            if recompute
+            else block(q0, q1, *inputs)
+            for q0, q1 in spans
+        ]
+        context = torch.cat([p[0] for p in parts], -2) if len(parts) > 1 else parts[0][0]
+        if not need_weights:
+            return AttentionOutput(context)
+        weights = torch.cat([p[1] for p in parts], -2) if len(parts) > 1 else parts[0][1]
+        return AttentionOutput(context, weights)
