@@ -116,7 +116,7 @@ class ShortConv(nn.Module):
 
     def new_state(self, batch: int, *, device=None, dtype=None) -> Tensor:
         """The state before the first position: K − 1 zero inputs (B, K − 1, C)."""
-        return torch.zeros(self.state_shape(batch), device=device, dtype=dtype)
+        return torch.zeros(batch, self.kernel_size - 1, self.channels, device=device, dtype=dtype)
 
     def forward(
         self, x: Tensor, *, mask: Tensor | None = None, cache: MixerCache | None = None
