@@ -459,10 +459,10 @@ def _rank(score: Tensor, pos: Tensor, sz: Sizes) -> tuple[Tensor, Tensor]:
     inf = float("inf")
     cur = pos // sz.select
     score[:, : sz.initial] = inf
-    rows = torch.arange(len(pos), device=pos.device)
-    for t in range(sz.local):
-        some = cur >= t
-        score[rows[some], cur[some] - t] = inf
+    for t in range(sz.local):  # block cur − t, from the first row (positions ascend) with one
+        a = max(0, t * sz.select - int(pos[0]))
+        if a < len(pos):
+            score[a:].scatter_(1, (cur[a:] - t)[:, None], inf)
     c0 = int(cur[0]) + 1  # blocks before it are no row's future
     after = torch.arange(c0, score.shape[-1], device=pos.device)[None, :] > cur[:, None]
     score[:, c0:].masked_fill_(after, -inf)
