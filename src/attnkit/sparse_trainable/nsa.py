@@ -70,6 +70,7 @@ from attnkit.head import HeadAttention, check_head_inputs
 from attnkit.mechanisms import REGISTRY, example_tensor
 from attnkit.output import AttentionOutput
 from attnkit.sparse_trainable import _nsa_blocks as nsa_blocks
+from attnkit.sparse_trainable import _nsa_trained as nsa_trained
 from attnkit.sparse_trainable._gathered import gathered_softmax
 from attnkit.sparse_trainable._nsa_chunks import Sizes, importance, nsa_chunked, rank_blocks
 from attnkit.sparse_trainable._select import (
@@ -320,6 +321,14 @@ class NativeSparseAttention(HeadAttention):
                 gates = torch.sigmoid(self.gate(q[s]))
                 args = (q[s], k[s], v[s], kc, vc, gates, q_offset, sizes, factor)
                 nsa_blocks.nsa_blocks(*args, out=context[s])
+            return AttentionOutput(context.view(*lead, m, self.value_dim))
+        if fast and nsa_trained.fuses(
+            self.compress_key, self.compress_value, self.gate, k.shape[-2], sizes
+        ):
+            # training: the gates and φ inside the fused path's autograd function
+            q, k, v = (x.reshape(count, *x.shape[-2:]) for x in (q, k, v))
+            parts = (self.compress_key, self.compress_value, self.gate)
+            context = nsa_trained.nsa_trained(q, k, v, *parts, q_offset, sizes, factor)
             return AttentionOutput(context.view(*lead, m, self.value_dim))
         kc, vc = self._compress(k, v, rows, pos)
         gates = torch.sigmoid(self.gate(q))
