@@ -23,7 +23,10 @@ a tile's queries gathered into one (TILE × d) matrix; the tiles go through the 
 batch at a time. Each call returns its pieces' outputs and log-sum-exps; a branch's output is
 their merge, o = Σ_i exp(lse_i − lse) o_i, lse = log Σ_i exp(lse_i) (the pieces of a branch are
 disjoint key sets of the query). The compressed branch and the selection (eqs. 7-11) run as in
-:mod:`attnkit.sparse_trainable._nsa_chunks`, a chunk of queries at a time.
+:mod:`attnkit.sparse_trainable._nsa_chunks`, a chunk of queries at a time. The forward takes
+SPAN queries at a time through all of this (selection, pieces, tiles), so that the selected
+branch's running merge, the chosen blocks and the sorted pairs it holds grow with SPAN, not
+with M.
 
 Kept for the backward: the three log-sum-exps per query and the chosen blocks (int16 where the
 blocks fit). The backward recomputes the branch outputs, then hands each piece to the fused

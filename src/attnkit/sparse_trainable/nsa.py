@@ -27,8 +27,12 @@ PyTorch's fused attention kernel (:mod:`attnkit.sparse_trainable._nsa_blocks`): 
 own block, the previous one, block 0 and the window's blocks as batched calls on views of the
 keys, the other selected blocks as tiles of queries that chose the same block, merged by their
 log-sum-exps, with a backward that recomputes the branches and runs the kernel's backward per
-piece. Otherwise it runs the three branches a chunk of queries at a time with one hand-written
-backward (:mod:`attnkit.sparse_trainable._nsa_chunks`): the compressed branch as a product over the
+piece. Without autograd it computes one selection group's compressed keys and gates at a time;
+under autograd, where φ is the module's own :class:`BlockCompression` and s divides l and N,
+the gates and φ run inside that backward (:mod:`attnkit.sparse_trainable._nsa_trained`), so
+their gradients join ∂L/∂q, ∂L/∂k, ∂L/∂v a head at a time. Otherwise it runs the three
+branches a chunk of queries at a time with one hand-written backward
+(:mod:`attnkit.sparse_trainable._nsa_chunks`): the compressed branch as a product over the
 compressed blocks the chunk has seen, the selected and window branches over (query, key block)
 pairs tiled by key block, so that every score comes from a batched matrix product and a key
 block is read once per tile of queries. Per query that scores n·l' selected keys, w (+ up to
