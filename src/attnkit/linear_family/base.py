@@ -312,8 +312,9 @@ class LinearFamilyPart(HeadAttention):
                 f"{who}: cache must be a LayerCache or None, got {type(cache).__name__}"
             )
         stateful = isinstance(cache, RecurrentCache)
-        # a capture (hooks listening) asks for weights too: a step from the state has none to
-        # report; only the caller's own request is refused
+        # the template asks for weights under a capture (hooks listening) too: a step from the
+        # state has none and runs, reporting nothing; asked outside a capture, it refuses (the
+        # caller's own request cannot be told from the capture's inside one)
         if stateful and (n != m or (need_weights and not hooks.listening())):
             raise ValueError(
                 f"{who}: with a RecurrentCache k and v hold the {m} new positions only (got k "
