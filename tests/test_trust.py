@@ -126,7 +126,9 @@ def test_a_padded_decoding_step_scans_no_cache(monkeypatch):
         mha(x[:, :n], mask=pad & ak.masks.causal(n), cache=cache)
         counts = _Counts(monkeypatch)
         step = mha(x[:, n:], mask=keep, cache=cache).context
-    assert counts.mask_checks == 1 and counts.validations == 0
+    # the prefill validated this kind of call in full; the step's mask is checked by its sizes
+    # alone (attnkit.call_plan)
+    assert counts.mask_checks == 0 and counts.validations == 0
     assert counts.finite_scans == []
     # reference: each row alone, its padding dropped, in one causal pass
     for i, length in enumerate(lengths):

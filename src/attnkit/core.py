@@ -15,7 +15,7 @@ from attnkit.alignments import Alignment
 from attnkit.head import HeadAttention
 from attnkit.kernels.block_mask import BlockMask, ScoreMod
 from attnkit.kernels.chunked import DENSE_LIMIT
-from attnkit.kernels.prepare import prepare_call
+from attnkit.kernels.prepare import check_for_score, prepare_call
 from attnkit.output import AttentionOutput
 from attnkit.scores import Score
 
@@ -192,3 +192,19 @@ class Attention(HeadAttention):
         )
         hooks.report(self, out.weights)
         return out
+
+    def direct(
+        self, q: Tensor, k: Tensor, v: Tensor, *, mask: Tensor | None, bias: Tensor | None
+    ) -> AttentionOutput | None:
+        """This part's call on inputs a layer's plan has checked (:mod:`attnkit.call_plan`),
+        evaluated as :meth:`forward` would evaluate it without building and selecting again:
+        by the direct entry (:meth:`attnkit.kernels.Kernel.direct`) of its kernel, or of the
+        kernel automatic selection tries first. None when that entry cannot be sure to give
+        what :meth:`forward` would (weights listened to, no direct entry, inputs for which
+        selection could choose otherwise); the layer then calls :meth:`forward`."""
+        if hooks.listening():
+            return None
+        check_for_score(q, k, v, self.score)  # (what the layer cannot know)
+        kernel = kernels.get(self.kernel or kernels.REGISTRY.first())
+        dropout = self.dropout if self.training else 0.0
+        return kernel.direct(q, k, v, self.score, self.align, mask=mask, bias=bias, dropout=dropout)

@@ -10,6 +10,7 @@ from torch import Tensor, nn
 
 from attnkit import (
     arguments,
+    call_plan,
     checks,
     hook_points,
     inputs,
@@ -185,6 +186,8 @@ class MultiHeadAttention(nn.Module):
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
+        # the plans of the kinds of call seen (attnkit.call_plan), dropped on any change
+        self._plans: dict[tuple, call_plan.LayerPlan] = {}
         self.embed_dim = arguments.positive_int(embed_dim, "embed_dim")
         self.num_heads = arguments.positive_int(num_heads, "num_heads")
         if head_dim is None:
@@ -263,6 +266,21 @@ class MultiHeadAttention(nn.Module):
         self.pattern = pattern
         self.score_mod = score_mod
         self.gate = self._build_gate(gate, bias, **kw)
+
+    def __setattr__(self, name: str, value: object) -> None:
+        super().__setattr__(name, value)
+        plans = self.__dict__.get("_plans")
+        if plans:
+            plans.clear()  # a plan holds what was resolved from the attributes
+
+    def _apply(self, fn, recurse: bool = True):  # .to(), .double(), .cuda(), ...
+        self._plans.clear()
+        return super()._apply(fn, recurse)
+
+    def __getstate__(self) -> dict:
+        state = dict(super().__getstate__())
+        state["_plans"] = {}  # (a copy resolves its own)
+        return state
 
     @property
     def score(self) -> Score | None:
@@ -389,9 +407,27 @@ class MultiHeadAttention(nn.Module):
         """
         key = query if key is None else key
         value = key if value is None else value
-        step = self._validate(
-            query, key, value, mask, bias, need_weights, cache, memory_cache, block_mask, score_mod
-        )
+        plan = None
+        kind = None
+        if block_mask is None and score_mod is None and memory_cache is None:
+            kind = call_plan.call_kind(
+                query, key, value, mask, bias, need_weights, cache, self.training
+            )
+        if kind is not None:
+            plan = self._plans.get(kind)
+        if plan is not None and call_plan.fits(
+            self, query, key, value, mask, bias, 0 if cache is None else len(cache)
+        ):
+            # a call of a kind validated before, whose sizes fit: its plan is trusted
+            step = _NoCache() if cache is None else _KVCached(cache)
+            step.bind(self)
+        else:
+            step = self._validate(
+                query, key, value, mask, bias, need_weights, cache, memory_cache, block_mask,
+                score_mod,
+            )  # fmt: skip
+            if kind is not None and plan is None:
+                plan = self._plans[kind] = call_plan.LayerPlan.resolve(self, need_weights)
         if query.dim() == 2:  # unbatched: the per-head parts take (B, …, H, L, d)
             query_b = query.unsqueeze(0)
             key_b = query_b if key is query else key.unsqueeze(0)  # self-attention stays so
@@ -402,7 +438,7 @@ class MultiHeadAttention(nn.Module):
             )
             return out.map(lambda t: t.squeeze(0))
         return self._attend(
-            query, key, value, step, mask, bias, need_weights, block_mask, score_mod
+            query, key, value, step, mask, bias, need_weights, block_mask, score_mod, plan
         )
 
     # The steps of a call: validation at the door (once), then — on inputs taken as given — the
@@ -512,9 +548,11 @@ class MultiHeadAttention(nn.Module):
         need_weights: bool,
         block_mask: BlockMask | None,
         score_mod: ScoreMod | None,
+        plan: call_plan.LayerPlan | None = None,
     ) -> AttentionOutput:
         """Eqs. 38-40 on validated, batched inputs: project, extend by the cache, place by the
-        position scheme, attend per head, concatenate the heads and project them back."""
+        position scheme, attend per head, concatenate the heads and project them back; with the
+        call's ``plan``, the steps it found to have nothing to do are skipped."""
         q, k, v = step.project(self, query, key, value)
         q, k, v = hook_points.qkv(self, q, k, v)  # named points (attnkit.hooks)
         # a cache that attends over its pages in place (attnkit.paged_cache), unless the call
@@ -525,13 +563,41 @@ class MultiHeadAttention(nn.Module):
             context = read(self, q, k, v, query, mask, bias, step.offset)
             if context is not None:
                 return self._merge_heads(AttentionOutput(context), query)
-        if step.decoding and self._places_into(step.cache):
-            q, k, v, bias, value_term = self._place_then_extend(q, k, v, bias, query, step)
+        places = plan is None or plan.places
+        # the part's direct route reads grouped keys and values as they are (SDPA's own
+        # grouped-query mode), unless a step before it needs them per query head
+        grouped = (
+            plan is not None
+            and plan.direct
+            and self.num_kv_heads != self.num_heads
+            and query.dim() == 3
+            and self.attention.score.num_heads is None
+            and (mask is None or mask.dim() <= query.dim())  # (not per head)
+        )
+        if step.decoding and places and self._places_into(step.cache):
+            q, k, v, bias, value_term = self._place_then_extend(
+                q, k, v, bias, query, step, share=not grouped
+            )
         else:
             k, v, k_offset = step.extend(k, v, key.shape[-2])
+            if places:
+                k, v = self._share_kv_heads(k, v)
+                grouped = False
+                q, k, bias, value_term = self._place(q, k, bias, query, step.offset, k_offset)
+            else:
+                if not grouped:
+                    k, v = self._share_kv_heads(k, v)
+                bias, value_term = self._per_head(bias, query), None
+        if plan is not None and plan.plain_mask:
+            mask, sparse = self._per_head(mask, query), {}
+        else:
+            mask, sparse = self._head_mask(mask, query, key, q, k, step, block_mask, score_mod)
+        if plan is not None and plan.direct and value_term is None and not hook_points._ACTIVE:
+            out = self.attention.direct(q, k, v, mask=mask, bias=bias)
+            if out is not None:
+                return self._merge_heads(out, query)
+        if grouped:
             k, v = self._share_kv_heads(k, v)
-            q, k, bias, value_term = self._place(q, k, bias, query, step.offset, k_offset)
-        mask, sparse = self._head_mask(mask, query, key, q, k, step, block_mask, score_mod)
         out = self._call_part(q, k, v, mask, bias, need_weights, value_term, step, sparse)
         return self._merge_heads(out, query)
 
@@ -550,7 +616,15 @@ class MultiHeadAttention(nn.Module):
         )
 
     def _place_then_extend(
-        self, q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, query: Tensor, step: _NoCache
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        bias: Tensor | None,
+        query: Tensor,
+        step: _NoCache,
+        *,
+        share: bool = True,
     ) -> tuple[Tensor, Tensor, Tensor, Tensor | None, ValueTerm | None]:
         """The new keys placed at their positions (after ``step.offset`` cached ones), then
         appended to a cache of placed keys: the cached keys are not placed again at every step.
@@ -562,7 +636,8 @@ class MultiHeadAttention(nn.Module):
         group = self.num_heads // self.num_kv_heads
         placed = placed if group == 1 else placed[..., ::group, :, :]
         k, v, _ = step.extend(placed, v, k.shape[-2])
-        k, v = self._share_kv_heads(k, v)
+        if share:
+            k, v = self._share_kv_heads(k, v)
         return q, k, v, bias, value_term
 
     def _merge_heads(self, out: AttentionOutput, query: Tensor) -> AttentionOutput:

@@ -266,6 +266,25 @@ class Kernel(Capabilities):
         """Whether automatic selection should take this kernel for a supported ``call``."""
         return True
 
+    def direct(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        score: Score,
+        align: Alignment,
+        *,
+        mask: Tensor | None = None,
+        bias: Tensor | None = None,
+        dropout: float = 0.0,
+    ) -> AttentionOutput | None:
+        """The call of a layer whose plan has checked it (:mod:`attnkit.call_plan`) evaluated
+        without building a :class:`Call`, as this kernel would evaluate it when selection takes
+        it; None (the default) when the kernel offers no such entry or cannot be sure that
+        selection would take it for these inputs, and the general call is made instead. No
+        weights are asked for; the inputs' sizes, dtypes and devices are checked."""
+        return None
+
     def not_preferred_reason(self, call: Call) -> str:
         """Why automatic selection passes over this kernel for a call it supports."""
         if self.preference:
@@ -370,10 +389,38 @@ class KernelRegistry(Registry[Kernel]):
     def __init__(self, kind: str) -> None:
         super().__init__(kind)
         self._instances: dict[type[Kernel], Kernel] = {}
+        # counts the changes to the table, so that what was resolved from it (the first
+        # kernel, a layer's plan) is known to be current
+        self.generation = 0
+        self._first: tuple[int, str | None] = (-1, None)
+
+    def register(self, name: str, *, override: bool = False) -> Callable[[type[K]], type[K]]:
+        decorate = super().register(name, override=override)
+
+        def registered(cls: type[K]) -> type[K]:
+            cls = decorate(cls)
+            self.generation += 1
+            return cls
+
+        return registered
+
+    def restore(self, table: dict[str, type[Kernel]]) -> None:
+        super().restore(table)
+        self.generation += 1
 
     def available(self) -> list[str]:
         table = self._table
         return sorted(table, key=lambda name: (-table[name].priority, name))
+
+    def first(self) -> str | None:
+        """The kernel automatic selection tries first (None when none is registered), read
+        again only after the table changed."""
+        generation, name = self._first
+        if generation != self.generation:
+            names = self.available()
+            name = names[0] if names else None
+            self._first = (self.generation, name)
+        return name
 
     def instance(self, name: str) -> Kernel:
         """The instance of the kernel class registered as ``name``."""

@@ -17,7 +17,7 @@ from attnkit.kernels.block_mask import BlockMask, ScoreMod, check_type, from_den
 from attnkit.scores import Score
 from attnkit.scores.base import check_heads
 
-__all__ = ["prepare_call"]
+__all__ = ["check_for_score", "clear_masked", "prepare_call"]
 
 
 def _all_finite(x: Tensor) -> bool:
@@ -34,20 +34,9 @@ def _dead_keys(mask: Tensor) -> Tensor:
     return ~keep.unsqueeze(-1) if keep.dim() else ~keep
 
 
-def _zero_dead_keys(call: Call, k: bool = True, v: bool = True) -> Call:
-    """The call with the keys and values that no query may attend set to zero."""
-    dead = _dead_keys(call.mask)  # type: ignore[arg-type]
-    zero = call.k.new_zeros(())
-    return dataclasses.replace(
-        call,
-        k=torch.where(dead, zero, call.k) if k else call.k,
-        v=torch.where(dead, zero, call.v) if v else call.v,
-    )
-
-
-def _exclude_masked(call: Call) -> Call:
-    """The call whose masked keys and values cannot reach anything, with
-    :attr:`Call.masked_finite` set where that is established (kernels then do not look).
+def clear_masked(k: Tensor, v: Tensor, mask: Tensor, *, scan: bool) -> tuple[Tensor, Tensor, bool]:
+    """k and v with the keys and values that ``mask`` hides from every query made unable to
+    reach anything, and whether no masked key or value is left non-finite (``masked_finite``).
 
     A masked position's content must not influence anything: not the scores of other keys, not
     the context (0·NaN is NaN), not the gradients. (A score that mixes neighbouring keys takes
@@ -55,24 +44,38 @@ def _exclude_masked(call: Call) -> Call:
 
     - inputs stated finite by the door (``attnkit.trust.trusted(finite=True)``): nothing to do;
     - a mask the same for every query, (…, 1, N) — key padding, and every step of decoding —
-      with no block mask and no weights asked for: the masked keys and values are set to zero
-      by construction (one ``torch.where`` each; the values are not read on the host);
-    - otherwise (masks that differ per query, or weights asked for, whose raw scores at masked
+      unless ``scan``: the masked keys and values are set to zero by construction (one
+      ``torch.where`` each; the values are not read on the host);
+    - otherwise (masks that differ per query, or ``scan`` for calls whose raw scores at masked
       positions are returned as they are): keys and values are looked at once; when one is not
-      finite, the keys and values masked for every query are set to zero and the kernel guards
-      the rest per row.
+      finite, the keys and values masked for every query are set to zero, and False says that
+      the kernel must guard the rest per row.
     """
+    if trust.inputs_finite():
+        return k, v, True
+    if not scan and (mask.dim() < 2 or mask.shape[-2] == 1):
+        dead = _dead_keys(mask)
+        zero = k.new_zeros(())
+        return torch.where(dead, zero, k), torch.where(dead, zero.to(v.dtype), v), True
+    k_ok, v_ok = _all_finite(k), _all_finite(v)
+    if k_ok and v_ok:
+        return k, v, True
+    dead = _dead_keys(mask)
+    zero = k.new_zeros(())
+    k = k if k_ok else torch.where(dead, zero, k)
+    v = v if v_ok else torch.where(dead, zero.to(v.dtype), v)
+    return k, v, False
+
+
+def _exclude_masked(call: Call) -> Call:
+    """The call whose masked keys and values cannot reach anything (:func:`clear_masked`), with
+    :attr:`Call.masked_finite` set where that is established (kernels then do not look). A
+    block mask or weights asked for make the keys and values be looked at."""
     if call.mask is None or torch.compiler.is_compiling():
         return call  # (a data-dependent check would break a compiled graph)
-    if trust.inputs_finite():
-        return dataclasses.replace(call, masked_finite=True)
-    per_key = call.mask.dim() < 2 or call.mask.shape[-2] == 1
-    if per_key and call.block_mask is None and not call.need_weights:
-        return dataclasses.replace(_zero_dead_keys(call), masked_finite=True)
-    k_ok, v_ok = _all_finite(call.k), _all_finite(call.v)
-    if k_ok and v_ok:
-        return dataclasses.replace(call, masked_finite=True)
-    return _zero_dead_keys(call, k=not k_ok, v=not v_ok)
+    scan = call.block_mask is not None or call.need_weights
+    k, v, finite = clear_masked(call.k, call.v, call.mask, scan=scan)
+    return dataclasses.replace(call, k=k, v=v, masked_finite=finite)
 
 
 def prepare_call(
@@ -143,8 +146,16 @@ def _trusted_shape(q: Tensor | None, k: Tensor, v: Tensor, score: Score) -> torc
     """The scores' shape (B, …, M, N) of a call made inside :func:`attnkit.trust.trusted`.
 
     The door (e.g. :meth:`attnkit.MultiHeadAttention.forward`) checked the tensors, the mask and
-    the bias and shaped q, k and v itself; what it cannot know is whether this score suits them
-    (its head count and, for a multi-dimensional score, d_out) and whether any key is left."""
+    the bias and shaped q, k and v itself; what it cannot know is checked by
+    :func:`check_for_score`."""
+    check_for_score(q, k, v, score)
+    return checks.scores_shape(q, k)
+
+
+def check_for_score(q: Tensor | None, k: Tensor, v: Tensor, score: Score) -> None:
+    """What a layer that checked and shaped q, k and v cannot know: whether this score suits
+    them (its head count and, for a multi-dimensional score, d_out) and whether any key is
+    left."""
     check_heads(score, q, k)
     if k.shape[-2] == 0:
         raise ValueError(f"k has no keys (N = 0, shape {tuple(k.shape)}); attention needs N >= 1")
@@ -153,7 +164,6 @@ def _trusted_shape(q: Tensor | None, k: Tensor, v: Tensor, score: Score) -> torc
             f"the multi-dimensional score gives d_out = {score.d_out} scores per key but v has "
             f"d_v = {v.shape[-1]} features (shape {tuple(v.shape)}); they must match (eq. 30)"
         )
-    return checks.scores_shape(q, k)
 
 
 def _block_sparse(call: Call) -> Call:

@@ -11,10 +11,12 @@ from torch import Tensor
 from attnkit.alignments import Alignment
 from attnkit.inputs import broadcast_shapes
 from attnkit.kernels.base import Call, Kernel, register
+from attnkit.kernels.block_mask import AUTO_MIN_BLOCKS, DEFAULT_BLOCK
+from attnkit.kernels.prepare import clear_masked
 from attnkit.output import AttentionOutput
 from attnkit.scores import Score
 
-__all__ = ["SDPA", "attend", "can_dispatch"]
+__all__ = ["SDPA", "attend", "can_dispatch", "direct"]
 
 _HALF = (torch.float16, torch.bfloat16)
 # bfloat16 holds every integer up to 2^8 exactly; above, adding a bias rounds the score.
@@ -48,6 +50,15 @@ def _is_causal(mask: Tensor | None, m: int, n: int) -> bool:
     return torch.equal(mask.reshape(m, n), causal)
 
 
+def _grouped(q: Tensor, k: Tensor, v: Tensor) -> bool:
+    """Whether q (B, H, M, d) and k, v (B, H_kv, N, ·) differ only in their heads, H a multiple
+    of H_kv (grouped-query attention, which SDPA evaluates without repeating k and v)."""
+    if q.dim() != 4 or k.shape[:-2] != v.shape[:-2] or q.shape[:-3] != k.shape[:-3]:
+        return False
+    h, h_kv = q.shape[-3], k.shape[-3]
+    return h != h_kv and h % h_kv == 0
+
+
 def can_dispatch(score: Score, align: Alignment, *, need_weights: bool) -> bool:
     """Whether SDPA computes exactly this attention."""
     return not _reasons(score, align, need_weights=need_weights)
@@ -71,7 +82,10 @@ def attend(
     # softmax((scale·q'ᵀk' + bias) / τ): fold 1/τ into the scale and the bias.
     inv_t = 1.0 / temperature
     scale = scale * inv_t
-    if not (qp.shape[:-2] == kp.shape[:-2] == v.shape[:-2]):  # SDPA wants equal batch dims
+    gqa = {}
+    if _grouped(qp, kp, v):  # H query heads over H_kv key/value heads: SDPA's own mode
+        gqa = {"enable_gqa": True}
+    elif not (qp.shape[:-2] == kp.shape[:-2] == v.shape[:-2]):  # SDPA wants equal batch dims
         lead = broadcast_shapes(qp.shape[:-2], kp.shape[:-2], v.shape[:-2])
         qp = qp.expand(*lead, *qp.shape[-2:])
         kp = kp.expand(*lead, *kp.shape[-2:])
@@ -80,7 +94,7 @@ def attend(
         # SDPA's own causal mode skips the tiles above the diagonal (a boolean mask makes it
         # evaluate every tile); every row keeps its diagonal key, so no row is empty
         context = F.scaled_dot_product_attention(
-            qp, kp, v, dropout_p=dropout, scale=scale, is_causal=True
+            qp, kp, v, dropout_p=dropout, scale=scale, is_causal=True, **gqa
         )
         return AttentionOutput(context)
     attn_mask: Tensor | None = mask
@@ -89,13 +103,53 @@ def attend(
         if mask is not None:
             attn_mask = torch.where(mask, attn_mask, float("-inf"))
     context = F.scaled_dot_product_attention(
-        qp, kp, v, attn_mask=attn_mask, dropout_p=dropout, scale=scale
+        qp, kp, v, attn_mask=attn_mask, dropout_p=dropout, scale=scale, **gqa
     )
     if mask is not None:
         # SDPA gives NaN for a row with no key; attnkit gives 0 (DESIGN 2).
         any_key = mask.any(dim=-1, keepdim=True)
         context = torch.where(any_key, context, torch.zeros((), dtype=context.dtype))
     return AttentionOutput(context)
+
+
+def direct(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    score: Score,
+    align: Alignment,
+    *,
+    mask: Tensor | None = None,
+    bias: Tensor | None = None,
+    dropout: float = 0.0,
+) -> AttentionOutput | None:
+    """The call evaluated here directly, as automatic kernel selection would evaluate it, for a
+    caller whose plan has checked its inputs (:mod:`attnkit.call_plan`): q (…, M, d),
+    k (…, N, d), v (…, N, d_v) and a mask and bias in the inputs' dtype and device that
+    broadcast to the scores; no weights asked for. None when selection could take another
+    kernel or path for it: SDPA cannot evaluate this score and alignment, a half-precision
+    bias (which SDPA takes only when small), a non-finite key or value under a mask that
+    differs per query, or a dense mask that selection may evaluate block-sparsely. The caller
+    then makes the general call, which gives the reasons."""
+    if not can_dispatch(score, align, need_weights=False):
+        return None
+    if bias is not None and (bias.dtype in _HALF or bias.dtype != k.dtype):
+        return None
+    if mask is not None:
+        if score.mixes_keys:
+            return None
+        m, n = q.shape[-2], k.shape[-2]
+        per_query = mask.dim() >= 2 and mask.shape[-2] > 1
+        if (
+            per_query
+            and mask.device.type == "cpu"
+            and min(-(-m // DEFAULT_BLOCK), -(-n // DEFAULT_BLOCK)) >= AUTO_MIN_BLOCKS
+        ):
+            return None  # (attnkit.kernels.block_mask.from_dense_auto may take it)
+        k, v, finite = clear_masked(k, v, mask, scan=False)
+        if not finite:
+            return None
+    return attend(q, k, v, score, align, mask=mask, bias=bias, dropout=dropout)
 
 
 class SDPA(Kernel):
@@ -133,6 +187,9 @@ class SDPA(Kernel):
 
     def attend(self, call: Call) -> AttentionOutput:
         return attend(*call.parts(), mask=call.mask, bias=call.bias, dropout=call.dropout)
+
+    def direct(self, q, k, v, score, align, *, mask=None, bias=None, dropout=0.0):
+        return direct(q, k, v, score, align, mask=mask, bias=bias, dropout=dropout)
 
 
 register(SDPA())

@@ -351,10 +351,22 @@ def rotate_partial(
     features pass unchanged."""
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
-    r = 2 * theta.shape[-1]
+    cos, sin = _cos_sin(positions, theta, attention_factor, x.dtype)
+    return _rotate(x, cos, sin, layout)
+
+
+def _cos_sin(
+    positions: Tensor, theta: Tensor, attention_factor: float, dtype: torch.dtype
+) -> tuple[Tensor, Tensor]:
+    """factor·cos(p·θ_i) and factor·sin(p·θ_i), (L, r/2), formed in float64, given in dtype."""
     angle = positions.to(torch.float64)[:, None] * theta.to(torch.float64, copy=False)
-    cos = (angle.cos() * attention_factor).to(x.dtype)
-    sin = (angle.sin() * attention_factor).to(x.dtype)
+    return (angle.cos() * attention_factor).to(dtype), (angle.sin() * attention_factor).to(dtype)
+
+
+def _rotate(x: Tensor, cos: Tensor, sin: Tensor, layout: str) -> Tensor:
+    """The first r = 2·cos.shape[-1] features of x (…, L, d) rotated by the angles of
+    :func:`_cos_sin`, the others unchanged."""
+    r = 2 * cos.shape[-1]
     rot, rest = x[..., :r], x[..., r:]
     if layout == "interleaved":
         a, b = rot[..., 0::2], rot[..., 1::2]
@@ -445,11 +457,13 @@ class ScaledRotary(PositionScheme):
         theta, factor = self.frequencies(q.shape[-1], max(q_offset + m, k_offset + n))
         theta = theta.to(q.device)
         qpos = torch.arange(q_offset, q_offset + m, device=q.device)
-        kpos = torch.arange(k_offset, k_offset + n, device=k.device)
-        kw = {"layout": self.layout, "attention_factor": factor}
-        return Positioned(
-            rotate_partial(q, qpos, theta, **kw), rotate_partial(k, kpos, theta, **kw)
-        )
+        cos, sin = _cos_sin(qpos, theta, factor, q.dtype)
+        if (k_offset, n) != (q_offset, m):  # (the keys of self-attention share the angles)
+            kpos = torch.arange(k_offset, k_offset + n, device=k.device)
+            k_cos, k_sin = _cos_sin(kpos, theta, factor, k.dtype)
+        else:
+            k_cos, k_sin = cos.to(k.dtype), sin.to(k.dtype)
+        return Positioned(_rotate(q, cos, sin, self.layout), _rotate(k, k_cos, k_sin, self.layout))
 
     def extra_repr(self) -> str:
         return (
