@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import inspect
+import warnings
 
 import pytest
 
 from attnkit import arguments
-from attnkit.arguments import renamed
+from attnkit.arguments import deprecated_names, renamed
 
 
 @renamed(d_model="embed_dim", heads="num_heads")
@@ -76,6 +77,108 @@ def test_bad_renames_are_refused_at_decoration() -> None:
 
     with pytest.raises(TypeError, match="must be an identifier"):
         renamed(heads=3)  # type: ignore[arg-type]
+
+
+@deprecated_names(d="head_dim")
+@renamed(heads="num_heads")
+class Part:
+    def __init__(self, head_dim: int, num_heads: int = 1, *, scale: float = 1.0) -> None:
+        self.head_dim, self.num_heads, self.scale = head_dim, num_heads, scale
+
+
+class ChildPart(Part):
+    pass
+
+
+@deprecated_names(dim="head_dim")
+def doubled(head_dim: int, extra: int = 0) -> int:
+    return 2 * head_dim + extra
+
+
+def test_deprecated_keyword_warns_naming_the_new_one_and_still_works() -> None:
+    with pytest.warns(DeprecationWarning, match=r"^Part: d= is renamed head_dim=; d= will be"):
+        old = Part(d=4, num_heads=2)
+    new = Part(head_dim=4, num_heads=2)
+    assert (old.head_dim, old.num_heads) == (new.head_dim, new.num_heads) == (4, 2)
+    with pytest.warns(DeprecationWarning, match=r"^doubled: dim= is renamed head_dim="):
+        assert doubled(dim=3, extra=1) == 7
+    with pytest.warns(DeprecationWarning, match=r"^ChildPart: d= is renamed head_dim="):
+        assert ChildPart(d=5).head_dim == 5
+
+
+def test_deprecation_warning_points_at_the_caller() -> None:
+    with pytest.warns(DeprecationWarning) as caught:
+        Part(d=4)
+    assert caught[0].filename == __file__
+
+
+def test_new_and_positional_spellings_do_not_warn() -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert Part(4).head_dim == Part(head_dim=4).head_dim == 4
+        assert doubled(3) == doubled(head_dim=3) == 6
+
+
+def test_old_and_new_spelling_together_are_refused_by_name() -> None:
+    both = r"^Part: got both `d` and `head_dim`; `d` is renamed `head_dim`, pass only `head_dim`$"
+    with pytest.raises(TypeError, match=both):
+        Part(d=4, head_dim=4)
+    with pytest.raises(TypeError, match=both):  # the new parameter given by position
+        Part(4, d=4)
+    with pytest.raises(TypeError, match="got both `dim` and `head_dim`"):
+        doubled(3, dim=3)
+
+
+def test_deprecated_and_refused_names_live_on_one_wrapper() -> None:
+    with pytest.raises(TypeError, match=r"^Part: `heads` is now `num_heads`$"):
+        Part(4, heads=2)
+    assert list(inspect.signature(Part).parameters) == ["head_dim", "num_heads", "scale"]
+    assert Part.__init__.__deprecated_names__ == {"d": "head_dim"}
+    assert Part.__init__.__renamed__ == {"heads": "num_heads"}
+    assert Part.__init__.__renamed_wrapped__.__qualname__ == "Part.__init__"
+
+
+def test_refusing_a_deprecated_name_later_ends_its_deprecation() -> None:
+    @renamed(d="head_dim")
+    class Removed(Part):
+        pass
+
+    with pytest.raises(TypeError, match=r"^Removed: `d` is now `head_dim`$"):
+        Removed(d=4)
+    assert Removed.__init__.__deprecated_names__ == {}
+    with pytest.warns(DeprecationWarning):  # the parent is untouched
+        Part(d=4)
+
+
+def test_bad_deprecations_are_refused_at_decoration() -> None:
+    with pytest.raises(TypeError, match="still takes 'd'"):
+
+        @deprecated_names(d="head_dim")
+        def still(d: int, head_dim: int) -> None: ...
+
+    with pytest.raises(TypeError, match="no parameter 'head_dim'"):
+
+        @deprecated_names(d="head_dim")
+        def missing(embed_dim: int) -> None: ...
+
+    with pytest.raises(TypeError, match="must be an identifier"):
+        deprecated_names(d=None)  # type: ignore[arg-type]
+
+
+def test_registry_build_accepts_a_deprecated_keyword_with_the_warning() -> None:
+    from attnkit.registry import Registry
+
+    reg = Registry("thing")
+    reg.register("part")(Part)
+    with pytest.warns(DeprecationWarning, match="d= is renamed head_dim="):
+        part = reg.build("part", d=4, num_heads=2)
+    assert (part.head_dim, part.num_heads) == (4, 2)
+    with pytest.raises(TypeError, match=r"thing 'part': got both `d` and `head_dim`"):
+        reg.build("part", d=4, head_dim=4)
+    with pytest.raises(TypeError, match=r"thing 'part': `heads` is now `num_heads`"):
+        reg.build("part", head_dim=4, heads=2)
+    with pytest.raises(TypeError, match=r"thing 'part': missing a required argument: 'head_dim'"):
+        reg.build("part", num_heads=2)
 
 
 def test_validators_name_the_argument() -> None:

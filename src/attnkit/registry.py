@@ -19,8 +19,10 @@ class Registry(Generic[T]):
 
     ``build(name, **kw)`` binds ``kw`` against the class signature first, so a misspelt or missing
     argument raises ``TypeError`` naming it, and an unknown name raises ``ValueError`` listing the
-    options and the closest match. ``renamed`` maps a name that a part was registered under
-    before to its name now: asking for the old one raises ``ValueError`` naming the new one.
+    options and the closest match; a keyword that the class still accepts under its old name
+    (:func:`attnkit.arguments.deprecated_names`) is bound under its new one, and the class
+    warns. ``renamed`` maps a name that a part was registered under before to its name now:
+    asking for the old one raises ``ValueError`` naming the new one.
     """
 
     # Every registry made, so that a sandbox (a documentation example, a test) can put all of
@@ -102,10 +104,24 @@ class Registry(Generic[T]):
         cls = self.get(name)
         signature = inspect.signature(cls)
         params = signature.parameters
-        moved = getattr(getattr(cls, "__init__", None), "__renamed__", {})
+        init = getattr(cls, "__init__", None)
+        moved = getattr(init, "__renamed__", {})
+        # old keywords still accepted for a release (arguments.deprecated_names): bound under
+        # their new names here, passed as given so that the class warns
+        deprecated = getattr(init, "__deprecated_names__", {})
+        bound = dict(kwargs)
         for key in kwargs:
             if key in moved and key not in params:
                 raise TypeError(f"{self.kind} {name!r}: `{key}` is now `{moved[key]}`")
+            if key in deprecated and key not in params:
+                new = deprecated[key]
+                if new in kwargs:
+                    raise TypeError(
+                        f"{self.kind} {name!r}: got both `{key}` and `{new}`; `{key}` is "
+                        f"renamed `{new}`, pass only `{new}`"
+                    )
+                bound[new] = bound.pop(key)
+                continue
             if key not in params:
                 close = difflib.get_close_matches(key, params, n=1)
                 hint = f" (did you mean {close[0]!r}?)" if close else ""
@@ -114,7 +130,7 @@ class Registry(Generic[T]):
                     f"it takes: {', '.join(params)}"
                 )
         try:
-            signature.bind(**kwargs)
+            signature.bind(**bound)
         except TypeError as err:
             raise TypeError(f"{self.kind} {name!r}: {err}") from None
         return cls(**kwargs)
