@@ -160,3 +160,44 @@ def test_the_direct_route_steps_aside_for_listeners_and_a_kernel_tried_first():
     used.clear()
     mha(x)
     assert not used
+
+
+class _PerHeadScale(ak.qk_chain.QKTransform):
+    """Scales each head's keys by its own factor: not the same for every head."""
+
+    def __init__(self, heads: int) -> None:
+        super().__init__()
+        self.scale = torch.nn.Parameter(torch.linspace(0.5, 2.0, heads).view(heads, 1, 1))
+
+    def forward(self, q, k):
+        return q, k * self.scale
+
+
+@pytest.mark.parametrize("alike", [True, False])
+def test_grouped_keys_are_placed_per_head_unless_every_head_is_alike(alike):
+    """A grouped-query layer places each key head once only when its chain and scheme declare
+    ``same_for_every_head``; a per-head step sees the keys per query head. Either way cached
+    decoding equals the causal pass, and the whole pass equals the dense kernel."""
+    torch.manual_seed(3)
+    heads, kv_heads, d = 4, 2, 6
+    step = ak.qk_chain.HeadNorm(d) if alike else _PerHeadScale(heads)
+    mha = ak.MultiHeadAttention(
+        24, heads, num_kv_heads=kv_heads, position="rope", qk=[step, "position"]
+    ).double()
+    with torch.no_grad():
+        for p in step.parameters():
+            p.copy_(torch.linspace(0.5, 2.0, p.numel()).view_as(p))
+    ref = ak.MultiHeadAttention(
+        24, heads, num_kv_heads=kv_heads, position="rope", qk=[step, "position"], kernel="dense"
+    ).double()
+    ref.load_state_dict(mha.state_dict())
+    x = torch.randn(2, 7, 24, dtype=torch.float64)
+    mask = ak.masks.causal(7)
+    want = ref(x, mask=mask).context
+    mha(x, mask=mask)
+    torch.testing.assert_close(mha(x, mask=mask).context, want)
+    assert next(iter(mha._plans.values())).heads_alike is alike
+    cache = ak.kv_cache.LayerCache()
+    steps = [mha(x[:, :2], mask=ak.masks.causal(2), cache=cache).context]
+    steps += [mha(x[:, i : i + 1], cache=cache).context for i in range(2, 7)]
+    torch.testing.assert_close(torch.cat(steps, 1), want)

@@ -133,11 +133,14 @@ class LayerPlan:
             term on the values.
         plain_mask: the caller's mask, per head, is the part's mask.
         direct: the part may evaluate the call directly (:meth:`attnkit.Attention.direct`).
+        heads_alike: the q/k chain's steps and the position scheme do the same to every head
+            (``same_for_every_head``): a grouped-query layer places each key head once.
     """
 
     places: bool
     plain_mask: bool
     direct: bool
+    heads_alike: bool
 
     @classmethod
     def resolve(cls, layer: Any, need_weights: bool) -> LayerPlan:
@@ -155,4 +158,5 @@ class LayerPlan:
                 and type(part).forward is Attention.forward
                 and type(part).direct is Attention.direct
             ),
+            heads_alike=layer._heads_alike(),
         )

@@ -574,16 +574,20 @@ class MultiHeadAttention(nn.Module):
             and self.attention.score.num_heads is None
             and (mask is None or mask.dim() <= query.dim())  # (not per head)
         )
+        alike = plan is not None and plan.heads_alike  # (each key head placed once)
         if step.decoding and places and self._places_into(step.cache):
             q, k, v, bias, value_term = self._place_then_extend(
-                q, k, v, bias, query, step, share=not grouped
+                q, k, v, bias, query, step, share=not grouped, alike=alike
             )
         else:
             k, v, k_offset = step.extend(k, v, key.shape[-2])
             if places:
-                k, v = self._share_kv_heads(k, v)
-                grouped = False
+                if not alike:
+                    k, v = self._share_kv_heads(k, v)
+                    grouped = False
                 q, k, bias, value_term = self._place(q, k, bias, query, step.offset, k_offset)
+                if alike and not grouped:
+                    k, v = self._share_kv_heads(k, v)
             else:
                 if not grouped:
                     k, v = self._share_kv_heads(k, v)
@@ -605,7 +609,8 @@ class MultiHeadAttention(nn.Module):
         """Whether this layer's keys go into ``cache`` placed at their positions: the cache
         declares ``holds_placed_keys`` and the position scheme transforms each token by its own
         position alone, without a bias or a term on the values (the q/k chain's steps act on
-        each position alone by their contract)."""
+        each position alone by their contract); with grouped heads, the query heads of a group
+        get equal placed keys (:meth:`_keys_alike_in_group`)."""
         scheme = self.position
         return (
             cache is not None
@@ -613,6 +618,20 @@ class MultiHeadAttention(nn.Module):
             and scheme.per_token
             and not scheme.reads_total_length
             and not scheme.adds_bias
+            and (self.num_kv_heads == self.num_heads or self._keys_alike_in_group())
+        )
+
+    def _heads_alike(self) -> bool:
+        """Whether the q/k chain's steps and the position scheme do the same to every head."""
+        return self.position.same_for_every_head and all(
+            step.same_for_every_head for step in self.qk
+        )
+
+    def _keys_alike_in_group(self) -> bool:
+        """Whether the query heads that share a key/value head get equal placed keys (then one
+        per key/value head is cached)."""
+        return self.position.same_for_every_head and all(
+            step.same_for_every_head or step.keys_alike_in_group for step in self.qk
         )
 
     def _place_then_extend(
@@ -625,16 +644,22 @@ class MultiHeadAttention(nn.Module):
         step: _NoCache,
         *,
         share: bool = True,
+        alike: bool = False,
     ) -> tuple[Tensor, Tensor, Tensor, Tensor | None, ValueTerm | None]:
         """The new keys placed at their positions (after ``step.offset`` cached ones), then
         appended to a cache of placed keys: the cached keys are not placed again at every step.
-        Placed per query head (as the chain and scheme see them), kept per key/value head."""
-        shared_k, _ = self._share_kv_heads(k, k[..., :0, :0])
-        q, placed, bias, value_term = self._place(
-            q, shared_k, bias, query, step.offset, step.offset
-        )
-        group = self.num_heads // self.num_kv_heads
-        placed = placed if group == 1 else placed[..., ::group, :, :]
+        Placed per query head (as the chain and scheme see them), kept per key/value head; with
+        ``alike`` (the chain and scheme do the same to every head) each key head is placed once.
+        ``share``: the keys and values returned per query head (else per key/value head)."""
+        if alike:
+            q, placed, bias, value_term = self._place(q, k, bias, query, step.offset, step.offset)
+        else:
+            shared_k, _ = self._share_kv_heads(k, k[..., :0, :0])
+            q, placed, bias, value_term = self._place(
+                q, shared_k, bias, query, step.offset, step.offset
+            )
+            group = self.num_heads // self.num_kv_heads
+            placed = placed if group == 1 else placed[..., ::group, :, :]
         k, v, _ = step.extend(placed, v, k.shape[-2])
         if share:
             k, v = self._share_kv_heads(k, v)
@@ -652,6 +677,11 @@ class MultiHeadAttention(nn.Module):
         self, query: Tensor, key: Tensor, value: Tensor
     ) -> tuple[Tensor, Tensor, Tensor]:
         """q (…, H, M, d), k (…, H_kv, N, d), v (…, H_kv, N, d): Q W^Q, K W^K, V W^V by head."""
+        if self.packed and key is query and value is query and self.num_kv_heads == self.num_heads:
+            # self-attention: the one packed product, its heads split in one step
+            qkv = F.linear(query, self.in_proj_weight, self.in_proj_bias)
+            qkv = qkv.unflatten(-1, (3, self.num_heads, self.head_dim)).movedim(-3, 0)
+            return tuple(qkv.transpose(-2, -3).unbind(0))  # type: ignore[return-value]
         q, k, v = self._project(query, key, value)
         kv_heads = self.num_kv_heads
         return self._split_heads(q), self._split_heads(k, kv_heads), self._split_heads(v, kv_heads)

@@ -25,7 +25,7 @@ head h // (H / H_kv). The default chain is ``("position",)``. Steps run per toke
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
@@ -43,7 +43,20 @@ _KINDS = ("rms", "layer")
 class QKTransform(nn.Module):
     """One step of the q/k chain: ``forward(q, k) -> (q, k)`` on per-head q (B, …, H, M, d)
     and k (B, …, H, N, d). A step must act on each position alone (a KV cache re-applies it to
-    the cached keys at every step)."""
+    the cached keys at every step).
+
+    Capabilities (class data, False by default), read by grouped-query layers:
+
+    - ``same_for_every_head``: the step does the same to every head and takes keys with fewer
+      heads than the queries; each key/value head is then transformed once, not once per
+      query head that reads it.
+    - ``keys_alike_in_group``: the keys it gives the query heads that share a key/value head
+      are equal (a KV cache of transformed keys then keeps one per key/value head); implied
+      by ``same_for_every_head``. Without either, a grouped-query layer keeps the keys
+      untransformed in its cache and transforms the cache again at every step."""
+
+    same_for_every_head: ClassVar[bool] = False
+    keys_alike_in_group: ClassVar[bool] = False
 
     def forward(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
         raise NotImplementedError
@@ -109,6 +122,7 @@ class HeadNorm(_Norm):
     """
 
     dims = (-1,)
+    same_for_every_head = True  # (one gain for every head)
 
     def __init__(
         self,
@@ -147,6 +161,9 @@ class ProjectionNorm(_Norm):
     """
 
     dims = (-3, -1)
+    # the norm reads the key heads once each (repeated for their groups) and each key head's
+    # gains are repeated for the query heads that share it
+    keys_alike_in_group = True
 
     def __init__(
         self,

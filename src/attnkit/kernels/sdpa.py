@@ -11,7 +11,7 @@ from torch import Tensor
 from attnkit.alignments import Alignment
 from attnkit.inputs import broadcast_shapes
 from attnkit.kernels.base import Call, Kernel, register
-from attnkit.kernels.block_mask import AUTO_MIN_BLOCKS, DEFAULT_BLOCK
+from attnkit.kernels.block_mask import from_dense_auto
 from attnkit.kernels.prepare import clear_masked
 from attnkit.output import AttentionOutput
 from attnkit.scores import Score
@@ -53,10 +53,12 @@ def _is_causal(mask: Tensor | None, m: int, n: int) -> bool:
 def _grouped(q: Tensor, k: Tensor, v: Tensor) -> bool:
     """Whether q (B, H, M, d) and k, v (B, H_kv, N, ·) differ only in their heads, H a multiple
     of H_kv (grouped-query attention, which SDPA evaluates without repeating k and v)."""
-    if q.dim() != 4 or k.shape[:-2] != v.shape[:-2] or q.shape[:-3] != k.shape[:-3]:
+    if q.dim() != 4 or k.dim() != 4:
         return False
-    h, h_kv = q.shape[-3], k.shape[-3]
-    return h != h_kv and h % h_kv == 0
+    h, h_kv = q.shape[1], k.shape[1]
+    if h == h_kv or h % h_kv:
+        return False
+    return k.shape[:-2] == v.shape[:-2] and q.shape[0] == k.shape[0]
 
 
 def can_dispatch(score: Score, align: Alignment, *, need_weights: bool) -> bool:
@@ -122,6 +124,8 @@ def direct(
     mask: Tensor | None = None,
     bias: Tensor | None = None,
     dropout: float = 0.0,
+    additive: Tensor | None = None,
+    keep_masked: bool = False,
 ) -> AttentionOutput | None:
     """The call evaluated here directly, as automatic kernel selection would evaluate it, for a
     caller whose plan has checked its inputs (:mod:`attnkit.call_plan`): q (…, M, d),
@@ -129,8 +133,17 @@ def direct(
     broadcast to the scores; no weights asked for. None when selection could take another
     kernel or path for it: SDPA cannot evaluate this score and alignment, a half-precision
     bias (which SDPA takes only when small), a non-finite key or value under a mask that
-    differs per query, or a dense mask that selection may evaluate block-sparsely. The caller
-    then makes the general call, which gives the reasons."""
+    differs per query, or a dense mask that selection evaluates block-sparsely
+    (:func:`attnkit.kernels.block_mask.from_dense_auto`). The caller then makes the general
+    call, which gives the reasons.
+
+    The two options of :meth:`attnkit.kernels.Kernel.direct`: ``additive`` (the mask and bias
+    as one float mask, every query row with a key) is what SDPA gets in place of ``mask`` and
+    ``bias`` (so a caller whose mask is exactly causal gives none, and SDPA's causal mode
+    runs); with ``keep_masked`` the masked keys and values are neither cleared nor looked at (a
+    non-finite one makes its query rows non-finite, as in attention that adds its mask to the
+    scores), so no call is refused for one.
+    """
     if not can_dispatch(score, align, need_weights=False):
         return None
     if bias is not None and (bias.dtype in _HALF or bias.dtype != k.dtype):
@@ -139,16 +152,15 @@ def direct(
         if score.mixes_keys:
             return None
         m, n = q.shape[-2], k.shape[-2]
-        per_query = mask.dim() >= 2 and mask.shape[-2] > 1
-        if (
-            per_query
-            and mask.device.type == "cpu"
-            and min(-(-m // DEFAULT_BLOCK), -(-n // DEFAULT_BLOCK)) >= AUTO_MIN_BLOCKS
-        ):
-            return None  # (attnkit.kernels.block_mask.from_dense_auto may take it)
-        k, v, finite = clear_masked(k, v, mask, scan=False)
-        if not finite:
+        # (as selection, no block-sparse form is sought while torch.compile traces)
+        if not torch.compiler.is_compiling() and from_dense_auto(mask, (m, n)) is not None:
             return None
+        if not keep_masked:
+            k, v, finite = clear_masked(k, v, mask, scan=False)
+            if not finite:
+                return None
+        if additive is not None:
+            mask, bias = None, additive
     return attend(q, k, v, score, align, mask=mask, bias=bias, dropout=dropout)
 
 
@@ -188,8 +200,32 @@ class SDPA(Kernel):
     def attend(self, call: Call) -> AttentionOutput:
         return attend(*call.parts(), mask=call.mask, bias=call.bias, dropout=call.dropout)
 
-    def direct(self, q, k, v, score, align, *, mask=None, bias=None, dropout=0.0):
-        return direct(q, k, v, score, align, mask=mask, bias=bias, dropout=dropout)
+    def direct(
+        self,
+        q,
+        k,
+        v,
+        score,
+        align,
+        *,
+        mask=None,
+        bias=None,
+        dropout=0.0,
+        additive=None,
+        keep_masked=False,
+    ):
+        return direct(
+            q,
+            k,
+            v,
+            score,
+            align,
+            mask=mask,
+            bias=bias,
+            dropout=dropout,
+            additive=additive,
+            keep_masked=keep_masked,
+        )
 
 
 register(SDPA())

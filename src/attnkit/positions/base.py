@@ -103,6 +103,10 @@ class PositionScheme(Sized, nn.Module):
     #: (ALiBi's distance penalty, T5's buckets): :meth:`bias_at` gives it as a ``score_mod``,
     #: evaluated tile by tile (ring attention) without an (M, N) bias over the whole sequence.
     bias_of_positions: ClassVar[bool] = False
+    #: The scheme does the same to every head and takes keys with fewer heads than the queries
+    #: (no per-head parameters, no bias): grouped-query layers then place each key/value head
+    #: once, not once per query head that reads it.
+    same_for_every_head: ClassVar[bool] = False
 
     def forward(self, q: Tensor, k: Tensor, *, q_offset: int = 0, k_offset: int = 0) -> Positioned:
         raise NotImplementedError

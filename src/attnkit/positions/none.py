@@ -15,6 +15,7 @@ class NoPosition(PositionScheme):
 
     translation_invariant = True  # reads only i − j
     per_token = True  # no transform, no bias
+    same_for_every_head = True
     bias_of_positions = True
 
     def forward(self, q: Tensor, k: Tensor, *, q_offset: int = 0, k_offset: int = 0) -> Positioned:

@@ -35,6 +35,7 @@ class Rotary(PositionScheme):
     translation_invariant = True  # reads only i − j
     per_token = True  # each vector rotated by its own position
     bias_of_positions = True  # (no bias)
+    same_for_every_head = True  # (no parameters)
 
     def __init__(self, base: float = 10000.0) -> None:
         super().__init__()

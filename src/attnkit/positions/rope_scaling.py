@@ -416,6 +416,7 @@ class ScaledRotary(PositionScheme):
         self.scaling = scaling
 
     per_token = True  # each vector rotated by its own position (at the sequence's length)
+    same_for_every_head = True  # (the frequencies are the same for every head)
     bias_of_positions = True  # (no bias)
 
     def transform_at(self, x: Tensor, positions: Tensor, total: int) -> Tensor:
@@ -451,11 +452,25 @@ class ScaledRotary(PositionScheme):
             return inverse_frequencies(r, self.base), 1.0
         return self.scaling.frequencies(r, self.base, seq_len)
 
+    def _frequencies_on(
+        self, head_dim: int, seq_len: int, device: torch.device
+    ) -> tuple[Tensor, float]:
+        """:meth:`frequencies` on ``device``; without a scaling, made once per head size,
+        base and fraction (every decoding step asks again)."""
+        if self.scaling is not None:
+            theta, factor = self.frequencies(head_dim, seq_len)
+            return theta.to(device), factor
+        key = (head_dim, self.base, self.fraction, device)
+        kept = self.__dict__.get("_kept_frequencies")
+        if kept is None or kept[0] != key:
+            theta, factor = self.frequencies(head_dim, seq_len)
+            kept = self.__dict__["_kept_frequencies"] = (key, theta.to(device), factor)
+        return kept[1], kept[2]
+
     def forward(self, q: Tensor, k: Tensor, *, q_offset: int = 0, k_offset: int = 0) -> Positioned:
         check_qk(q, k, "rope_scaled", q_offset=q_offset, k_offset=k_offset)
         m, n = q.shape[-2], k.shape[-2]
-        theta, factor = self.frequencies(q.shape[-1], max(q_offset + m, k_offset + n))
-        theta = theta.to(q.device)
+        theta, factor = self._frequencies_on(q.shape[-1], max(q_offset + m, k_offset + n), q.device)
         qpos = torch.arange(q_offset, q_offset + m, device=q.device)
         cos, sin = _cos_sin(qpos, theta, factor, q.dtype)
         if (k_offset, n) != (q_offset, m):  # (the keys of self-attention share the angles)
