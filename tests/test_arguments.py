@@ -269,3 +269,73 @@ def test_public_sizes_use_the_one_spelling(target, table) -> None:
         assert new in params and old not in params
         with pytest.raises(TypeError, match=rf"`{old}` is now `{new}`"):
             target(**{old: 4})
+
+
+def _deprecated_per_head_parts():
+    """The per-head parts whose per-head size was ``d=``: (class, other arguments, inputs)."""
+    import torch
+
+    from attnkit import efficient as ef
+    from attnkit.efficient import synthesizer as sy
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 2, 6, 4, generator=g) for _ in range(3))
+    return [
+        (ef.Performer, {"n_features": 8}, (q, k, v)),
+        (ef.LSHAttention, {"n_buckets": 2, "chunk_size": 3}, (q, k, v)),
+        (ef.RoutingAttention, {"n_clusters": 2}, (q, k, v)),
+        (ef.SinkhornAttention, {"block_size": 2}, (q, k, v)),
+        (ef.RandomFeatureAttention, {"n_features": 8}, (q, k, v)),
+        (sy.DenseSynthetic, {"max_len": 6, "num_heads": 2}, (q, k)),
+        (sy.FactorizedDenseSynthetic, {"a": 2, "b": 3, "num_heads": 2}, (q, k)),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("cls", "rest", "inputs"),
+    _deprecated_per_head_parts(),
+    ids=lambda x: getattr(x, "__name__", ""),
+)
+def test_per_head_size_is_head_dim_and_d_still_works_for_a_release(cls, rest, inputs) -> None:
+    """DESIGN 8: ``head_dim`` is the one name of the per-head size; ``d=`` warns, naming it."""
+    import torch
+
+    params = inspect.signature(cls).parameters
+    assert "head_dim" in params and "d" not in params
+    torch.manual_seed(1)  # the parts that draw their weights from the global generator
+    new = cls(head_dim=4, **rest).eval()
+    torch.manual_seed(1)
+    with pytest.warns(DeprecationWarning, match=r"d= is renamed head_dim=; d= will be removed"):
+        old = cls(d=4, **rest).eval()
+    assert old.head_dim == new.head_dim == 4
+    assert type(old) is type(new) and old.extra_repr() == new.extra_repr()
+    old_state, new_state = old.state_dict(), new.state_dict()
+    assert old_state.keys() == new_state.keys()
+    for key, value in new_state.items():
+        assert torch.equal(old_state[key], value), key
+    torch.testing.assert_close(_context(old(*inputs)), _context(new(*inputs)), rtol=0, atol=0)
+    with pytest.raises(TypeError, match=rf"^{cls.__name__}: got both `d` and `head_dim`"):
+        cls(d=4, head_dim=4, **rest)
+    with pytest.raises(TypeError, match=rf"^{cls.__name__}: got both `d` and `head_dim`"):
+        cls(4, d=4, **rest)
+
+
+def _context(out):
+    return getattr(out, "context", out)
+
+
+@pytest.mark.parametrize("name", ["performer", "lsh", "routing", "sinkhorn", "rfa"])
+def test_registry_and_for_heads_take_head_dim(name) -> None:
+    from attnkit import mechanisms
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert mechanisms.build(name, head_dim=4).head_dim == 4
+        built = mechanisms.REGISTRY.get(name).for_heads(
+            embed_dim=8, num_heads=2, head_dim=4, max_len=8
+        )
+        assert built.head_dim == 4
+    with pytest.warns(DeprecationWarning, match="head_dim"):
+        assert mechanisms.build(name, d=4).head_dim == 4
+    with pytest.raises(TypeError, match=rf"mechanism '{name}': got both `d` and `head_dim`"):
+        mechanisms.build(name, d=4, head_dim=4)

@@ -55,7 +55,7 @@ def test_retention_cast_to_float64_equals_retention_built_in_float64():
 
 
 def test_a_redraw_updates_the_master():
-    p = ak.mechanisms.build("performer", d=4, n_features=6)
+    p = ak.mechanisms.build("performer", head_dim=4, n_features=6)
     p.redraw()
     drawn = p.omega.clone()
     p.double()

@@ -155,8 +155,8 @@ def _slot_parts():
             continue
     causal = {
         "linear": {},
-        "performer": {"d": 4},
-        "rfa": {"d": 4},
+        "performer": {"head_dim": 4},
+        "rfa": {"head_dim": 4},
         "fmm": {"bandwidth": 2},
         "kernel_rpe_fft": {"max_len": 8, "num_heads": 2},
     }
@@ -188,7 +188,7 @@ def test_no_attention_slot_mechanism_decodes_silently_differently_with_the_cache
 
 
 def test_a_part_that_has_not_declared_it_decodes_is_refused_with_the_reason():
-    part = ak.mechanisms.build("lsh", d=4, chunk_size=2)
+    part = ak.mechanisms.build("lsh", head_dim=4, chunk_size=2)
     mha = ak.MultiHeadAttention(8, 2, attention=part)
     with pytest.raises(ValueError, match=r"LSHAttention does not declare decodes_with_cache"):
         mha(torch.randn(1, 1, 8), cache=LayerCache())

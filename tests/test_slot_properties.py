@@ -40,9 +40,9 @@ SPECIAL = {
 # Parts that are causal by a constructor flag (or by construction), not by a mask.
 CAUSAL = {
     "linear (causal)": lambda: ak.mechanisms.build("linear", causal=True),
-    "performer (causal)": lambda: ak.mechanisms.build("performer", d=D, causal=True),
-    "rfa (causal)": lambda: ak.mechanisms.build("rfa", d=D, causal=True),
-    "rfa (causal, gated)": lambda: ak.mechanisms.build("rfa", d=D, causal=True, gate=True),
+    "performer (causal)": lambda: ak.mechanisms.build("performer", head_dim=D, causal=True),
+    "rfa (causal)": lambda: ak.mechanisms.build("rfa", head_dim=D, causal=True),
+    "rfa (causal, gated)": lambda: ak.mechanisms.build("rfa", head_dim=D, causal=True, gate=True),
     "fmm (causal)": lambda: ak.mechanisms.build("fmm", bandwidth=2, causal=True),
     "kernel_rpe_fft (causal)": lambda: ak.mechanisms.build(
         "kernel_rpe_fft", max_len=MAX_LEN, num_heads=H, causal=True

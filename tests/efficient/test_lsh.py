@@ -226,7 +226,7 @@ def test_bad_arguments_are_refused():
         LSHAttention(4, chunk_size=0)
     part = LSHAttention(4)
     q = torch.randn(2, 5, 4)
-    with pytest.raises(ValueError, match=r"LSHAttention\(d=4\) got q with 3 features"):
+    with pytest.raises(ValueError, match=r"LSHAttention\(head_dim=4\) got q with 3 features"):
         part(torch.randn(2, 5, 3), torch.randn(2, 5, 3), torch.randn(2, 5, 3))
     with pytest.raises(ValueError, match="shared QK"):
         part(q, None, torch.randn(2, 6, 4))

@@ -103,7 +103,7 @@ def test_in_multi_head_attention_and_errors():
         RoutingAttention(4, decay=1.0)
     with pytest.raises(ValueError, match="n_clusters"):
         RoutingAttention(4, n_clusters=0)
-    with pytest.raises(ValueError, match=r"RoutingAttention\(d=4\) got q with 3 features"):
+    with pytest.raises(ValueError, match=r"RoutingAttention\(head_dim=4\) got q with 3 features"):
         RoutingAttention(4)(*(torch.randn(2, 5, 3) for _ in range(3)))
     with pytest.raises(ValueError, match="mask"):
         RoutingAttention(4)(x[..., :4], x[..., :4], x, mask=torch.ones(2, 5, 6, dtype=torch.bool))

@@ -26,7 +26,7 @@ def _balanced(r, n_iter):
 
 
 def _reference(part, q, k, v, lengths):
-    b, d = part.block_size, part.d
+    b, d = part.block_size, part.head_dim
     out = torch.zeros(q.shape[0], q.shape[1], v.shape[-1], dtype=D)
     for z in range(q.shape[0]):
         n = int(lengths[z])

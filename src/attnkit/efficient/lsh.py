@@ -53,12 +53,14 @@ def _pairs(x: Tensor, qi: Tensor, kj: Tensor) -> Tensor:
 
 
 @REGISTRY.register("lsh")
+@arguments.deprecated_names(d="head_dim")
 class LSHAttention(HeadAttention):
     """Reformer LSH attention, a per-head part: ``part(q, k, v, *, mask, bias, need_weights)``
     with q (B, …, M, d), k (B, …, N, d) or None (shared QK: k_j = q_j / ‖q_j‖), v (B, …, N, d_v).
 
     Args:
-        d: query/key size (the rotations are d × n_buckets/2).
+        head_dim: d, the query/key size (the rotations are d × n_buckets/2); ``d=`` is its
+            old name, accepted with a DeprecationWarning until the next release.
         n_buckets: number of hash buckets, 1 or even.
         n_rounds: hash rounds (each with its own rotation).
         chunk_size: length c of the chunks of the bucket-sorted sequence; a query attends keys of
@@ -76,7 +78,7 @@ class LSHAttention(HeadAttention):
     """
 
     # for_heads: the constructor arguments each size fills (attnkit.sizing.build)
-    size_arguments: ClassVar[dict[str, str]] = {"d": "head_dim"}
+    size_arguments: ClassVar[dict[str, str]] = {"head_dim": "head_dim"}
 
     # capabilities (attnkit.head.HeadAttention)
     causal_form: ClassVar[bool] = True
@@ -87,7 +89,7 @@ class LSHAttention(HeadAttention):
 
     def __init__(
         self,
-        d: int,
+        head_dim: int,
         n_buckets: int = 8,
         n_rounds: int = 2,
         chunk_size: int = 32,
@@ -97,7 +99,7 @@ class LSHAttention(HeadAttention):
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
-        arguments.positive_int(d, "d")
+        arguments.positive_int(head_dim, "head_dim")
         arguments.positive_int(n_buckets, "n_buckets")
         arguments.positive_int(n_rounds, "n_rounds")
         arguments.positive_int(chunk_size, "chunk_size")
@@ -107,9 +109,10 @@ class LSHAttention(HeadAttention):
                 f"n_buckets must be 1 or even (angular LSH hashes to argmax over [xR; −xR]), "
                 f"got {n_buckets}"
             )
-        self.d, self.n_buckets, self.n_rounds, self.chunk_size = d, n_buckets, n_rounds, chunk_size
+        self.head_dim, self.n_buckets = head_dim, n_buckets
+        self.n_rounds, self.chunk_size = n_rounds, chunk_size
         g = torch.Generator().manual_seed(seed)
-        rot = torch.randn(n_rounds, d, max(n_buckets // 2, 1), generator=g)
+        rot = torch.randn(n_rounds, head_dim, max(n_buckets // 2, 1), generator=g)
         self.register_buffer("rotations", rot.to(device=device, dtype=dtype))
         self.align = Softmax()
 
@@ -126,7 +129,7 @@ class LSHAttention(HeadAttention):
 
     def extra_repr(self) -> str:
         return (
-            f"d={self.d}, n_buckets={self.n_buckets}, n_rounds={self.n_rounds}, "
+            f"head_dim={self.head_dim}, n_buckets={self.n_buckets}, n_rounds={self.n_rounds}, "
             f"chunk_size={self.chunk_size}"
         )
 
@@ -162,8 +165,10 @@ class LSHAttention(HeadAttention):
                 f"{tuple(q.shape)}, v {tuple(v.shape)}"
             )
         lead = check_head_inputs(q, k, v, mask, bias, "LSHAttention")
-        if q.shape[-1] != self.d:
-            raise ValueError(f"LSHAttention(d={self.d}) got q with {q.shape[-1]} features")
+        if q.shape[-1] != self.head_dim:
+            raise ValueError(
+                f"LSHAttention(head_dim={self.head_dim}) got q with {q.shape[-1]} features"
+            )
         m, n, d = q.shape[-2], k.shape[-2], q.shape[-1]
         qz = q.broadcast_to(*lead, m, d).reshape(-1, m, d)
         kz = k.broadcast_to(*lead, n, d).reshape(-1, n, d)

@@ -76,12 +76,14 @@ def orthogonal_gaussian_features(m: int, d: int, generator: torch.Generator) -> 
 
 
 @REGISTRY.register("performer")
+@arguments.deprecated_names(d="head_dim")
 class Performer(DerivedBuffers, HeadAttention):
     """FAVOR+ attention, a per-head part ``part(q, k, v, *, mask, bias, need_weights)`` with q
     (B, …, M, d), k (B, …, N, d), v (B, …, N, d_v) → context (B, …, M, d_v).
 
     Args:
-        d: query/key size.
+        head_dim: d, the query/key size; ``d=`` is its old name, accepted with a
+            DeprecationWarning until the next release.
         n_features: m, the number of random features.
         kernel: ``"softmax"`` (positive random features, FAVOR+) or ``"relu"``.
         orthogonal: draw orthogonal blocks (True) or i.i.d. Gaussian features.
@@ -94,7 +96,7 @@ class Performer(DerivedBuffers, HeadAttention):
     """
 
     # for_heads: the constructor arguments each size fills (attnkit.sizing.build)
-    size_arguments: ClassVar[dict[str, str]] = {"d": "head_dim"}
+    size_arguments: ClassVar[dict[str, str]] = {"head_dim": "head_dim"}
 
     # capabilities (attnkit.head.HeadAttention)
     causal_form: ClassVar[bool] = True
@@ -106,7 +108,7 @@ class Performer(DerivedBuffers, HeadAttention):
 
     def __init__(
         self,
-        d: int,
+        head_dim: int,
         n_features: int = 256,
         *,
         kernel: str = "softmax",
@@ -119,7 +121,7 @@ class Performer(DerivedBuffers, HeadAttention):
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
-        self.d = arguments.positive_int(d, "d")
+        self.head_dim = arguments.positive_int(head_dim, "head_dim")
         self.n_features = arguments.positive_int(n_features, "n_features")
         if kernel not in KERNELS:
             raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
@@ -149,13 +151,13 @@ class Performer(DerivedBuffers, HeadAttention):
 
     def extra_repr(self) -> str:
         return (
-            f"d={self.d}, n_features={self.n_features}, kernel={self.kernel!r}, "
+            f"head_dim={self.head_dim}, n_features={self.n_features}, kernel={self.kernel!r}, "
             f"orthogonal={self.orthogonal}, causal={self.causal}, redraw_every={self.redraw_every}"
         )
 
     def _draw(self) -> Tensor:
         draw = orthogonal_gaussian_features if self.orthogonal else gaussian_features
-        return draw(self.n_features, self.d, self._generator).double()
+        return draw(self.n_features, self.head_dim, self._generator).double()
 
     @torch.no_grad()
     def redraw(self) -> None:
@@ -176,14 +178,14 @@ class Performer(DerivedBuffers, HeadAttention):
 
     def _logits(self, x: Tensor) -> Tensor:
         """ω_i·x − ‖x‖²/2 with x scaled by d^{−1/4} (Lemma 1's exponent), (…, L, m)."""
-        x = x * self.d**-0.25
+        x = x * self.head_dim**-0.25
         wx = x @ self.omega.to(x.dtype).T
         return wx - (x * x).sum(-1, keepdim=True) / 2
 
     def _query_features(self, x: Tensor) -> Tensor:
         # A per-row constant cancels in each query's normalisation: −‖x‖²/2 is one, so only
         # ω·x is formed, less its row maximum (and with 1/√m as log √m in the exponent).
-        wx = (x * self.d**-0.25) @ self.omega.to(x.dtype).T
+        wx = (x * self.head_dim**-0.25) @ self.omega.to(x.dtype).T
         shift = wx.amax(-1, keepdim=True).detach() + 0.5 * math.log(self.n_features)
         return wx.sub_(shift).exp_()
 
@@ -230,8 +232,8 @@ class Performer(DerivedBuffers, HeadAttention):
         if rows is not None:  # queries after a KV cache: the last rows of the causal sequence
             return rows
         lead = broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
-        if q.shape[-1] != self.d:
-            raise ValueError(f"{who}(d={self.d}) got q with {q.shape[-1]} features")
+        if q.shape[-1] != self.head_dim:
+            raise ValueError(f"{who}(head_dim={self.head_dim}) got q with {q.shape[-1]} features")
         if self.causal:
             check_causal(q, k, who)
         if self.training and self.redraw_every is not None:

@@ -47,12 +47,14 @@ def _unit(x: Tensor) -> Tensor:
 
 
 @REGISTRY.register("rfa")
+@arguments.deprecated_names(d="head_dim")
 class RandomFeatureAttention(DerivedBuffers, HeadAttention):
     """RFA, a per-head part ``part(q, k, v, *, mask, bias, need_weights)`` with q (B, …, M, d),
     k (B, …, N, d), v (B, …, N, d_v) → context (B, …, M, d_v).
 
     Args:
-        d: query/key size.
+        head_dim: d, the query/key size; ``d=`` is its old name, accepted with a
+            DeprecationWarning until the next release.
         n_features: D, the number of random frequencies (φ has 2D entries).
         sigma: initial σ (softmax temperature σ² over unit vectors); learned per dimension.
         causal: query i attends keys j ≤ i (needs M = N).
@@ -64,7 +66,7 @@ class RandomFeatureAttention(DerivedBuffers, HeadAttention):
     """
 
     # for_heads: the constructor arguments each size fills (attnkit.sizing.build)
-    size_arguments: ClassVar[dict[str, str]] = {"d": "head_dim"}
+    size_arguments: ClassVar[dict[str, str]] = {"head_dim": "head_dim"}
 
     # capabilities (attnkit.head.HeadAttention)
     causal_form: ClassVar[bool] = True
@@ -77,7 +79,7 @@ class RandomFeatureAttention(DerivedBuffers, HeadAttention):
 
     def __init__(
         self,
-        d: int,
+        head_dim: int,
         n_features: int = 128,
         *,
         sigma: float = 1.0,
@@ -89,7 +91,7 @@ class RandomFeatureAttention(DerivedBuffers, HeadAttention):
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
-        self.d = arguments.positive_int(d, "d")
+        self.head_dim = d = arguments.positive_int(head_dim, "head_dim")
         self.n_features = arguments.positive_int(n_features, "n_features")
         sigma = arguments.finite_float(sigma, "sigma")
         if sigma <= 0:
@@ -127,7 +129,10 @@ class RandomFeatureAttention(DerivedBuffers, HeadAttention):
         return [tx.Scoring.SIMILARITY, tx.AlignmentKind.SOFT]
 
     def extra_repr(self) -> str:
-        return f"d={self.d}, n_features={self.n_features}, causal={self.causal}, gate={self.gated}"
+        return (
+            f"head_dim={self.head_dim}, n_features={self.n_features}, causal={self.causal}, "
+            f"gate={self.gated}"
+        )
 
     def features(self, x: Tensor) -> Tensor:
         """φ(x̂) (…, L, 2D) of the unit vectors x̂ = x/‖x‖ (RFA eq. 2)."""
@@ -158,8 +163,8 @@ class RandomFeatureAttention(DerivedBuffers, HeadAttention):
         if rows is not None:  # queries after a KV cache: the last rows of the causal sequence
             return rows
         lead = broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
-        if q.shape[-1] != self.d:
-            raise ValueError(f"{who}(d={self.d}) got q with {q.shape[-1]} features")
+        if q.shape[-1] != self.head_dim:
+            raise ValueError(f"{who}(head_dim={self.head_dim}) got q with {q.shape[-1]} features")
         if self.causal:
             check_causal(q, k, who)
         keep = kz.key_mask(mask, torch.Size((*lead, q.shape[-2], k.shape[-2])), who)

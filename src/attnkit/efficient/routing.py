@@ -52,12 +52,14 @@ def _unit(x: Tensor) -> Tensor:
 
 
 @REGISTRY.register("routing")
+@arguments.deprecated_names(d="head_dim")
 class RoutingAttention(HeadAttention):
     """Routing Transformer attention, a per-head part ``part(q, k, v, *, mask, bias,
     need_weights)`` with q (B, …, M, d), k (B, …, N, d), v (B, …, N, d_v).
 
     Args:
-        d: query/key size (of the centroids).
+        head_dim: d, the query/key size (of the centroids); ``d=`` is its old name, accepted
+            with a DeprecationWarning until the next release.
         n_clusters: number of k-means centroids (1 gives full attention).
         decay: λ of the centroids' moving average, in [0, 1).
         seed: seed of the initial (random unit) centroids.
@@ -66,7 +68,7 @@ class RoutingAttention(HeadAttention):
     """
 
     # for_heads: the constructor arguments each size fills (attnkit.sizing.build)
-    size_arguments: ClassVar[dict[str, str]] = {"d": "head_dim"}
+    size_arguments: ClassVar[dict[str, str]] = {"head_dim": "head_dim"}
 
     # capabilities (attnkit.head.HeadAttention)
     causal_form: ClassVar[bool] = True
@@ -81,7 +83,7 @@ class RoutingAttention(HeadAttention):
 
     def __init__(
         self,
-        d: int,
+        head_dim: int,
         n_clusters: int = 4,
         *,
         decay: float = 0.999,
@@ -91,15 +93,15 @@ class RoutingAttention(HeadAttention):
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
-        arguments.positive_int(d, "d")
+        arguments.positive_int(head_dim, "head_dim")
         arguments.positive_int(n_clusters, "n_clusters")
         arguments.nonnegative_int(seed, "seed")
         if isinstance(decay, bool) or not isinstance(decay, (int, float)) or not 0 <= decay < 1:
             raise ValueError(f"decay must be a number in [0, 1), got {decay!r}")
-        self.d, self.n_clusters, self.decay = d, n_clusters, float(decay)
+        self.head_dim, self.n_clusters, self.decay = head_dim, n_clusters, float(decay)
         self.balanced = arguments.boolean(balanced, "balanced")
         g = torch.Generator().manual_seed(seed)
-        centroids = _unit(torch.randn(n_clusters, d, generator=g))
+        centroids = _unit(torch.randn(n_clusters, head_dim, generator=g))
         self.register_buffer("centroids", centroids.to(device=device, dtype=dtype))
         self.attention = Attention("scaled_dot", "softmax")
         self.align = Softmax()
@@ -121,7 +123,7 @@ class RoutingAttention(HeadAttention):
 
     def extra_repr(self) -> str:
         return (
-            f"d={self.d}, n_clusters={self.n_clusters}, decay={self.decay}, "
+            f"head_dim={self.head_dim}, n_clusters={self.n_clusters}, decay={self.decay}, "
             f"balanced={self.balanced}"
         )
 
@@ -139,8 +141,10 @@ class RoutingAttention(HeadAttention):
         bias: Tensor | None,
         need_weights: bool,
     ) -> AttentionOutput:
-        if q.shape[-1] != self.d:
-            raise ValueError(f"RoutingAttention(d={self.d}) got q with {q.shape[-1]} features")
+        if q.shape[-1] != self.head_dim:
+            raise ValueError(
+                f"RoutingAttention(head_dim={self.head_dim}) got q with {q.shape[-1]} features"
+            )
         cq, ck = self.route(q), self.route(k)
         if self.balanced:
             context, weights = self._balanced(q, k, v, mask, bias, need_weights)
@@ -161,7 +165,7 @@ class RoutingAttention(HeadAttention):
         lead = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2])
         q, k = q.broadcast_to(*lead, *q.shape[-2:]), k.broadcast_to(*lead, *k.shape[-2:])
         cq, ck = cq.broadcast_to(q.shape[:-1]), ck.broadcast_to(k.shape[:-1])
-        x = [_unit(q).reshape(-1, self.d), _unit(k).reshape(-1, self.d)]
+        x = [_unit(q).reshape(-1, self.head_dim), _unit(k).reshape(-1, self.head_dim)]
         c = [cq.reshape(-1), ck.reshape(-1)]
         if mask is not None:  # padding (a key no query may attend, a query that may attend
             # no key) does not move the centroids, whatever it holds

@@ -55,12 +55,14 @@ def sinkhorn(scores: Tensor, ok: Tensor, n_iter: int) -> Tensor:
 
 
 @REGISTRY.register("sinkhorn")
+@arguments.deprecated_names(d="head_dim")
 class SinkhornAttention(HeadAttention):
     """Sparse Sinkhorn attention (and SortCut), a per-head part ``part(q, k, v, *, mask, bias,
     need_weights)`` with q (B, …, M, d), k (B, …, N, d), v (B, …, N, d_v).
 
     Args:
-        d: query/key size.
+        head_dim: d, the query/key size; ``d=`` is its old name, accepted with a
+            DeprecationWarning until the next release.
         block_size: b, the length of the blocks that are sorted.
         sortcut: None for Sinkhorn attention (local + sorted block); an int n ≥ 1 for SortCut
             (every query attends to the first n sorted blocks only).
@@ -69,7 +71,7 @@ class SinkhornAttention(HeadAttention):
     """
 
     # for_heads: the constructor arguments each size fills (attnkit.sizing.build)
-    size_arguments: ClassVar[dict[str, str]] = {"d": "head_dim"}
+    size_arguments: ClassVar[dict[str, str]] = {"head_dim": "head_dim"}
 
     # capabilities (attnkit.head.HeadAttention)
     mask_forms: ClassVar[frozenset[str]] = frozenset({"key"})
@@ -78,7 +80,7 @@ class SinkhornAttention(HeadAttention):
 
     def __init__(
         self,
-        d: int,
+        head_dim: int,
         block_size: int = 16,
         *,
         sortcut: int | None = None,
@@ -88,18 +90,18 @@ class SinkhornAttention(HeadAttention):
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
-        arguments.positive_int(d, "d")
+        arguments.positive_int(head_dim, "head_dim")
         arguments.positive_int(block_size, "block_size")
         arguments.optional_positive_int(sortcut, "sortcut")
         arguments.positive_int(n_iter, "n_iter")
         arguments.finite_float(temperature, "temperature")
         if not temperature > 0:
             raise ValueError(f"temperature must be > 0, got {temperature!r}")
-        self.d, self.block_size, self.sortcut = d, block_size, sortcut
+        self.head_dim, self.block_size, self.sortcut = head_dim, block_size, sortcut
         self.n_iter, self.temperature = n_iter, float(temperature)
         kw = {"device": device, "dtype": dtype}
-        self.sort_query = nn.Linear(d, d, bias=False, **kw)
-        self.sort_key = nn.Linear(d, d, bias=False, **kw)
+        self.sort_query = nn.Linear(head_dim, head_dim, bias=False, **kw)
+        self.sort_key = nn.Linear(head_dim, head_dim, bias=False, **kw)
         self.align = Softmax()
 
     @classmethod
@@ -113,7 +115,7 @@ class SinkhornAttention(HeadAttention):
 
     def extra_repr(self) -> str:
         return (
-            f"d={self.d}, block_size={self.block_size}, sortcut={self.sortcut}, "
+            f"head_dim={self.head_dim}, block_size={self.block_size}, sortcut={self.sortcut}, "
             f"n_iter={self.n_iter}, temperature={self.temperature}"
         )
 
@@ -128,11 +130,14 @@ class SinkhornAttention(HeadAttention):
         need_weights: bool,
     ) -> AttentionOutput:
         lead = broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
-        if q.shape[-1] != self.d:
-            raise ValueError(f"SinkhornAttention(d={self.d}) got q with {q.shape[-1]} features")
+        if q.shape[-1] != self.head_dim:
+            raise ValueError(
+                f"SinkhornAttention(head_dim={self.head_dim}) got q with {q.shape[-1]} features"
+            )
         m, n, dv = q.shape[-2], k.shape[-2], v.shape[-1]
-        qz = q.broadcast_to(*lead, m, self.d).reshape(-1, m, self.d)
-        kz = k.broadcast_to(*lead, n, self.d).reshape(-1, n, self.d)
+        d = self.head_dim
+        qz = q.broadcast_to(*lead, m, d).reshape(-1, m, d)
+        kz = k.broadcast_to(*lead, n, d).reshape(-1, n, d)
         vz = v.broadcast_to(*lead, n, dv).reshape(-1, n, dv)
         z = qz.shape[0]
         valid = torch.ones(z, n, dtype=torch.bool, device=q.device)
@@ -152,7 +157,8 @@ class SinkhornAttention(HeadAttention):
         vb = torch.where(ok[..., None], F.pad(v, (0, 0, 0, nb * b - n)).unflatten(1, (nb, b)), 0)
         block_ok = ok.any(-1)  # (Z, nb)
         summary = kb.sum(2)  # ψ: sum pooling of each block's real keys
-        r = self.sort_query(summary) @ self.sort_key(summary).transpose(-1, -2) / math.sqrt(self.d)
+        r = self.sort_query(summary) @ self.sort_key(summary).transpose(-1, -2)
+        r = r / math.sqrt(self.head_dim)
         if self.training:  # Gumbel noise: sampling a permutation
             u = torch.rand_like(r).clamp(1e-9, 1 - 1e-9)
             r = r - torch.log(-torch.log(u))
@@ -165,7 +171,7 @@ class SinkhornAttention(HeadAttention):
         mix = mix / torch.where(sorted_ok, denom, 1.0)[:, :, None, :]
         ks = torch.einsum("zijt,zjtd->zitd", mix, kb)
         vs = torch.einsum("zijt,zjtd->zitd", mix, vb)
-        scale = self.d**-0.5
+        scale = self.head_dim**-0.5
         if self.sortcut is None:
             keys = torch.cat([kb, ks], 2)  # (Z, nb, 2b, d): own block and sorted block
             vals = torch.cat([vb, vs], 2)

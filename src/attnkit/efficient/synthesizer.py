@@ -82,14 +82,16 @@ def _check_len(n: int, max_len: int, what: str, who: str) -> None:
         raise ValueError(f"{who}(max_len={max_len}) got {what} = {n} > max_len")
 
 
+@arguments.deprecated_names(d="head_dim")
 @arguments.renamed(heads="num_heads")
 class DenseSynthetic(nn.Module):
     """Dense synthetic logits B_i = W₂ relu(W₁ q_i + b₁) + b₂ (Tay eq. 2), (…, M, N) with N ≤ ℓ.
 
     Args:
-        d: query size.
+        head_dim: d, the query size; ``d=`` is its old name, accepted with a
+            DeprecationWarning until the next release.
         max_len: ℓ, the longest key sequence.
-        d_hidden: width of the hidden layer (default d).
+        d_hidden: width of the hidden layer (default ``head_dim``).
         num_heads: H, one set of weights per head (inputs (…, H, L, d)); 1 shares them.
     """
 
@@ -97,7 +99,7 @@ class DenseSynthetic(nn.Module):
 
     def __init__(
         self,
-        d: int,
+        head_dim: int,
         max_len: int,
         d_hidden: int | None = None,
         *,
@@ -106,7 +108,7 @@ class DenseSynthetic(nn.Module):
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
-        self.d = arguments.positive_int(d, "d")
+        self.head_dim = d = arguments.positive_int(head_dim, "head_dim")
         self.max_len = arguments.positive_int(max_len, "max_len")
         self.num_heads = arguments.positive_int(num_heads, "num_heads")
         hidden = d if d_hidden is None else arguments.positive_int(d_hidden, "d_hidden")
@@ -117,12 +119,15 @@ class DenseSynthetic(nn.Module):
     def forward(self, q: Tensor, k: Tensor) -> Tensor:
         _heads_of(q, self.num_heads, "DenseSynthetic")
         _check_len(k.shape[-2], self.max_len, "N", "DenseSynthetic")
-        if q.shape[-1] != self.d:
-            raise ValueError(f"DenseSynthetic(d={self.d}) got q with {q.shape[-1]} features")
+        if q.shape[-1] != self.head_dim:
+            raise ValueError(
+                f"DenseSynthetic(head_dim={self.head_dim}) got q with {q.shape[-1]} features"
+            )
         hidden = F.relu(_linear(q, self.w1, self.b1))
         return _linear(hidden, self.w2, self.b2)[..., : k.shape[-2]]
 
 
+@arguments.deprecated_names(d="head_dim")
 @arguments.renamed(heads="num_heads")
 class FactorizedDenseSynthetic(nn.Module):
     """Factorized dense logits: A_i = W₂ᵃ relu(W₁ᵃ q_i) ∈ ℝ^a and C_i ∈ ℝ^b likewise; the logit
@@ -134,7 +139,7 @@ class FactorizedDenseSynthetic(nn.Module):
 
     def __init__(
         self,
-        d: int,
+        head_dim: int,
         a: int,
         b: int,
         d_hidden: int | None = None,
@@ -144,7 +149,7 @@ class FactorizedDenseSynthetic(nn.Module):
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
-        self.d = arguments.positive_int(d, "d")
+        self.head_dim = d = arguments.positive_int(head_dim, "head_dim")
         self.a, self.b = arguments.positive_int(a, "a"), arguments.positive_int(b, "b")
         self.num_heads = arguments.positive_int(num_heads, "num_heads")
         hidden = d if d_hidden is None else arguments.positive_int(d_hidden, "d_hidden")
@@ -161,9 +166,10 @@ class FactorizedDenseSynthetic(nn.Module):
     def forward(self, q: Tensor, k: Tensor) -> Tensor:
         _heads_of(q, self.num_heads, "FactorizedDenseSynthetic")
         _check_len(k.shape[-2], self.max_len, "N", "FactorizedDenseSynthetic")
-        if q.shape[-1] != self.d:
+        if q.shape[-1] != self.head_dim:
             raise ValueError(
-                f"FactorizedDenseSynthetic(d={self.d}) got q with {q.shape[-1]} features"
+                f"FactorizedDenseSynthetic(head_dim={self.head_dim}) got q with "
+                f"{q.shape[-1]} features"
             )
         fa = _linear(F.relu(_linear(q, self.w1a, self.b1a)), self.w2a, self.b2a)  # (…, M, a)
         fb = _linear(F.relu(_linear(q, self.w1b, self.b1b)), self.w2b, self.b2b)  # (…, M, b)
