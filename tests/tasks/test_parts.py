@@ -100,7 +100,7 @@ def test_slot_mechanisms_by_registry_and_built_with_the_model_sizes():
     assert {"linear", "performer", "rfa"} <= set(names)
     assert "memn2n" not in parts.slot_mechanisms()  # not a per-head attention part
     performer = parts.build_slot_attention("performer", head_dim=8, num_heads=2, max_len=16)
-    assert performer.d == 8 and performer.omega.shape[-1] == 8
+    assert performer.head_dim == 8 and performer.omega.shape[-1] == 8
 
 
 def test_build_slot_attention_refuses_what_it_cannot_build():
