@@ -322,3 +322,159 @@ def test_an_encoder_without_is_causal_stays_bidirectional_and_a_decoder_stays_ca
     changed[0, -1] = (ids[0, -1] + 1) % 40
     a, b = model(ids).last_hidden_state, model(changed).last_hidden_state
     assert (a[0, 0] - b[0, 0]).abs().max() > 1e-6
+
+
+# The per-call route: the kernels' direct entry, as a layer's plan takes it.
+
+TIGHT = {"atol": 1e-12, "rtol": 1e-12}
+
+
+def _gpt2_eager(**extra):
+    torch.manual_seed(0)
+    config = GPT2Config(
+        vocab_size=50,
+        n_positions=32,
+        n_embd=16,
+        n_layer=2,
+        n_head=4,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+        attn_implementation="eager",
+        **extra,
+    )
+    return GPT2LMHeadModel(config).double().eval()
+
+
+def _ids_and_padding():
+    g = torch.Generator().manual_seed(3)
+    ids = torch.randint(0, 50, (3, 10), generator=g)
+    mask = torch.ones(3, 10, dtype=torch.long)
+    mask[1, 7:] = 0
+    mask[2, 4:] = 0
+    return ids, mask
+
+
+def _no_general_path(monkeypatch):
+    """Make attnkit.attention (the validated general call) fail, so that a call that still
+    works went through the kernel's direct entry."""
+    import attnkit.integrations.transformers as tf
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the general path was taken")
+
+    monkeypatch.setattr(tf, "attention", refuse)
+
+
+def _seen_by_sdpa(monkeypatch) -> list[dict]:
+    """The keyword arguments of each torch SDPA call attnkit's SDPA kernel makes."""
+    from attnkit.kernels import sdpa
+
+    seen: list[dict] = []
+    real = sdpa.F.scaled_dot_product_attention
+
+    def spy(q, k, v, **kwargs):
+        seen.append({"k": k, **kwargs})
+        return real(q, k, v, **kwargs)
+
+    monkeypatch.setattr(sdpa.F, "scaled_dot_product_attention", spy)
+    return seen
+
+
+def test_the_swapped_model_takes_the_direct_entry_and_is_exact(monkeypatch):
+    model = _gpt2_eager()
+    ids, mask = _ids_and_padding()
+    keep = mask.bool()
+    ref = model(ids, attention_mask=mask).logits
+    ref_plain = model(ids).logits
+    ref_tokens = model.generate(ids[:1], max_new_tokens=6, do_sample=False, pad_token_id=0)
+    swap_attention(model)
+    _no_general_path(monkeypatch)
+    out = model(ids, attention_mask=mask).logits
+    torch.testing.assert_close(out[keep], ref[keep], **TIGHT)
+    torch.testing.assert_close(model(ids).logits, ref_plain, **TIGHT)
+    tokens = model.generate(ids[:1], max_new_tokens=6, do_sample=False, pad_token_id=0)
+    assert torch.equal(tokens, ref_tokens)
+
+
+def test_per_layer_scaling_is_the_models(monkeypatch):
+    # GPT-2 can divide each layer's scores by its index + 1: a scale per layer.
+    model = _gpt2_eager(scale_attn_by_inverse_layer_idx=True)
+    ids, _ = _ids_and_padding()
+    ref = model(ids).logits
+    swap_attention(model)
+    _no_general_path(monkeypatch)
+    torch.testing.assert_close(model(ids).logits, ref, **TIGHT)
+
+
+@pytest.mark.parametrize("side", ["none", "right", "left"])
+def test_each_mask_route_is_exact(monkeypatch, side):
+    # No padding: the exactly causal mask runs in SDPA's causal mode. Right padding leaves every
+    # query row a key: the model's additive mask goes to SDPA as it is. Left padding gives the
+    # padded rows none: the boolean mask, and those rows are 0.
+    model = _gpt2_eager()
+    ids, mask = _ids_and_padding()
+    if side == "none":
+        mask = torch.ones_like(mask)
+    elif side == "left":
+        mask = mask.flip(-1)
+    keep = mask.bool()
+    ref = model(ids, attention_mask=mask).logits
+    swap_attention(model)
+    _no_general_path(monkeypatch)
+    seen = _seen_by_sdpa(monkeypatch)
+    out = model(ids, attention_mask=mask).logits
+    torch.testing.assert_close(out[keep], ref[keep], **TIGHT)
+    assert len(seen) == 2  # one call per layer
+    for call in seen:
+        got = call.get("attn_mask")
+        if side == "none":
+            assert call.get("is_causal") is True and got is None
+        elif side == "right":
+            assert got.dtype == torch.float64 and bool((got == torch.finfo(got.dtype).min).any())
+        else:
+            assert got.dtype == torch.bool
+
+
+def test_grouped_query_heads_reach_sdpa_ungrouped_and_stay_exact(monkeypatch):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=50,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=32,
+        attn_implementation="sdpa",  # (Llama's eager attention takes its softmax in float32)
+    )
+    model = LlamaForCausalLM(config).double().eval()
+    ids, mask = _ids_and_padding()
+    keep = mask.bool()
+    ref = model(ids, attention_mask=mask).logits
+    ref_tokens = model.generate(ids[:1], max_new_tokens=5, do_sample=False, pad_token_id=0)
+    swap_attention(model)
+    _no_general_path(monkeypatch)
+    seen = _seen_by_sdpa(monkeypatch)
+    out = model(ids, attention_mask=mask).logits
+    torch.testing.assert_close(out[keep], ref[keep], **TIGHT)
+    assert [call["k"].shape[1] for call in seen] == [2, 2]  # k and v were not repeated
+    assert all(call.get("enable_gqa") for call in seen)
+    tokens = model.generate(ids[:1], max_new_tokens=5, do_sample=False, pad_token_id=0)
+    assert torch.equal(tokens, ref_tokens)
+
+
+def test_a_call_the_direct_entry_leaves_goes_through_attnkit_attention(monkeypatch):
+    # sparsemax is no softmax: the direct entry declines and the general call evaluates it.
+    import attnkit.integrations.transformers as tf
+
+    model = _gpt2_eager()
+    ids, mask = _ids_and_padding()
+    swap_attention(model, align="sparsemax")
+    calls = []
+    real = tf.attention
+    monkeypatch.setattr(tf, "attention", lambda *a, **k: calls.append(1) or real(*a, **k))
+    out = model(ids, attention_mask=mask).logits
+    assert len(calls) == 2 and bool(torch.isfinite(out).all())

@@ -2,11 +2,13 @@
 
 import pytest
 import torch
+import torch.nn.functional as F
 from helpers import rand
 
 from attnkit import alignments as al
 from attnkit import scores as sc
 from attnkit.kernels import dense, sdpa
+from attnkit.scores.multiplicative import FixedScaleDot
 
 DOT_FORM = {
     "dot": lambda: sc.Dot(),
@@ -106,3 +108,77 @@ def test_masks_that_are_not_exactly_causal_keep_the_mask(monkeypatch):
     bias = rand(6, 6, seed=4, grad=False)
     sdpa.attend(q, k, v, score, align, mask=causal, bias=bias)
     assert not calls[-1].get("is_causal", False)
+
+
+def _masked_reference(q, k, v, scale, allowed, bias):
+    """softmax(scale·qᵀk + bias) over the allowed keys, by a loop over rows."""
+    out = torch.zeros(*q.shape[:-1], v.shape[-1], dtype=q.dtype)
+    for b in range(q.shape[0]):
+        for h in range(q.shape[1]):
+            for i in range(q.shape[2]):
+                keys = [j for j in range(k.shape[2]) if allowed[b, 0, i, j]]
+                e = torch.stack([scale * (q[b, h, i] @ k[b, h, j]) for j in keys])
+                e = e + bias[b, 0, i, keys]
+                out[b, h, i] = torch.softmax(e, 0) @ v[b, h, keys]
+    return out
+
+
+def test_direct_takes_an_additive_mask_in_place_of_mask_and_bias(monkeypatch):
+    g = torch.Generator().manual_seed(8)
+    q, k, v = (torch.randn(2, 2, 5, 4, dtype=torch.float64, generator=g) for _ in range(3))
+    allowed = torch.rand(2, 1, 5, 5, generator=g) > 0.4
+    allowed[..., 0] = True  # every row has a key
+    bias = torch.randn(2, 1, 5, 5, dtype=torch.float64, generator=g)
+    additive = torch.where(allowed, bias, torch.finfo(torch.float64).min)
+    score, align = FixedScaleDot(0.5), al.Softmax()
+    seen = []
+    real = sdpa.F.scaled_dot_product_attention
+    monkeypatch.setattr(
+        sdpa.F,
+        "scaled_dot_product_attention",
+        lambda *a, **kw: seen.append(kw["attn_mask"]) or real(*a, **kw),
+    )
+    out = sdpa.direct(q, k, v, score, align, mask=allowed, bias=bias, additive=additive)
+    assert len(seen) == 1 and seen[0] is additive  # SDPA adds it as it is
+    ref = _masked_reference(q, k, v, 0.5, allowed, bias)
+    torch.testing.assert_close(out.context, ref, atol=1e-12, rtol=1e-12)
+
+
+@pytest.mark.parametrize("per_query", [False, True])
+def test_direct_keeps_masked_keys_as_given_only_when_asked(per_query):
+    g = torch.Generator().manual_seed(9)
+    q, k, v = (torch.randn(1, 2, 4, 3, generator=g) for _ in range(3))
+    allowed = torch.ones(1, 1, 4 if per_query else 1, 4, dtype=torch.bool)
+    allowed[..., 3] = False  # key 3 is masked for every query
+    if per_query:
+        allowed[0, 0, 0, 1] = False  # and key 1 for the first query
+    v[0, 0, 3, 0] = float("nan")  # a masked value that is not finite
+    score, align = sc.ScaledDot(), al.Softmax()
+    # as given: what SDPA with the mask gives (the model's own attention), NaN where it leaks
+    kept = sdpa.direct(q, k, v, score, align, mask=allowed, keep_masked=True)
+    expect = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed)
+    assert bool(kept.context.isnan().any())
+    torch.testing.assert_close(kept.context, expect, equal_nan=True)
+    # by default nothing masked reaches the output: cleared, or left to the general call
+    cleared = sdpa.direct(q, k, v, score, align, mask=allowed)
+    if per_query:
+        assert cleared is None
+    else:
+        clean = v.clone()
+        clean[0, 0, 3, 0] = 0.0
+        ref = F.scaled_dot_product_attention(q, k, clean, attn_mask=allowed)
+        torch.testing.assert_close(cleared.context, ref)
+
+
+def test_direct_leaves_only_masks_evaluated_block_sparsely_to_the_general_call():
+    g = torch.Generator().manual_seed(10)
+    n = 1024
+    q, k, v = (torch.randn(1, 1, n, 4, generator=g) for _ in range(3))
+    i = torch.arange(n)
+    band = ((i[:, None] - i[None, :]).abs() < 64)[None, None]  # few tiles hold a pair
+    score, align = sc.ScaledDot(), al.Softmax()
+    assert sdpa.direct(q, k, v, score, align, mask=band) is None
+    causal = (i[:, None] >= i[None, :])[None, None]  # over half of the tiles: evaluated densely
+    out = sdpa.direct(q, k, v, score, align, mask=causal)
+    ref = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    torch.testing.assert_close(out.context, ref)

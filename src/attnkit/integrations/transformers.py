@@ -18,9 +18,13 @@ modules that read the mask (NLLB-MoE's router) see what they see in eager mode.
 ships against its eager path; those it finds not reproduced are listed in :data:`NOT_EXACT`
 and refused by name.
 
-The per-call path is kept lean (:mod:`attnkit.integrations.transformers_fastpath`): the swap
-resolves its parts once, each mask's boolean form is built once per forward pass and shared by
-the layers, and calls that SDPA evaluates exactly go straight to attnkit's SDPA kernel.
+The swap does its checks at the door and trusts its calls, as a layer's plan does (DESIGN 8):
+it resolves its parts once (the model's own score, :mod:`attnkit.integrations.transformers_score`),
+each mask's attnkit form is built once per forward pass and shared by the layers
+(:mod:`attnkit.integrations.transformers_masks`), and each call goes through the direct entry of
+the kernel selection tries first (:meth:`attnkit.kernels.Kernel.direct`: SDPA, grouped-query
+heads natively, the model's additive mask as it is), as :class:`attnkit.MultiHeadAttention`'s
+calls do; a call that entry does not take is made with :func:`attnkit.attention`.
 
     from attnkit.integrations.transformers import swap_attention
     swap_attention(model, align="sparsemax")          # every attention layer now sparsemax
@@ -65,12 +69,9 @@ from attnkit import hook_points, hooks, kernels
 from attnkit.alignments import REGISTRY as ALIGNMENTS
 from attnkit.alignments import Alignment
 from attnkit.core import attention
-from attnkit.integrations.transformers_fastpath import (
-    SdpaPath,
-    eager_mask,
-    model_score,
-    split_mask,
-)
+from attnkit.integrations.transformers_masks import eager_mask, split_mask
+from attnkit.integrations.transformers_score import model_score
+from attnkit.kernels.prepare import check_for_score
 from attnkit.scores import REGISTRY as SCORES
 from attnkit.scores import Score
 
@@ -177,19 +178,19 @@ def _attention_function(
     call, so that a part replaced there (:func:`attnkit.evaluation.uniform_weights`) is the
     one used.
 
-    Calls that attnkit's SDPA kernel evaluates exactly skip :func:`attnkit.attention`'s per-call
-    validation and kernel selection (``transformers_fastpath.SdpaPath``) when no kernel is
-    forced, SDPA is the kernel automatic selection tries first (checked here, once), and the
-    parts have no parameters (nothing whose dtype or device could differ from the model's
-    tensors); every other call goes through :func:`attnkit.attention`."""
+    A call is first offered to the direct entry (:meth:`attnkit.kernels.Kernel.direct`) of
+    ``kernel``, or of the kernel automatic selection tries first, as a layer's plan offers its
+    calls (:meth:`attnkit.Attention.direct`), when the parts are the ones swapped in and have no
+    parameters (nothing whose dtype or device could differ from the model's tensors, which the
+    swap's door cannot see), no weights are asked for or listened to, and there is no
+    soft-capping or sink. The entry gets the model's grouped key/value heads as they are, the
+    model's additive mask where it stands for the mask (see
+    :func:`~attnkit.integrations.transformers_masks.split_mask`), and ``keep_masked``: masked
+    keys and values are taken as the model's own attention takes them (a non-finite one is not
+    cleared first). A call the entry does not take (None) goes through
+    :func:`attnkit.attention`, which validates it, selects a kernel and gives the reasons."""
     shared = [part for part in (score, align) if part is not None]
-    fast = (
-        kernel is None
-        and not per_layer
-        and kernels.available()[:1] == ["sdpa"]
-        and not any(True for part in shared for _ in part.parameters())
-    )
-    sdpa_path = SdpaPath()
+    direct = not per_layer and not any(True for part in shared for _ in part.parameters())
 
     def attnkit_attention(
         module: nn.Module,
@@ -203,10 +204,6 @@ def _attention_function(
     ) -> tuple[Tensor, Tensor | None]:
         # query (B, H, M, d); key, value (B, H_kv, N, d): grouped-query heads share keys.
         query, key, value = hook_points.qkv(module, query, key, value)  # (attnkit.hooks)
-        heads, kv_heads = query.shape[1], key.shape[1]
-        if kv_heads != heads:
-            key = key.repeat_interleave(heads // kv_heads, dim=1)
-            value = value.repeat_interleave(heads // kv_heads, dim=1)
         mask, bias, additive = split_mask(attention_mask, query.dtype)
         # The masks are built as for transformers' eager attention (see swap_attention), which
         # never leaves causality to the kernel: no mask means every key, as in eager.
@@ -215,15 +212,8 @@ def _attention_function(
             position_bias = position_bias.to(query.dtype)
             bias = position_bias if bias is None else bias + position_bias
             additive = None
-        mods = []
         softcap = kwargs.get("softcap")
-        if softcap is not None:  # Gemma-2's logit soft-capping: cap · tanh(e / cap)
-            mods.append(lambda e, b, h, q_idx, kv_idx: softcap * torch.tanh(e / softcap))
         sinks = kwargs.get("s_aux")
-        if sinks is not None:
-            key, value, mask, bias, sink_mod = _with_sink(heads, key, value, mask, bias, sinks)
-            mods.append(sink_mod)
-        score_mod = _chain(mods)
 
         shared_score, shared_align = score, align
         if holder is not None:
@@ -237,8 +227,10 @@ def _attention_function(
         want = bool(kwargs.get("output_attentions", False)) or hooks.listening()
         p = dropout if module.training else 0.0
         out = None
-        if fast and as_swapped and not want and score_mod is None:
-            out = sdpa_path(
+        name = kernel or kernels.REGISTRY.first()
+        if direct and as_swapped and not want and softcap is None and sinks is None and name:
+            check_for_score(query, key, value, layer_score)  # (what the door cannot know)
+            out = kernels.get(name).direct(
                 query,
                 key,
                 value,
@@ -248,8 +240,19 @@ def _attention_function(
                 bias=bias,
                 dropout=p,
                 additive=additive,
+                keep_masked=True,
             )
         if out is None:
+            heads, kv_heads = query.shape[1], key.shape[1]
+            if kv_heads != heads:
+                key = key.repeat_interleave(heads // kv_heads, dim=1)
+                value = value.repeat_interleave(heads // kv_heads, dim=1)
+            mods = []
+            if softcap is not None:  # Gemma-2's logit soft-capping: cap · tanh(e / cap)
+                mods.append(lambda e, b, h, q_idx, kv_idx: softcap * torch.tanh(e / softcap))
+            if sinks is not None:
+                key, value, mask, bias, sink_mod = _with_sink(heads, key, value, mask, bias, sinks)
+                mods.append(sink_mod)
             out = attention(
                 query,
                 key,
@@ -261,7 +264,7 @@ def _attention_function(
                 need_weights=want,
                 dropout=p,
                 kernel=kernel,
-                score_mod=score_mod,
+                score_mod=_chain(mods),
             )
         out = hook_points.attention(module, out, query, value, mask, layer_align)
         weights = out.weights
@@ -571,7 +574,7 @@ def swap_attention(
     )
     # The masks eager attention gets (additive, causality always spelled out, None only for
     # full attention): what the model's other modules (routers, poolers) read stays as in eager.
-    # Their boolean form is remembered for the attention calls (transformers_fastpath).
+    # Their boolean form is remembered for the attention calls (transformers_masks).
     transformers.AttentionMaskInterface.register(name, eager_mask)
     model.set_attn_implementation(name)
 

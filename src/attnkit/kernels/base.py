@@ -277,12 +277,27 @@ class Kernel(Capabilities):
         mask: Tensor | None = None,
         bias: Tensor | None = None,
         dropout: float = 0.0,
+        additive: Tensor | None = None,
+        keep_masked: bool = False,
     ) -> AttentionOutput | None:
         """The call of a layer whose plan has checked it (:mod:`attnkit.call_plan`) evaluated
         without building a :class:`Call`, as this kernel would evaluate it when selection takes
         it; None (the default) when the kernel offers no such entry or cannot be sure that
         selection would take it for these inputs, and the general call is made instead. No
-        weights are asked for; the inputs' sizes, dtypes and devices are checked."""
+        weights are asked for; the inputs' sizes, dtypes and devices are checked.
+
+        Two options let a caller that holds its mask in another form, or keeps other semantics
+        for masked keys, use the same entry (a kernel may ignore both):
+
+        - ``additive``: ``mask`` and ``bias`` as one float tensor in the inputs' dtype: the
+          bias (0 without one) where the mask allows a pair, at most the dtype's lowest value
+          / 2 where it does not; given only when every query row may attend some key. A kernel
+          may add it to the scores in place of applying ``mask`` and ``bias`` (still given).
+        - ``keep_masked``: the caller takes the keys and values the mask hides as given (as a
+          model's own attention does, which adds its mask to the scores): a kernel need not
+          make them unable to reach the output, so a non-finite one may make its query rows
+          non-finite.
+        """
         return None
 
     def not_preferred_reason(self, call: Call) -> str:
