@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from attnkit import tasks
 from attnkit.experiments.config import ConfigError, RunConfig, check_output_dir, parse_value
+from attnkit.tasks import parts
 
 
 @pytest.mark.parametrize("task", tasks.available())
@@ -279,3 +280,18 @@ def test_a_config_file_sets_the_task_settings_in_a_settings_table(tmp_path):
     path.write_text('task = "mqar"\nsettings = 4\n')
     with pytest.raises(ConfigError, match="settings must be dict or null, got int 4"):
         RunConfig.from_file(path)
+
+
+def test_a_resolved_configuration_is_resolved_once_until_it_changes(monkeypatch):
+    calls = []
+    build = parts.build_score
+    monkeypatch.setattr(parts, "build_score", lambda *a, **kw: calls.append(1) or build(*a, **kw))
+    config = RunConfig(task="dates", quick=True).resolved()
+    assert len(calls) == 1
+    assert config.resolved() is config and len(calls) == 1  # (the run asks again)
+    config.epochs = 0  # changed after resolving: validated again
+    with pytest.raises(ConfigError, match="epochs must be a positive int"):
+        config.resolved()
+    assert len(calls) == 1  # (refused before the parts are built)
+    again = RunConfig(task="dates", quick=True, score="general").resolved()
+    assert again.score == "general" and len(calls) == 2

@@ -283,8 +283,8 @@ def _execute(args: argparse.Namespace) -> int:
     elif args.compare:
         _compare(args, given, set(flags), options)
     else:
-        config = RunConfig(**given)
-        _check_contract([config.resolved()])
+        config = RunConfig(**given).resolved()
+        _check_contract([config])
         run(config, args.out, **options)
     return 0
 
@@ -551,7 +551,7 @@ def _compare(args: argparse.Namespace, given: dict, flags: set[str], options: di
     out = args.out or Path("runs") / f"compare-{task}-{'-'.join(keys)}-{stamp}"
     check_output_dir(out)
     rows = []
-    for (values, config), name in zip(variants, names, strict=True):
+    for (values, _), config, name in zip(variants, resolved, names, strict=True):
         run_dir, metrics = run(config, out / name, **options)
         rows.append((values, run_dir, {**metrics, **_cost(run_dir)}))
     info = {}

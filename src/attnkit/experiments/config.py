@@ -56,7 +56,16 @@ class RunConfig(RunKeys):
     """
 
     def resolved(self) -> RunConfig:
-        """Fill the task's defaults and validate; raises ConfigError naming the key."""
+        """Fill the task's defaults and validate; raises ConfigError naming the key. A
+        configuration this returned, unchanged since, is returned as it is (a run resolves its
+        configuration once, however many steps ask)."""
+        if self.__dict__.get("_resolved") == asdict(self):
+            return self
+        out = self._resolve()
+        out.__dict__["_resolved"] = asdict(out)
+        return out
+
+    def _resolve(self) -> RunConfig:
         _check_types(asdict(self), "")
         _load_imports(self.imports)
         try:
