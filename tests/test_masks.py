@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+import attnkit as ak
 from attnkit import masks
 
 
@@ -82,3 +83,19 @@ def test_a_short_mask_that_fits_two_ways_is_refused_and_one_that_fits_one_way_ta
     masks.check(torch.ones(2, 5, 5, dtype=torch.bool), torch.Size((3, 2, 5, 5)))
     with pytest.raises(ValueError, match="bias of shape"):
         masks.check_unambiguous(torch.zeros(2, 1, 5), scores, name="bias")
+
+
+def test_a_causal_mask_is_known_as_made_until_it_changes():
+    mask = masks.causal(6)
+    assert masks.is_made_causal(mask)
+    assert not masks.is_made_causal(masks.causal(4, 6))  # (not square: not remembered)
+    assert not masks.is_made_causal(torch.ones(6, 6, dtype=torch.bool).tril())  # (not made here)
+    # an in-place change is seen, and attention then honours the changed mask, not causality
+    q, k, v = torch.randn(3, 1, 6, 4, dtype=torch.float64).unbind(0)
+    mask[5, 5] = False
+    assert not masks.is_made_causal(mask)
+    got = ak.attention(q, k, v, mask=mask).context
+    want = ak.attention(q, k, v, mask=mask, kernel="dense").context
+    torch.testing.assert_close(got, want)
+    with torch.inference_mode():
+        assert not masks.is_made_causal(masks.causal(3))  # (no version counter: not remembered)

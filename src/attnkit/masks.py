@@ -7,12 +7,25 @@ gives weights 0 and context 0 (never NaN).
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 from torch import Tensor
 
 from attnkit import arguments
 
-__all__ = ["causal", "check", "check_unambiguous", "combine", "from_lengths", "window"]
+__all__ = [
+    "causal",
+    "check",
+    "check_unambiguous",
+    "combine",
+    "from_lengths",
+    "is_made_causal",
+    "window",
+]
+
+# id -> (weak reference, version) of the square causal masks made by causal(), unchanged since
+_MADE_CAUSAL: dict[int, tuple[weakref.ref, int]] = {}
 
 
 def from_lengths(lengths: Tensor, n: int) -> Tensor:
@@ -53,7 +66,29 @@ def causal(m: int, n: int | None = None, *, device: torch.device | str | None = 
     """(M, N) mask: query i may attend keys j <= i + (N - M) (aligned at the end, as SDPA)."""
     arguments.nonnegative_int(m, "m")
     n = m if n is None else arguments.nonnegative_int(n, "n")
-    return torch.ones(m, n, dtype=torch.bool, device=device).tril(diagonal=n - m)
+    mask = torch.ones(m, n, dtype=torch.bool, device=device).tril(diagonal=n - m)
+    if m == n and not torch.compiler.is_compiling():
+        try:
+            version = mask._version
+        except RuntimeError:  # an inference tensor keeps no version: not remembered
+            return mask
+        key = id(mask)
+        ref = weakref.ref(mask, lambda _, key=key: _MADE_CAUSAL.pop(key, None))
+        _MADE_CAUSAL[key] = (ref, version)
+    return mask
+
+
+def is_made_causal(mask: Tensor) -> bool:
+    """Whether ``mask`` is a square mask made by :func:`causal` and not changed since (its
+    version counter says so), so that it is the causal mask without looking at its values.
+    False says nothing: the mask may still be causal."""
+    kept = _MADE_CAUSAL.get(id(mask))
+    if kept is None or kept[0]() is not mask:
+        return False
+    try:
+        return mask._version == kept[1]
+    except RuntimeError:
+        return False
 
 
 def window(m: int, n: int, size: int, *, device: torch.device | str | None = None) -> Tensor:

@@ -28,6 +28,7 @@ from collections.abc import Sequence
 from typing import Any, ClassVar
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnkit import arguments
@@ -65,6 +66,8 @@ class QKTransform(nn.Module):
 def _normalise(x: Tensor, kind: str, eps: float, dims: tuple[int, ...]) -> Tensor:
     """x normalised over ``dims`` (no gain): x / RMS(x) for "rms", (x − mean) / std for
     "layer" (biased variance, as torch's norms), computed in at least float32."""
+    if kind == "rms" and dims == (-1,) and x.dtype in (torch.float32, torch.float64):
+        return F.rms_norm(x, (x.shape[-1],), eps=eps)  # (one fused op, the same formula)
     work = x.to(torch.promote_types(x.dtype, torch.float32))
     if kind == "layer":
         work = work - work.mean(dims, keepdim=True)

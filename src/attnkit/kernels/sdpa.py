@@ -13,6 +13,7 @@ from attnkit.inputs import broadcast_shapes
 from attnkit.kernels.base import Call, Kernel, register
 from attnkit.kernels.block_mask import from_dense_auto
 from attnkit.kernels.prepare import clear_masked
+from attnkit.masks import is_made_causal
 from attnkit.output import AttentionOutput
 from attnkit.scores import Score
 
@@ -46,6 +47,8 @@ def _is_causal(mask: Tensor | None, m: int, n: int) -> bool:
         return False
     if any(size != 1 for size in mask.shape[:-2]) or torch.compiler.is_compiling():
         return False
+    if is_made_causal(mask):
+        return True  # (made by attnkit.masks.causal and unchanged: nothing to compare)
     causal = torch.ones(m, n, dtype=torch.bool, device=mask.device).tril()
     return torch.equal(mask.reshape(m, n), causal)
 
