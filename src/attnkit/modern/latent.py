@@ -43,10 +43,11 @@ from torch import Tensor, nn
 from attnkit import arguments, checks, masks
 from attnkit import taxonomy as tx
 from attnkit.alignments import Softmax
-from attnkit.core import Attention
+from attnkit.core import Attention, AttentionOutput
 from attnkit.kv_cache import _Owned
 from attnkit.mechanisms import REGISTRY, example_tensor
 from attnkit.positions.rope import rotate
+from attnkit.positions.rope_scaling import _cos_sin, _rotate, inverse_frequencies
 from attnkit.scores.multiplicative import FixedScaleDot
 
 __all__ = [
@@ -254,24 +255,75 @@ class MultiHeadLatentAttention(nn.Module):
             f"q_rank={self.q_rank}" + ("" if self.rotary else ", rotary=False")
         )
 
-    def _queries(self, x: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
-        """q^C (…, H, L, d_h) and rotated q^R (…, H, L, d_h^R) (eqs. 12-14)."""
+    def _queries(
+        self,
+        x: Tensor,
+        positions: Tensor | None,
+        *,
+        q_latent: Tensor | None = None,
+        cos_sin: tuple[Tensor, Tensor] | None = None,
+    ) -> tuple[Tensor, Tensor]:
+        """q^C (…, H, L, d_h) and rotated q^R (…, H, L, d_h^R) (eqs. 12-14), at ``positions``
+        (L,) or by the angles ``cos_sin`` of :meth:`_angles`; ``q_latent``: c^Q when already
+        formed."""
         if self.q_rank is None:
             q = self.w_q(x)
         else:
-            q = self.w_uq(self.q_norm(self.w_dq(x)))
+            q = self.w_uq(self.q_norm(self.w_dq(x)) if q_latent is None else q_latent)
         q = q.unflatten(-1, (self.num_heads, -1)).transpose(-2, -3)
         q_c, q_r = q.split((self.head_dim, self.rope_dim), dim=-1)
-        return q_c, rotate(q_r, positions, self.rope_base) if self.rotary else q_r
+        if not self.rotary:
+            return q_c, q_r
+        if cos_sin is None:
+            return q_c, rotate(q_r, positions, self.rope_base)
+        return q_c, _rotate(q_r, *cos_sin, "interleaved")
 
-    def latents(self, x: Tensor, offset: int = 0) -> tuple[Tensor, Tensor]:
+    def _angles(self, offset: int, length: int, like: Tensor) -> tuple[Tensor, Tensor]:
+        """cos(p·θ_i) and sin(p·θ_i) (L, d_h^R/2) in ``like``'s dtype for the positions
+        p = offset … offset + L − 1, as :func:`attnkit.positions.rope.rotate` forms them
+        (float64, then rounded): rows of a table kept per dtype and device, grown by doubling,
+        so that a decoding step forms no angle."""
+        end = offset + length
+        key = (like.dtype, like.device, self.rope_dim, self.rope_base)
+        tables = self.__dict__.setdefault("_angle_tables", {})
+        table = tables.get(key)
+        if table is None or table[0].shape[0] < end:
+            size = max(64, 1 << (end - 1).bit_length())
+            theta = inverse_frequencies(self.rope_dim, self.rope_base).to(like.device)
+            positions = torch.arange(size, device=like.device)
+            table = _cos_sin(positions, theta, 1.0, like.dtype)
+            tables[key] = table
+        return table[0][offset:end], table[1][offset:end]
+
+    def latents(
+        self, x: Tensor, offset: int = 0, *, cos_sin: tuple[Tensor, Tensor] | None = None
+    ) -> tuple[Tensor, Tensor]:
         """c^KV (…, L, d_c) and the rotated shared key k^R (…, L, d_h^R) of tokens x (…, L, E)
-        at positions ``offset`` … (eqs. 9 and 15): what :class:`LatentCache` stores."""
+        at positions ``offset`` … (eqs. 9 and 15): what :class:`LatentCache` stores.
+        ``cos_sin``: the angles of those positions (:meth:`_angles`), when already formed."""
         c, k_r = self.w_dkv(x).split((self.kv_rank, self.rope_dim), dim=-1)
         if not self.rotary:
             return self.kv_norm(c), k_r
-        positions = torch.arange(offset, offset + x.shape[-2], device=x.device)
-        return self.kv_norm(c), rotate(k_r, positions, self.rope_base)
+        if cos_sin is None:
+            cos_sin = self._angles(offset, x.shape[-2], x)
+        return self.kv_norm(c), _rotate(k_r, *cos_sin, "interleaved")
+
+    def _attention(
+        self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, need_weights: bool
+    ) -> AttentionOutput:
+        """The part's call on q, k, v this layer formed (their sizes agree by construction):
+        by the part's direct entry (:meth:`attnkit.Attention.direct`) when it is the plain
+        part and no weights are asked for, else by its :meth:`~attnkit.Attention.forward`."""
+        part = self.attention
+        if (
+            not need_weights
+            and type(part).forward is Attention.forward
+            and type(part).direct is Attention.direct
+        ):
+            out = part.direct(q, k, v, mask=mask, bias=None)
+            if out is not None:
+                return out
+        return part(q, k, v, mask=mask, need_weights=need_weights)
 
     def up_projections(self) -> tuple[Tensor, Tensor]:
         """W^UK (H, d_h, d_c) and W^UV (H, d_v, d_c), views of ``w_ukv``'s weight."""
@@ -316,9 +368,26 @@ class MultiHeadLatentAttention(nn.Module):
         offset = 0 if cache is None else len(cache)
         length = x.shape[-2]
         masks.check(mask, torch.Size((*x.shape[:-2], length, offset + length)))
-        positions = torch.arange(offset, offset + length, device=x.device)
-        q_c, q_r = self._queries(x, positions)
-        c, k_r = self.latents(x, offset)
+        return self._attend(x, mask, need_weights, cache, absorbed, offset)
+
+    def _attend(
+        self,
+        x: Tensor,
+        mask: Tensor | None,
+        need_weights: bool,
+        cache: LatentCache | None,
+        absorbed: bool,
+        offset: int,
+        *,
+        q_latent: Tensor | None = None,
+        cos_sin: tuple[Tensor, Tensor] | None = None,
+    ) -> LatentOutput:
+        """:meth:`forward` after its checks; ``q_latent`` (c^Q) and ``cos_sin`` (the angles of
+        the positions, :meth:`_angles`) when the caller has formed them."""
+        if self.rotary and cos_sin is None:
+            cos_sin = self._angles(offset, x.shape[-2], x)
+        q_c, q_r = self._queries(x, None, q_latent=q_latent, cos_sin=cos_sin)
+        c, k_r = self.latents(x, offset, cos_sin=cos_sin)
         if cache is not None:
             c, k_r = cache.append(c, k_r)
         mask = None if mask is None else mask.unsqueeze(-3)  # the same for every head
@@ -326,14 +395,14 @@ class MultiHeadLatentAttention(nn.Module):
         if absorbed:
             q = torch.cat([torch.einsum("...hld,hdc->...hlc", q_c, w_uk), q_r], dim=-1)
             k = torch.cat([c, k_r], dim=-1).unsqueeze(-3)  # one latent "head" for all heads
-            out = self.attention(q, k, c.unsqueeze(-3), mask=mask, need_weights=need_weights)
+            out = self._attention(q, k, c.unsqueeze(-3), mask, need_weights)
             context = torch.einsum("...hlc,hvc->...hlv", out.context, w_uv)
         else:
             kv = self.w_ukv(c).unflatten(-1, (self.num_heads, -1)).transpose(-2, -3)
             k_c, v = kv.split((self.head_dim, self.v_head_dim), dim=-1)
             k_r = k_r.unsqueeze(-3).expand(*k_c.shape[:-1], self.rope_dim)
             q, k = torch.cat([q_c, q_r], dim=-1), torch.cat([k_c, k_r], dim=-1)
-            out = self.attention(q, k, v, mask=mask, need_weights=need_weights)
+            out = self._attention(q, k, v, mask, need_weights)
             context = out.context
         u = self.w_o(context.transpose(-2, -3).flatten(-2))
         return LatentOutput(u, out.weights if need_weights else None)

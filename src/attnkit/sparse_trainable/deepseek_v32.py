@@ -38,22 +38,11 @@ from torch import Tensor, nn
 
 from attnkit import arguments, checks, masks
 from attnkit.modern.latent import LatentCache, LatentOutput, MultiHeadLatentAttention
-from attnkit.positions.rope import rotate
+from attnkit.positions.rope_scaling import _cos_sin, _rotate, inverse_frequencies
 from attnkit.sparse_trainable._select import top_indices
 from attnkit.sparse_trainable.dsa import LightningIndexer
 
 __all__ = ["LatentIndexer", "SparseLatentAttention", "SparseLatentCache"]
-
-
-def rotate_half_split(x: Tensor, rope_dim: int, positions: Tensor, base: float) -> Tensor:
-    """RoPE on the first ``rope_dim`` features of x (…, L, d), pairing feature i with
-    i + rope_dim/2 (the "half-split" layout), at ``positions`` (L,); the rest pass through."""
-    half = rope_dim // 2
-    pairs = torch.arange(half, device=x.device)
-    to_interleaved = torch.stack([pairs, pairs + half], dim=-1).flatten()
-    back = torch.argsort(to_interleaved)
-    rot = rotate(x[..., to_interleaved], positions, base)[..., back]
-    return torch.cat([rot, x[..., rope_dim:]], dim=-1)
 
 
 class SparseLatentCache(LatentCache):
@@ -140,20 +129,36 @@ class LatentIndexer(nn.Module):
             f"topk={self.topk}"
         )
 
-    def _rope(self, x: Tensor, positions: Tensor) -> Tensor:
-        return rotate_half_split(x, self.rope_dim, positions, self.rope_base)
+    def _angles(self, offset: int, length: int, like: Tensor) -> tuple[Tensor, Tensor]:
+        positions = torch.arange(offset, offset + length, device=like.device)
+        theta = inverse_frequencies(self.rope_dim, self.rope_base).to(like.device)
+        return _cos_sin(positions, theta, 1.0, like.dtype)
 
-    def keys(self, x: Tensor, offset: int = 0) -> Tensor:
-        """k^I (…, L, d^I) of tokens x (…, L, E) at positions ``offset`` …"""
-        positions = torch.arange(offset, offset + x.shape[-2], device=x.device)
-        return self._rope(self.k_norm(self.w_k(x)), positions)
+    def keys(
+        self, x: Tensor, offset: int = 0, *, cos_sin: tuple[Tensor, Tensor] | None = None
+    ) -> Tensor:
+        """k^I (…, L, d^I) of tokens x (…, L, E) at positions ``offset`` … (``cos_sin``: the
+        cosines and sines (L, d_h^R/2) of those positions' angles, when already formed)."""
+        if cos_sin is None:
+            cos_sin = self._angles(offset, x.shape[-2], x)
+        return _rotate(self.k_norm(self.w_k(x)), *cos_sin, "halves")
 
-    def scores(self, x: Tensor, q_latent: Tensor, keys: Tensor, offset: int = 0) -> Tensor:
+    def scores(
+        self,
+        x: Tensor,
+        q_latent: Tensor,
+        keys: Tensor,
+        offset: int = 0,
+        *,
+        cos_sin: tuple[Tensor, Tensor] | None = None,
+    ) -> Tensor:
         """I (…, L, N) (eq. 1) for queries with hidden states x (…, L, E) and query latents
-        c^Q (…, L, d_c') at positions ``offset`` …, over the keys k^I (…, N, d^I)."""
-        positions = torch.arange(offset, offset + x.shape[-2], device=x.device)
+        c^Q (…, L, d_c') at positions ``offset`` …, over the keys k^I (…, N, d^I)
+        (``cos_sin`` as for :meth:`keys`)."""
+        if cos_sin is None:
+            cos_sin = self._angles(offset, x.shape[-2], x)
         q = self.w_q(q_latent).unflatten(-1, (self.num_heads, self.head_dim))
-        q = self._rope(q.transpose(-2, -3), positions).transpose(-2, -3)  # (…, L, H^I, d^I)
+        q = _rotate(q.transpose(-2, -3), *cos_sin, "halves").transpose(-2, -3)  # (…, L, H^I, d^I)
         scale = 1 / math.sqrt(self.head_dim)
         w = self.w_weights(x) * (scale / math.sqrt(self.num_heads))  # ReLU(s·a) = s·ReLU(a)
         return LightningIndexer.scores(q, w, keys)
@@ -266,13 +271,23 @@ class SparseLatentAttention(MultiHeadLatentAttention):
         """The keys each query of x (…, L, E) reads, (…, L, N) bool; with a cache, the new
         indexer keys are appended to it. Computed without autograd."""
         offset = 0 if cache is None else len(cache)
+        cos_sin = self._angles(offset, x.shape[-2], x)
         with torch.no_grad():
-            keys = self.indexer.keys(x, offset)
-            if cache is not None:
-                keys = cache.append_index_key(keys)
+            keys = self._index_keys(x, cache, offset, cos_sin)
             q_latent = self.q_norm(self.w_dq(x))
-            scores = self.indexer.scores(x, q_latent, keys, offset)
+            scores = self.indexer.scores(x, q_latent, keys, offset, cos_sin=cos_sin)
             return self.indexer.select(scores, mask)
+
+    def _index_keys(
+        self,
+        x: Tensor,
+        cache: SparseLatentCache | None,
+        offset: int,
+        cos_sin: tuple[Tensor, Tensor],
+    ) -> Tensor:
+        """The indexer keys of every position: x's (appended to the cache) after the cached."""
+        keys = self.indexer.keys(x, offset, cos_sin=cos_sin)
+        return keys if cache is None else cache.append_index_key(keys)
 
     def forward(
         self,
@@ -283,20 +298,35 @@ class SparseLatentAttention(MultiHeadLatentAttention):
         cache: LatentCache | None = None,
         absorbed: bool = False,
     ) -> LatentOutput:
+        """MLA's forward (:meth:`MultiHeadLatentAttention.forward`) with ``mask`` narrowed to
+        :meth:`selection`. The query latent c^Q and the angles of the positions are formed
+        once for MLA and the indexer; with N ≤ k keys every query reads all those its mask
+        allows, so the indexer's keys are made (for the cache) but no score is."""
         if cache is not None and not isinstance(cache, SparseLatentCache):
             raise TypeError(
                 f"cache must be an attnkit.sparse_trainable.SparseLatentCache or None, got "
                 f"{type(cache).__name__}"
             )
         checks.tensor(x, "x")
+        arguments.boolean(need_weights, "need_weights")
+        arguments.boolean(absorbed, "absorbed")
         if x.dim() < 2 or x.shape[-1] != self.embed_dim:
             raise ValueError(
                 f"x must be (B, …, L, {self.embed_dim}) for this SparseLatentAttention, got "
                 f"shape {tuple(x.shape)}"
             )
         offset = 0 if cache is None else len(cache)
-        masks.check(mask, torch.Size((*x.shape[:-2], x.shape[-2], offset + x.shape[-2])))
+        length = x.shape[-2]
+        masks.check(mask, torch.Size((*x.shape[:-2], length, offset + length)))
         if cache is not None:
             cache.claim(self)
-        chosen = self.selection(x, mask, cache)
-        return super().forward(x, chosen, need_weights=need_weights, cache=cache, absorbed=absorbed)
+        cos_sin = self._angles(offset, length, x)
+        q_latent = self.q_norm(self.w_dq(x))
+        with torch.no_grad():
+            keys = self._index_keys(x, cache, offset, cos_sin)
+            if keys.shape[-2] > self.indexer.topk:
+                scores = self.indexer.scores(x, q_latent, keys, offset, cos_sin=cos_sin)
+                mask = self.indexer.select(scores, mask)
+        return self._attend(
+            x, mask, need_weights, cache, absorbed, offset, q_latent=q_latent, cos_sin=cos_sin
+        )
