@@ -279,3 +279,25 @@ def test_longrope_refusals_name_the_argument():
         rs.LongRoPEScaling([1.0], [2.0], 8, 0.5)
     with pytest.raises(ValueError, match="need r/2 = 4"):
         rs.LongRoPEScaling([1.0], [2.0], 8, 2.0).frequencies(8, 10000.0, 4)
+
+
+def test_the_kept_angles_equal_angles_formed_per_call(monkeypatch):
+    """ScaledRotary keeps a table of its angles; every position it reads from the table (as the
+    table grows, one decoding step at a time, and beyond the table's limit) is rotated exactly as
+    rotate_partial rotates it."""
+    scheme = rs.ScaledRotary(500.0, fraction=0.5, layout="halves")
+    monkeypatch.setattr(rs, "_TABLE_LIMIT", 100)
+    q, k = (
+        torch.randn(2, 3, 1, 8, dtype=torch.float64),
+        torch.randn(2, 3, 1, 8, dtype=torch.float64),
+    )
+    theta, _ = scheme.frequencies(8, 1)
+    for offset in (0, 1, 63, 64, 65, 99, 100, 130):  # grows at 64; past the limit from 100
+        out = scheme(q, k, q_offset=offset, k_offset=offset)
+        pos = torch.tensor([offset])
+        assert torch.equal(out.q, rs.rotate_partial(q, pos, theta, layout="halves"))
+        assert torch.equal(out.k, rs.rotate_partial(k, pos, theta, layout="halves"))
+    # another dtype or head size is a table of its own
+    out = scheme(q.float(), k.float(), q_offset=5, k_offset=5)
+    want = rs.rotate_partial(q.float(), torch.tensor([5]), theta, layout="halves")
+    assert out.q.dtype == torch.float32 and torch.equal(out.q, want)

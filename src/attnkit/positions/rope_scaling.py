@@ -355,6 +355,10 @@ def rotate_partial(
     return _rotate(x, cos, sin, layout)
 
 
+# Positions up to which ScaledRotary keeps a table of its angles (beyond: formed per call).
+_TABLE_LIMIT = 1 << 16
+
+
 def _cos_sin(
     positions: Tensor, theta: Tensor, attention_factor: float, dtype: torch.dtype
 ) -> tuple[Tensor, Tensor]:
@@ -467,17 +471,35 @@ class ScaledRotary(PositionScheme):
             kept = self.__dict__["_kept_frequencies"] = (key, theta.to(device), factor)
         return kept[1], kept[2]
 
+    def _angles(
+        self, head_dim: int, start: int, length: int, total: int, device: torch.device, dtype
+    ) -> tuple[Tensor, Tensor]:
+        """:func:`_cos_sin` at positions start … start + length − 1. Without a scaling, read
+        from a table of the positions below a power of two, made when a later position is
+        first asked for (each decoding step would otherwise form its angles again); the table
+        holds the same values, formed the same way."""
+        theta, factor = self._frequencies_on(head_dim, total, device)
+        end = start + length
+        if self.scaling is not None or end > _TABLE_LIMIT:
+            positions = torch.arange(start, end, device=device)
+            return _cos_sin(positions, theta, factor, dtype)
+        key = (head_dim, self.base, self.fraction, device, dtype)
+        kept = self.__dict__.get("_kept_angles")
+        if kept is None or kept[0] != key or kept[1].shape[0] < end:
+            size = max(64, 1 << (end - 1).bit_length())
+            positions = torch.arange(size, device=device)
+            kept = self.__dict__["_kept_angles"] = (key, *_cos_sin(positions, theta, factor, dtype))
+        return kept[1][start:end], kept[2][start:end]
+
     def forward(self, q: Tensor, k: Tensor, *, q_offset: int = 0, k_offset: int = 0) -> Positioned:
         check_qk(q, k, "rope_scaled", q_offset=q_offset, k_offset=k_offset)
         m, n = q.shape[-2], k.shape[-2]
-        theta, factor = self._frequencies_on(q.shape[-1], max(q_offset + m, k_offset + n), q.device)
-        qpos = torch.arange(q_offset, q_offset + m, device=q.device)
-        cos, sin = _cos_sin(qpos, theta, factor, q.dtype)
+        total, d = max(q_offset + m, k_offset + n), q.shape[-1]
+        cos, sin = self._angles(d, q_offset, m, total, q.device, q.dtype)
         if (k_offset, n) != (q_offset, m):  # (the keys of self-attention share the angles)
-            kpos = torch.arange(k_offset, k_offset + n, device=k.device)
-            k_cos, k_sin = _cos_sin(kpos, theta, factor, k.dtype)
+            k_cos, k_sin = self._angles(d, k_offset, n, total, k.device, k.dtype)
         else:
-            k_cos, k_sin = cos.to(k.dtype), sin.to(k.dtype)
+            k_cos, k_sin = cos, sin
         return Positioned(_rotate(q, cos, sin, self.layout), _rotate(k, k_cos, k_sin, self.layout))
 
     def extra_repr(self) -> str:
