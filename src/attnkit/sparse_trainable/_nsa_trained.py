@@ -30,6 +30,7 @@ from attnkit.sparse_trainable._nsa_blocks import (
     _Geometry,
 )
 from attnkit.sparse_trainable._nsa_chunks import Sizes
+from attnkit.sparse_trainable.compression import BlockCompression
 
 __all__ = ["fuses", "nsa_trained"]
 
@@ -37,8 +38,6 @@ __all__ = ["fuses", "nsa_trained"]
 def fuses(compress_key: nn.Module, compress_value: nn.Module, gate: nn.Module, n: int, sz) -> bool:
     """Whether the compression and the gates fit the fused function: both φ the module's
     :class:`BlockCompression` of block l, s dividing l and N, the gate a plain linear map."""
-    from attnkit.sparse_trainable.nsa import BlockCompression
-
     return (
         all(
             type(phi) is BlockCompression and phi.block == sz.block
