@@ -118,6 +118,11 @@ class LatentCache(_Owned):
         )
 
 
+def _gather_rows(x: Tensor, rows: Tensor) -> Tensor:
+    """x (…, N, d) at the positions ``rows`` (…, T) -> (…, T, d)."""
+    return x.gather(-2, rows.unsqueeze(-1).expand(*rows.shape, x.shape[-1]))
+
+
 def cache_bytes_per_token(
     *,
     num_heads: int,
@@ -381,15 +386,20 @@ class MultiHeadLatentAttention(nn.Module):
         *,
         q_latent: Tensor | None = None,
         cos_sin: tuple[Tensor, Tensor] | None = None,
+        rows: Tensor | None = None,
     ) -> LatentOutput:
         """:meth:`forward` after its checks; ``q_latent`` (c^Q) and ``cos_sin`` (the angles of
-        the positions, :meth:`_angles`) when the caller has formed them."""
+        the positions, :meth:`_angles`) when the caller has formed them; ``rows`` (…, T): the
+        only positions the queries read (all queries the same ones), ``mask`` then (…, L, T)
+        over them."""
         if self.rotary and cos_sin is None:
             cos_sin = self._angles(offset, x.shape[-2], x)
         q_c, q_r = self._queries(x, None, q_latent=q_latent, cos_sin=cos_sin)
         c, k_r = self.latents(x, offset, cos_sin=cos_sin)
         if cache is not None:
             c, k_r = cache.append(c, k_r)
+        if rows is not None:
+            c, k_r = _gather_rows(c, rows), _gather_rows(k_r, rows)
         mask = None if mask is None else mask.unsqueeze(-3)  # the same for every head
         w_uk, w_uv = self.up_projections()
         if absorbed:

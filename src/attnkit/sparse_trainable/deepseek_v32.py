@@ -163,12 +163,18 @@ class LatentIndexer(nn.Module):
         w = self.w_weights(x) * (scale / math.sqrt(self.num_heads))  # ReLU(s·a) = s·ReLU(a)
         return LightningIndexer.scores(q, w, keys)
 
+    def top(self, scores: Tensor, mask: Tensor | None) -> tuple[Tensor, Tensor]:
+        """Each query's top-k keys among those ``mask`` (broadcastable, True = allowed)
+        allows: their indices (…, L, min(k, N)) in any order, and whether each is allowed
+        (False where a row has fewer than k allowed keys)."""
+        if mask is not None:
+            scores = scores.masked_fill(~mask, float("-inf"))
+        return top_indices(scores, self.topk, ordered=False)
+
     def select(self, scores: Tensor, mask: Tensor | None) -> Tensor:
         """The selection (…, L, N), True at each query's top-k keys among those ``mask``
         (broadcastable, True = allowed) allows."""
-        if mask is not None:
-            scores = scores.masked_fill(~mask, float("-inf"))
-        index, available = top_indices(scores, self.topk, ordered=False)
+        index, available = self.top(scores, mask)
         chosen = torch.zeros_like(scores, dtype=torch.bool)
         return chosen.scatter(-1, index, available)
 
@@ -301,7 +307,9 @@ class SparseLatentAttention(MultiHeadLatentAttention):
         """MLA's forward (:meth:`MultiHeadLatentAttention.forward`) with ``mask`` narrowed to
         :meth:`selection`. The query latent c^Q and the angles of the positions are formed
         once for MLA and the indexer; with N ≤ k keys every query reads all those its mask
-        allows, so the indexer's keys are made (for the cache) but no score is."""
+        allows, so the indexer's keys are made (for the cache) but no score is. A single query
+        (a decoding step) without weights attends over its k keys gathered from the cache, with
+        no mask over all N."""
         if cache is not None and not isinstance(cache, SparseLatentCache):
             raise TypeError(
                 f"cache must be an attnkit.sparse_trainable.SparseLatentCache or None, got "
@@ -322,11 +330,18 @@ class SparseLatentAttention(MultiHeadLatentAttention):
             cache.claim(self)
         cos_sin = self._angles(offset, length, x)
         q_latent = self.q_norm(self.w_dq(x))
+        rows = None
         with torch.no_grad():
             keys = self._index_keys(x, cache, offset, cos_sin)
             if keys.shape[-2] > self.indexer.topk:
                 scores = self.indexer.scores(x, q_latent, keys, offset, cos_sin=cos_sin)
-                mask = self.indexer.select(scores, mask)
+                if length == 1 and not need_weights:  # one query: attend its keys alone
+                    index, available = self.indexer.top(scores, mask)
+                    rows = index.squeeze(-2)
+                    mask = None if bool(available.all()) else available
+                else:
+                    mask = self.indexer.select(scores, mask)
         return self._attend(
-            x, mask, need_weights, cache, absorbed, offset, q_latent=q_latent, cos_sin=cos_sin
-        )
+            x, mask, need_weights, cache, absorbed, offset, q_latent=q_latent,
+            cos_sin=cos_sin, rows=rows,
+        )  # fmt: skip
