@@ -414,6 +414,9 @@ def _child(model_type: str, conn: Any, memory: int) -> None:
     import resource
 
     resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
+    # A forked child must not start the thread pool its parent has used (OpenMP's is not
+    # fork-safe: the first parallel operation can hang); one thread needs none.
+    torch.set_num_threads(1)
     try:
         row = check(model_type)
     except BaseException as e:
