@@ -271,17 +271,20 @@ class MultiHeadLatentAttention(nn.Module):
         """q^C (…, H, L, d_h) and rotated q^R (…, H, L, d_h^R) (eqs. 12-14), at ``positions``
         (L,) or by the angles ``cos_sin`` of :meth:`_angles`; ``q_latent``: c^Q when already
         formed."""
-        if self.q_rank is None:
-            q = self.w_q(x)
-        else:
-            q = self.w_uq(self.q_norm(self.w_dq(x)) if q_latent is None else q_latent)
-        q = q.unflatten(-1, (self.num_heads, -1)).transpose(-2, -3)
-        q_c, q_r = q.split((self.head_dim, self.rope_dim), dim=-1)
+        q_c, q_r = self._projected(x, q_latent).split((self.head_dim, self.rope_dim), dim=-1)
         if not self.rotary:
             return q_c, q_r
         if cos_sin is None:
             return q_c, rotate(q_r, positions, self.rope_base)
         return q_c, _rotate(q_r, *cos_sin, "interleaved")
+
+    def _projected(self, x: Tensor, q_latent: Tensor | None) -> Tensor:
+        """[q^C ; q^R] (…, H, L, d_h + d_h^R), q^R not rotated."""
+        if self.q_rank is None:
+            q = self.w_q(x)
+        else:
+            q = self.w_uq(self.q_norm(self.w_dq(x)) if q_latent is None else q_latent)
+        return q.unflatten(-1, (self.num_heads, -1)).transpose(-2, -3)
 
     def _angles(self, offset: int, length: int, like: Tensor) -> tuple[Tensor, Tensor]:
         """cos(p·θ_i) and sin(p·θ_i) (L, d_h^R/2) in ``like``'s dtype for the positions
@@ -394,15 +397,18 @@ class MultiHeadLatentAttention(nn.Module):
         over them."""
         if self.rotary and cos_sin is None:
             cos_sin = self._angles(offset, x.shape[-2], x)
-        q_c, q_r = self._queries(x, None, q_latent=q_latent, cos_sin=cos_sin)
+        if absorbed or self.rotary:
+            q_c, q_r = self._queries(x, None, q_latent=q_latent, cos_sin=cos_sin)
+        else:  # [q^C ; q^R] as projected
+            q_c, q_r = self._projected(x, q_latent), None
         c, k_r = self.latents(x, offset, cos_sin=cos_sin)
         if cache is not None:
             c, k_r = cache.append(c, k_r)
         if rows is not None:
             c, k_r = _gather_rows(c, rows), _gather_rows(k_r, rows)
         mask = None if mask is None else mask.unsqueeze(-3)  # the same for every head
-        w_uk, w_uv = self.up_projections()
         if absorbed:
+            w_uk, w_uv = self.up_projections()
             q = torch.cat([torch.einsum("...hld,hdc->...hlc", q_c, w_uk), q_r], dim=-1)
             k = torch.cat([c, k_r], dim=-1).unsqueeze(-3)  # one latent "head" for all heads
             out = self._attention(q, k, c.unsqueeze(-3), mask, need_weights)
@@ -411,7 +417,8 @@ class MultiHeadLatentAttention(nn.Module):
             kv = self.w_ukv(c).unflatten(-1, (self.num_heads, -1)).transpose(-2, -3)
             k_c, v = kv.split((self.head_dim, self.v_head_dim), dim=-1)
             k_r = k_r.unsqueeze(-3).expand(*k_c.shape[:-1], self.rope_dim)
-            q, k = torch.cat([q_c, q_r], dim=-1), torch.cat([k_c, k_r], dim=-1)
+            q = q_c if q_r is None else torch.cat([q_c, q_r], dim=-1)
+            k = torch.cat([k_c, k_r], dim=-1)
             out = self._attention(q, k, v, mask, need_weights)
             context = out.context
         u = self.w_o(context.transpose(-2, -3).flatten(-2))
