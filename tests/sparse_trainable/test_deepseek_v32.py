@@ -194,6 +194,58 @@ def test_cached_decoding_equals_the_causal_pass_and_transformers_cache(absorbed)
     assert (stepped - torch.cat(theirs, 1)).abs().max() < 1e-12
 
 
+def test_decoding_steps_with_fewer_allowed_keys_than_k_equal_the_causal_pass():
+    """Item 1's first 4 keys are masked for every query: its steps at N > k have fewer than k
+    allowed keys, which a decoding step reads alone (the rest of its top-k unavailable)."""
+    _, ref = _ref()
+    ours = SparseLatentAttention.from_transformers(ref)
+    x = torch.randn(2, L, 32, generator=torch.Generator().manual_seed(4), dtype=D)
+    keep = ak.masks.causal(L).repeat(2, 1, 1)
+    keep[1, :, :4] = False
+    whole, weights = ours(x, keep, need_weights=True)
+    chosen = weights[1, 0, 5:7] > 0  # item 1, queries 5-6: keys 4 … t, under k = 4
+    assert torch.equal(chosen, keep[1, 5:7] & (torch.arange(L) < 7))
+    cache = SparseLatentCache()
+    parts = [ours(x[:, :5], keep[:, :5, :5], cache=cache).output]
+    for t in range(5, L):
+        step = ours(x[:, t : t + 1], keep[:, t : t + 1, : t + 1], cache=cache)
+        parts.append(step.output)
+    stepped = torch.cat(parts, 1)
+    rows = keep.any(-1)  # (item 1's first 4 queries may attend nothing)
+    assert (stepped - whole)[rows].abs().max() < 1e-12
+
+
+def test_a_decoding_step_reads_the_same_keys_with_and_without_weights():
+    _, ref = _ref()
+    ours = SparseLatentAttention.from_transformers(ref)
+    x = torch.randn(2, L, 32, generator=torch.Generator().manual_seed(6), dtype=D)
+    caches = SparseLatentCache(), SparseLatentCache()
+    for cache in caches:
+        ours(x[:, :-1], ak.masks.causal(L - 1), cache=cache)
+    plain = ours(x[:, -1:], cache=caches[0]).output
+    out, weights = ours(x[:, -1:], cache=caches[1], need_weights=True)
+    assert ((weights > 0).sum(-1) == 4).all()  # k of the N = 10 keys
+    assert (plain - out).abs().max() < 1e-13
+
+
+@pytest.mark.parametrize("absorbed", [False, True])
+def test_cached_decoding_with_topk_at_least_n_is_plain_mla(absorbed):
+    _, ref = _ref(topk=L)
+    ours = SparseLatentAttention.from_transformers(ref)
+    mla = MultiHeadLatentAttention(
+        32, 4, 8, head_dim=6, rope_dim=4, v_head_dim=5, q_rank=12, eps=1e-6, dtype=D
+    )
+    mla.load_state_dict({k: v for k, v in ours.state_dict().items() if "indexer" not in k})
+    x = torch.randn(2, L, 32, generator=torch.Generator().manual_seed(7), dtype=D)
+    cache = SparseLatentCache()
+    parts = [ours(x[:, :3], ak.masks.causal(3), cache=cache, absorbed=absorbed).output]
+    for t in range(3, L):
+        parts.append(ours(x[:, t : t + 1], cache=cache, absorbed=absorbed).output)
+    assert cache.index_key.shape == (2, L, 8)  # the indexer's keys cached all the same
+    expected = mla(x, ak.masks.causal(L)).output
+    assert (torch.cat(parts, 1) - expected).abs().max() < 1e-12
+
+
 def test_bad_arguments_name_themselves():
     cfg, ref = _ref()
     ours = SparseLatentAttention.from_transformers(ref)
