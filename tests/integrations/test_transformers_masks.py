@@ -197,6 +197,17 @@ def test_an_exactly_causal_mask_is_remembered_as_the_causal_mask():
     assert additive is None  # query 0 of row 1 has no key: no additive form
 
 
+def test_a_mask_the_mask_function_built_is_kept_without_a_copy_and_read_again_when_changed():
+    kwargs = {"batch_size": 2, "q_length": 4, "kv_length": 4, "dtype": torch.float32}
+    got = masks.eager_mask(**kwargs, attention_mask=torch.ones(2, 4, dtype=torch.bool))
+    assert masks._MASKS[id(got)][2] is None  # no copy of its values is kept
+    assert tuple(masks.split_mask(got, torch.float32)[0].shape) == (1, 1, 4, 4)  # causal
+    got[0, 0, 3, 1] = torch.finfo(torch.float32).min  # an in-place write: a new version
+    mask, _, _ = masks.split_mask(got, torch.float32)
+    assert tuple(mask.shape) == (2, 1, 4, 4)
+    assert not bool(mask[0, 0, 3, 1]) and bool(mask[1, 0, 3, 1]) and bool(mask[0, 0, 3, 0])
+
+
 def test_an_additive_mask_is_offered_to_sdpa_only_when_every_row_has_a_key():
     g = torch.Generator().manual_seed(6)
     allowed = torch.rand(2, 1, 4, 6, generator=g) > 0.5

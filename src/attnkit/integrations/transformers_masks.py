@@ -38,8 +38,9 @@ class _Converted(NamedTuple):
     causal: bool = False
 
 
-# id(mask) -> (weak reference to the mask, its version, a copy of its values, its conversion)
-_MASKS: dict[int, tuple[weakref.ref, int, Tensor, _Converted]] = {}
+# id(mask) -> (weak reference to the mask, its version, a copy of its values (None for a mask
+# eager_mask built), its conversion)
+_MASKS: dict[int, tuple[weakref.ref, int, Tensor | None, _Converted]] = {}
 # At most this many masks are held (a mask kept alive by its caller is evicted oldest first).
 _MASK_CACHE_SIZE = 8
 
@@ -81,10 +82,11 @@ def split_mask(
     ``_MASK_CACHE_SIZE`` of them), keyed by its identity and version and checked against a copy of
     its values, so that the layers of one forward pass, which all get the same mask, convert it
     once; a mask changed in place (also through ``.numpy()`` or ``.data``, which the version
-    counter does not see) is converted again. Inference tensors (no version counter), masks that
-    require a gradient and calls traced by ``torch.compile`` are converted on every call (under
-    ``torch.compile`` nothing is decided from the mask's values: an all-True mask is kept, the
-    additive form is not offered).
+    counter does not see) is converted again. A mask :func:`eager_mask` built, which the model
+    hands from its mask function to its layers, is checked by its version only. Inference
+    tensors (no version counter), masks that require a gradient and calls traced by
+    ``torch.compile`` are converted on every call (under ``torch.compile`` nothing is decided
+    from the mask's values: an all-True mask is kept, the additive form is not offered).
 
     Returns:
         (mask, bias, additive): mask boolean or None, bias in ``dtype`` or None, each
@@ -109,7 +111,7 @@ def split_mask(
             and hit is not None
             and hit[0]() is attention_mask
             and hit[1] == version
-            and torch.equal(hit[2], attention_mask)
+            and (hit[2] is None or torch.equal(hit[2], attention_mask))
         ):
             converted = hit[3]
         if converted is None:
@@ -121,9 +123,10 @@ def split_mask(
     return mask, None if bias is None else bias.to(dtype), additive
 
 
-def _remember(attention_mask: Tensor, converted: _Converted) -> _Converted:
+def _remember(attention_mask: Tensor, converted: _Converted, *, built: bool = False) -> _Converted:
     """Keep ``converted``, the attnkit form of ``attention_mask``, for :func:`split_mask`
-    (nothing is kept for an inference tensor or one that requires a gradient)."""
+    (nothing is kept for an inference tensor or one that requires a gradient); ``built``: the
+    mask was built here (:func:`eager_mask`) and no copy of its values is kept."""
     try:
         version = attention_mask._version
     except RuntimeError:  # an inference tensor has no version counter: not cached
@@ -135,7 +138,8 @@ def _remember(attention_mask: Tensor, converted: _Converted) -> _Converted:
         _MASKS.pop(next(iter(_MASKS)))
     # (the reference's callback drops the entry when the mask is freed)
     ref = weakref.ref(attention_mask, lambda _, key=key: _MASKS.pop(key, None))
-    _MASKS[key] = (ref, version, attention_mask.detach().clone(), converted)
+    copy = None if built else attention_mask.detach().clone()
+    _MASKS[key] = (ref, version, copy, converted)
     return converted
 
 
@@ -195,7 +199,7 @@ def eager_mask(
     zero = torch.zeros((), device=allowed.device, dtype=dtype)
     additive = torch.where(allowed, zero, torch.finfo(dtype).min)
     if not torch.compiler.is_compiling():
-        _remember(additive, _boolean_form(allowed))
+        _remember(additive, _boolean_form(allowed), built=True)
     return additive
 
 
