@@ -114,6 +114,39 @@ def test_cached_decoding_equals_the_whole_causal_pass(absorbed):
     assert len(cache) == 8
 
 
+def test_rotary_keys_and_queries_far_along_equal_rope_at_their_positions():
+    """The angles come from a table kept per dtype and grown past its first 64 positions: the
+    rotated k^R and q^R at positions 100 … 104 (and 3 … 7 after) equal RoPE's there, in the
+    layer's dtype after a conversion too."""
+    mla, x = _example(5)
+    x = x[:, :5]
+    for dtype in (D, torch.float32):
+        layer, inputs = mla.to(dtype), x.to(dtype)  # (the same layer, converted)
+        for offset in (100, 3):
+            positions = torch.arange(offset, offset + 5)
+            c, k_r = layer.latents(inputs, offset)
+            raw_c, raw_k = layer.w_dkv(inputs).split((6, 2), dim=-1)
+            torch.testing.assert_close(c, layer.kv_norm(raw_c), atol=0, rtol=0)
+            expected = ak.positions.rope.rotate(raw_k, positions, 10000.0)
+            torch.testing.assert_close(k_r, expected, atol=0, rtol=0)
+            assert k_r.dtype == inputs.dtype
+            q = layer.w_uq(layer.q_norm(layer.w_dq(inputs))).unflatten(-1, (4, 6)).transpose(1, 2)
+            _, q_r = layer._queries(inputs, None, cos_sin=layer._angles(offset, 5, inputs))
+            rope_q = ak.positions.rope.rotate(q[..., 4:], positions, 10000.0)
+            torch.testing.assert_close(q_r, rope_q, atol=0, rtol=0)
+
+
+def test_cached_decoding_past_the_first_angles_equals_the_whole_causal_pass():
+    mla, x = _example(6)
+    x = x[:, :1].repeat(1, 70, 1) + 0.1 * torch.randn(2, 70, 16, dtype=D)
+    whole = mla(x, ak.masks.causal(70)).output
+    cache = LatentCache()
+    parts = [mla(x[:, :60], ak.masks.causal(60), cache=cache).output]
+    for t in range(60, 70):
+        parts.append(mla(x[:, t : t + 1], cache=cache).output)
+    torch.testing.assert_close(torch.cat(parts, 1), whole, atol=1e-13, rtol=1e-12)
+
+
 def test_the_cache_holds_the_latent_and_the_rotary_key_only():
     mla, x = _example(3)
     cache = LatentCache()
