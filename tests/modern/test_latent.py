@@ -9,6 +9,7 @@ import torch
 
 import attnkit as ak
 from attnkit.modern import LatentCache, MultiHeadLatentAttention, cache_bytes_per_token
+from attnkit.modern import latent as latent_module
 
 D = torch.float64
 ds = pytest.importorskip("transformers.models.deepseek_v3.modeling_deepseek_v3")
@@ -114,10 +115,13 @@ def test_cached_decoding_equals_the_whole_causal_pass(absorbed):
     assert len(cache) == 8
 
 
-def test_rotary_keys_and_queries_far_along_equal_rope_at_their_positions():
-    """The angles come from a table kept per dtype and grown past its first 64 positions: the
-    rotated k^R and q^R at positions 100 … 104 (and 3 … 7 after) equal RoPE's there, in the
-    layer's dtype after a conversion too."""
+@pytest.mark.parametrize("table_limit", [None, 8])
+def test_rotary_keys_and_queries_far_along_equal_rope_at_their_positions(table_limit, monkeypatch):
+    """The angles come from a table kept per dtype and grown past its first 64 positions (or,
+    past its limit, are formed per call): the rotated k^R and q^R at positions 100 … 104 (and
+    3 … 7 after) equal RoPE's there, in the layer's dtype after a conversion too."""
+    if table_limit is not None:
+        monkeypatch.setattr(latent_module, "_TABLE_LIMIT", table_limit)
     mla, x = _example(5)
     x = x[:, :5]
     for dtype in (D, torch.float32):

@@ -118,6 +118,35 @@ class LatentCache(_Owned):
         )
 
 
+# Positions below which the angles are read from a table shared by the layers of one rotary
+# size, base, dtype and device (beyond: formed per call).
+_TABLE_LIMIT = 1 << 16
+_ANGLE_TABLES: dict[tuple, tuple[Tensor, Tensor]] = {}
+
+
+def _angles(
+    rope_dim: int, base: float, offset: int, length: int, like: Tensor
+) -> tuple[Tensor, Tensor]:
+    """cos(p·θ_i) and sin(p·θ_i) (L, rope_dim/2), θ_i = base^{−2i/rope_dim}, in ``like``'s
+    dtype and on its device, for the positions p = offset … offset + L − 1, formed as
+    :func:`attnkit.positions.rope.rotate` forms them (in float64, then rounded). Below
+    ``_TABLE_LIMIT`` they are rows of a table made once for the positions below a power of two
+    (so a decoding step forms no angle) and remade larger when a later position is asked for."""
+    end = offset + length
+    if end <= _TABLE_LIMIT:
+        key = (rope_dim, base, like.dtype, like.device)
+        table = _ANGLE_TABLES.get(key)
+        if table is None or table[0].shape[0] < end:
+            size = max(64, 1 << (end - 1).bit_length())
+            theta = inverse_frequencies(rope_dim, base).to(like.device)
+            positions = torch.arange(size, device=like.device)
+            table = _ANGLE_TABLES[key] = _cos_sin(positions, theta, 1.0, like.dtype)
+        return table[0][offset:end], table[1][offset:end]
+    theta = inverse_frequencies(rope_dim, base).to(like.device)
+    positions = torch.arange(offset, end, device=like.device)
+    return _cos_sin(positions, theta, 1.0, like.dtype)
+
+
 def _gather_rows(x: Tensor, rows: Tensor) -> Tensor:
     """x (…, N, d) at the positions ``rows`` (…, T) -> (…, T, d)."""
     return x.gather(-2, rows.unsqueeze(-1).expand(*rows.shape, x.shape[-1]))
@@ -287,21 +316,9 @@ class MultiHeadLatentAttention(nn.Module):
         return q.unflatten(-1, (self.num_heads, -1)).transpose(-2, -3)
 
     def _angles(self, offset: int, length: int, like: Tensor) -> tuple[Tensor, Tensor]:
-        """cos(p·θ_i) and sin(p·θ_i) (L, d_h^R/2) in ``like``'s dtype for the positions
-        p = offset … offset + L − 1, as :func:`attnkit.positions.rope.rotate` forms them
-        (float64, then rounded): rows of a table kept per dtype and device, grown by doubling,
-        so that a decoding step forms no angle."""
-        end = offset + length
-        key = (like.dtype, like.device, self.rope_dim, self.rope_base)
-        tables = self.__dict__.setdefault("_angle_tables", {})
-        table = tables.get(key)
-        if table is None or table[0].shape[0] < end:
-            size = max(64, 1 << (end - 1).bit_length())
-            theta = inverse_frequencies(self.rope_dim, self.rope_base).to(like.device)
-            positions = torch.arange(size, device=like.device)
-            table = _cos_sin(positions, theta, 1.0, like.dtype)
-            tables[key] = table
-        return table[0][offset:end], table[1][offset:end]
+        """cos(p·θ_i) and sin(p·θ_i) (L, d_h^R/2) in ``like``'s dtype and on its device for
+        the positions p = offset … offset + L − 1 (:func:`_angles`)."""
+        return _angles(self.rope_dim, self.rope_base, offset, length, like)
 
     def latents(
         self, x: Tensor, offset: int = 0, *, cos_sin: tuple[Tensor, Tensor] | None = None
