@@ -13,6 +13,7 @@ from transformers import masking_utils as hf_masks
 
 from attnkit.integrations import transformers_masks as masks
 from attnkit.integrations.transformers import swap_attention
+from attnkit.masks import is_made_causal
 
 transformers.logging.set_verbosity_error()
 
@@ -167,7 +168,7 @@ def test_the_mask_function_gives_eager_masks(m, n, offset, padding, causal_skip,
     assert got.shape == ref.shape and got.dtype == ref.dtype
     assert torch.equal(got, ref)
     # the remembered boolean form is what converting the mask gives; an exactly causal mask is
-    # remembered once for every batch row, (1, 1, M, M), and not offered as an additive mask
+    # remembered once for every batch row, (M, M), and not offered as an additive mask
     mask, bias, additive = masks.split_mask(got, torch.float64)
     fresh_mask, fresh_bias, fresh_additive = masks.split_mask(ref.clone(), torch.float64)
     assert bias is None and fresh_bias is None
@@ -177,7 +178,7 @@ def test_the_mask_function_gives_eager_masks(m, n, offset, padding, causal_skip,
     assert torch.equal(mask.expand_as(fresh_mask), fresh_mask)
     tril = torch.ones(m, n, dtype=torch.bool).tril()
     causal = m == n and torch.equal(fresh_mask, tril.expand_as(fresh_mask))
-    assert (tuple(mask.shape) == (1, 1, m, n)) == causal
+    assert (tuple(mask.shape) == (m, n)) == causal
     assert (additive is None) == (fresh_additive is None or causal)
 
 
@@ -186,10 +187,11 @@ def test_an_exactly_causal_mask_is_remembered_as_the_causal_mask():
     padding = torch.ones(3, 6, dtype=torch.bool)
     got = masks.eager_mask(**kwargs, attention_mask=padding)
     mask, bias, additive = masks.split_mask(got, torch.float32)
-    assert tuple(mask.shape) == (1, 1, 6, 6) and bias is None and additive is None
+    assert tuple(mask.shape) == (6, 6) and bias is None and additive is None
     for i in range(6):
         for j in range(6):
-            assert bool(mask[0, 0, i, j]) == (j <= i)
+            assert bool(mask[i, j]) == (j <= i)
+    assert is_made_causal(mask)  # SDPA's kernel takes it as causal without reading it again
     padding[1, 0] = False  # a padded key: no longer the causal mask in every row
     got = masks.eager_mask(**kwargs, attention_mask=padding)
     mask, _, additive = masks.split_mask(got, torch.float32)
@@ -201,7 +203,7 @@ def test_a_mask_the_mask_function_built_is_kept_without_a_copy_and_read_again_wh
     kwargs = {"batch_size": 2, "q_length": 4, "kv_length": 4, "dtype": torch.float32}
     got = masks.eager_mask(**kwargs, attention_mask=torch.ones(2, 4, dtype=torch.bool))
     assert masks._MASKS[id(got)][2] is None  # no copy of its values is kept
-    assert tuple(masks.split_mask(got, torch.float32)[0].shape) == (1, 1, 4, 4)  # causal
+    assert tuple(masks.split_mask(got, torch.float32)[0].shape) == (4, 4)  # causal
     got[0, 0, 3, 1] = torch.finfo(torch.float32).min  # an in-place write: a new version
     mask, _, _ = masks.split_mask(got, torch.float32)
     assert tuple(mask.shape) == (2, 1, 4, 4)

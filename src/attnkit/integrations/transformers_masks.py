@@ -23,14 +23,16 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
+from attnkit import masks
+
 __all__ = ["eager_mask", "split_mask"]
 
 
 class _Converted(NamedTuple):
     """A model mask in attnkit's form: ``mask`` boolean or None (every pair allowed), ``bias``
     float or None (all zero), whether every query row has a key it may attend, and whether
-    ``mask`` is exactly the causal mask of M = N queries and keys, (1, 1, M, M), the same for
-    every batch row and head (SDPA then runs in its causal mode)."""
+    ``mask`` is exactly the causal mask of M = N queries and keys, (M, M), the same for every
+    batch row and head (SDPA then runs in its causal mode)."""
 
     mask: Tensor | None
     bias: Tensor | None
@@ -76,7 +78,7 @@ def split_mask(
     exactly 0 after softmax); SDPA can take it as it is, with no conversion and no handling of
     rows without a key (the ``additive`` option of :meth:`attnkit.kernels.Kernel.direct`). It
     is not offered for a mask :func:`eager_mask` found exactly causal: that one is returned as
-    the (1, 1, M, M) causal mask, which SDPA evaluates in its causal mode.
+    the (M, M) causal mask, which SDPA evaluates in its causal mode.
 
     The conversion of a mask tensor is kept while the tensor lives (at most
     ``_MASK_CACHE_SIZE`` of them), keyed by its identity and version and checked against a copy of
@@ -162,7 +164,7 @@ def eager_mask(
     additive, 0 where a pair may attend and the dtype's minimum elsewhere, (B, 1, M, N); None
     only for full attention without padding), built with its boolean form remembered for
     :func:`split_mask`, so that no layer converts it back; an exactly causal mask is
-    remembered as the (1, 1, M, M) causal mask.
+    remembered as the (M, M) causal mask.
 
     A decoding step (one query) that transformers' SDPA path would run without a mask (every
     key allowed: ``sdpa_mask`` skips the causal mask) gets None, as full attention does: adding
@@ -205,14 +207,15 @@ def eager_mask(
 
 def _boolean_form(allowed: Tensor) -> _Converted:
     """The attnkit form of the boolean mask ``allowed`` (B, 1, M, N): None when it allows every
-    pair; the (1, 1, M, M) causal mask when it is exactly causal in every batch row (no
+    pair; the (M, M) causal mask when it is exactly causal in every batch row (no
     padding, M = N queries from position 0), which SDPA evaluates in its causal mode as the
     model's own SDPA attention does; else ``allowed``."""
     if bool(allowed.all()):
         return _Converted(None, None, True)
     m, n = allowed.shape[-2:]
     if m == n and m > 1:
-        causal = torch.ones(m, n, dtype=torch.bool, device=allowed.device).tril()
+        # (made by attnkit.masks.causal: SDPA's kernel knows it without reading it again)
+        causal = masks.causal(m, device=allowed.device)
         if torch.equal(allowed, causal.expand_as(allowed)):
-            return _Converted(causal[None, None], None, True, causal=True)
+            return _Converted(causal, None, True, causal=True)
     return _Converted(allowed, None, bool(allowed.any(dim=-1).all()))
