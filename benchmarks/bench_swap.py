@@ -18,7 +18,13 @@ gives a ratio swap / sdpa and swap / eager; the table shows the medians of these
 machine). Outputs are compared before timing (max abs diff; generated tokens must be
 identical), so that speed is not bought by a wrong answer.
 
-    python benchmarks/bench_swap.py [--repeats 15] [--quick] [--threads 1]
+``--inside`` measures instead, in place, the thread CPU time spent inside the attention
+functions and the mask function of the ``sdpa`` model and of the swapped model (their entries in
+transformers' attention and mask registries, wrapped with a timer), over paired runs of each case:
+what the swap adds where it acts, steadier than the ratio of whole-model times on a loaded
+machine.
+
+    python benchmarks/bench_swap.py [--repeats 15] [--quick] [--threads 1] [--inside]
 """
 
 from __future__ import annotations
@@ -152,14 +158,75 @@ def _ratio(times: dict[str, list[tuple[float, float]]], other: str, clock: int) 
     return statistics.median(s[clock] / r[clock] for s, r in pairs)
 
 
+def _inside(repeats: int, quick: bool) -> None:
+    """The table of ``--inside`` (see the module's text)."""
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    spent = {"attention": 0.0, "mask": 0.0}
+    cases = _cases(quick)  # (the swaps register their functions here)
+    for table, slot in (
+        (ALL_ATTENTION_FUNCTIONS, "attention"),
+        (ALL_MASK_ATTENTION_FUNCTIONS, "mask"),
+    ):
+        mapping = table._global_mapping
+        for name in [n for n in mapping if n == "sdpa" or n.startswith("attnkit")]:
+
+            def timed(*a, _fn=mapping[name], _slot=slot, **k):
+                start = time.thread_time()
+                try:
+                    return _fn(*a, **k)
+                finally:
+                    spent[_slot] += time.thread_time() - start
+
+            mapping[name] = timed
+    print(
+        "| case | sdpa model, CPU (ms) | sdpa: attention + mask (ms) "
+        "| swap: attention + mask (ms) | swap's extra |"
+    )
+    print("|---|---:|---:|---:|---:|")
+    with torch.no_grad():
+        for label, fns, _ in cases:
+            runs: dict[str, list[tuple[float, float, float]]] = {"sdpa": [], "swap": []}
+            for name in runs:
+                fns[name]()
+            for r in range(repeats):
+                for name in ("sdpa", "swap") if r % 2 == 0 else ("swap", "sdpa"):
+                    spent["attention"] = spent["mask"] = 0.0
+                    start = time.thread_time()
+                    fns[name]()
+                    total = time.thread_time() - start
+                    runs[name].append((total, spent["attention"], spent["mask"]))
+            ms = {
+                n: [1e3 * statistics.median(run[i] for run in v) for i in range(3)]
+                for n, v in runs.items()
+            }
+            s, w = ms["sdpa"], ms["swap"]
+            extra = w[1] + w[2] - s[1] - s[2]
+            print(
+                f"| {label} | {s[0]:.1f} | {s[1]:.2f} + {s[2]:.2f} | {w[1]:.2f} + {w[2]:.2f} "
+                f"| {extra:+.2f} ms ({100 * extra / s[0]:+.1f} %) |"
+            )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--quick", action="store_true", help="smaller inputs, 5 repeats")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument(
+        "--inside",
+        action="store_true",
+        help="CPU time inside the attention and mask functions, sdpa model vs swap",
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     repeats = 5 if args.quick else args.repeats
+    if args.inside:
+        print(f"Machine: {machine()}; {args.threads} thread(s), float32, eval, no_grad")
+        print(f"Thread CPU time, medians of {repeats} paired runs (sdpa and swap alternating)\n")
+        _inside(repeats, args.quick)
+        return
     rows = []
     with torch.no_grad():
         for label, fns, tokens in _cases(args.quick):
