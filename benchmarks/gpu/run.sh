@@ -61,21 +61,31 @@ if [ "$DRY" = 1 ]; then
 fi
 
 start=$(date +%s)
+if "$PYTHON" -c "import torch" >/dev/null 2>&1; then
+    # a Python that has torch already (an image's own environment, perhaps itself a venv that a
+    # new --system-site-packages venv would not see): used as it is, attnkit from src/
+    PY="$PYTHON"
+    echo "== using $("$PY" -c 'import sys; print(sys.executable)') and its torch"
+fi
 VENV="$ROOT/.venv-gpu"
-if [ ! -x "$VENV/bin/python" ]; then
+if [ -n "${PY:-}" ]; then
+    :
+elif [ ! -x "$VENV/bin/python" ]; then
     echo "== creating $VENV"
     "$PYTHON" -m venv --system-site-packages "$VENV" || exit 1
 fi
-PY="$VENV/bin/python"
-PIP=("$PY" -m pip install --disable-pip-version-check -q)
-if ! "$PY" -c "import torch" >/dev/null 2>&1; then
-    echo "== installing torch"
-    timeout 300 "${PIP[@]}" torch || echo "run.sh: torch could not be installed" >&2
-fi
-echo "== installing attnkit[dev]"
-if ! timeout 180 "${PIP[@]}" -e ".[dev]"; then
-    echo "run.sh: 'pip install -e .[dev]' failed (no network?); using src/ and what is installed" >&2
-    timeout 60 "${PIP[@]}" --no-deps --no-build-isolation -e . >/dev/null 2>&1 || true
+if [ -z "${PY:-}" ]; then
+    PY="$VENV/bin/python"
+    PIP=("$PY" -m pip install --disable-pip-version-check -q)
+    if ! "$PY" -c "import torch" >/dev/null 2>&1; then
+        echo "== installing torch"
+        timeout 300 "${PIP[@]}" torch || echo "run.sh: torch could not be installed" >&2
+    fi
+    echo "== installing attnkit[dev]"
+    if ! timeout 180 "${PIP[@]}" -e ".[dev]"; then
+        echo "run.sh: 'pip install -e .[dev]' failed (no network?); using src/ and what is installed" >&2
+        timeout 60 "${PIP[@]}" --no-deps --no-build-isolation -e . >/dev/null 2>&1 || true
+    fi
 fi
 with_src
 "$PY" - <<'EOF' || exit 1

@@ -376,6 +376,24 @@ def test_block_sparse_on_cuda_equals_the_masked_reference():
     torch.testing.assert_close(out.cpu(), _reference(q, k, v, allowed), atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.cuda
+@pytest.mark.parametrize("align", ["softmax", "sparsemax"])
+def test_chunked_gradients_on_cuda_equal_the_dense_kernel(align):
+    """The tiled path's backward made its gradient buffers on the CPU (a crash on CUDA)."""
+    g = torch.Generator().manual_seed(15)
+    q, k, v = (torch.randn(2, 70, 8, generator=g, dtype=torch.float64) for _ in range(3))
+    grads = {}
+    for kernel in ("chunked", "dense"):
+        inputs = [x.cuda().requires_grad_() for x in (q, k, v)]
+        out = ak.attention(
+            *inputs, align=align, kernel=kernel, chunk_size=16 if kernel == "chunked" else None
+        ).context
+        grads[kernel] = torch.autograd.grad(out.square().sum(), inputs)
+    for a, b in zip(grads["chunked"], grads["dense"], strict=True):
+        assert a.device.type == "cuda"
+        torch.testing.assert_close(a, b)
+
+
 def test_only_score_mods_of_the_form_e_plus_f_are_read_as_additive():
     slopes = torch.tensor([0.5, 0.25])
 

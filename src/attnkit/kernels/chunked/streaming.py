@@ -78,11 +78,12 @@ class TiledAttention(torch.autograd.Function):
         plan: Plan = ctx.plan
         qp, kp, v, bias, context, stat, *params = ctx.saved_tensors
         work = plan.work
-        g_qp = None if qp is None else torch.zeros(qp.shape, dtype=work)
-        g_kp, g_v = torch.zeros(kp.shape, dtype=work), torch.zeros(v.shape, dtype=work)
+        kw = {"dtype": work, "device": v.device}  # (the gradients where the inputs are)
+        g_qp = None if qp is None else torch.zeros(qp.shape, **kw)
+        g_kp, g_v = torch.zeros(kp.shape, **kw), torch.zeros(v.shape, **kw)
         want_bias = bias is not None and ctx.needs_input_grad[4]
-        g_bias = torch.zeros(bias.shape, dtype=work) if want_bias else None
-        g_params = [torch.zeros(p.shape, dtype=work) for p in params]
+        g_bias = torch.zeros(bias.shape, **kw) if want_bias else None
+        g_params = [torch.zeros(p.shape, dtype=plan.work, device=p.device) for p in params]
         for q0, q1 in plan.q_blocks():
             d_out = d_context[..., q0:q1, :].to(work)
             st = None if stat is None else stat.narrow(-2, q0, q1 - q0)
