@@ -6,6 +6,7 @@ import difflib
 import json
 import math
 import os
+import weakref
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
@@ -40,6 +41,10 @@ LIMITS = {
 }
 
 
+# id -> (weak reference, its fields) of the configurations resolved() returned
+_RESOLVED: dict[int, tuple[weakref.ref, dict[str, Any]]] = {}
+
+
 class ConfigError(ValueError):
     """A bad run configuration; the CLI prints it as one line and exits with status 2."""
 
@@ -59,10 +64,13 @@ class RunConfig(RunKeys):
         """Fill the task's defaults and validate; raises ConfigError naming the key. A
         configuration this returned, unchanged since, is returned as it is (a run resolves its
         configuration once, however many steps ask)."""
-        if self.__dict__.get("_resolved") == asdict(self):
+        kept = _RESOLVED.get(id(self))
+        if kept is not None and kept[0]() is self and kept[1] == asdict(self):
             return self
         out = self._resolve()
-        out.__dict__["_resolved"] = asdict(out)
+        key = id(out)
+        ref = weakref.ref(out, lambda _, key=key: _RESOLVED.pop(key, None))
+        _RESOLVED[key] = (ref, asdict(out))
         return out
 
     def _resolve(self) -> RunConfig:
