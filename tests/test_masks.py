@@ -88,12 +88,16 @@ def test_a_short_mask_that_fits_two_ways_is_refused_and_one_that_fits_one_way_ta
 def test_a_causal_mask_is_known_as_made_until_it_changes():
     mask = masks.causal(6)
     assert masks.is_made_causal(mask)
+    assert masks.is_made_causal(mask[None, None]) and masks.is_made_causal(mask.unsqueeze(-3))
+    assert not masks.is_made_causal(mask.t()) and not masks.is_made_causal(mask[1:, 1:])
+    assert not masks.is_made_causal(mask[None].expand(2, 6, 6))
     assert not masks.is_made_causal(masks.causal(4, 6))  # (not square: not remembered)
     assert not masks.is_made_causal(torch.ones(6, 6, dtype=torch.bool).tril())  # (not made here)
     # an in-place change is seen, and attention then honours the changed mask, not causality
     q, k, v = torch.randn(3, 1, 6, 4, dtype=torch.float64).unbind(0)
+    view = mask[None]
     mask[5, 5] = False
-    assert not masks.is_made_causal(mask)
+    assert not masks.is_made_causal(mask) and not masks.is_made_causal(view)
     got = ak.attention(q, k, v, mask=mask).context
     want = ak.attention(q, k, v, mask=mask, kernel="dense").context
     torch.testing.assert_close(got, want)

@@ -80,13 +80,22 @@ def causal(m: int, n: int | None = None, *, device: torch.device | str | None = 
 
 def is_made_causal(mask: Tensor) -> bool:
     """Whether ``mask`` is a square mask made by :func:`causal` and not changed since (its
-    version counter says so), so that it is the causal mask without looking at its values.
-    False says nothing: the mask may still be causal."""
-    kept = _MADE_CAUSAL.get(id(mask))
-    if kept is None or kept[0]() is not mask:
+    version counter says so), or a view of one that only adds leading dims of size 1 (such as
+    ``mask[None, None]``), so that it is the causal mask without looking at its values. False
+    says nothing: the mask may still be causal."""
+    base = mask if mask._base is None else mask._base
+    kept = _MADE_CAUSAL.get(id(base))
+    if kept is None or kept[0]() is not base:
+        return False
+    if base is not mask and not (
+        mask.shape[-2:] == base.shape
+        and mask.stride()[-2:] == base.stride()
+        and mask.storage_offset() == base.storage_offset()
+        and all(size == 1 for size in mask.shape[:-2])
+    ):
         return False
     try:
-        return mask._version == kept[1]
+        return base._version == kept[1]
     except RuntimeError:
         return False
 
