@@ -375,25 +375,37 @@ class MultiHeadLatentAttention(nn.Module):
             absorbed: attend over the latents with W^UK absorbed into the queries and W^UV
                 into the output (the decoding form); otherwise keys and values are expanded.
         """
+        offset = self._check_call(x, mask, need_weights, cache, absorbed)
+        return self._attend(x, mask, need_weights, cache, absorbed, offset)
+
+    def _check_call(
+        self,
+        x: Tensor,
+        mask: Tensor | None,
+        need_weights: bool,
+        cache: LatentCache | None,
+        absorbed: bool,
+        cache_type: type = LatentCache,
+        cache_name: str = "attnkit.modern.LatentCache",
+    ) -> int:
+        """Every check of a call at the door, the cache (a ``cache_type``) claimed; returns
+        the number of cached positions."""
+        if cache is not None and not isinstance(cache, cache_type):
+            raise TypeError(f"cache must be an {cache_name} or None, got {type(cache).__name__}")
         checks.tensor(x, "x")
         arguments.boolean(need_weights, "need_weights")
         arguments.boolean(absorbed, "absorbed")
         if x.dim() < 2 or x.shape[-1] != self.embed_dim:
             raise ValueError(
-                f"x must be (B, …, L, {self.embed_dim}) for this MultiHeadLatentAttention, got "
+                f"x must be (B, …, L, {self.embed_dim}) for this {type(self).__name__}, got "
                 f"shape {tuple(x.shape)}"
             )
         if cache is not None:
-            if not isinstance(cache, LatentCache):
-                raise TypeError(
-                    f"cache must be an attnkit.modern.LatentCache or None, got "
-                    f"{type(cache).__name__}"
-                )
             cache.claim(self)
         offset = 0 if cache is None else len(cache)
         length = x.shape[-2]
         masks.check(mask, torch.Size((*x.shape[:-2], length, offset + length)))
-        return self._attend(x, mask, need_weights, cache, absorbed, offset)
+        return offset
 
     def _attend(
         self,

@@ -36,7 +36,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from attnkit import arguments, checks, masks
+from attnkit import arguments
 from attnkit.modern.latent import LatentCache, LatentOutput, MultiHeadLatentAttention
 from attnkit.positions.rope_scaling import _cos_sin, _rotate, inverse_frequencies
 from attnkit.sparse_trainable._select import top_indices
@@ -310,24 +310,11 @@ class SparseLatentAttention(MultiHeadLatentAttention):
         allows, so the indexer's keys are made (for the cache) but no score is. A single query
         (a decoding step) without weights attends over its k keys gathered from the cache, with
         no mask over all N."""
-        if cache is not None and not isinstance(cache, SparseLatentCache):
-            raise TypeError(
-                f"cache must be an attnkit.sparse_trainable.SparseLatentCache or None, got "
-                f"{type(cache).__name__}"
-            )
-        checks.tensor(x, "x")
-        arguments.boolean(need_weights, "need_weights")
-        arguments.boolean(absorbed, "absorbed")
-        if x.dim() < 2 or x.shape[-1] != self.embed_dim:
-            raise ValueError(
-                f"x must be (B, …, L, {self.embed_dim}) for this SparseLatentAttention, got "
-                f"shape {tuple(x.shape)}"
-            )
-        offset = 0 if cache is None else len(cache)
+        offset = self._check_call(
+            x, mask, need_weights, cache, absorbed,
+            SparseLatentCache, "attnkit.sparse_trainable.SparseLatentCache",
+        )  # fmt: skip
         length = x.shape[-2]
-        masks.check(mask, torch.Size((*x.shape[:-2], length, offset + length)))
-        if cache is not None:
-            cache.claim(self)
         cos_sin = self._angles(offset, length, x)
         q_latent = self.q_norm(self.w_dq(x))
         rows = None
