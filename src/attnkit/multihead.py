@@ -581,17 +581,16 @@ class MultiHeadAttention(nn.Module):
             )
         else:
             k, v, k_offset = step.extend(k, v, key.shape[-2])
+            per_query_head = places and not alike  # (the chain and scheme read keys per head)
+            if per_query_head:
+                k, v = self._share_kv_heads(k, v)
+                grouped = False
             if places:
-                if not alike:
-                    k, v = self._share_kv_heads(k, v)
-                    grouped = False
                 q, k, bias, value_term = self._place(q, k, bias, query, step.offset, k_offset)
-                if alike and not grouped:
-                    k, v = self._share_kv_heads(k, v)
             else:
-                if not grouped:
-                    k, v = self._share_kv_heads(k, v)
                 bias, value_term = self._per_head(bias, query), None
+            if not (grouped or per_query_head):
+                k, v = self._share_kv_heads(k, v)  # (after placing: each key head placed once)
         if plan is not None and plan.plain_mask:
             mask, sparse = self._per_head(mask, query), {}
         else:
