@@ -182,3 +182,60 @@ def test_direct_leaves_only_masks_evaluated_block_sparsely_to_the_general_call()
     out = sdpa.direct(q, k, v, score, align, mask=causal)
     ref = F.scaled_dot_product_attention(q, k, v, is_causal=True)
     torch.testing.assert_close(out.context, ref)
+
+
+def _direct_cases():
+    """(name, q, k, v, mask, bias, dtype tolerance) over the forms a layer's plan hands the
+    direct entry: no mask, key padding, causal, a full mask with a row that has no key, a
+    bias, ±1e4 row offsets, d_v ≠ d_k, sizes no tile divides, grouped heads, B = 0."""
+    g = torch.Generator().manual_seed(11)
+
+    def t(*shape, dtype=torch.float64):
+        return torch.randn(*shape, generator=g, dtype=torch.float64).to(dtype)
+
+    m, n = 37, 45
+    key = torch.ones(3, 1, 1, n, dtype=torch.bool)
+    key[1, ..., 20:] = False
+    full = torch.rand(3, 1, m, n, generator=g) > 0.5
+    full[0, 0, 5] = False  # a row without a key
+    causal = torch.ones(m, n, dtype=torch.bool).tril(n - m)
+    for dtype in (torch.float64, torch.float32, torch.bfloat16):
+        tol = {torch.float64: 1e-10, torch.float32: 1e-5, torch.bfloat16: 3e-2}[dtype]
+        q, k, v = t(3, 2, m, 8, dtype=dtype), t(3, 2, n, 8, dtype=dtype), t(3, 2, n, 5, dtype=dtype)
+        yield f"none {dtype}", q, k, v, None, None, tol
+        yield f"key {dtype}", q, k, v, key, None, tol
+        yield f"full {dtype}", q, k, v, full, None, tol
+        yield f"causal {dtype}", q, k, v, causal, None, tol
+        offset = q + 1e4 * t(3, 2, m, 1, dtype=dtype) if dtype == torch.float64 else q
+        yield f"offsets {dtype}", offset, k, v, key, None, tol
+    q64, k64, v64 = t(3, 2, m, 8), t(3, 2, n, 8), t(3, 2, n, 5)
+    yield "bias", q64, k64, v64, full, t(3, 1, m, n), 1e-10
+    yield "grouped", t(3, 4, m, 8), k64, v64, key, None, 1e-10
+    yield "B = 0", t(0, 2, m, 8), t(0, 2, n, 8), t(0, 2, n, 5), None, None, 1e-10
+
+
+@pytest.mark.parametrize("case", list(_direct_cases()), ids=lambda c: c[0])
+def test_direct_equals_the_dense_kernel_on_every_form_it_takes(case):
+    _, q, k, v, mask, bias, tol = case
+    score, align = sc.ScaledDot(), al.Softmax()
+    out = sdpa.direct(q, k, v, score, align, mask=mask, bias=bias)
+    assert out is not None  # every form here is one SDPA evaluates exactly
+    group = q.shape[1] // k.shape[1]
+    kr, vr = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+    want = dense.attend(q, kr, vr, score, align, mask=mask, bias=bias).context
+    assert out.context.shape == want.shape and out.context.dtype == q.dtype
+    torch.testing.assert_close(out.context, want.to(q.dtype), atol=tol, rtol=tol)
+
+
+def test_direct_steps_aside_where_selection_could_choose_otherwise():
+    g = torch.Generator().manual_seed(12)
+    q, k, v = (torch.randn(1, 2, 6, 4, generator=g) for _ in range(3))
+    full = torch.ones(6, 6, dtype=torch.bool).tril()
+    score = sc.ScaledDot()
+    assert sdpa.direct(q, k, v, score, al.Sparsemax()) is None  # not softmax
+    half = q.to(torch.bfloat16), k.to(torch.bfloat16), v.to(torch.bfloat16)
+    bias = torch.zeros(6, 6, dtype=torch.bfloat16)
+    assert sdpa.direct(*half, score, al.Softmax(), bias=bias) is None  # a half-precision bias
+    v_bad = v.clone()
+    v_bad[0, 0, 5, 0] = float("nan")  # under a per-query mask: the kernel would have to guard
+    assert sdpa.direct(q, k, v_bad, score, al.Softmax(), mask=full) is None
