@@ -66,7 +66,8 @@ def causal(m: int, n: int | None = None, *, device: torch.device | str | None = 
     """(M, N) mask: query i may attend keys j <= i + (N - M) (aligned at the end, as SDPA)."""
     arguments.nonnegative_int(m, "m")
     n = m if n is None else arguments.nonnegative_int(n, "n")
-    mask = torch.ones(m, n, dtype=torch.bool, device=device).tril(diagonal=n - m)
+    # tril_ in place: several times faster than tril, which makes a second (M, N) tensor
+    mask = torch.ones(m, n, dtype=torch.bool, device=device).tril_(diagonal=n - m)
     if m == n and not torch.compiler.is_compiling():
         try:
             version = mask._version

@@ -49,7 +49,7 @@ def _is_causal(mask: Tensor | None, m: int, n: int) -> bool:
         return False
     if is_made_causal(mask):
         return True  # (made by attnkit.masks.causal and unchanged: nothing to compare)
-    causal = torch.ones(m, n, dtype=torch.bool, device=mask.device).tril()
+    causal = torch.ones(m, n, dtype=torch.bool, device=mask.device).tril_()
     return torch.equal(mask.reshape(m, n), causal)
 
 

@@ -65,7 +65,7 @@ def mamba2_decay_parameters(
 
 def tril(n: int, device=None, *, strict: bool = False) -> Tensor:
     """(n, n) boolean, True where j ≤ i (j < i when ``strict``)."""
-    return torch.ones(n, n, dtype=torch.bool, device=device).tril(-1 if strict else 0)
+    return torch.ones(n, n, dtype=torch.bool, device=device).tril_(-1 if strict else 0)
 
 
 def segment_sum(g: Tensor) -> Tensor:

@@ -91,7 +91,7 @@ def schedule_of(plan: Plan) -> list[tuple[int, int, list[Piece]]]:
         )
         if causal:
             tile = bm.tile(q0, q1, q0, q1)
-            tril = torch.ones(q1 - q0, q1 - q0, dtype=torch.bool, device=tile.device).tril()
+            tril = torch.ones(q1 - q0, q1 - q0, dtype=torch.bool, device=tile.device).tril_()
             causal = bool((tile == tril).all())
         part = [j for j in cols if not full[j] and not (causal and j in diag)]
         pieces = []
