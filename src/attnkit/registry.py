@@ -9,7 +9,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any, ClassVar, Generic, TypeVar
 
-__all__ = ["Registry"]
+__all__ = ["Registry", "deprecated_keywords", "under_new_names"]
 
 T = TypeVar("T")
 
@@ -104,25 +104,15 @@ class Registry(Generic[T]):
         cls = self.get(name)
         signature = inspect.signature(cls)
         params = signature.parameters
-        init = getattr(cls, "__init__", None)
-        moved = getattr(init, "__renamed__", {})
+        moved = getattr(getattr(cls, "__init__", None), "__renamed__", {})
         # old keywords still accepted for a release (arguments.deprecated_names): bound under
         # their new names here, passed as given so that the class warns
-        deprecated = getattr(init, "__deprecated_names__", {})
-        bound = dict(kwargs)
+        bound = under_new_names(cls, kwargs, f"{self.kind} {name!r}")
+        deprecated = deprecated_keywords(cls)
         for key in kwargs:
             if key in moved and key not in params:
                 raise TypeError(f"{self.kind} {name!r}: `{key}` is now `{moved[key]}`")
-            if key in deprecated and key not in params:
-                new = deprecated[key]
-                if new in kwargs:
-                    raise TypeError(
-                        f"{self.kind} {name!r}: got both `{key}` and `{new}`; `{key}` is "
-                        f"renamed `{new}`, pass only `{new}`"
-                    )
-                bound[new] = bound.pop(key)
-                continue
-            if key not in params:
+            if key not in params and key not in deprecated:
                 close = difflib.get_close_matches(key, params, n=1)
                 hint = f" (did you mean {close[0]!r}?)" if close else ""
                 raise TypeError(
@@ -138,6 +128,35 @@ class Registry(Generic[T]):
     def accepts(self, name: str) -> set[str]:
         """Names of the keyword arguments that ``name``'s constructor takes."""
         return set(inspect.signature(self.get(name)).parameters)
+
+
+def deprecated_keywords(cls: type) -> dict[str, str]:
+    """The keywords that ``cls``'s constructor still accepts under an old name for a release
+    (:func:`attnkit.arguments.deprecated_names`), old name -> new name; empty when none."""
+    return dict(getattr(getattr(cls, "__init__", None), "__deprecated_names__", {}))
+
+
+def under_new_names(cls: type, kwargs: dict[str, Any], who: str) -> dict[str, Any]:
+    """``kwargs`` with each keyword that ``cls``'s constructor still accepts under an old name
+    (:func:`deprecated_keywords`) keyed by its new name, the one translation of old keywords
+    that :meth:`Registry.build` and :func:`attnkit.sizing.build` (``for_heads``) share.
+
+    Raises:
+        TypeError: naming ``who`` when a keyword is given under its old and its new name.
+    """
+    deprecated = deprecated_keywords(cls)
+    params = inspect.signature(cls).parameters
+    bound = dict(kwargs)
+    for key in kwargs:
+        if key in deprecated and key not in params:
+            new = deprecated[key]
+            if new in kwargs:
+                raise TypeError(
+                    f"{who}: got both `{key}` and `{new}`; `{key}` is renamed `{new}`, pass "
+                    f"only `{new}`"
+                )
+            bound[new] = bound.pop(key)
+    return bound
 
 
 def _same_definition(old: type, new: type) -> bool:

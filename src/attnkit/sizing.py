@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, Self
@@ -33,6 +34,7 @@ from typing import Any, ClassVar, Self
 from torch import nn
 
 from attnkit import arguments
+from attnkit.registry import deprecated_keywords, under_new_names
 
 __all__ = ["EXAMPLE", "SIZE_NAMES", "Sized", "Sizes", "build", "example_sizes"]
 
@@ -112,8 +114,19 @@ def build(cls: type, sizes: Sizes, overrides: Mapping[str, Any]) -> Any:
     table: Mapping[str, str] = getattr(cls, "size_arguments", {})
     given = {param: getattr(sizes, size) for param, size in table.items()}
     args = {param: value for param, value in given.items() if value is not None}
-    args.update(overrides)
     params, any_keyword = _parameters(cls)
+    # an override under a name the constructor still accepts for a release (d= for head_dim=)
+    # is translated as Registry.build translates it, so that it replaces the size given under
+    # the new name instead of clashing with it; the class is called with the new name
+    translated = under_new_names(cls, dict(overrides), what)
+    for old in set(overrides) - set(translated):
+        new = deprecated_keywords(cls)[old]
+        warnings.warn(
+            f"{cls.__name__}: {old}= is renamed {new}=; {old}= will be removed",
+            DeprecationWarning,
+            stacklevel=3,
+        )
+    args.update(translated)
     moves = {}
     for key in ("device", "dtype"):
         if key in args and key not in params and not any_keyword:

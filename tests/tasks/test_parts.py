@@ -106,7 +106,7 @@ def test_slot_mechanisms_by_registry_and_built_with_the_model_sizes():
 def test_build_slot_attention_refuses_what_it_cannot_build():
     with pytest.raises(ValueError, match="not a per-head attention part"):
         parts.build_slot_attention("memn2n", head_dim=8, num_heads=2, max_len=16)
-    with pytest.raises(ValueError, match="unknown mechanism"):
+    with pytest.raises(ValueError, match="unknown per-head part"):
         parts.build_slot_attention("nope", head_dim=8, num_heads=2, max_len=16)
 
 
@@ -144,7 +144,7 @@ def test_a_module_that_is_not_a_head_part_is_refused(registries):
 
 def test_a_head_part_is_built_by_its_for_heads_and_refused_when_it_cannot_be(registries):
     ak.mechanisms.available()
-    ak.mechanisms.REGISTRY.register("head_part")(_HeadPart)
+    ak.head_registry.REGISTRY.register("head_part")(_HeadPart)
     part = parts.build_slot_attention("head_part", head_dim=8, num_heads=2, max_len=16)
     assert (part.d, part.alpha) == (8, 1.0)
 
@@ -152,7 +152,7 @@ def test_a_head_part_is_built_by_its_for_heads_and_refused_when_it_cannot_be(reg
         def __init__(self, d: int, alpha: float) -> None:
             super().__init__(d, alpha=alpha)
 
-    ak.mechanisms.REGISTRY.register("needy_part")(Needy)
+    ak.head_registry.REGISTRY.register("needy_part")(Needy)
     with pytest.raises(ValueError, match="'needy_part' cannot be built from the model's sizes"):
         parts.build_slot_attention("needy_part", head_dim=8, num_heads=2, max_len=16)
 
@@ -161,7 +161,7 @@ def test_a_head_part_is_built_by_its_for_heads_and_refused_when_it_cannot_be(reg
         def for_heads(cls, *, embed_dim, num_heads, head_dim, max_len, **overrides):
             raise TypeError("Refusing.for_heads: the argument 'alpha' cannot be filled")
 
-    ak.mechanisms.REGISTRY.register("refusing_part")(Refusing)
+    ak.head_registry.REGISTRY.register("refusing_part")(Refusing)
     with pytest.raises(ValueError, match="'refusing_part' cannot be built from the model's sizes"):
         parts.build_slot_attention("refusing_part", head_dim=8, num_heads=2, max_len=16)
 

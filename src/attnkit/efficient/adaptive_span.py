@@ -43,7 +43,8 @@ from attnkit import taxonomy as tx
 from attnkit.alignments import Alignment, Softmax
 from attnkit.efficient.span_band import span_band_attention, span_mask
 from attnkit.head import HeadAttention
-from attnkit.mechanisms import REGISTRY, example_tensor
+from attnkit.head_registry import REGISTRY
+from attnkit.mechanisms import example_tensor
 from attnkit.output import AttentionOutput
 
 __all__ = [

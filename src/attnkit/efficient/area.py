@@ -22,7 +22,8 @@ from attnkit import arguments, masks
 from attnkit import taxonomy as tx
 from attnkit.core import Attention
 from attnkit.head import HeadAttention
-from attnkit.mechanisms import REGISTRY, example_tensor
+from attnkit.head_registry import REGISTRY
+from attnkit.mechanisms import example_tensor
 from attnkit.output import AttentionOutput
 
 __all__ = ["AreaAttention", "areas"]

@@ -27,8 +27,9 @@ from attnkit import taxonomy as tx
 from attnkit.efficient import kernelized as kz
 from attnkit.efficient.feature_maps import causal_rows, check_causal, make_feature_map
 from attnkit.head import HeadAttention
+from attnkit.head_registry import REGISTRY
 from attnkit.inputs import broadcast_shapes
-from attnkit.mechanisms import REGISTRY, example_tensor
+from attnkit.mechanisms import example_tensor
 from attnkit.output import AttentionOutput
 
 __all__ = ["FastWeightProgrammer"]

@@ -31,8 +31,9 @@ from attnkit.efficient.feature_maps import (
     make_feature_map,
 )
 from attnkit.head import HeadAttention
+from attnkit.head_registry import REGISTRY
 from attnkit.inputs import broadcast_shapes
-from attnkit.mechanisms import REGISTRY, example_tensor
+from attnkit.mechanisms import example_tensor
 from attnkit.output import AttentionOutput
 
 __all__ = ["FEATURE_MAPS", "EluPlusOne", "LinearAttention", "ReLUFeatures", "make_feature_map"]

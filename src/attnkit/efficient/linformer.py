@@ -30,8 +30,9 @@ from attnkit import taxonomy as tx
 from attnkit.alignments import Softmax
 from attnkit.efficient.landmarks import padding_masks
 from attnkit.head import HeadAttention
+from attnkit.head_registry import REGISTRY
 from attnkit.inputs import broadcast_shapes
-from attnkit.mechanisms import REGISTRY, example_tensor
+from attnkit.mechanisms import example_tensor
 from attnkit.output import AttentionOutput
 
 __all__ = ["Linformer"]

@@ -27,8 +27,9 @@ from attnkit import taxonomy as tx
 from attnkit.alignments import Softmax
 from attnkit.efficient._shared import masked_logsumexp
 from attnkit.head import HeadAttention, check_head_inputs
+from attnkit.head_registry import REGISTRY
 from attnkit.kernels.base import guarded_sum
-from attnkit.mechanisms import REGISTRY, example_tensor
+from attnkit.mechanisms import example_tensor
 from attnkit.output import AttentionOutput
 
 __all__ = ["LSHAttention"]

@@ -40,8 +40,9 @@ from attnkit import hooks, masks
 from attnkit import taxonomy as tx
 from attnkit.alignments import Softmax
 from attnkit.efficient.landmarks import LandmarkAttention
+from attnkit.head_registry import REGISTRY
 from attnkit.inputs import broadcast_shapes
-from attnkit.mechanisms import REGISTRY, example_tensor
+from attnkit.mechanisms import example_tensor
 from attnkit.output import AttentionOutput
 
 __all__ = ["NystromAttention"]

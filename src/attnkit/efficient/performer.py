@@ -47,8 +47,9 @@ from attnkit.efficient.feature_maps import (
     whole_maps,
 )
 from attnkit.head import HeadAttention
+from attnkit.head_registry import REGISTRY
 from attnkit.inputs import broadcast_shapes
-from attnkit.mechanisms import REGISTRY, example_tensor
+from attnkit.mechanisms import example_tensor
 from attnkit.output import AttentionOutput
 
 __all__ = ["Performer", "gaussian_features", "orthogonal_gaussian_features"]

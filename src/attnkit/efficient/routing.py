@@ -41,7 +41,8 @@ from attnkit.alignments import Softmax
 from attnkit.core import Attention
 from attnkit.efficient.gather import pairs
 from attnkit.head import HeadAttention
-from attnkit.mechanisms import REGISTRY, example_tensor
+from attnkit.head_registry import REGISTRY
+from attnkit.mechanisms import example_tensor
 from attnkit.output import AttentionOutput
 
 __all__ = ["RoutingAttention"]

@@ -35,9 +35,10 @@ from attnkit.efficient import kernelized as kz
 from attnkit.efficient.feature_maps import make_feature_map
 from attnkit.efficient.performer import Performer
 from attnkit.head import HeadAttention
+from attnkit.head_registry import REGISTRY
 from attnkit.inputs import broadcast_shapes
 from attnkit.kernels.base import guarded_sum
-from attnkit.mechanisms import REGISTRY, example_tensor
+from attnkit.mechanisms import example_tensor
 from attnkit.output import AttentionOutput
 
 __all__ = ["RelativeKernelAttention", "toeplitz_dense", "toeplitz_fft"]

@@ -35,7 +35,8 @@ from attnkit.efficient.landmarks import (
     gaussian_scores,
     segment_means,
 )
-from attnkit.mechanisms import REGISTRY, example_tensor
+from attnkit.head_registry import REGISTRY
+from attnkit.mechanisms import example_tensor
 
 __all__ = ["Skyformer"]
 

@@ -36,7 +36,8 @@ from attnkit.efficient.landmarks import (
     gaussian_scores,
     newton_pinv,
 )
-from attnkit.mechanisms import REGISTRY, example_tensor
+from attnkit.head_registry import REGISTRY
+from attnkit.mechanisms import example_tensor
 
 __all__ = ["SoftmaxFreeAttention"]
 

@@ -36,6 +36,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnkit import taxonomy as tx
+from attnkit.head_registry import REGISTRY
 from attnkit.linear_family.base import Inputs, LinearFamilyPart
 from attnkit.linear_family.decay import (
     causal_matmul,
@@ -44,7 +45,6 @@ from attnkit.linear_family.decay import (
     split_chunks,
     tril,
 )
-from attnkit.mechanisms import REGISTRY
 
 __all__ = [
     "DeltaNet",

@@ -25,8 +25,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnkit import arguments
+from attnkit.head_registry import REGISTRY
 from attnkit.linear_family.base import Inputs, _DecayFamily
-from attnkit.mechanisms import REGISTRY
 
 __all__ = ["GatedLinearAttention"]
 

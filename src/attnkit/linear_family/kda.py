@@ -38,11 +38,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from attnkit.head_registry import REGISTRY
 from attnkit.linear_family import decay
 from attnkit.linear_family.base import Inputs
 from attnkit.linear_family.decay import causal_matmul, split_chunks, tril
 from attnkit.linear_family.deltanet import DeltaNet, delta_recurrent
-from attnkit.mechanisms import REGISTRY
 
 __all__ = [
     "KimiDeltaAttention",

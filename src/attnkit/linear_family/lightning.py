@@ -31,8 +31,8 @@ from torch import Tensor
 from attnkit import arguments
 from attnkit import taxonomy as tx
 from attnkit.derived import DerivedBuffers
+from attnkit.head_registry import REGISTRY
 from attnkit.linear_family.base import Inputs, _DecayFamily
-from attnkit.mechanisms import REGISTRY
 
 __all__ = ["LightningAttention", "lightning_slopes"]
 

@@ -26,9 +26,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnkit import taxonomy as tx
+from attnkit.head_registry import REGISTRY
 from attnkit.linear_family import decay
 from attnkit.linear_family.base import Inputs, _DecayFamily
-from attnkit.mechanisms import REGISTRY
 
 __all__ = ["Mamba2SSD"]
 

@@ -24,7 +24,8 @@ from attnkit import arguments
 from attnkit import taxonomy as tx
 from attnkit.core import Attention
 from attnkit.head import HeadAttention
-from attnkit.mechanisms import REGISTRY, example_tensor
+from attnkit.head_registry import REGISTRY
+from attnkit.mechanisms import example_tensor
 from attnkit.output import AttentionOutput
 from attnkit.slots import attention_part
 

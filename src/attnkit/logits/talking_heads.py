@@ -26,8 +26,9 @@ from attnkit import arguments
 from attnkit import taxonomy as tx
 from attnkit.alignments import Softmax
 from attnkit.head import HeadAttention
+from attnkit.head_registry import REGISTRY
 from attnkit.inputs import broadcast_shapes
-from attnkit.mechanisms import REGISTRY, example_tensor
+from attnkit.mechanisms import example_tensor
 from attnkit.output import AttentionOutput
 
 __all__ = ["TalkingHeadsAttention"]

@@ -14,20 +14,33 @@ Every mechanism returns a member of one output family,
 tensor the mechanism produces for the next layer — and ``named_weights()`` — its attention
 weights by name. Its weights are computed through the core (:class:`attnkit.Attention`) or
 reported to :mod:`attnkit.hooks` by the mechanism, so ``attnkit.evaluation.capture`` sees them.
+
+Per-head attention parts (:class:`attnkit.HeadAttention`) have a registry of their own,
+:mod:`attnkit.head_registry`, and their own contract. This registry delegates to it: a name it
+does not hold is looked up there, so ``build``, ``example`` and ``REGISTRY.get`` take every
+per-head part's name as they did when per-head parts were registered here, and ``available()``
+lists them too (everything that attends, by name). :meth:`MechanismRegistry.own` names the
+mechanisms registered here themselves, those the mechanism contract covers. A per-head part
+registered here the old way is registered there instead, with a ``DeprecationWarning``.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import warnings
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import torch
 from torch import Tensor, nn
 
+from attnkit import head_registry
+from attnkit.head import HeadAttention
 from attnkit.registry import Registry
 
 __all__ = [
     "PACKAGES",
     "REGISTRY",
+    "MechanismRegistry",
     "available",
     "build",
     "example",
@@ -50,7 +63,59 @@ PACKAGES = (
 )
 
 
-REGISTRY: Registry[nn.Module] = Registry("mechanism", packages=PACKAGES)
+M = TypeVar("M", bound=nn.Module)
+
+
+class MechanismRegistry(Registry[nn.Module]):
+    """The mechanism registry, delegating per-head parts to :mod:`attnkit.head_registry`.
+
+    Its own table holds the mechanisms; a name not in it is looked up among the per-head parts
+    (:meth:`get`, and so ``build``, ``example`` and ``accepts``), and :meth:`available` lists
+    both. A :class:`attnkit.HeadAttention` subclass given to :meth:`register` is registered
+    with the per-head parts, with a ``DeprecationWarning``: each kind has its one registry.
+    """
+
+    def __init__(self, kind: str, *, packages: tuple[str, ...], heads: Registry[HeadAttention]):
+        super().__init__(kind, packages=packages)
+        self.heads = heads
+
+    def register(self, name: str, *, override: bool = False) -> Callable[[type[M]], type[M]]:
+        mine = super().register(name, override=override)
+        theirs = self.heads.register(name, override=override)
+
+        def decorate(cls: type[M]) -> type[M]:
+            if isinstance(cls, type) and issubclass(cls, HeadAttention):
+                warnings.warn(
+                    f"{cls.__qualname__} is a per-head attention part: register it with "
+                    f"attnkit.head_registry.REGISTRY.register({name!r}) (per-head parts have "
+                    "their own registry; it was registered there)",
+                    DeprecationWarning,
+                    stacklevel=2,
+                )
+                return theirs(cls)  # type: ignore[arg-type, return-value]
+            return mine(cls)
+
+        return decorate
+
+    def own(self) -> list[str]:
+        """The names registered here as mechanisms (not the per-head parts delegated to)."""
+        return super().available()
+
+    def available(self) -> list[str]:
+        """Every name :meth:`get` takes: the mechanisms and the per-head parts."""
+        return sorted({*super().available(), *self.heads.available()})
+
+    def get(self, name: str) -> type[nn.Module]:
+        if isinstance(name, str) and name not in self._table:
+            self.load()
+            if name not in self._table and name in self.heads.available():
+                return self.heads.get(name)
+        return super().get(name)
+
+
+REGISTRY: MechanismRegistry = MechanismRegistry(
+    "mechanism", packages=PACKAGES, heads=head_registry.REGISTRY
+)
 
 
 def _load() -> None:

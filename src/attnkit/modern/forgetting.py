@@ -52,7 +52,8 @@ from attnkit import arguments, masks, trust
 from attnkit import taxonomy as tx
 from attnkit.core import attention
 from attnkit.head import HeadAttention
-from attnkit.mechanisms import REGISTRY, example_tensor
+from attnkit.head_registry import REGISTRY
+from attnkit.mechanisms import example_tensor
 from attnkit.output import AttentionOutput
 
 __all__ = ["DEFAULT_BLOCK_SIZE", "ForgettingAttention", "forgetting_bias"]

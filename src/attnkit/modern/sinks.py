@@ -28,7 +28,8 @@ from attnkit import taxonomy as tx
 from attnkit.alignments import Alignment, AlignOutput
 from attnkit.core import Attention
 from attnkit.head import HeadAttention
-from attnkit.mechanisms import REGISTRY, example_tensor
+from attnkit.head_registry import REGISTRY
+from attnkit.mechanisms import example_tensor
 from attnkit.output import AttentionOutput
 from attnkit.scores import Score
 

@@ -53,7 +53,8 @@ from attnkit import arguments, hooks, trust
 from attnkit import taxonomy as tx
 from attnkit.alignments import Softmax
 from attnkit.head import HeadAttention, check_head_inputs
-from attnkit.mechanisms import REGISTRY, example_tensor
+from attnkit.head_registry import REGISTRY
+from attnkit.mechanisms import example_tensor
 from attnkit.output import AttentionOutput
 from attnkit.sparse_trainable._gathered import (
     gathered_softmax,

@@ -45,8 +45,9 @@ from torch import Tensor
 from attnkit import arguments, trust
 from attnkit import taxonomy as tx
 from attnkit.head import HeadAttention
+from attnkit.head_registry import REGISTRY
 from attnkit.inputs import broadcast_shapes
-from attnkit.mechanisms import REGISTRY, example_tensor
+from attnkit.mechanisms import example_tensor
 from attnkit.output import AttentionOutput
 from attnkit.sizing import Sizes, build
 from attnkit.sparse_trainable._select import all_finite, top_indices

@@ -71,7 +71,8 @@ from attnkit import arguments, hooks, trust
 from attnkit import taxonomy as tx
 from attnkit.alignments import Softmax
 from attnkit.head import HeadAttention, check_head_inputs
-from attnkit.mechanisms import REGISTRY, example_tensor
+from attnkit.head_registry import REGISTRY
+from attnkit.mechanisms import example_tensor
 from attnkit.output import AttentionOutput
 from attnkit.sparse_trainable import _nsa_blocks as nsa_blocks
 from attnkit.sparse_trainable import _nsa_trained as nsa_trained

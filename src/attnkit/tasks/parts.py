@@ -15,6 +15,7 @@ from torch import Tensor, nn
 
 import attnkit as ak
 from attnkit import alignments as al
+from attnkit import head_registry
 from attnkit.core import Attention
 from attnkit.scores import Score
 
@@ -29,48 +30,37 @@ __all__ = [
 ]
 
 
-def _is_slot_part(cls: type) -> bool:
-    from attnkit.head import HeadAttention
-
-    return isinstance(cls, type) and issubclass(cls, HeadAttention)
-
-
 def slot_mechanisms(package: str | None = None) -> list[str]:
-    """Registered mechanisms that are per-head parts for the attention slot (subclasses of
-    :class:`attnkit.head.HeadAttention`), optionally only those defined in ``package`` (e.g.
-    ``"attnkit.efficient"``). New registrations appear here without any list to update."""
-    names = ak.mechanisms.available()  # imports the registering packages
-    out = []
-    for name in names:
-        cls = ak.mechanisms.REGISTRY.get(name)
-        if package is not None and not cls.__module__.startswith(package + "."):
-            continue
-        if _is_slot_part(cls):
-            out.append(name)
-    return out
+    """Registered per-head attention parts (:mod:`attnkit.head_registry`), optionally only
+    those defined in ``package`` (e.g. ``"attnkit.efficient"``). New registrations appear here
+    without any list to update."""
+    names = head_registry.available()  # imports the registering packages
+    if package is None:
+        return names
+    return [n for n in names if head_registry.REGISTRY.get(n).__module__.startswith(package + ".")]
 
 
 def build_slot_attention(name: str, *, head_dim: int, num_heads: int, max_len: int) -> nn.Module:
-    """The registered mechanism ``name`` as a per-head attention part for ``num_heads`` heads of
-    ``head_dim`` features over at most ``max_len`` keys, built by its class's ``for_heads``.
+    """The registered per-head part ``name`` (:mod:`attnkit.head_registry`) for ``num_heads``
+    heads of ``head_dim`` features over at most ``max_len`` keys, built by its class's
+    ``for_heads``.
 
-    Raises ValueError for an unknown name, a mechanism that is not an attention-slot part, or one
+    Raises ValueError for an unknown name, a mechanism that is not a per-head part, or a part
     that needs an argument the sizes do not give.
     """
-    ak.mechanisms.available()
-    cls = ak.mechanisms.REGISTRY.get(name)  # unknown names: ValueError listing the options
-    if not _is_slot_part(cls):
+    if name not in head_registry.available() and name in ak.mechanisms.available():
         raise ValueError(
             f"mechanism {name!r} is not a per-head attention part (an attnkit.HeadAttention); "
             f"usable: full, {', '.join(slot_mechanisms())}"
         )
+    cls = head_registry.REGISTRY.get(name)  # unknown names: ValueError listing the options
     try:
         return cls.for_heads(
             embed_dim=head_dim * num_heads, num_heads=num_heads, head_dim=head_dim, max_len=max_len
         )
     except TypeError as err:
         raise ValueError(
-            f"mechanism {name!r} cannot be built from the model's sizes ({err}); build it "
+            f"per-head part {name!r} cannot be built from the model's sizes ({err}); build it "
             "yourself and pass it as MultiHeadAttention(attention=...)"
         ) from None
 
