@@ -49,11 +49,12 @@ from typing import ClassVar
 import torch
 from torch import Tensor, nn
 
-from attnkit import arguments, hooks, trust
+from attnkit import arguments, trust
 from attnkit import taxonomy as tx
 from attnkit.alignments import Softmax
-from attnkit.head import HeadAttention, check_head_inputs
+from attnkit.head import HeadAttention
 from attnkit.head_registry import REGISTRY
+from attnkit.inputs import broadcast_shapes
 from attnkit.mechanisms import example_tensor
 from attnkit.output import AttentionOutput
 from attnkit.sparse_trainable._gathered import (
@@ -220,20 +221,15 @@ class DeepSeekSparseAttention(HeadAttention):
         scores = self.indexer(q.detach(), k.detach())
         return group_sum(scores, self.group_size) if self.group_size > 1 else scores
 
-    def forward(
-        self,
-        q: Tensor,
-        k: Tensor,
-        v: Tensor,
-        *,
-        mask: Tensor | None = None,
-        bias: Tensor | None = None,
-        need_weights: bool = False,
-        q_offset: int = 0,
-    ) -> AttentionOutput:
-        arguments.boolean(need_weights, "need_weights")
-        lead = check_head_inputs(q, k, v, mask, bias, "DeepSeekSparseAttention")
+    # The template's hole (attnkit.head.HeadAttention.forward validates, refuses by capability,
+    # zeroes the keys no query attends and those that are not finite where a mask is given,
+    # and reports the weights).
+    def attend(
+        self, q: Tensor, k: Tensor, v: Tensor, *, mask: Tensor | None, bias: Tensor | None,
+        need_weights: bool, q_offset: int = 0,
+    ) -> AttentionOutput:  # fmt: skip
         arguments.nonnegative_int(q_offset, "q_offset")
+        lead = broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
         if q.shape[-1] != self.head_dim:
             raise ValueError(
                 f"DeepSeekSparseAttention(head_dim={self.head_dim}) got q {tuple(q.shape)}"
@@ -247,22 +243,25 @@ class DeepSeekSparseAttention(HeadAttention):
         q, k, v = (x.broadcast_to(*lead, *x.shape[-2:]) for x in (q, k, v))
         rows = row_mask(mask, lead, m, n)
         pos = query_positions(m, q_offset, q.device)
-        k, v = sanitize(k, v, rows, q_offset + m - 1)
+        # keys after the last query are read by none (the template zeroed those no row of the
+        # mask attends)
+        k, v = sanitize(k, v, None, q_offset + m - 1)
 
         qi, wi, ki = self.indexer.project(q.detach(), k.detach())
         trains = any(x.requires_grad for x in (qi, wi, ki))
         trains = bool(self.indexer_loss_weight) and torch.is_grad_enabled() and trains
-        align, dense_weights = self.align, need_weights or hooks.listening()
+        align = self.align
         fast = (
             bias is None
-            and not dense_weights
+            and not need_weights
             and type(align) is Softmax
             and align.fixed_temperature is not None
             and q.numel()
             and v.numel()
             # the tiles read keys a query may not attend with weight 0 (0 · NaN = NaN): keys
-            # that are not finite take the per-query gathers
-            and (trust.inputs_finite() or all_finite(k, v))
+            # that are not finite take the per-query gathers (with a mask, the template has
+            # zeroed every key that is not finite)
+            and (mask is not None or (trust.inputs_finite() or all_finite(k, v)))
         )
         count = lead.numel()
         scale = 1.0 / math.sqrt(self.head_dim) / align.fixed_temperature if fast else 0.0
@@ -290,7 +289,6 @@ class DeepSeekSparseAttention(HeadAttention):
                     run = []
             if run:
                 attend(run)
-            hooks.report(self, None)
             return AttentionOutput(context.view(*lead, m, v.shape[-1]), None)
         keys, ok = self._select(qi, wi, ki, rows, pos)  # (*lead, M, T)
         if fast:  # key-block tiles: no per-query gather; the weights only for the indexer's loss
@@ -314,10 +312,9 @@ class DeepSeekSparseAttention(HeadAttention):
             context = _TrainIndexer.apply(context, selected, grad)
 
         dense = None
-        if dense_weights:
+        if need_weights:
             dense = w.new_zeros(*lead, m, n).scatter_add(-1, keys, w)
-        hooks.report(self, dense)
-        return AttentionOutput(context, dense if need_weights else None)
+        return AttentionOutput(context, dense)
 
     def _select(
         self, qi: Tensor, wi: Tensor, ki: Tensor, rows: Tensor | None, pos: Tensor
