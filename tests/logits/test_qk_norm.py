@@ -65,3 +65,27 @@ def test_refusals():
         QKNormAttention(4)(torch.randn(1, 3, 5), torch.randn(1, 3, 5), torch.randn(1, 3, 5))
     with pytest.raises(TypeError, match=r"attention must be an attnkit\.HeadAttention"):
         QKNormAttention(4, attention="softmax")
+
+
+def test_one_report_per_call_and_nan_padding_reaches_nothing():
+    """On the template: the weights are reported once, as the part's (not again by the inner
+    part), and NaN in padded keys and values reaches neither the output nor the gradients."""
+    torch.manual_seed(1)
+    part = QKNormAttention(4).double()
+    q, k, v = (torch.randn(2, 2, 5, 4, dtype=torch.float64) for _ in range(3))
+    pad = ak.masks.from_lengths(torch.tensor([5, 3]), 5)[:, None]
+    k_bad, v_bad = k.clone(), v.clone()
+    k_bad[1, :, 3:], v_bad[1, :, 3:] = float("nan"), float("inf")
+    k_bad.requires_grad_()
+    v_bad.requires_grad_()
+    with ak.hooks.listen() as reports:
+        out = part(q, k_bad, v_bad, mask=pad)
+    assert [r.module for r in reports] == [part]
+    qn, kn = _rms(q, part.q_norm.weight, 1e-6), _rms(k, part.k_norm.weight, 1e-6)
+    e = (qn @ kn.transpose(-1, -2) / 2.0).masked_fill(~pad, float("-inf"))
+    a = torch.softmax(e, -1)
+    torch.testing.assert_close(reports[0].weights, a)
+    torch.testing.assert_close(out.context, a @ v)
+    out.context.sum().backward()
+    assert torch.isfinite(k_bad.grad).all() and torch.isfinite(v_bad.grad).all()
+    assert (k_bad.grad[1, :, 3:] == 0).all() and (v_bad.grad[1, :, 3:] == 0).all()

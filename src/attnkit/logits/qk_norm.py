@@ -15,12 +15,13 @@ rotate) put the norm in the layer's q/k chain instead (:mod:`attnkit.qk_chain`).
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from typing import ClassVar
 
 import torch
 from torch import Tensor, nn
 
-from attnkit import arguments
+from attnkit import arguments, hooks
 from attnkit import taxonomy as tx
 from attnkit.core import Attention
 from attnkit.head import HeadAttention
@@ -111,39 +112,36 @@ class QKNormAttention(HeadAttention):
     def taxonomy_tags(self) -> list:
         return [tx.Scoring.SCALED_MULTIPLICATIVE]
 
-    # Its own forward, not the template's attend: it only normalises q and k and hands the call
-    # to the inner part, whose forward validates, excludes masked keys and reports (the template
-    # around it would do all of that twice).
-    def forward(
-        self,
-        q: Tensor,
-        k: Tensor,
-        v: Tensor,
-        *,
-        mask: Tensor | None = None,
-        bias: Tensor | None = None,
-        need_weights: bool = False,
-        q_offset: int = 0,
-    ) -> AttentionOutput:
-        arguments.boolean(need_weights, "need_weights")
+    # The template's hole (attnkit.head.HeadAttention.forward validates, refuses by capability,
+    # hides masked keys and reports the weights): normalise q and k and hand the call to the
+    # inner part. The template reports the weights as this part's, so the inner part's own
+    # report of the same weights is not passed on (one report per part in the slot).
+    def attend(
+        self, q: Tensor, k: Tensor, v: Tensor, *, mask: Tensor | None, bias: Tensor | None,
+        need_weights: bool, q_offset: int = 0,
+    ) -> AttentionOutput:  # fmt: skip
         for name, x in (("q", q), ("k", k)):
-            if not isinstance(x, Tensor) or x.dim() < 2 or x.shape[-1] != self.head_dim:
-                got = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
+            if x.shape[-1] != self.head_dim:
                 raise ValueError(
                     f"QKNormAttention(head_dim={self.head_dim}) needs {name} (…, L, "
-                    f"{self.head_dim}), got {got}"
+                    f"{self.head_dim}), got {tuple(x.shape)}"
                 )
         extra = {"q_offset": q_offset} if self.takes_q_offset else {}
-        out = self.attention(
-            self.q_norm(q),
-            self.k_norm(k),
-            v,
-            mask=mask,
-            bias=bias,
-            need_weights=need_weights,
-            **extra,
-        )
+        with hooks.listen(_drop) if hooks.listening() else nullcontext():
+            out = self.attention(
+                self.q_norm(q),
+                self.k_norm(k),
+                v,
+                mask=mask,
+                bias=bias,
+                need_weights=need_weights,
+                **extra,
+            )
         return AttentionOutput(*out)
 
     def extra_repr(self) -> str:
         return f"head_dim={self.head_dim}, norm={self.norm!r}"
+
+
+def _drop(report: hooks.Report) -> None:
+    """A report not passed on (the inner part's, reported again by the template)."""
