@@ -48,3 +48,26 @@ def test_selected_softmax_matches_the_gather(monkeypatch, pairs, block, tile, q_
     want = torch.autograd.grad((ref * r).sum(), (q, k, v))
     for a, b in zip(got, want, strict=True):
         torch.testing.assert_close(a, b, atol=1e-12, rtol=1e-10)
+
+
+def test_values_of_another_size_than_the_keys():
+    """d_v ≠ d: the fused kernel takes only d_v = d, so the tiles serve the call (it crashed
+    on the CPU before); equal to the gather, forward and backward."""
+    g = torch.Generator().manual_seed(4)
+    count, m, d, d_v, t = 2, 7, 4, 3, 3
+    q, k = (torch.randn(count, m, d, generator=g, dtype=D) for _ in range(2))
+    v = torch.randn(count, m, d_v, generator=g, dtype=D)
+    allowed = torch.arange(m) <= torch.arange(m)[:, None]
+    score = torch.rand(count, m, m, generator=g, dtype=D)
+    keys, ok = top_indices(score.masked_fill(~allowed, float("-inf")), t)
+    ok = ok & torch.gather(allowed.expand(count, m, m), -1, keys)
+    q, k, v = (x.requires_grad_() for x in (q, k, v))
+    out, _ = selected_softmax(q, k, v, keys, ok, 0, 0.5)
+    ref, _ = gathered_softmax(q, k, v, keys, ok, 0.5)
+    assert out.shape == (count, m, d_v)
+    torch.testing.assert_close(out, ref, atol=1e-12, rtol=1e-10)
+    r = torch.randn(out.shape, generator=g, dtype=D)
+    got = torch.autograd.grad((out * r).sum(), (q, k, v))
+    want = torch.autograd.grad((ref * r).sum(), (q, k, v))
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-12, rtol=1e-10)

@@ -224,6 +224,6 @@ def selected_softmax(
         to q, k, v; the weights or None.
     """
     q, k, v = (x.contiguous() for x in (q, k, v))
-    if _fused_applies(q):
+    if _fused_applies(q) and q.shape[-1] == v.shape[-1]:  # (the fused kernel takes d_v = d)
         return _FusedSelected.apply(q, k, v, keys, ok, q_offset, scale, want_weights)
     return _SelectedSoftmax.apply(q, k, v, keys, ok, q_offset, scale, want_weights)
