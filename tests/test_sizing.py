@@ -127,3 +127,21 @@ def test_every_alignment_is_built_for_the_query_size(name):
     align = cls.for_heads(6, max_len=9)
     scores, query = torch.randn(2, 3, 5), torch.randn(2, 3, 6)
     assert align(scores, query=query).weights.shape == (2, 3, 5)
+
+
+@pytest.mark.parametrize("name", ["performer", "lsh", "routing", "sinkhorn", "rfa"])
+def test_for_heads_takes_an_override_under_a_deprecated_name_as_the_registry_does(name):
+    """``d=`` (renamed ``head_dim=``) given to ``for_heads`` replaces the size the layer gives,
+    with the class's DeprecationWarning, as ``build(name, d=...)`` does; given with
+    ``head_dim=`` too it is refused naming both."""
+    cls = ak.head_registry.REGISTRY.get(name)
+    sizes = {"embed_dim": 8, "num_heads": 2, "head_dim": 4, "max_len": 8}
+    with pytest.warns(DeprecationWarning, match=r"d= is renamed head_dim="):
+        part = cls.for_heads(**sizes, d=6)
+    assert part.head_dim == 6
+    with pytest.warns(DeprecationWarning, match=r"d= is renamed head_dim="):
+        assert ak.head_registry.build(name, d=6).head_dim == 6
+    with pytest.raises(TypeError, match=r"got both `d` and `head_dim`; .* pass only `head_dim`"):
+        sizing.build(cls, Sizes(**sizes), {"d": 6, "head_dim": 5})
+    with pytest.raises(TypeError, match=r"got an unexpected argument 'dd'"):
+        cls.for_heads(**sizes, dd=6)
