@@ -82,6 +82,14 @@ class HeadAttention(nn.Module):
         mask_forms: the boolean mask forms honoured, a subset of :data:`MASK_FORMS`. A mask of
             M rows outside them is refused by the part itself (it alone can tell an expanded
             key mask from one that varies over queries).
+        normalized_weights: the weights are a distribution over the keys: each row of the
+            weights (…, M, N) sums to 1, and is 0 for a query without keys (False here, which
+            claims nothing: weights that approximate, that are differences, or that are over
+            other things than the keys, such as areas or projected keys).
+        any_value_size: the values may have another size than the queries and keys (d_v ≠ d),
+            as for any part computing ``w @ v`` (True here); False for a part sized at
+            construction for values of head_dim features (a gate or a norm over them), which
+            refuses other values with a ValueError naming v.
     """
 
     causal_form: ClassVar[bool] = False
@@ -93,6 +101,8 @@ class HeadAttention(nn.Module):
     accepts_block_mask: ClassVar[bool] = False
     accepts_score_mod: ClassVar[bool] = False
     mask_forms: ClassVar[frozenset[str]] = frozenset()
+    normalized_weights: ClassVar[bool] = False
+    any_value_size: ClassVar[bool] = True
     # for_heads: which constructor argument takes which size (attnkit.sizing.build); what the
     # part is, for its messages
     size_arguments: ClassVar[dict[str, str]] = {}
