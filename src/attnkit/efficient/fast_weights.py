@@ -77,6 +77,7 @@ class FastWeightProgrammer(HeadAttention):
     # capabilities (attnkit.head.HeadAttention)
     causal_form: ClassVar[bool] = True
     mask_forms: ClassVar[frozenset[str]] = frozenset({"key"})
+    normalized_weights: ClassVar[bool] = True  # each row a distribution over the keys
 
     decodes_with_cache: ClassVar[bool] = True  # a step equals its causal rows
 

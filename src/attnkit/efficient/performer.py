@@ -102,6 +102,7 @@ class Performer(DerivedBuffers, HeadAttention):
     # capabilities (attnkit.head.HeadAttention)
     causal_form: ClassVar[bool] = True
     mask_forms: ClassVar[frozenset[str]] = frozenset({"key"})
+    normalized_weights: ClassVar[bool] = True  # each row a distribution over the keys
 
     mask_inputs: ClassVar[dict[str, tuple[str, ...]]] = {"mask": ("k", "v")}
     # causal=True: queries after a KV cache are the last rows of the causal sequence

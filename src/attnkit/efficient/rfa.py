@@ -72,6 +72,7 @@ class RandomFeatureAttention(DerivedBuffers, HeadAttention):
     # capabilities (attnkit.head.HeadAttention)
     causal_form: ClassVar[bool] = True
     mask_forms: ClassVar[frozenset[str]] = frozenset({"key"})
+    normalized_weights: ClassVar[bool] = True  # each row a distribution over the keys
 
     # the example is causal self-attention: a padded position is padding as a query too
     mask_inputs: ClassVar[dict[str, tuple[str, ...]]] = {"mask": ("q", "k", "v")}

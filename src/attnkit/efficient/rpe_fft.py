@@ -109,6 +109,7 @@ class RelativeKernelAttention(HeadAttention):
     # capabilities (attnkit.head.HeadAttention)
     causal_form: ClassVar[bool] = True
     mask_forms: ClassVar[frozenset[str]] = frozenset({"key"})
+    normalized_weights: ClassVar[bool] = True  # each row a distribution over the keys
 
     mask_inputs: ClassVar[dict[str, tuple[str, ...]]] = {"mask": ("k", "v")}
     takes_q_offset: ClassVar[bool] = True  # the biases b_{j−i} need the queries' positions

@@ -76,6 +76,7 @@ class SinkhornAttention(HeadAttention):
 
     # capabilities (attnkit.head.HeadAttention)
     mask_forms: ClassVar[frozenset[str]] = frozenset({"key"})
+    normalized_weights: ClassVar[bool] = True  # each row a distribution over the keys
 
     mask_inputs: ClassVar[dict[str, tuple[str, ...]]] = {"mask": ("k", "v")}
 

@@ -288,6 +288,7 @@ class Synthesizer(HeadAttention):
     causal_form: ClassVar[bool] = True
     accepts_bias: ClassVar[bool] = True
     mask_forms: ClassVar[frozenset[str]] = frozenset({"key", "padding", "causal", "full"})
+    normalized_weights: ClassVar[bool] = True  # each row a distribution over the keys
 
     decodes_with_cache: ClassVar[bool] = True  # a step equals its causal rows
 

@@ -54,6 +54,7 @@ class Retention(DerivedBuffers, _DecayFamily):
 
     # for_heads: the constructor arguments each size fills (attnkit.sizing.build)
     size_arguments: ClassVar[dict[str, str]] = {"head_dim": "head_dim", "num_heads": "num_heads"}
+    any_value_size: ClassVar[bool] = False  # its GroupNorm is sized for head_dim values
 
     def __init__(
         self,

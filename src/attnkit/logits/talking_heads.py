@@ -51,6 +51,7 @@ class TalkingHeadsAttention(HeadAttention):
     causal_form: ClassVar[bool] = True
     accepts_bias: ClassVar[bool] = True
     mask_forms: ClassVar[frozenset[str]] = frozenset({"key", "padding", "causal", "full"})
+    normalized_weights: ClassVar[bool] = True  # each row a distribution over the keys
 
     decodes_with_cache: ClassVar[bool] = True  # every query row is computed alone
     mask_inputs: ClassVar[dict[str, tuple[str, ...]]] = {"mask": ("k", "v")}

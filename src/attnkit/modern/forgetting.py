@@ -119,6 +119,7 @@ class ForgettingAttention(HeadAttention):
     decodes_with_cache: ClassVar[bool] = True  # the cumulative gates are recomputed per step
     accepts_bias: ClassVar[bool] = True
     mask_forms: ClassVar[frozenset[str]] = frozenset({"key", "padding", "causal", "full"})
+    any_value_size: ClassVar[bool] = False  # its forget gates read values of head_dim
     mask_inputs: ClassVar[dict[str, tuple[str, ...]]] = {"mask": ("q", "k", "v")}
 
     def __init__(

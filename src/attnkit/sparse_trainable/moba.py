@@ -165,6 +165,7 @@ class MixtureOfBlockAttention(HeadAttention):
     takes_q_offset: ClassVar[bool] = True
     accepts_bias: ClassVar[bool] = True
     mask_forms: ClassVar[frozenset[str]] = frozenset({"key", "padding", "causal", "full"})
+    normalized_weights: ClassVar[bool] = True  # each row a distribution over the keys
     mask_inputs: ClassVar[dict[str, tuple[str, ...]]] = {"mask": ("k", "v")}
 
     def __init__(self, block_size: int = 512, top_k: int = 3) -> None:
