@@ -158,6 +158,7 @@ class NativeSparseAttention(HeadAttention):
     # capabilities (attnkit.head.HeadAttention)
     causal_form: ClassVar[bool] = True
     mask_forms: ClassVar[frozenset[str]] = frozenset({"key", "padding", "causal", "full"})
+    any_value_size: ClassVar[bool] = False  # values of value_dim features (head_dim)
 
     decodes_with_cache: ClassVar[bool] = True  # causal by construction: a step is its row
     takes_q_offset: ClassVar[bool] = True
