@@ -1,8 +1,8 @@
-"""The per-head attention part's contract (:class:`attnkit.HeadAttention`), over every part:
-:class:`attnkit.Attention`, every registered part, the causal form of each part with a
-``causal`` flag, and a toy part defined here alone. Each part returns an AttentionOutput,
-honours every capability it declares, is refused (with the part and the capability named) for
-each one it does not, and passes gradients to its inputs.
+"""The per-head attention part's base (:class:`attnkit.HeadAttention`): its template
+``forward`` (NaN padding and empty rows kept out of a minimal part, masks read in the declared
+forms, a state's mask columns), its refusals, ``for_heads``, ``check_head_inputs``, and toy
+parts defined here in the layers. The contract every registered part meets is
+``tests/test_head_contract.py``.
 
 Properties inside :class:`attnkit.MultiHeadAttention` (padding equals truncation in every mask
 form, NaN in padding, float32 vs float64, ...) are in ``tests/test_slot_properties.py``.
@@ -10,15 +10,13 @@ form, NaN in padding, float32 vs float64, ...) are in ``tests/test_slot_properti
 
 from __future__ import annotations
 
-import inspect
 from typing import ClassVar
 
 import pytest
 import torch
 
 import attnkit as ak
-from attnkit.head import MASK_FORMS, HeadAttention, check_head_inputs
-from attnkit.kv_cache import LayerCache
+from attnkit.head import HeadAttention, check_head_inputs
 
 E, H, D, N, MAX_LEN = 8, 2, 4, 6, 8
 
@@ -70,26 +68,6 @@ class KeyOnlyPart(MinimalPart):
     mask_forms = frozenset({"key"})
 
 
-def _registered() -> list[str]:
-    names = ak.mechanisms.available()
-    return [n for n in names if issubclass(ak.mechanisms.REGISTRY.get(n), HeadAttention)]
-
-
-def _takes_causal(name: str) -> bool:
-    return "causal" in inspect.signature(ak.mechanisms.REGISTRY.get(name)).parameters
-
-
-REGISTERED = _registered()
-PARTS = [
-    "attention",
-    "toy",
-    "minimal",
-    "key only",
-    *REGISTERED,
-    *[f"{n} (causal)" for n in REGISTERED if _takes_causal(n)],
-]
-
-
 def _build(name: str) -> HeadAttention:
     torch.manual_seed(0)
     if name == "attention":
@@ -101,10 +79,8 @@ def _build(name: str) -> HeadAttention:
     elif name == "key only":
         part = KeyOnlyPart()
     else:
-        base, _, variant = name.partition(" ")
-        cls = ak.mechanisms.REGISTRY.get(base)
-        extra = {"causal": True} if variant == "(causal)" else {}
-        part = cls.for_heads(embed_dim=E, num_heads=H, head_dim=D, max_len=MAX_LEN, **extra)
+        cls = ak.head_registry.REGISTRY.get(name)
+        part = cls.for_heads(embed_dim=E, num_heads=H, head_dim=D, max_len=MAX_LEN)
     return part.double().eval()
 
 
@@ -119,173 +95,9 @@ def _call(part, q, k, v, **kw):
         return part(q, k, v, **kw)
 
 
-def _is_attention_output(out) -> bool:
-    """Exactly an AttentionOutput (a part that computes more weights names them in ``extra``),
-    whose ``extra``, if any, maps names to tensors."""
-    if type(out) is not ak.AttentionOutput:
-        return False
-    extra = {} if out.extra is None else out.extra
-    return isinstance(extra, dict) and all(
-        isinstance(k, str) and isinstance(t, torch.Tensor) for k, t in extra.items()
-    )
-
-
 def _assert_rows_equal(a, b, what):
     assert torch.isfinite(a).all(), f"{what}: not finite"
     torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-9, msg=what)
-
-
-def test_every_per_head_part_in_attnkit_derives_from_head_attention():
-    """Every registered mechanism with the attention-slot call is a HeadAttention, and every
-    concrete HeadAttention in attnkit is in the suite (or is a base, or needs a process group)."""
-    for name in ak.mechanisms.available():
-        cls = ak.mechanisms.REGISTRY.get(name)
-        params = inspect.signature(cls.forward).parameters
-        if all(p in params for p in ("q", "k", "v", "mask", "bias", "need_weights")):
-            assert issubclass(cls, HeadAttention), name
-
-    def subclasses(cls):
-        for sub in cls.__subclasses__():
-            yield sub
-            yield from subclasses(sub)
-
-    covered = {type(_build(n)) for n in PARTS}
-    bases = {"_SpanPart", "LinearFamilyPart", "_DecayFamily", "LandmarkAttention"}
-    # tested in tests/distributed with a process group
-    needs_a_group = {"RingAttention", "RingLinearAttention"}
-    for cls in subclasses(HeadAttention):
-        if not cls.__module__.startswith("attnkit.") or cls.__name__ in bases | needs_a_group:
-            continue
-        assert cls in covered, f"{cls.__module__}.{cls.__qualname__} is not in the suite"
-    assert ak.Attention in covered and ToyPart in covered
-
-
-@pytest.mark.parametrize("name", PARTS)
-def test_output_is_an_attention_output_and_gradients_flow(name):
-    part = _build(name)
-    q, k, v = (x.requires_grad_() for x in _inputs())
-    out = part(q, k, v)
-    assert _is_attention_output(out), type(out).__name__
-    assert out.context.shape == (2, H, N, D)
-    assert out.weights is None, "weights were not requested"
-    (out.context * torch.linspace(-1, 1, D, dtype=torch.float64)).sum().backward()
-    for x, what in ((q, "q"), (k, "k"), (v, "v")):
-        assert x.grad is None or torch.isfinite(x.grad).all(), f"{what}: gradient not finite"
-    assert v.grad is not None and v.grad.abs().sum() > 0, "no gradient reaches the values"
-    for pname, p in part.named_parameters():
-        if p.grad is not None:
-            assert torch.isfinite(p.grad).all(), pname
-    with torch.no_grad():
-        weighted = part(q, k, v, need_weights=True)
-    assert _is_attention_output(weighted), type(weighted).__name__
-    assert weighted.weights is None or weighted.weights.shape[:-1] == (2, H, N)
-    for wname, w in weighted.named_weights().items():  # per item and head, as the inputs
-        assert w.shape[:2] == (2, H), wname
-
-
-def _perturbed(x, where):
-    """x (2, H, N, D) with other values at the positions ``where`` (N,) of item 1."""
-    other = x.clone()
-    other[1][:, where] = torch.randn_like(other[1][:, where]) * 3
-    return other
-
-
-@pytest.mark.parametrize("name", PARTS)
-def test_declared_mask_forms_are_honoured_and_others_refused(name):
-    part = _build(name)
-    q, k, v = _inputs(1)
-    forms = part.mask_forms
-    assert forms <= set(MASK_FORMS) and "key" in forms, forms
-    pad = ak.masks.from_lengths(torch.tensor([N, 4]), N)[:, None]  # (2, 1, 1, N)
-    later = torch.arange(N) >= 4
-    # "key": what a padded key holds reaches nothing
-    out = _call(part, q, k, v, mask=pad).context
-    moved = _call(part, q, _perturbed(k, later), _perturbed(v, later), mask=pad).context
-    _assert_rows_equal(moved, out, f"{name}: padded keys leak")
-    rows = pad & pad.transpose(-1, -2)  # key ∧ query padding
-    causal = ak.masks.causal(N)
-    g = torch.Generator().manual_seed(2)
-    full = (torch.rand(N, N, generator=g) < 0.5) | torch.eye(N, dtype=torch.bool)
-    full[2] = False  # a row that may attend nothing
-    for form, mask in (("padding", rows), ("causal", causal), ("full", full)):
-        if form in forms:
-            continue
-        with pytest.raises(ValueError, match="mask"):
-            _call(part, q, k, v, mask=mask)
-    if "padding" in forms:  # what a padded token holds reaches no real row
-        out = _call(part, q, k, v, mask=rows).context
-        x = [_perturbed(t, later) for t in (q, k, v)]
-        _assert_rows_equal(_call(part, *x, mask=rows).context[1, :, :4], out[1, :, :4], name)
-    causal_by_mask = forms & {"causal", "full"}
-    if causal_by_mask or getattr(part, "causal", False) is True:
-        assert part.causal_form, f"{name} attends causally but does not declare causal_form"
-        mask = causal if causal_by_mask else None
-        out = _call(part, q, k, v, mask=mask).context
-        x = [_perturbed(t, torch.arange(N) >= 3) for t in (q, k, v)]
-        _assert_rows_equal(_call(part, *x, mask=mask).context[..., :3, :], out[..., :3, :], name)
-    if "full" in forms:
-        out = _call(part, q, k, v, mask=full).context
-        assert torch.isfinite(out).all()
-        _assert_rows_equal(out[..., 2, :], torch.zeros_like(out[..., 2, :]), f"{name}: empty row")
-
-
-@pytest.mark.parametrize("name", PARTS)
-def test_a_bias_is_honoured_when_declared_and_refused_otherwise(name):
-    part = _build(name)
-    q, k, v = _inputs(3)
-    bias = torch.randn(2, H, N, N, dtype=torch.float64, generator=torch.Generator().manual_seed(4))
-    mha = ak.MultiHeadAttention(E, H, attention=part).double().eval()
-    x = torch.randn(2, N, E, dtype=torch.float64)
-    if part.accepts_bias:
-        assert part.refusal(bias=True) is None
-        plain = _call(part, q, k, v).context
-        assert not torch.allclose(_call(part, q, k, v, bias=3 * bias).context, plain)
-        assert torch.isfinite(mha(x, bias=bias[0, 0]).context).all()
-        return
-    assert type(part).__name__ in part.refusal(bias=True)
-    with pytest.raises(ValueError, match="bias"):
-        _call(part, q, k, v, bias=bias)
-    with pytest.raises(ValueError, match=f"{type(part).__name__} does not declare accepts_bias"):
-        mha(x, bias=bias[0, 0])
-
-
-@pytest.mark.parametrize("name", PARTS)
-def test_a_kv_cache_equals_the_causal_pass_when_declared_and_is_refused_otherwise(name):
-    part = _build(name)
-    mha = ak.MultiHeadAttention(E, H, attention=part).double().eval()
-    x = torch.randn(1, 5, E, dtype=torch.float64, generator=torch.Generator().manual_seed(5))
-    if not part.decodes_with_cache:
-        assert "decodes_with_cache" in part.refusal(cache=True)
-        with pytest.raises(ValueError, match="decodes_with_cache"):
-            mha(x[:, :2], cache=LayerCache())
-        return
-    assert part.refusal(cache=True) is None
-    causal_by_mask = part.mask_forms & {"causal", "full"}
-    mask = ak.masks.causal(5) if causal_by_mask and not getattr(part, "causal", False) else None
-    with torch.no_grad():
-        whole = mha(x, mask=mask).context
-        cache = LayerCache()
-        steps = [mha(x[:, :2], cache=cache, mask=None if mask is None else mask[:2, :2]).context]
-        steps += [mha(x[:, t : t + 1], cache=cache).context for t in range(2, 5)]
-    _assert_rows_equal(torch.cat(steps, 1), whole, f"{name}: cached steps vs causal pass")
-
-
-@pytest.mark.parametrize("name", PARTS)
-def test_block_masks_and_score_mods_are_refused_unless_declared(name):
-    from attnkit import patterns as pt
-
-    part = _build(name)
-    x = torch.randn(2, N, E, dtype=torch.float64)
-    for flag, layer in (
-        ("accepts_score_mod", {"score_mod": lambda e, b, h, i, j: e}),
-        ("accepts_block_mask", {"pattern": pt.sliding_window(2)}),
-    ):
-        if getattr(part, flag):
-            mha = ak.MultiHeadAttention(E, H, attention=part, **layer).double().eval()
-            assert torch.isfinite(mha(x).context).all()
-        else:
-            with pytest.raises(ValueError, match=f"{type(part).__name__} does not declare {flag}"):
-                ak.MultiHeadAttention(E, H, attention=part, **layer)
 
 
 def test_refusal_names_every_reason_and_check_supported_raises():
@@ -362,21 +174,6 @@ def test_for_heads_fills_the_declared_sizes_and_refuses_what_it_cannot_fill():
         NeedsMore.for_heads(embed_dim=8, num_heads=2, head_dim=4, max_len=16)
     module, args, kwargs = ToyPart.example()
     assert isinstance(module, ToyPart) and module(*args, **kwargs).context.shape == (2, 2, 7, 4)
-
-
-def test_every_part_declares_the_sizes_its_constructor_requires():
-    """for_heads builds every registered part from its declaration alone (the suite's own
-    builds go through it too); a required constructor argument is a declared size."""
-    for name in REGISTERED:
-        cls = ak.mechanisms.REGISTRY.get(name)
-        if "for_heads" in vars(cls):
-            continue  # builds itself
-        required = [
-            key
-            for key, p in inspect.signature(cls).parameters.items()
-            if p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
-        ]
-        assert set(required) <= set(cls.size_arguments), (name, required, cls.size_arguments)
 
 
 def test_check_head_inputs_validates_and_trusts_a_validated_caller():
@@ -458,32 +255,6 @@ def test_causal_attention_is_refused_for_parts_without_a_causal_form_or_mask():
         causal=True
     )
     assert ak.Attention("scaled_dot", "softmax").refusal(causal=True) is None  # by a causal mask
-
-
-def _takes_dtype(name: str) -> bool:
-    cls = ak.mechanisms.REGISTRY.get(name.partition(" ")[0])
-    return "dtype" in inspect.signature(cls).parameters
-
-
-@pytest.mark.parametrize(
-    "name",
-    [n for n in PARTS if n not in ("attention", "toy", "minimal", "key only") and _takes_dtype(n)],
-)
-def test_a_part_cast_to_float64_holds_the_buffers_of_one_built_in_float64(name):
-    """Buffers derived from hyperparameters (decays, seeded random features) are exact after
-    ``.double()``, not the float32 values cast (attnkit.derived)."""
-    base, _, variant = name.partition(" ")
-    cls = ak.mechanisms.REGISTRY.get(base)
-    extra = {"causal": True} if variant == "(causal)" else {}
-    sizes = {"embed_dim": E, "num_heads": H, "head_dim": D, "max_len": MAX_LEN, **extra}
-    torch.manual_seed(0)
-    cast = cls.for_heads(**sizes).double()
-    torch.manual_seed(0)
-    built = cls.for_heads(**sizes, dtype=torch.float64)
-    for (key, x), (_, y) in zip(cast.named_buffers(), built.named_buffers(), strict=True):
-        if x.is_floating_point():
-            assert x.dtype == y.dtype == torch.float64, f"{name}: {key}"
-            assert torch.equal(x, y), f"{name}: {key} differs by {(x - y).abs().max().item()}"
 
 
 @pytest.mark.parametrize("name", ["attention", "toy", "minimal", "performer", "gla"])
