@@ -49,9 +49,10 @@ class HeadAttention(nn.Module):
     A subclass declares what it supports and implements :meth:`attend` (q, k, v, *, mask, bias,
     need_weights) returning an :class:`attnkit.AttentionOutput`: the base's :meth:`forward` is a
     template that does what every part needs around it (validation, refusals by capability,
-    masked keys hidden, empty rows 0, weights reported to hooks); two smaller holes say how the
-    part reads a mask (:meth:`declared_mask`) and how many positions it keeps in a state of
-    its own (:meth:`state_positions`). A part may instead override
+    masked keys hidden, empty rows 0, weights reported to hooks); smaller holes say how the
+    part reads a mask (:meth:`declared_mask`), how many positions it keeps in a state of its
+    own (:meth:`state_positions`) and, for a part whose call may leave the keys out, how it
+    makes them (:meth:`keys_and_values`). A part may instead override
     ``forward(q, k, v, *, mask=None, bias=None, need_weights=False, ...)`` and do those itself.
     Either takes only the keywords its capabilities name: ``q_offset`` with
     ``takes_q_offset``, ``cache`` with ``takes_cache``, ``block_mask`` with
@@ -79,6 +80,13 @@ class HeadAttention(nn.Module):
         accepts_bias: an additive float bias (…, M, N) on the scores is honoured.
         accepts_block_mask: a :class:`attnkit.kernels.BlockMask` is honoured.
         accepts_score_mod: a ``score_mod(e, b, h, q_idx, kv_idx)`` is honoured.
+        returns_weights: the part returns its weights (B, …, M, N) with ``need_weights=True``
+            and reports them to :mod:`attnkit.hooks` (True here: a part that never holds whole
+            rows of weights says False, and such a call is refused).
+        sharded: the part attends over a sequence split across a process group (context
+            parallelism): k, v and the mask hold this rank's keys only, so a query without a
+            key here may still have keys on other ranks; the template then leaves such rows to
+            the part instead of setting them to 0.
         mask_forms: the boolean mask forms honoured, a subset of :data:`MASK_FORMS`. A mask of
             M rows outside them is refused by the part itself (it alone can tell an expanded
             key mask from one that varies over queries).
@@ -100,6 +108,8 @@ class HeadAttention(nn.Module):
     accepts_bias: ClassVar[bool] = False
     accepts_block_mask: ClassVar[bool] = False
     accepts_score_mod: ClassVar[bool] = False
+    returns_weights: ClassVar[bool] = True
+    sharded: ClassVar[bool] = False
     mask_forms: ClassVar[frozenset[str]] = frozenset()
     normalized_weights: ClassVar[bool] = False
     any_value_size: ClassVar[bool] = True
@@ -155,6 +165,7 @@ class HeadAttention(nn.Module):
             )
         if not isinstance(need_weights, bool):
             raise TypeError(f"{who}: need_weights must be a bool, got {need_weights!r}")
+        k, v, own = self.keys_and_values(q, k, v)
         before = self.state_positions(cache) if self.takes_cache else 0
         lead = check_head_inputs(q, k, v, None if before else mask, bias, who)
         if before and mask is not None:  # over the state's positions and the keys given
@@ -173,6 +184,7 @@ class HeadAttention(nn.Module):
             score_mod=score_mod is not None,
             q_offset=bool(q_offset),
             cache=cache is not None,
+            weights=need_weights,
         )
         k, v, poisoned = self._exclude_masked_keys(k, v, mask)
         call: dict[str, Any] = {}
@@ -184,7 +196,8 @@ class HeadAttention(nn.Module):
         ):
             if getattr(self, flag):
                 call[key] = value
-        listening = hooks.listening()
+        call.update(own)
+        listening = hooks.listening() and self.returns_weights
         out = self.attend(
             q, k, v, mask=mask, bias=bias, need_weights=need_weights or listening, **call
         )
@@ -193,7 +206,9 @@ class HeadAttention(nn.Module):
         if poisoned is not None:  # a row that attends a non-finite key: non-finite, as w @ v
             nan = torch.full((), float("nan"), dtype=out.context.dtype, device=out.context.device)
             out = out._replace(context=torch.where(poisoned, nan, out.context))
-        if mask is not None:  # a row without any key: context 0 (and weights 0), never NaN
+        # a row without any key: context 0 (and weights 0), never NaN (a sharded part's row
+        # may have keys on other ranks)
+        if mask is not None and not self.sharded:
             empty = ~mask.any(-1).unsqueeze(-1)  # (…, M, 1)
             zero = torch.zeros((), dtype=out.context.dtype, device=out.context.device)
             out = out._replace(context=torch.where(empty, zero, out.context))
@@ -241,6 +256,15 @@ class HeadAttention(nn.Module):
         ``need_weights``. Keys masked for every query hold zeros. ``call`` holds what the part
         declares it takes: ``q_offset``, ``cache``, ``block_mask``, ``score_mod``."""
         raise NotImplementedError
+
+    def keys_and_values(self, q: Any, k: Any, v: Any) -> tuple[Any, Any, dict[str, Any]]:
+        """The keys and values of a call, and keywords of the part's own for :meth:`attend`
+        (called by the template :meth:`forward` before it validates the inputs).
+
+        Here k and v as given and no keyword. A part whose call may leave the keys out
+        overrides this to make them (the Reformer's shared QK: ``k=None`` gives the normalised
+        queries, and :meth:`attend` is told so by a keyword)."""
+        return k, v, {}
 
     def state_positions(self, cache: Any) -> int:
         """The positions before the keys given that the part holds in a state of its own in
@@ -291,6 +315,7 @@ class HeadAttention(nn.Module):
         cache: bool = False,
         q_offset: bool = False,
         causal: bool = False,
+        weights: bool = False,
     ) -> list[str]:
         """Every reason why a call asking for these is not supported (empty when it is).
 
@@ -302,6 +327,7 @@ class HeadAttention(nn.Module):
             causal: whether the part is to attend causally inside a decoder's self-attention,
                 which passes a causal mask: the part needs a causal form and to honour that
                 mask.
+            weights: whether the call asks for the weights (``need_weights=True``).
         """
         name = type(self).__name__
         out = []
@@ -343,6 +369,11 @@ class HeadAttention(nn.Module):
                 "over the cached keys step by step is not known to equal its causal pass (a "
                 "part that approximates over the whole sequence, e.g. with landmarks, "
                 "projections, hashing or sorting, gives other results per step)"
+            )
+        if weights and not self.returns_weights:
+            out.append(
+                f"attention part {name} does not return weights (returns_weights is False): it "
+                "never holds whole rows of them"
             )
         if q_offset and not self.takes_q_offset and not self.decodes_with_cache:
             out.append(

@@ -22,12 +22,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from attnkit import arguments, hooks, masks
+from attnkit import arguments, masks
 from attnkit import taxonomy as tx
 from attnkit.alignments import Softmax
 from attnkit.efficient._shared import masked_logsumexp
-from attnkit.head import HeadAttention, check_head_inputs
+from attnkit.head import HeadAttention
 from attnkit.head_registry import REGISTRY
+from attnkit.inputs import broadcast_shapes
 from attnkit.kernels.base import guarded_sum
 from attnkit.mechanisms import example_tensor
 from attnkit.output import AttentionOutput
@@ -142,34 +143,39 @@ class LSHAttention(HeadAttention):
         proj = torch.einsum("...ld,rdb->r...lb", x, rot.to(x.dtype))
         return torch.cat([proj, -proj], -1).argmax(-1)
 
-    # Its own forward, not the template's attend: the shared-QK call part(q) (k and v None)
-    # builds its keys from the queries, and the buckets, not only the mask, decide which values
-    # a row may not see (guarded_sum below), which the template's key exclusion cannot cover.
-    def forward(
-        self,
-        q: Tensor,
-        k: Tensor | None = None,
-        v: Tensor | None = None,
-        *,
-        mask: Tensor | None = None,
-        bias: Tensor | None = None,
-        need_weights: bool = False,
-    ) -> AttentionOutput:
-        arguments.boolean(need_weights, "need_weights")
+    # The template's holes (attnkit.head.HeadAttention.forward validates, refuses by
+    # capability, zeroes the keys no query attends and, with a mask, those that are not
+    # finite, and reports the weights).
+
+    def keys_and_values(self, q, k, v):
+        """Shared QK (``k=None``): the keys are the normalised queries k_j = q_j / ‖q_j‖ (and
+        the values the keys when ``v`` is None too); :meth:`attend` is told ``shared``."""
         shared = k is None
-        if shared:
+        if shared and isinstance(q, Tensor) and q.dim() >= 1 and q.is_floating_point():
             k = q / q.norm(dim=-1, keepdim=True).clamp_min(torch.finfo(q.dtype).tiny)
         v = k if v is None else v
-        if shared and isinstance(v, Tensor) and v.dim() >= 2 and q.shape[-2] != v.shape[-2]:
+        if (
+            shared
+            and isinstance(q, Tensor)
+            and isinstance(v, Tensor)
+            and min(q.dim(), v.dim()) >= 2
+            and q.shape[-2] != v.shape[-2]
+        ):
             raise ValueError(
                 f"LSHAttention with shared QK (k=None) needs v with one row per query: q "
                 f"{tuple(q.shape)}, v {tuple(v.shape)}"
             )
-        lead = check_head_inputs(q, k, v, mask, bias, "LSHAttention")
+        return k, v, {"shared": shared}
+
+    def attend(
+        self, q: Tensor, k: Tensor, v: Tensor, *, mask: Tensor | None, bias: Tensor | None,
+        need_weights: bool, shared: bool = False,
+    ) -> AttentionOutput:  # fmt: skip
         if q.shape[-1] != self.head_dim:
             raise ValueError(
                 f"LSHAttention(head_dim={self.head_dim}) got q with {q.shape[-1]} features"
             )
+        lead = broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
         m, n, d = q.shape[-2], k.shape[-2], q.shape[-1]
         qz = q.broadcast_to(*lead, m, d).reshape(-1, m, d)
         kz = k.broadcast_to(*lead, n, d).reshape(-1, n, d)
@@ -180,17 +186,16 @@ class LSHAttention(HeadAttention):
             rot = torch.randn(rot.shape, device=rot.device, dtype=rot.dtype)
         if qz.shape[0] == 0:  # an empty batch: nothing to hash (shapes of 0 elements are ambiguous)
             context = qz.new_zeros(0, m, v.shape[-1])
-            weights = qz.new_zeros(0, m, n) if need_weights or hooks.listening() else None
+            weights = qz.new_zeros(0, m, n) if need_weights else None
         else:
             context, weights = self._attend(qz, kz, vz, maskz, biasz, rot, shared, need_weights)
         context = context.reshape(*lead, m, v.shape[-1])
         if weights is not None:
             weights = weights.reshape(*lead, m, n)
-            hooks.report(self, weights)
-        return AttentionOutput(context, weights if need_weights else None)
+        return AttentionOutput(context, weights)
 
     def _attend(self, q, k, v, mask, bias, rot, shared, need_weights):
-        if mask is None and bias is None and not (need_weights or hooks.listening()):
+        if mask is None and bias is None and not need_weights:
             fast = _attend_unmasked(self, q, k, v, rot, shared)
             if fast is not None:
                 return fast, None
@@ -268,9 +273,12 @@ class LSHAttention(HeadAttention):
             # padded values are zeroed (0 × NaN would leak into the sum)
             v_ok = key_ok.gather(1, kj[r].flatten(1)).reshape(z, n_chunks, 2 * c, 1)
             vr = torch.where(kj_real[r][..., None] & v_ok, vr, 0.0)
-            # a key masked for some queries only (a later token under a causal mask) may hold
-            # NaN or inf: it must not reach the rows that give it weight 0
-            ctx.append(guarded_sum(_weighted, p, vr))
+            if mask is None:
+                # a value in another bucket may hold NaN or inf: it must not reach the rows
+                # that give it weight 0 (with a mask the template zeroed every such value)
+                ctx.append(guarded_sum(_weighted, p, vr))
+            else:
+                ctx.append(_weighted(p, vr))
             probs.append(p)
         # queries are in a different order in every round: un-sort each round's normaliser and
         # context back to positions (the first m sorted entries are the real queries), then mix
@@ -291,7 +299,7 @@ class LSHAttention(HeadAttention):
         mix = torch.where(has, (z_pos - torch.where(has, total, 0.0)).exp(), 0.0)  # (R, Z, M)
         out = (mix[..., None] * c_pos).sum(0)
         weights = None
-        if need_weights or hooks.listening():
+        if need_weights:
             weights = q.new_zeros(z, m * n)
             for r in range(rounds):
                 mix_sorted = F.pad(mix[r].gather(1, q_order[r]), (0, width - m))

@@ -1,0 +1,111 @@
+"""HeadAttention's template: the holes and capabilities for parts whose calls are not the
+plain one (keys made from the queries, weights never held whole, keys split across ranks),
+each against a plain softmax computed here; and every per-head part in attnkit runs on it."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import attnkit as ak
+from attnkit.head import HeadAttention
+from attnkit.output import AttentionOutput
+
+D = torch.float64
+
+
+class _Softmax(HeadAttention):
+    """softmax(q kᵀ / √d) v over the mask, written out (weights 0 where masked)."""
+
+    causal_form = True
+    mask_forms = frozenset({"key", "padding", "causal", "full"})
+
+    def attend(self, q, k, v, *, mask, bias, need_weights, **call):
+        self.seen = call
+        e = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+        if mask is not None:
+            e = e.masked_fill(~mask, float("-inf"))
+        w = torch.softmax(e, -1).nan_to_num(0.0)
+        return AttentionOutput(w @ v, w if need_weights else None)
+
+
+class _SharedKeys(_Softmax):
+    """k = None: the keys are q / ‖q‖, and attend is told so."""
+
+    def keys_and_values(self, q, k, v):
+        if k is None:
+            return q / q.norm(dim=-1, keepdim=True), v, {"shared": True}
+        return k, v, {"shared": False}
+
+
+class _NoWeights(_Softmax):
+    returns_weights = False
+
+
+class _Sharded(_Softmax):
+    """A row without a key here: context 1 (as if its keys were elsewhere)."""
+
+    sharded = True
+
+    def attend(self, q, k, v, *, mask, bias, need_weights, **call):
+        out = super().attend(q, k, v, mask=mask, bias=bias, need_weights=False)
+        if mask is not None:
+            empty = ~mask.any(-1, keepdim=True)
+            out = out._replace(context=torch.where(empty, 1.0, out.context))
+        return out
+
+
+def _inputs():
+    g = torch.Generator().manual_seed(0)
+    return (torch.randn(2, 2, 5, 4, generator=g, dtype=D) for _ in range(3))
+
+
+def _softmax(q, k, v, mask=None):
+    e = q @ k.transpose(-1, -2) / 2.0
+    if mask is not None:
+        e = e.masked_fill(~mask, float("-inf"))
+    return torch.softmax(e, -1).nan_to_num(0.0) @ v
+
+
+def test_a_part_makes_the_keys_of_a_call_that_leaves_them_out():
+    q, k, v = _inputs()
+    part = _SharedKeys()
+    pad = ak.masks.from_lengths(torch.tensor([5, 3]), 5)[:, None]
+    out = part(q, None, v, mask=pad).context
+    assert part.seen == {"shared": True}
+    torch.testing.assert_close(out, _softmax(q, q / q.norm(dim=-1, keepdim=True), v, pad))
+    torch.testing.assert_close(part(q, k, v).context, _softmax(q, k, v))
+    assert part.seen == {"shared": False}
+    with pytest.raises(TypeError, match="_Softmax: k must be a tensor, got NoneType"):
+        _Softmax()(q, None, v)  # the default hole: as given, and validated
+
+
+def test_a_part_that_never_holds_weights_refuses_them_and_is_not_asked_for_hooks():
+    q, k, v = _inputs()
+    part = _NoWeights()
+    with pytest.raises(ValueError, match=r"_NoWeights does not return weights \(returns_w"):
+        part(q, k, v, need_weights=True)
+    assert part.refusal(weights=True) and _Softmax().refusal(weights=True) is None
+    with ak.hooks.listen() as reports:
+        out = part(q, k, v).context
+    assert reports == []  # the part is not asked for weights it never holds
+    torch.testing.assert_close(out, _softmax(q, k, v))
+    with ak.hooks.listen() as reports:
+        _Softmax()(q, k, v)
+    assert len(reports) == 1
+
+
+def test_a_sharded_part_keeps_its_rows_without_a_key_here():
+    """A row whose keys are all on other ranks is the part's own; the template sets such a
+    row to 0 for a part that holds every key."""
+    q, k, v = _inputs()
+    mask = torch.ones(5, 5, dtype=torch.bool)
+    mask[1] = False  # query 1: no key here
+    sharded = _Sharded()(q, k, v, mask=mask).context
+    plain = _Softmax()(q, k, v, mask=mask).context
+    assert torch.equal(sharded[..., 1, :], torch.ones_like(sharded[..., 1, :]))
+    assert torch.equal(plain[..., 1, :], torch.zeros_like(plain[..., 1, :]))
+    rows = [0, 2, 3, 4]
+    torch.testing.assert_close(sharded[..., rows, :], _softmax(q, k, v, mask)[..., rows, :])
