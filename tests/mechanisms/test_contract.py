@@ -1,6 +1,10 @@
 """The contract every registered mechanism meets (DESIGN 7), from ``mechanisms.example`` alone:
 one output family, batch == items, mask == truncation, gradients to every parameter (and a float64
-gradcheck), float64 and bfloat16, ``.to()``, capture and ``describe``."""
+gradcheck), float64 and bfloat16, ``.to()``, capture and ``describe``.
+
+Over the mechanisms registered as such (``mechanisms.REGISTRY.own()``): the per-head attention
+parts that the mechanism registry delegates to have their own registry and their own contract
+(``tests/test_head_contract.py``)."""
 
 from __future__ import annotations
 
@@ -14,7 +18,7 @@ from hypothesis import strategies as st
 import attnkit as ak
 from attnkit import mechanisms
 
-NAMES = mechanisms.available()
+NAMES = mechanisms.REGISTRY.own()
 
 
 def _map(x, fn):
@@ -81,12 +85,7 @@ def _alignments(name):
     return [m for m in module.modules() if isinstance(m, ak.alignments.Alignment)]
 
 
-# A per-head part (attnkit.HeadAttention) computes its weights in its own attend() and is
-# swapped whole in a layer's attention slot; the per-head contract (tests/test_head.py) is its.
-COMPOSED = [n for n in NAMES if not issubclass(mechanisms.REGISTRY.get(n), ak.HeadAttention)]
-
-
-@pytest.mark.parametrize("name", COMPOSED)
+@pytest.mark.parametrize("name", NAMES)
 def test_aligns_through_an_alignment_module(name):
     assert _alignments(name), "weights come from an alignment module (ablation can swap it)"
 
