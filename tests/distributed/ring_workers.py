@@ -257,6 +257,7 @@ def _extras(rank: int, world: int, failures: list[str]) -> int:
             _compare(label, got, want, rank, world, layout, failures)
             checks += 1
     checks += _multihead(rank, world, failures)
+    checks += _keys_on_other_ranks(rank, world, failures)
     if world == 2:
         checks += _uneven_sweeps(rank, world, failures)
         # A position-based score (Location: one learned logit per query and key position)
@@ -372,6 +373,29 @@ def _multihead(rank: int, world: int, failures: list[str]) -> int:
                 failures.append(f"{label}: gradient of {name} differs by {err:.3g}")
         checks += 1
     return checks
+
+
+def _keys_on_other_ranks(rank: int, world: int, failures: list[str]) -> int:
+    """RingAttention in MultiHeadAttention (not causal, contiguous) where item 0's real tokens
+    all lie on rank 0: every other rank's keys are padding for it, and its queries there
+    still attend rank 0's keys (the template leaves a sharded part's rows without a key here
+    to the part), as the layer on the whole sequence with that key padding."""
+    seq, embed = 8 * world, 8
+    g = torch.Generator().manual_seed(29)
+    x = torch.randn(B, seq, embed, generator=g, dtype=torch.float64)
+    lengths = torch.tensor([8, seq])
+    ref = ak.MultiHeadAttention(embed, 2, dtype=torch.float64)
+    part = RingAttention(group=GROUP, layout="contiguous")
+    mha = ak.MultiHeadAttention(embed, 2, attention=part, dtype=torch.float64)
+    mha.load_state_dict(ref.state_dict())
+    pad = ak.masks.from_lengths(lengths, seq)
+    want = ref(x, x, x, mask=pad).context.detach()
+    local = shard(x, rank, world, layout="contiguous")
+    got = mha(local, local, local, mask=shard(pad, rank, world, layout="contiguous", dim=-1))
+    err = (got.context.detach() - shard(want, rank, world, layout="contiguous")).abs().max()
+    if not err.item() <= TOL:
+        failures.append(f"P={world} keys on other ranks only: context differs by {err:.3g}")
+    return 1
 
 
 def _uneven_sweeps(rank: int, world: int, failures: list[str]) -> int:

@@ -49,7 +49,7 @@ def test_ring_equals_single_process(world, results):
     assert not failures, "\n".join(failures)
     cases, _, extras = ring_workers._plan(world)
     # every case, the block mask / score_mod cases, the refused calls
-    expected = len(cases) + (0 if not extras else 15 if world == 2 else 5) + 6
+    expected = len(cases) + (0 if not extras else 16 if world == 2 else 6) + 6
     assert [r["checks"] for r in reports] == [expected] * world
 
 

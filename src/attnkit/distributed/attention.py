@@ -65,8 +65,14 @@ class RingAttention(HeadAttention):
 
     # capabilities (attnkit.head.HeadAttention)
     causal_form: ClassVar[bool] = True
-
     decodes_with_cache: ClassVar[bool] = False
+    # a block mask and a score_mod over the whole sequence (global positions)
+    accepts_block_mask: ClassVar[bool] = True
+    accepts_score_mod: ClassVar[bool] = True
+    # each rank holds its tokens' keys only: never a whole row of weights, and a row without
+    # a key here has keys on other ranks
+    returns_weights: ClassVar[bool] = False
+    sharded: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -111,15 +117,23 @@ class RingAttention(HeadAttention):
         """Key padding; and a causal mask (∧ key padding) when the part is causal."""
         return frozenset({"key", "causal"}) if self.causal else frozenset({"key"})
 
-    def forward(
+    # The template's holes (attnkit.head.HeadAttention.forward validates, refuses a bias and
+    # weights by capability, hides the keys no query of this rank attends).
+
+    def declared_mask(self, mask: Tensor | None, m: int, who: str) -> Tensor | None:
+        """The mask as given: :meth:`attend` reads it as padded keys (within the causal
+        triangle for a causal part) and refuses any other form with the other ranks."""
+        return mask
+
+    def attend(
         self,
         q: Tensor,
         k: Tensor,
         v: Tensor,
         *,
-        mask: Tensor | None = None,
-        bias: Tensor | None = None,
-        need_weights: bool = False,
+        mask: Tensor | None,
+        bias: Tensor | None,
+        need_weights: bool,
         block_mask: BlockMask | None = None,
         score_mod: ScoreMod | None = None,
     ) -> AttentionOutput:
@@ -127,12 +141,6 @@ class RingAttention(HeadAttention):
         # they would wait in the ring for this rank until the group's timeout.
         refusal, pad = None, None
         try:
-            if bias is not None:
-                raise ValueError("RingAttention takes no bias (a bias over the whole sequence)")
-            if need_weights:
-                raise ValueError(
-                    "RingAttention does not return weights: each rank never holds a whole row"
-                )
             if self.position is not None:
                 q, k, score_mod = self._positioned(q, k, score_mod)
             if self.causal_by_mask and q.shape[-2] > 1 and (mask is None or mask.shape[-2] == 1):

@@ -309,6 +309,10 @@ class RingLinearAttention(HeadAttention):
     decodes_with_cache: ClassVar[bool] = False
     mask_forms: ClassVar[frozenset[str]] = frozenset({"key", "padding", "causal"})
     mask_inputs: ClassVar[dict[str, tuple[str, ...]]] = {"mask": ("q", "k", "v")}
+    # each rank holds its tokens only: no whole row of weights, and a row without a key here
+    # reads the state of the ranks before
+    returns_weights: ClassVar[bool] = False
+    sharded: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -341,26 +345,24 @@ class RingLinearAttention(HeadAttention):
                 f"{type(part).__name__} (a linear recurrence) does not form"
             )
 
-    def forward(
-        self,
-        q: Tensor,
-        k: Tensor,
-        v: Tensor,
-        *,
-        mask: Tensor | None = None,
-        bias: Tensor | None = None,
-        need_weights: bool = False,
-    ) -> AttentionOutput:
+    # The template's holes (attnkit.head.HeadAttention.forward validates, refuses a bias and
+    # weights by capability, hides the keys no query of this rank attends).
+
+    def declared_mask(self, mask: Tensor | None, m: int, who: str) -> Tensor | None:
+        """The mask as given: :meth:`attend` reads it as padded positions within the causal
+        triangle and refuses any other form with the other ranks."""
+        return mask
+
+    def attend(
+        self, q: Tensor, k: Tensor, v: Tensor, *, mask: Tensor | None, bias: Tensor | None,
+        need_weights: bool,
+    ) -> AttentionOutput:  # fmt: skip
         from attnkit.distributed.attention import _key_padding
 
+        # A refusal here is agreed on with the other ranks (ring_recurrence), never raised
+        # alone: they would wait for this rank until the group's timeout.
         refusal, pad = None, None
         try:
-            if bias is not None:
-                raise ValueError("RingLinearAttention takes no bias")
-            if need_weights:
-                raise ValueError(
-                    "RingLinearAttention does not return weights: each rank never holds a whole row"
-                )
             if self.position is not None:
                 ring = Ring.of(self.group)
                 n = q.shape[-2]
