@@ -60,6 +60,9 @@ PIECES = 1 << 11
 WIDTH = 16
 #: query rows the forward takes to its end at a time (what it holds grows with them)
 SPAN = 1 << 13
+#: the same without autograd, where nothing is kept for a backward and the span's running
+#: merges and sorted pairs are most of what the call holds beside its output
+INFERENCE_SPAN = 1 << 11
 
 
 def applies(q: Tensor, n: int, q_offset: int, rows, sz: Sizes) -> bool:
@@ -485,15 +488,16 @@ def _chunks(geo: _Geometry, cc: int | None, lo: int = 0, hi: int | None = None):
         yield a, min(hi, a + per)
 
 
-def _forward_group(items, geo: _Geometry, scale: float) -> None:
+def _forward_group(items, geo: _Geometry, scale: float, span: int = SPAN) -> None:
     """The heads of one selection group (NSA eq. 10: their block importances summed), each
     an (x, keys, values, kc, vc, gates, out, lse, chosen): writes the context ``out``
     (M, d_v), ``lse`` (3, M) and, where not None, ``chosen`` (M, n') (−1 where unavailable).
 
-    Runs over spans of SPAN query rows, each to its end (compressed branch and selection,
-    pieces, gathered tiles), so that what a span holds (the selected branch's running
-    merge, the chosen blocks, the sorted pairs) grows with SPAN, not with M."""
-    span = max(1, SPAN // geo.lb) * geo.lb
+    Runs over spans of ``span`` query rows (SPAN; INFERENCE_SPAN without autograd), each to
+    its end (compressed branch and selection, pieces, gathered tiles), so that what a span
+    holds (the selected branch's running merge, the chosen blocks, the sorted pairs) grows
+    with the span, not with M."""
+    span = max(1, span // geo.lb) * geo.lb
     for lo in range(0, geo.m, span):
         _forward_span(items, geo, scale, lo, min(geo.m, lo + span))
 
@@ -707,6 +711,6 @@ def nsa_blocks(
                 (q[i], k[i], v[i], kc[i], vc[i], gates[i], out[i], lse, None)
                 for i in range(c, c + sz.group)
             ]
-            _forward_group(items, geo, scale)
+            _forward_group(items, geo, scale, INFERENCE_SPAN)
         return out
     return _NSABlocks.apply(q, k, v, kc, vc, gates, q_offset, sz, scale)
