@@ -4,8 +4,9 @@ they are printed there, into an empty directory; the three modules are imported 
 tests run, and each part is then used where attnkit takes one, with no other edit: the score by
 name in ``MultiHeadAttention(score=...)`` and through the chunked kernel; the head part in
 ``MultiHeadAttention(attention=...)``, a ``TransformerEncoderLayer``, a ``DecoderLM`` decoding
-with a KV cache and the per-head contract of ``tests/test_head.py``; the task through a tiny
-``attnkit run --task-module``.
+with a KV cache and every check of the per-head contract (``tests/test_head_contract.py``),
+which a deliberately broken copy of the part (its mask not applied) fails; the task through a
+tiny ``attnkit run --task-module``.
 
 The references are computed here from the equations (torch.cdist for the L1 distances, the
 per-head projections written out), not by the parts under test.
@@ -49,7 +50,14 @@ def user_dir(tmp_path, monkeypatch):
 
     # Fill the lazily loaded registries first: a snapshot taken before a package registers its
     # parts would drop them on restore, while the package stays imported and never re-registers.
-    for registry in (ak.mechanisms, ak.scores, ak.alignments, ak.positions, ak.tasks):
+    for registry in (
+        ak.mechanisms,
+        ak.head_registry,
+        ak.scores,
+        ak.alignments,
+        ak.positions,
+        ak.tasks,
+    ):
         registry.available()
     tables = [(r, r.snapshot()) for r in list(Registry.instances)]
     monkeypatch.setattr(user, "_modules", {})
@@ -117,24 +125,40 @@ def test_a_score_in_one_file_works_by_name_and_in_the_chunked_kernel(user_dir):
     torch.testing.assert_close(chunked.context, ref)
 
 
-def test_a_head_part_in_one_file_works_in_the_layers_the_cache_and_the_contract(user_dir):
-    import test_head as contract
+def _contract_checks(part_class) -> list:
+    """The checks of tests/test_head_contract.py that apply to ``part_class``: those run over
+    every part, and those run over the parts declaring what it declares."""
+    import test_head_contract as contract
 
+    checks = []
+    for name, check in vars(contract).items():
+        marks = getattr(check, "pytestmark", [])
+        params = [m.args[1] for m in marks if m.name == "parametrize" and m.args[0] == "name"]
+        if not name.startswith("test_") or not params:
+            continue
+        if params[0] is contract.PARTS:  # over every part
+            checks.append(check)
+    if part_class.normalized_weights:
+        checks.append(contract.test_weights_declared_normalized_sum_to_one)
+    if not part_class.any_value_size:
+        checks.append(contract.test_a_part_for_values_of_head_dim_refuses_other_values_naming_them)
+    assert len(checks) >= 10, [c.__name__ for c in checks]
+    return checks
+
+
+def test_a_head_part_in_one_file_works_in_the_layers_the_cache_and_the_contract(user_dir):
     from attnkit.models.decoder_lm import DecoderLM
 
     sigmoid_part = importlib.import_module("sigmoid_part")
     _run_user_tests("test_sigmoid_part")
     part_class = sigmoid_part.SigmoidAttention
-    assert ak.mechanisms.REGISTRY.get("sigmoid_attention") is part_class
+    assert ak.head_registry.REGISTRY.get("sigmoid_attention") is part_class
+    assert "sigmoid_attention" in ak.head_registry.available()
+    assert ak.mechanisms.REGISTRY.get("sigmoid_attention") is part_class  # delegated
 
-    # the per-head contract, with the helpers tests/test_head.py runs over attnkit's own parts
-    for check in (
-        contract.test_output_is_an_attention_output_and_gradients_flow,
-        contract.test_declared_mask_forms_are_honoured_and_others_refused,
-        contract.test_a_bias_is_honoured_when_declared_and_refused_otherwise,
-        contract.test_a_kv_cache_equals_the_causal_pass_when_declared_and_is_refused_otherwise,
-        contract.test_block_masks_and_score_mods_are_refused_unless_declared,
-    ):
+    # every check of the per-head contract, as tests/test_head_contract.py runs them over
+    # attnkit's own parts
+    for check in _contract_checks(part_class):
         check("sigmoid_attention")
 
     # in multi-head attention: σ(q·k/√d − log max_len) per head, a padded key weighted 0
@@ -170,6 +194,31 @@ def test_a_head_part_in_one_file_works_in_the_layers_the_cache_and_the_contract(
         steps = [lm(tokens[:, :3], cache=cache)]
         steps += [lm(tokens[:, t : t + 1], cache=cache) for t in range(3, 6)]
     torch.testing.assert_close(torch.cat(steps, 1), whole)
+
+
+def broken_part(text: str) -> str:
+    """sigmoid_part.py with its mask not applied: a masked key keeps its weight σ(e)."""
+    applied = "            w = w.masked_fill(~mask, 0.0)\n"
+    assert text.count(applied) == 1
+    return text.replace(applied, "            pass  # the mask is not applied\n")
+
+
+def test_a_broken_head_part_fails_the_contract(user_dir):
+    """The part with its mask not applied: the template already hides keys no query may
+    attend, but a causal mask's later keys reach earlier queries, which the contract sees."""
+    import test_head_contract as contract
+
+    (user_dir / "sigmoid_part.py").write_text(
+        broken_part(files_in_the_docs()["sigmoid_part.py"][1])
+    )
+    part_class = importlib.import_module("sigmoid_part").SigmoidAttention
+    failed = []
+    for check in _contract_checks(part_class):
+        try:
+            check("sigmoid_attention")
+        except AssertionError:
+            failed.append(check.__name__)
+    assert contract.test_declared_mask_forms_are_honoured_and_others_refused.__name__ in failed
 
 
 def test_a_task_in_one_file_runs_with_attnkit_run(user_dir, monkeypatch):
