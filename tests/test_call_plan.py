@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import attnkit as ak
-from attnkit import call_plan, checks, kernels
+from attnkit import call_plan, checks, head, kernels
 from attnkit.kernels import dense
 
 E, H = 12, 3
@@ -201,3 +201,212 @@ def test_grouped_keys_are_placed_per_head_unless_every_head_is_alike(alike):
     steps = [mha(x[:, :2], mask=ak.masks.causal(2), cache=cache).context]
     steps += [mha(x[:, i : i + 1], cache=cache).context for i in range(2, 7)]
     torch.testing.assert_close(torch.cat(steps, 1), want)
+
+
+class _ReluPart(ak.HeadAttention):
+    """A minimal per-head part on the template (ReLU weights): no care for padding of its own."""
+
+    causal_form = True
+    accepts_bias = True
+    mask_forms = frozenset({"key", "padding", "causal", "full"})
+
+    def attend(self, q, k, v, *, mask, bias, need_weights):
+        w = torch.relu(q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5)
+        if mask is not None:
+            w = w * mask
+        return ak.AttentionOutput(w @ v, w)
+
+
+def _keywords_of_part_calls(layer: ak.MultiHeadAttention) -> list[dict]:
+    seen: list[dict] = []
+    layer.attention.register_forward_pre_hook(
+        lambda module, args, kwargs: seen.append(dict(kwargs)), with_kwargs=True
+    )
+    return seen
+
+
+@pytest.mark.parametrize("part", ["attention", "relu"])
+def test_a_layer_calls_its_part_with_the_facts_of_its_plan(part):
+    attention = _ReluPart() if part == "relu" else None
+    kw = {} if attention is None else {"attention": attention}
+    mha = ak.MultiHeadAttention(E, H, **kw)
+    seen = _keywords_of_part_calls(mha)
+    x = torch.randn(2, 5, E)
+    for _ in range(2):  # validated at the door, then planned
+        mha(x, need_weights=True)  # (weights: the part is called, not the direct route)
+    assert [(s["checked"], s["finite"]) for s in seen] == [(True, False)] * 2
+    kind = next(iter(mha._plans))
+    assert mha._plans[kind].facts == call_plan.part_facts(mha) == {"checked": True, "finite": False}
+    mha.inputs_finite = True  # the callers' statement: the plans resolved before are dropped
+    assert not mha._plans
+    mha(x, need_weights=True)
+    assert (seen[-1]["checked"], seen[-1]["finite"]) == (True, True)
+    assert next(iter(mha._plans.values())).finite
+
+
+@pytest.mark.parametrize("part", ["attention", "attention+weights", "relu"])
+def test_nan_in_padded_keys_reaches_nothing_through_a_layers_checked_call(part):
+    """The layer's call says checked, not finite: the part still clears masked keys, so NaN
+    padding of the keys and values changes no output and no gradient (each item equals itself
+    alone)."""
+    torch.manual_seed(0)
+    kw = {"attention": _ReluPart()} if part == "relu" else {}
+    mha = ak.MultiHeadAttention(E, H, **kw).double()
+    need_weights = part == "attention+weights"
+    lengths = [6, 4]
+    query = torch.randn(2, 3, E, dtype=torch.float64)
+    memory = torch.randn(2, 6, E, dtype=torch.float64)
+    memory[1, 4:] = float("nan")
+    memory.requires_grad_()
+    mask = ak.masks.from_lengths(torch.tensor(lengths), 6)  # (B, 1, N)
+    outs = [mha(query, memory, mask=mask, need_weights=need_weights).context for _ in range(2)]
+    torch.testing.assert_close(outs[0], outs[1])  # validated, then planned
+    out = outs[1]
+    assert torch.isfinite(out).all()
+    for i, n in enumerate(lengths):
+        alone = mha(query[i : i + 1], memory[i : i + 1, :n].detach()).context
+        torch.testing.assert_close(out[i : i + 1], alone)
+    out.sum().backward()
+    assert torch.isfinite(memory.grad[:, :4]).all() and (memory.grad[1, 4:] == 0).all()
+
+
+def test_a_planned_checked_call_still_gives_the_full_validation_messages():
+    mha = ak.MultiHeadAttention(8, 2)
+    x = torch.randn(2, 5, 8)
+    mha(x, bias=torch.zeros(5, 5))
+    mha(x)  # both kinds planned
+    with pytest.raises(TypeError, match=r"bias has dtype torch\.float64 but query has"):
+        mha(x, bias=torch.zeros(5, 5, dtype=torch.float64))
+    with pytest.raises(ValueError, match=r"query has 7 features \(shape \(2, 5, 7\)\) but this"):
+        mha(torch.randn(2, 5, 7))
+    with pytest.raises(ValueError, match=r"bias of shape \(4, 5\) does not broadcast to"):
+        mha(x, bias=torch.zeros(4, 5))
+    # what the layer cannot know about its part is still checked inside the checked call
+    other = ak.MultiHeadAttention(8, 2, score=ak.scores.Location(4, 8, num_heads=3))
+    with pytest.raises(ValueError, match="num_heads=3"):
+        other(x)
+    part = ak.Attention(ak.scores.Location(4, 8, num_heads=3), "softmax")
+    q = torch.randn(1, 2, 5, 4)  # two heads
+    with pytest.raises(ValueError, match="num_heads=3"):
+        part(q, q, q, checked=True)
+
+
+def test_no_ambient_trust_switch_remains():
+    """What a layer knows is passed as keywords: no module keeps it in a context variable (the
+    only ones left hold hook listeners), and nothing asks for an ambient trust."""
+    import re
+    from pathlib import Path
+
+    root = Path(ak.__file__).parent
+    holders = {
+        str(p.relative_to(root))
+        for p in root.rglob("*.py")
+        if re.search(r"\bContextVar\b", p.read_text(encoding="utf-8"))
+    }
+    assert holders <= {"hooks.py", "hook_points.py"}, holders
+    for p in root.rglob("*.py"):
+        text = p.read_text(encoding="utf-8")
+        assert not re.search(r"\b(is_trusted|trusted)\(", text), p
+
+
+class _Counts:
+    """Counters on the validation helpers and on every torch.isfinite call (its input shape)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.mask_checks = 0
+        self.validations = 0
+        self.head_checks = 0
+        self.finite_scans: list[tuple[int, ...]] = []
+        mask_check, validate, isfinite = ak.masks.check, checks.validate, torch.isfinite
+        check_head_inputs = head.check_head_inputs
+
+        def counted_mask_check(*args, **kwargs):
+            self.mask_checks += 1
+            return mask_check(*args, **kwargs)
+
+        def counted_validate(*args, **kwargs):
+            self.validations += 1
+            return validate(*args, **kwargs)
+
+        def counted_head_check(*args, **kwargs):
+            self.head_checks += 1
+            return check_head_inputs(*args, **kwargs)
+
+        def counted_isfinite(x):
+            self.finite_scans.append(tuple(x.shape))
+            return isfinite(x)
+
+        monkeypatch.setattr(ak.masks, "check", counted_mask_check)
+        monkeypatch.setattr(checks, "validate", counted_validate)
+        monkeypatch.setattr(head, "check_head_inputs", counted_head_check)
+        monkeypatch.setattr(torch, "isfinite", counted_isfinite)
+
+    def reset(self) -> None:
+        self.mask_checks = self.validations = self.head_checks = 0
+        self.finite_scans.clear()
+
+
+def _padded_reference(mha, x, lengths):
+    """Each item alone, truncated to its length (the per-head part sees only real keys)."""
+    return [mha(x[i : i + 1, :n]).context for i, n in enumerate(lengths)]
+
+
+def test_a_masked_multi_head_call_validates_its_mask_and_inputs_once(monkeypatch):
+    mha = ak.MultiHeadAttention(8, 2).eval()
+    lengths = [5, 3]
+    x = torch.randn(2, 5, 8)
+    x[1, 3:] = float("nan")  # padding content: reaches nothing, is not looked for
+    mask = ak.masks.from_lengths(torch.tensor(lengths), 5)
+    counts = _Counts(monkeypatch)
+    out = mha(x, mask=mask).context
+    assert counts.mask_checks == 1  # at the layer's door, not again in the per-head call
+    assert counts.validations == 0  # the per-head call is not validated a second time
+    assert counts.finite_scans == []  # masked keys are excluded by construction
+    for i, (want, n) in enumerate(zip(_padded_reference(mha, x, lengths), lengths, strict=True)):
+        torch.testing.assert_close(out[i : i + 1, :n], want)
+
+
+def test_a_padded_decoding_step_scans_no_cache(monkeypatch):
+    """A step of batched decoding with key padding over a KV cache: the mask is checked once per
+    layer call and no key or value of the cache is looked at for non-finite content."""
+    torch.manual_seed(0)
+    mha = ak.MultiHeadAttention(8, 2).eval()
+    lengths, n = [6, 4], 6
+    x = torch.randn(2, n + 1, 8)
+    x[1, lengths[1] : n] = float("inf")  # the second row's padding, inside the cache
+    pad = ak.masks.from_lengths(torch.tensor(lengths), n)  # (B, 1, N)
+    keep = torch.cat([pad, torch.ones(2, 1, 1, dtype=torch.bool)], -1)  # + the new token
+    cache = ak.kv_cache.LayerCache()
+    with torch.no_grad():
+        mha(x[:, :n], mask=pad & ak.masks.causal(n), cache=cache)
+        counts = _Counts(monkeypatch)
+        step = mha(x[:, n:], mask=keep, cache=cache).context
+    # the prefill validated this kind of call in full; the step's mask is checked by its sizes
+    # alone (attnkit.call_plan)
+    assert counts.mask_checks == 0 and counts.validations == 0
+    assert counts.finite_scans == []
+    # reference: each row alone, its padding dropped, in one causal pass
+    for i, length in enumerate(lengths):
+        real = torch.cat([x[i : i + 1, :length], x[i : i + 1, n:]], 1)
+        want = mha(real, mask=ak.masks.causal(length + 1)).context[:, -1:]
+        torch.testing.assert_close(step[i : i + 1], want)
+
+
+def test_a_decoding_step_of_the_decoder_lm_validates_nothing_twice(monkeypatch):
+    from attnkit.models.decoder_lm import DecoderLM
+
+    torch.manual_seed(0)
+    lm = DecoderLM(50, 16, 2, 2, max_len=16).eval()
+    tokens = torch.randint(0, 50, (2, 7))
+    cache = lm.new_cache()
+    with torch.no_grad():
+        lm(tokens[:, :6], cache=cache)
+        counts = _Counts(monkeypatch)
+        step = lm(tokens[:, 6:], cache=cache)
+        assert counts.validations == 0 and counts.mask_checks == 0
+        assert counts.head_checks == 0
+        assert counts.finite_scans == []
+        counts.reset()
+        whole = lm(tokens)  # the prompt's causal mask: the model states its activations finite
+        assert counts.finite_scans == [] and counts.validations == 0
+    torch.testing.assert_close(step[:, -1], whole[:, -1])

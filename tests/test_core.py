@@ -336,9 +336,8 @@ def test_inputs_stated_finite_are_neither_looked_at_nor_cleared(monkeypatch):
     looked = []
     isfinite = torch.isfinite
     monkeypatch.setattr(torch, "isfinite", lambda x: looked.append(x.shape) or isfinite(x))
-    with ak.trust.trusted(finite=True):
-        call = prepare_call(q, k, v, mask=mask & ak.masks.causal(5))
-        out = ak.attention(q, k, v, mask=mask).context
+    call = prepare_call(q, k, v, mask=mask & ak.masks.causal(5), finite=True)
+    out = ak.Attention()(q, k, v, mask=mask, finite=True).context
     assert call.masked_finite and call.k is k and call.v is v
     assert looked == []
     torch.testing.assert_close(out, _softmax_reference(q, k, v, mask.expand(2, 5, 5)))

@@ -176,7 +176,7 @@ def test_for_heads_fills_the_declared_sizes_and_refuses_what_it_cannot_fill():
     assert isinstance(module, ToyPart) and module(*args, **kwargs).context.shape == (2, 2, 7, 4)
 
 
-def test_check_head_inputs_validates_and_trusts_a_validated_caller():
+def test_check_head_inputs_validates_and_takes_a_checked_call_as_given():
     q, k, v = _inputs()
     assert check_head_inputs(q, k[:1], v[:1], None, None, "who") == (2, H)
     with pytest.raises(ValueError, match="who: q has 4 features but k has 3"):
@@ -187,10 +187,10 @@ def test_check_head_inputs_validates_and_trusts_a_validated_caller():
         check_head_inputs(q, k, v, torch.ones(N, N), None, "who")
     with pytest.raises(ValueError, match="who: bias of shape"):
         check_head_inputs(q, k, v, None, torch.ones(3, N), "who")
-    with ak.trust.trusted():  # the caller checked the mask: only the sizes are read
-        assert check_head_inputs(q, k, v, torch.ones(N, N), None, "who") == (2, H)
-        with pytest.raises(ValueError, match="the key set is empty"):
-            check_head_inputs(q, k[..., :0, :], v[..., :0, :], None, None, "who")
+    # the caller checked the mask (checked=True): only the sizes are read
+    assert check_head_inputs(q, k, v, torch.ones(N, N), None, "who", checked=True) == (2, H)
+    with pytest.raises(ValueError, match="the key set is empty"):
+        check_head_inputs(q, k[..., :0, :], v[..., :0, :], None, None, "who", checked=True)
 
 
 def test_the_toy_part_works_in_multi_head_attention_and_the_layers():
@@ -311,8 +311,7 @@ def test_finite_keys_whose_sums_overflow_are_not_taken_for_non_finite():
     assert not torch.isfinite(v.sum(-1)).all() and torch.isfinite(v).all()
     causal = ak.masks.causal(N)
     out = part(q, k, v, mask=causal).context
-    with ak.trust.trusted(finite=True):  # stated finite: no scan at all
-        want = part(q, k, v, mask=causal).context
+    want = part(q, k, v, mask=causal, finite=True).context  # stated finite: no scan at all
     assert torch.isfinite(out).all()
     torch.testing.assert_close(out, want, rtol=0, atol=0)
     k = k.clone()
@@ -393,3 +392,69 @@ def test_a_part_may_read_masks_its_own_way():
         KeyOnlyPart()(q, k, v, mask=causal)
     out = WholeMaskPart()(q, k, v, mask=causal).context
     torch.testing.assert_close(out, MinimalPart()(q, k, v, mask=causal).context, rtol=0, atol=0)
+
+
+class FactsPart(MinimalPart):
+    """The minimal part, declaring that its attend takes the caller's facts; it records them."""
+
+    takes_facts = True
+
+    def attend(self, q, k, v, *, mask, bias, need_weights, checked, finite):
+        self.seen = (checked, finite, bool(torch.isfinite(k).all() and torch.isfinite(v).all()))
+        return super().attend(q, k, v, mask=mask, bias=bias, need_weights=need_weights)
+
+
+def test_the_facts_reach_attend_only_where_declared_and_finite_holds_when_told():
+    q, k, v = _inputs()
+    part = FactsPart()
+    part(q, k, v)
+    assert part.seen == (False, False, True)  # no mask, nothing stated: not known finite
+    part(q, k, v, checked=True, finite=True)
+    assert part.seen == (True, True, True)
+    k = k.clone()
+    k[1, :, -2:] = float("nan")  # padding of the second item
+    pad = ak.masks.from_lengths(torch.tensor([N, N - 2]), N)[:, None]  # (B, 1, 1, N)
+    out = part(q, k, v, mask=pad).context
+    assert part.seen == (False, True, True)  # the template cleared the keys: finite, and told
+    torch.testing.assert_close(out, MinimalPart()(q, k.nan_to_num(), v, mask=pad).context)
+    # a minimal part (no takes_facts) gets neither keyword, whatever the caller says
+    out = MinimalPart()(q, k.nan_to_num(), v, mask=pad, checked=True, finite=True).context
+    assert torch.isfinite(out).all()
+    assert HeadAttention.forward_takes_facts and MinimalPart.forward_takes_facts
+
+
+def test_a_part_with_its_own_forward_takes_the_facts_only_when_it_declares_them():
+    class OwnForward(MinimalPart):
+        def forward(self, q, k, v, *, mask=None, bias=None, need_weights=False):
+            return MinimalPart.forward(self, q, k, v, mask=mask, bias=bias)
+
+    class OwnForwardWithFacts(FactsPart):
+        def forward(self, q, k, v, *, checked=False, finite=False, **kw):
+            self.given = (checked, finite)
+            return FactsPart.forward(self, q, k, v, checked=checked, finite=finite, **kw)
+
+    assert not OwnForward.forward_takes_facts and OwnForwardWithFacts.forward_takes_facts
+    assert not type("Sub", (OwnForward,), {}).forward_takes_facts  # inherited with forward
+    mha = ak.MultiHeadAttention(E, H, attention=OwnForward()).double()
+    x = torch.randn(2, N, E, dtype=torch.float64)
+    want = ak.MultiHeadAttention(E, H, attention=MinimalPart()).double()
+    want.load_state_dict(mha.state_dict())
+    torch.testing.assert_close(mha(x).context, want(x).context)  # called without the facts
+    facts = ak.MultiHeadAttention(E, H, attention=OwnForwardWithFacts()).double()
+    facts(x)
+    assert facts.attention.given == (True, False)  # validated at the layer's door; not finite
+
+
+def test_the_facts_must_be_bools_and_a_checked_call_still_refuses_empty_keys():
+    q, k, v = _inputs()
+    with pytest.raises(TypeError, match="MinimalPart: checked must be a bool, got 1"):
+        MinimalPart()(q, k, v, checked=1)
+    with pytest.raises(TypeError, match="MinimalPart: finite must be a bool, got 'yes'"):
+        MinimalPart()(q, k, v, finite="yes")
+    with pytest.raises(ValueError, match="MinimalPart: the key set is empty"):
+        MinimalPart()(q, k[..., :0, :], v[..., :0, :], checked=True)
+    # unchecked, the full messages
+    with pytest.raises(ValueError, match="MinimalPart: q has 4 features but k has 3"):
+        MinimalPart()(q, k[..., :3], v)
+    with pytest.raises(TypeError, match="mask must be boolean"):
+        MinimalPart()(q, k, v, mask=torch.ones(N, N))

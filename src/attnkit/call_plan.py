@@ -1,4 +1,4 @@
-"""A multi-head layer's plan for one kind of call: resolved once, then trusted (DESIGN 8).
+"""A multi-head layer's plan for one kind of call: resolved once, then trusted (DESIGN 8, 9).
 
 Everything a :class:`attnkit.MultiHeadAttention` call checks and chooses, except the sizes,
 follows from the call's *kind* (:func:`call_kind`): the dtype, device and rank of each input,
@@ -13,7 +13,11 @@ then keeps a :class:`LayerPlan` for the kind, which records what it resolved:
 - whether the caller's mask is the part's mask as it is (``plain_mask``: no pattern or layer
   ``score_mod``, a part whose queries do not share computation);
 - whether the part evaluates its calls directly (``direct``, :meth:`attnkit.Attention.direct`:
-  SDPA without selecting a kernel again).
+  SDPA without selecting a kernel again);
+- what the layer tells the part about each call (``facts``, :func:`part_facts`): that its
+  inputs were validated at the layer's door (``checked``) and, for a layer whose callers state
+  their inputs finite (``MultiHeadAttention.inputs_finite``), that no key or value is NaN or
+  infinite (``finite``). These are keywords of the part's call, not a switch around it.
 
 A later call of the kind checks only its sizes (:func:`fits`); a call whose sizes the quick
 check cannot confirm is validated in full again, so its error, if any, is the full check's.
@@ -36,7 +40,7 @@ from torch import Tensor
 from attnkit.core import Attention
 from attnkit.positions.none import NoPosition
 
-__all__ = ["LayerPlan", "call_kind", "fits"]
+__all__ = ["LayerPlan", "call_kind", "fits", "part_facts"]
 
 
 def _described(x: Tensor) -> tuple[Any, ...]:
@@ -73,6 +77,17 @@ def call_kind(
         )
     except (AttributeError, TypeError):
         return None
+
+
+def part_facts(layer: Any) -> dict[str, bool]:
+    """The keywords with which ``layer`` (a :class:`attnkit.MultiHeadAttention` whose door has
+    validated the call) calls its per-head part: ``checked=True`` (the part reads only the
+    sizes) and ``finite`` (the layer's ``inputs_finite``); none for a part whose own
+    ``forward`` does not take them (:attr:`attnkit.HeadAttention.forward_takes_facts`), which
+    then validates the call itself."""
+    if not layer.attention.forward_takes_facts:
+        return {}
+    return {"checked": True, "finite": layer.inputs_finite}
 
 
 def _broadcasts(shape: tuple[int, ...], target: tuple[int, ...]) -> bool:
@@ -135,12 +150,18 @@ class LayerPlan:
         direct: the part may evaluate the call directly (:meth:`attnkit.Attention.direct`).
         heads_alike: the q/k chain's steps and the position scheme do the same to every head
             (``same_for_every_head``): a grouped-query layer places each key head once.
+        finite: the layer's callers state its inputs finite (``inputs_finite``): masked keys
+            are neither looked at nor cleared, on the direct route too.
+        facts: the keywords of the part's call that say what the layer knows
+            (:func:`part_facts`).
     """
 
     places: bool
     plain_mask: bool
     direct: bool
     heads_alike: bool
+    finite: bool
+    facts: dict[str, bool]
 
     @classmethod
     def resolve(cls, layer: Any, need_weights: bool) -> LayerPlan:
@@ -159,4 +180,6 @@ class LayerPlan:
                 and type(part).direct is Attention.direct
             ),
             heads_alike=layer._heads_alike(),
+            finite=layer.inputs_finite,
+            facts=part_facts(layer),
         )

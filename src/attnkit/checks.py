@@ -90,7 +90,7 @@ def validate(
 
     ``check_parts=False`` leaves out the walk over the score's and the alignment's parameters
     (their dtype and device against the inputs'), which a layer that checked its own parameters
-    at its entry has already done (:mod:`attnkit.trust`).
+    at its entry has already done.
 
     Inputs, the bias and the parts' parameters must share one dtype and one device: a float64
     bias with float32 inputs is refused (one rule on every kernel) rather than cast.

@@ -113,8 +113,11 @@ class Attention(HeadAttention):
             setting. A call's own ``kernel=`` takes precedence and is always forced.
 
     ``forward(q, k, v=None, *, mask=None, bias=None, need_weights=False, chunk_size=None,
-    kernel=None, block_mask=None, score_mod=None)``
-    returns an :class:`AttentionOutput`; see :func:`attention`.
+    kernel=None, block_mask=None, score_mod=None, checked=False, finite=False)``
+    returns an :class:`AttentionOutput`; see :func:`attention`. ``checked`` and ``finite`` are
+    a caller's facts (:class:`attnkit.HeadAttention`): the inputs were validated at its door
+    (only what it cannot know about this score is checked), k and v are finite everywhere
+    (masked keys are neither looked at nor cleared).
     """
 
     # capabilities (attnkit.head.HeadAttention)
@@ -129,6 +132,8 @@ class Attention(HeadAttention):
     # score_mod rewrites them (the layers read these and refuse parts that lack them).
     accepts_block_mask: ClassVar[bool] = True
     accepts_score_mod: ClassVar[bool] = True
+    # forward takes the caller's facts checked= and finite= (attnkit.head.HeadAttention)
+    takes_facts: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -171,11 +176,13 @@ class Attention(HeadAttention):
         kernel: str | None = None,
         block_mask: BlockMask | None = None,
         score_mod: ScoreMod | None = None,
+        checked: bool = False,
+        finite: bool = False,
     ) -> AttentionOutput:
         need_weights = need_weights or hooks.listening()
         if kernel is None and not need_weights:
             kernel = self.kernel
-        out = attention(
+        call = prepare_call(
             q,
             k,
             v,
@@ -189,15 +196,27 @@ class Attention(HeadAttention):
             kernel=kernel,
             block_mask=block_mask,
             score_mod=score_mod,
+            checked=checked,
+            finite=finite,
         )
+        out = kernels.select(call, kernel).attend(call)
         hooks.report(self, out.weights)
         return out
 
     def direct(
-        self, q: Tensor, k: Tensor, v: Tensor, *, mask: Tensor | None, bias: Tensor | None
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        *,
+        mask: Tensor | None,
+        bias: Tensor | None,
+        finite: bool = False,
     ) -> AttentionOutput | None:
         """This part's call on inputs a layer's plan has checked (:mod:`attnkit.call_plan`),
-        evaluated as :meth:`forward` would evaluate it without building and selecting again:
+        evaluated as :meth:`forward` would evaluate it without building and selecting again
+        (``finite``: the caller states that k and v hold no NaN or infinity, so masked keys
+        are not cleared):
         by the direct entry (:meth:`attnkit.kernels.Kernel.direct`) of its kernel, or of the
         kernel automatic selection tries first. None when that entry cannot be sure to give
         what :meth:`forward` would (weights listened to, no direct entry, inputs for which
@@ -207,4 +226,7 @@ class Attention(HeadAttention):
         check_for_score(q, k, v, self.score)  # (what the layer cannot know)
         kernel = kernels.get(self.kernel or kernels.REGISTRY.first())
         dropout = self.dropout if self.training else 0.0
-        return kernel.direct(q, k, v, self.score, self.align, mask=mask, bias=bias, dropout=dropout)
+        return kernel.direct(
+            q, k, v, self.score, self.align, mask=mask, bias=bias, dropout=dropout,
+            keep_masked=finite,
+        )  # fmt: skip

@@ -8,8 +8,9 @@ layers, the caches and the tests before a call is made; a call asking for someth
 does not declare is refused with the reason (:meth:`HeadAttention.refusal`), never run wrongly.
 
 The shared validation of per-head inputs (:func:`check_head_inputs`) lives here, once: a caller
-that validated at its own door (multi-head attention) calls the part inside
-:func:`attnkit.trust.trusted` and the part then only reads the sizes it needs.
+that validated at its own door (multi-head attention) says so in its call (``checked=True``) and
+the part then only reads the sizes it needs; a caller whose inputs are its own finite activations
+says so too (``finite=True``) and nothing is scanned for non-finite padding.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
-from attnkit import hooks, masks, trust
+from attnkit import hooks, masks
 from attnkit.inputs import broadcast_shapes
 from attnkit.output import AttentionOutput
 from attnkit.sizing import Sizes, build
@@ -57,7 +58,16 @@ class HeadAttention(nn.Module):
     Either takes only the keywords its capabilities name: ``q_offset`` with
     ``takes_q_offset``, ``cache`` with ``takes_cache``, ``block_mask`` with
     ``accepts_block_mask``, ``score_mod`` with ``accepts_score_mod``; the layers pass nothing
-    else.
+    else, except what they know about the call (below).
+
+    A caller tells the part two facts as keywords of the template :meth:`forward`, both False
+    by default (a minimal part need not know about them): ``checked`` — the caller validated
+    q, k, v, the mask and the bias at its own door and shaped them itself (a layer's plan,
+    :mod:`attnkit.call_plan`), so only the sizes are read —, and ``finite`` — k and v hold no
+    NaN or infinity anywhere, padding included (a model's own activations), so nothing is
+    scanned for non-finite masked keys. A part that wants them in :meth:`attend` (to skip the
+    validation of an inner call, or a scan of its own) declares ``takes_facts``; a part that
+    overrides ``forward`` is given them only when it declares ``takes_facts``.
 
     Capabilities (class data, or properties where they follow from construction such as
     ``self.causal``); the defaults claim nothing:
@@ -98,6 +108,14 @@ class HeadAttention(nn.Module):
             as for any part computing ``w @ v`` (True here); False for a part sized at
             construction for values of head_dim features (a gate or a norm over them), which
             refuses other values with a ValueError naming v.
+        takes_facts: the part's own method (:meth:`attend`, or ``forward`` where the part
+            overrides it) takes the keywords ``checked`` and ``finite``. :meth:`attend` is
+            given ``finite=True`` whenever k and v hold no NaN or infinity: stated by the
+            caller, or established by the template while excluding masked keys (with a mask,
+            non-finite keys are zeroed).
+        forward_takes_facts: derived, not declared: whether ``forward`` takes ``checked`` and
+            ``finite`` (the template does; a part's own ``forward`` when it declares
+            ``takes_facts``). Callers pass them only then.
     """
 
     causal_form: ClassVar[bool] = False
@@ -113,6 +131,8 @@ class HeadAttention(nn.Module):
     mask_forms: ClassVar[frozenset[str]] = frozenset()
     normalized_weights: ClassVar[bool] = False
     any_value_size: ClassVar[bool] = True
+    takes_facts: ClassVar[bool] = False
+    forward_takes_facts: ClassVar[bool] = True  # (derived in __init_subclass__)
     # for_heads: which constructor argument takes which size (attnkit.sizing.build); what the
     # part is, for its messages
     size_arguments: ClassVar[dict[str, str]] = {}
@@ -132,6 +152,10 @@ class HeadAttention(nn.Module):
             keys = isinstance(forms, frozenset) and "key" in forms
             cls.mask_inputs = {"mask": ("k", "v")} if keys else {}
             cls._derived_mask_inputs = True
+        # the template's forward takes checked= and finite=; a part's own forward only when it
+        # declares so
+        template = next(c for c in cls.__mro__ if "forward" in c.__dict__) is HeadAttention
+        cls.forward_takes_facts = template or cls.takes_facts
 
     def forward(
         self,
@@ -146,28 +170,40 @@ class HeadAttention(nn.Module):
         cache: Any = None,
         block_mask: Any = None,
         score_mod: Any = None,
+        checked: bool = False,
+        finite: bool = False,
     ) -> AttentionOutput:
         """Per-head attention: q (B, …, M, d), k (B, …, N, d), v (B, …, N, d_v) → context
         (B, …, M, d_v); weights (B, …, M, N) only with ``need_weights=True``.
 
         The template for a part that implements :meth:`attend` (DESIGN 9): it validates the
-        inputs (or trusts a layer that did), refuses what the part does not declare (naming
+        inputs (or takes them as checked), refuses what the part does not declare (naming
         the capability), hides keys that every query is masked from (nothing non-finite in
         them reaches the output or the gradients), reads a mask whose rows are all equal as a
         key mask for a part that declares only ``"key"``, sets rows without any key to 0,
         reports the weights to :mod:`attnkit.hooks`, and calls :meth:`attend` with one
         keyword signature. A part may instead override ``forward`` and do all of this itself.
+
+        ``checked`` and ``finite`` are what the caller knows about the call (the class's
+        text): True only from a caller that validated the inputs at its door (``checked``:
+        only the sizes are read here) or whose k and v are finite everywhere, padding included
+        (``finite``: nothing is scanned for non-finite keys). A wrong statement is not caught.
         """
         who = type(self).__name__
         if type(self).attend is HeadAttention.attend:
             raise NotImplementedError(
                 f"{who} must implement attend(q, k, v, *, mask, bias, need_weights) (or forward)"
             )
-        if not isinstance(need_weights, bool):
-            raise TypeError(f"{who}: need_weights must be a bool, got {need_weights!r}")
+        for name, given in (
+            ("need_weights", need_weights),
+            ("checked", checked),
+            ("finite", finite),
+        ):
+            if not isinstance(given, bool):
+                raise TypeError(f"{who}: {name} must be a bool, got {given!r}")
         k, v, own = self.keys_and_values(q, k, v)
         before = self.state_positions(cache) if self.takes_cache else 0
-        lead = check_head_inputs(q, k, v, None if before else mask, bias, who)
+        lead = check_head_inputs(q, k, v, None if before else mask, bias, who, checked=checked)
         if before and mask is not None:  # over the state's positions and the keys given
             masks.check(mask, torch.Size((*lead, q.shape[-2], before + k.shape[-2])))
             if mask.shape[-1] != 1:
@@ -186,8 +222,10 @@ class HeadAttention(nn.Module):
             cache=cache is not None,
             weights=need_weights,
         )
-        k, v, poisoned = self._exclude_masked_keys(k, v, mask)
+        k, v, poisoned = self._exclude_masked_keys(k, v, mask, finite=finite)
         call: dict[str, Any] = {}
+        if self.takes_facts:  # (with a mask, the keys left non-finite were zeroed just now)
+            call.update(checked=checked, finite=finite or mask is not None)
         for flag, key, value in (
             ("takes_q_offset", "q_offset", q_offset),
             ("takes_cache", "cache", cache),
@@ -220,7 +258,7 @@ class HeadAttention(nn.Module):
 
     @staticmethod
     def _exclude_masked_keys(
-        k: Tensor, v: Tensor, mask: Tensor | None
+        k: Tensor, v: Tensor, mask: Tensor | None, *, finite: bool = False
     ) -> tuple[Tensor, Tensor, Tensor | None]:
         """k and v with every key that a query may not attend made harmless for
         :meth:`attend`, and the query rows (…, M, 1) that attend a non-finite key (None when
@@ -230,13 +268,13 @@ class HeadAttention(nn.Module):
         after a sequence's end, later tokens under a causal mask) is zeroed too, so that a
         part's plain ``w @ v`` or ``q @ kᵀ`` gives 0 · 0, not 0 · NaN, where its weight is 0,
         and no gradient reaches it; the rows that do attend it are set non-finite afterwards,
-        as the plain sum would make them. Inside ``attnkit.trust.trusted(finite=True)`` the
-        inputs are known finite and not scanned."""
+        as the plain sum would make them. With ``finite`` (the caller states that k and v hold
+        no NaN or infinity) they are not scanned."""
         if mask is None:
             return k, v, None
         hide = ~mask.any(-2)  # (…, N): keys no query may attend
         poisoned = None
-        if not trust.inputs_finite() and not _sums_finite(k, v):
+        if not finite and not _sums_finite(k, v):
             bad = ~(torch.isfinite(k).all(-1) & torch.isfinite(v).all(-1))  # (…, N)
             if bool(bad.any()):
                 poisoned = (mask & bad.unsqueeze(-2)).any(-1, keepdim=True)  # (…, M, 1)
@@ -253,8 +291,12 @@ class HeadAttention(nn.Module):
         inputs: q (…, M, d), k (…, N, d), v (…, N, d_v); ``mask`` a boolean (…, M, N) in a
         form the part declares (a key mask has one row) or None; ``bias`` a float (…, M, N) or
         None (only for a part that declares ``accepts_bias``); weights to return when
-        ``need_weights``. Keys masked for every query hold zeros. ``call`` holds what the part
-        declares it takes: ``q_offset``, ``cache``, ``block_mask``, ``score_mod``."""
+        ``need_weights``. Keys masked for every query hold zeros; with a mask, so do keys that
+        held a NaN or an infinity. ``call`` holds what the part declares it takes:
+        ``q_offset``, ``cache``, ``block_mask``, ``score_mod``, and with ``takes_facts`` the
+        facts ``checked`` (the inputs were validated by a caller's door, not only by this
+        template: an inner call may take them as checked too) and ``finite`` (k and v hold no
+        NaN or infinity anywhere)."""
         raise NotImplementedError
 
     def keys_and_values(self, q: Any, k: Any, v: Any) -> tuple[Any, Any, dict[str, Any]]:
@@ -440,14 +482,21 @@ def _sums_finite(k: Tensor, v: Tensor) -> bool:
 
 
 def check_head_inputs(
-    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, bias: Tensor | None, who: str
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: Tensor | None,
+    bias: Tensor | None,
+    who: str,
+    *,
+    checked: bool = False,
 ) -> torch.Size:
     """Validate per-head inputs q (…, M, d), k (…, N, d), v (…, N, d_v), a boolean mask and a
     float bias broadcastable to (…, M, N); returns the broadcast leading dims.
 
-    Inside :func:`attnkit.trust.trusted` (a caller that validated at its door and shaped the
-    inputs itself) only the leading dims are computed and an empty key set refused."""
-    if trust.is_trusted():
+    With ``checked`` (a caller that validated at its door and shaped the inputs itself, e.g. a
+    layer's plan) only the leading dims are computed and an empty key set refused."""
+    if checked:
         if k.shape[-2] == 0:
             raise ValueError(f"{who}: the key set is empty (k of shape {tuple(k.shape)})")
         return broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])

@@ -18,7 +18,6 @@ from attnkit import (
     masks,
     qk_chain,
     slots,
-    trust,
 )
 from attnkit import taxonomy as tx
 from attnkit.alignments import Alignment
@@ -160,7 +159,17 @@ class MultiHeadAttention(nn.Module):
 
     With a dot-product score, softmax and no weights requested, attention runs through
     ``torch.nn.functional.scaled_dot_product_attention``.
+
+    Attributes:
+        inputs_finite: the callers state that query, key and value hold no NaN or infinity,
+            padding included (a model's own activations, e.g. every layer that
+            :class:`attnkit.models.decoder_lm.DecoderLM` builds): the per-head part is told so
+            (``finite=True``) and no call looks for non-finite masked keys or clears them.
+            False by default: a masked position's content, NaN included, reaches nothing. A
+            wrong statement is not caught (NaN padding may then reach the output).
     """
+
+    inputs_finite: bool = False
 
     def __init__(
         self,
@@ -459,7 +468,7 @@ class MultiHeadAttention(nn.Module):
     ) -> _NoCache:
         """Every check of a call, made once, before anything is computed; returns the call's
         cache strategy, bound to this layer. The steps after it take their inputs as given, and
-        the per-head part is called inside :func:`attnkit.trust.trusted`."""
+        the per-head part is told so (``checked=True``, :func:`attnkit.call_plan.part_facts`)."""
         arguments.boolean(need_weights, "need_weights")
         for name, given, kind in (
             ("cache", cache, LayerCache),
@@ -471,8 +480,7 @@ class MultiHeadAttention(nn.Module):
                     f"{type(given).__name__}"
                 )
         self._check_inputs(query, key, value)
-        if not trust.is_trusted():  # (a model's entry point checked its parameters)
-            checks.part_matches(self, "MultiHeadAttention", "query", query)
+        checks.part_matches(self, "MultiHeadAttention", "query", query)
         cached = 0 if cache is None else len(cache)
         layer_patterns.check_call(
             block_mask, score_mod, query, cached=cached, has_pattern=self.pattern is not None
@@ -596,12 +604,13 @@ class MultiHeadAttention(nn.Module):
         else:
             mask, sparse = self._head_mask(mask, query, key, q, k, step, block_mask, score_mod)
         if plan is not None and plan.direct and value_term is None and not hook_points._ACTIVE:
-            out = self.attention.direct(q, k, v, mask=mask, bias=bias)
+            out = self.attention.direct(q, k, v, mask=mask, bias=bias, finite=plan.finite)
             if out is not None:
                 return self._merge_heads(out, query)
         if grouped:
             k, v = self._share_kv_heads(k, v)
-        out = self._call_part(q, k, v, mask, bias, need_weights, value_term, step, sparse)
+        facts = call_plan.part_facts(self) if plan is None else plan.facts
+        out = self._call_part(q, k, v, mask, bias, need_weights, value_term, step, sparse, facts)
         return self._merge_heads(out, query)
 
     def _places_into(self, cache: LayerCache | None) -> bool:
@@ -752,9 +761,12 @@ class MultiHeadAttention(nn.Module):
         value_term: ValueTerm | None,
         step: _NoCache,
         sparse: dict,
+        facts: dict[str, bool],
     ) -> AttentionOutput:
         """The per-head part on q, k, v (B, …, H, L, d), refused first if it does not declare
-        what the call needs; the position scheme's value term is added to its context."""
+        what the call needs, told what the layer knows of the call (``facts``,
+        :func:`attnkit.call_plan.part_facts`); the position scheme's value term is added to
+        its context."""
         part = self.attention
         part.check_supported(
             "MultiHeadAttention.forward", mask=mask, m=q.shape[-2], bias=bias is not None
@@ -766,11 +778,9 @@ class MultiHeadAttention(nn.Module):
             **({"q_offset": step.offset} if part.takes_q_offset else {}),
             **({"cache": step.cache} if part.takes_cache else {}),
             **sparse,
+            **facts,
         }
-        # q, k, v, mask and bias were validated at the door and shaped here: the part takes them
-        # as given (attnkit.trust; attnkit.head.check_head_inputs reads only their sizes).
-        with trust.trusted():
-            out = part(q, k, v, **kwargs)
+        out = part(q, k, v, **kwargs)
         _check_part_output(out, q, k, v, type(part).__name__)
         out = hook_points.attention(self, out, q, v, mask, self.align, sparse.get("block_mask"))
         if value_term is None:

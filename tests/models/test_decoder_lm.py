@@ -137,7 +137,8 @@ def test_a_local_attention_lm_generates_as_it_computes_the_whole_sequence():
 
 def test_a_decoding_step_scans_no_tensor_and_builds_no_mask():
     """Per token: no isfinite scan of the cache, no causal mask (one new query attends every
-    cached key), no parameter walk below the model's entry; the result is unchanged."""
+    cached key), no parameter walk (the first step, a new kind of call, is validated once per
+    layer; the later ones by their layer's plan); the result is unchanged."""
     from unittest import mock
 
     from attnkit import checks
@@ -148,12 +149,15 @@ def test_a_decoding_step_scans_no_tensor_and_builds_no_mask():
     cache = lm.new_cache()
     with torch.no_grad():
         lm(tokens[:, :8], cache=cache)
+        with mock.patch.object(checks, "part_matches", wraps=checks.part_matches) as walks:
+            steps = [lm(tokens[:, 8:9], cache=cache)[:, -1]]
+        assert walks.call_count == 2  # the first step's kind: each layer checks it once
         with (
             mock.patch.object(torch, "isfinite", wraps=torch.isfinite) as scans,
             mock.patch.object(ak.masks, "causal", wraps=ak.masks.causal) as built,
             mock.patch.object(checks, "part_matches", wraps=checks.part_matches) as walks,
         ):
-            steps = [lm(tokens[:, t : t + 1], cache=cache)[:, -1] for t in range(8, 12)]
+            steps += [lm(tokens[:, t : t + 1], cache=cache)[:, -1] for t in range(9, 12)]
         assert scans.call_count == built.call_count == walks.call_count == 0
         whole = lm(tokens)[:, 8:]
     torch.testing.assert_close(torch.stack(steps, 1), whole)
@@ -194,3 +198,47 @@ def test_a_part_that_cannot_attend_causally_is_refused_when_the_model_is_built()
     retention = ak.linear_family.Retention(8, num_heads=2)
     lm = DecoderLM(50, 16, 2, 1, max_len=16, attention=retention)
     assert lm(torch.randint(0, 50, (1, 5))).shape == (1, 5, 50)
+
+
+@pytest.mark.parametrize("part", ["attention", "moba", "forgetting"])
+def test_the_model_states_its_activations_finite_once_and_no_call_scans_them(part):
+    """DecoderLM tells every attention layer it builds that its inputs are finite
+    (MultiHeadAttention.inputs_finite); the calls below then run no scan for non-finite keys.
+    Withdrawn, the same calls scan (the counters see them) and give the same logits."""
+    from unittest import mock
+
+    from attnkit import head
+    from attnkit.kernels import prepare, sdpa
+    from attnkit.sparse_trainable import moba
+
+    torch.manual_seed(0)
+    kw = {}
+    if part == "moba":
+        kw["attention"] = ak.sparse_trainable.MixtureOfBlockAttention(block_size=2, top_k=2)
+    elif part == "forgetting":
+        kw["attention"] = ak.modern.ForgettingAttention(8, 2)
+    lm = DecoderLM(20, 16, 2, 2, max_len=30, **kw).double().eval()
+    layers = [m for m in lm.modules() if isinstance(m, ak.MultiHeadAttention)]
+    assert len(layers) == 2 and all(m.inputs_finite for m in layers)
+    assert not ak.MultiHeadAttention(16, 2).inputs_finite  # a layer on its own states nothing
+    tokens = torch.randint(0, 20, (2, 9))
+
+    def run() -> tuple[torch.Tensor, int]:
+        with (
+            mock.patch.object(head, "_sums_finite", wraps=head._sums_finite) as sums,
+            mock.patch.object(prepare, "clear_masked", wraps=prepare.clear_masked) as cleared,
+            mock.patch.object(sdpa, "clear_masked", wraps=sdpa.clear_masked) as cleared_direct,
+            mock.patch.object(moba, "all_finite", wraps=moba.all_finite) as moba_scans,
+            mock.patch.object(prepare, "_all_finite", wraps=prepare._all_finite) as scans,
+        ):
+            logits = lm(tokens)
+        counters = (sums, cleared, cleared_direct, moba_scans, scans)
+        return logits, sum(c.call_count for c in counters)
+
+    stated, looked = run()
+    assert looked == 0
+    for m in layers:
+        m.inputs_finite = False
+    unstated, looked = run()
+    assert looked > 0
+    torch.testing.assert_close(stated, unstated)

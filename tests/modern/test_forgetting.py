@@ -315,3 +315,35 @@ def test_memory_is_a_block_of_rows_not_the_whole_bias(block):
 def test_block_size_is_checked():
     with pytest.raises(ValueError, match="block_size"):
         ForgettingAttention(4, 2, block_size=0)
+
+
+def test_the_callers_facts_reach_the_blocks_calls():
+    """Called by a layer (checked), the blocks' attention calls are not validated again; called
+    directly, they are. Without a mask and unstated, a NaN in a later key is looked for and
+    reaches only the rows that attend it; stated finite (wrongly here), nothing is looked for."""
+    from unittest import mock
+
+    from attnkit import checks
+    from attnkit.kernels import prepare
+
+    part = _part()
+    q, k, v = _inputs(7)
+    k = k.clone()
+    k[:, :, 4] = float("nan")  # attended by queries 4 and 5 only
+    want, _ = _loop(part, q, k.nan_to_num(), v)
+    with (
+        mock.patch.object(checks, "validate", wraps=checks.validate) as validated,
+        mock.patch.object(prepare, "_all_finite", wraps=prepare._all_finite) as scanned,
+    ):
+        out = part(q, k, v).context
+        assert validated.call_count > 0 and scanned.call_count > 0
+        validated.reset_mock()
+        scanned.reset_mock()
+        checked = part(q, k, v, checked=True).context
+        assert validated.call_count == 0 and scanned.call_count > 0
+        scanned.reset_mock()
+        part(q, k.nan_to_num(), v, checked=True, finite=True)
+        assert validated.call_count == 0 and scanned.call_count == 0
+    for got in (out, checked):
+        torch.testing.assert_close(got[:, :, :4], want[:, :, :4])
+        assert not torch.isfinite(got[:, :, 4:]).any()

@@ -273,3 +273,30 @@ def test_for_heads_sizes_the_blocks_and_refusals_name_the_argument():
     q = torch.randn(1, 3, 4)
     with pytest.raises(ValueError, match="q_offset"):
         MixtureOfBlockAttention(2)(q, q, q, q_offset=-2)
+
+
+def test_keys_stated_finite_are_not_scanned_and_unstated_nan_values_reach_only_their_rows():
+    """MoBA reads later values of its blocks with weight 0 (causal by construction): unstated, a
+    NaN value is looked for and leaves the rows that do not attend it exact; stated finite, the
+    keys are not looked at, and the result on finite keys is the same."""
+    from unittest import mock
+
+    from attnkit.sparse_trainable import moba
+
+    q, k, v = _inputs(seed=3)
+    part = MixtureOfBlockAttention(block_size=3, top_k=2)
+    want, _ = _loop(q, k, v, 3, 2)
+    with mock.patch.object(moba, "all_finite", wraps=moba.all_finite) as scans:
+        stated = part(q, k, v, finite=True).context
+        assert scans.call_count == 0
+        unstated = part(q, k, v).context
+        assert scans.call_count == 1
+    torch.testing.assert_close(stated, want)
+    torch.testing.assert_close(unstated, want)
+    _, read = _loop(q, k, v, 3, 2)
+    v = v.clone()
+    v[:, :, 10] = float("nan")  # read with weight 0 in the tiles of the queries before it
+    out = part(q, k, v).context
+    spared = ~read[..., 10]  # (B, H, M): the rows that do not attend key 10
+    assert spared.sum() > 10
+    torch.testing.assert_close(out[spared], want[spared])

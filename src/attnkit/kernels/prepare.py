@@ -10,7 +10,7 @@ import dataclasses
 import torch
 from torch import Tensor
 
-from attnkit import checks, inputs, trust
+from attnkit import checks, inputs
 from attnkit.alignments import Alignment
 from attnkit.kernels.base import Call, get
 from attnkit.kernels.block_mask import BlockMask, ScoreMod, check_type, from_dense_auto
@@ -34,7 +34,9 @@ def _dead_keys(mask: Tensor) -> Tensor:
     return ~keep.unsqueeze(-1) if keep.dim() else ~keep
 
 
-def clear_masked(k: Tensor, v: Tensor, mask: Tensor, *, scan: bool) -> tuple[Tensor, Tensor, bool]:
+def clear_masked(
+    k: Tensor, v: Tensor, mask: Tensor, *, scan: bool, finite: bool = False
+) -> tuple[Tensor, Tensor, bool]:
     """k and v with the keys and values that ``mask`` hides from every query made unable to
     reach anything, and whether no masked key or value is left non-finite (``masked_finite``).
 
@@ -42,7 +44,8 @@ def clear_masked(k: Tensor, v: Tensor, mask: Tensor, *, scan: bool) -> tuple[Ten
     the context (0·NaN is NaN), not the gradients. (A score that mixes neighbouring keys takes
     the mask itself and reads a masked key as zeros, per query row.) In order:
 
-    - inputs stated finite by the door (``attnkit.trust.trusted(finite=True)``): nothing to do;
+    - inputs stated finite by the caller (``finite``: k and v hold no NaN or infinity anywhere,
+      e.g. a model's own activations): nothing to do;
     - a mask the same for every query, (…, 1, N) — key padding, and every step of decoding —
       unless ``scan``: the masked keys and values are set to zero by construction (one
       ``torch.where`` each; the values are not read on the host);
@@ -51,7 +54,7 @@ def clear_masked(k: Tensor, v: Tensor, mask: Tensor, *, scan: bool) -> tuple[Ten
       finite, the keys and values masked for every query are set to zero, and False says that
       the kernel must guard the rest per row.
     """
-    if trust.inputs_finite():
+    if finite:
         return k, v, True
     if not scan and (mask.dim() < 2 or mask.shape[-2] == 1):
         dead = _dead_keys(mask)
@@ -67,11 +70,16 @@ def clear_masked(k: Tensor, v: Tensor, mask: Tensor, *, scan: bool) -> tuple[Ten
     return k, v, False
 
 
-def _exclude_masked(call: Call) -> Call:
+def _exclude_masked(call: Call, finite: bool) -> Call:
     """The call whose masked keys and values cannot reach anything (:func:`clear_masked`), with
     :attr:`Call.masked_finite` set where that is established (kernels then do not look). A
-    block mask or weights asked for make the keys and values be looked at."""
-    if call.mask is None or torch.compiler.is_compiling():
+    block mask or weights asked for make the keys and values be looked at, unless the caller
+    states them ``finite``."""
+    if call.mask is None:
+        return call
+    if finite:
+        return dataclasses.replace(call, masked_finite=True)
+    if torch.compiler.is_compiling():
         return call  # (a data-dependent check would break a compiled graph)
     scan = call.block_mask is not None or call.need_weights
     k, v, finite = clear_masked(call.k, call.v, call.mask, scan=scan)
@@ -93,17 +101,24 @@ def prepare_call(
     kernel: str | None = None,
     block_mask: BlockMask | None = None,
     score_mod: ScoreMod | None = None,
+    checked: bool = False,
+    finite: bool = False,
 ) -> Call:
     """The validated call that :func:`attention` hands to a kernel, for the same arguments
-    (what :func:`attnkit.kernels.explain` reads); raises as :func:`attention` does."""
+    (what :func:`attnkit.kernels.explain` reads); raises as :func:`attention` does.
+
+    Two facts a caller may state (both False by default; a wrong statement is not caught):
+    ``checked`` — the caller validated q, k, v, the mask and the bias at its door and shaped
+    them itself (the per-head call of a layer's plan): only what it cannot know about this
+    score is checked (:func:`check_for_score`); ``finite`` — k and v hold no NaN or infinity
+    anywhere, padding included: masked keys are neither looked at nor cleared
+    (:func:`clear_masked`)."""
     score_part = checks.resolve_score(score)
     align_mod = checks.resolve_alignment(align)
     if v is None:
         v = k
-    if trust.is_trusted():
-        # The per-head call of a layer that validated its inputs, mask and bias at its door and
-        # shaped them itself: only what that door cannot know about this part is checked.
-        shape = _trusted_shape(q, k, v, score_part)
+    if checked:
+        shape = _checked_shape(q, k, v, score_part)
     else:
         shape = checks.validate(q, k, v, score_part, mask=mask, bias=bias, align=align_mod)
     if not isinstance(need_weights, bool):
@@ -136,14 +151,14 @@ def prepare_call(
         block_mask=block_mask,
         score_mod=score_mod,
     )
-    call = _exclude_masked(call)
+    call = _exclude_masked(call, finite)
     if kernel is None:
         call = _block_sparse(call)
     return call
 
 
-def _trusted_shape(q: Tensor | None, k: Tensor, v: Tensor, score: Score) -> torch.Size:
-    """The scores' shape (B, …, M, N) of a call made inside :func:`attnkit.trust.trusted`.
+def _checked_shape(q: Tensor | None, k: Tensor, v: Tensor, score: Score) -> torch.Size:
+    """The scores' shape (B, …, M, N) of a call whose caller states it ``checked``.
 
     The door (e.g. :meth:`attnkit.MultiHeadAttention.forward`) checked the tensors, the mask and
     the bias and shaped q, k and v itself; what it cannot know is checked by

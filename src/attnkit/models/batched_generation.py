@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from attnkit import arguments, trust
+from attnkit import arguments
 from attnkit.kv_cache import LayerCache
 from attnkit.models.decoder_lm import DecoderLM
 from attnkit.paged_cache import PagedKVCache, PagedStep
@@ -157,21 +157,19 @@ def _last_logits(
         x = torch.cat(rows)
     paged = iter(range(0 if cache is None else len(cache)))
     stateful = 0
-    # The model's own layers, on token ids checked above (as DecoderLM.forward does).
-    with trust.trusted(finite=True):
-        for layer in model.decoder.layers:
-            if not layer.keeps_state:
-                x = layer(x, mask=step.mask, cache=cache[next(paged)])
-                continue
-            out = x.clone()  # the padded places keep their input: no real query reads them
-            for row, r in enumerate(running):
-                start = m - len(r.pending)
-                out[row : row + 1, start:] = layer(
-                    x[row : row + 1, start:], cache=r.states[stateful]
-                )
-            x, stateful = out, stateful + 1
-        if model.decoder.norm is not None:
-            x = model.decoder.norm(x)
+    # The model's own layers, on token ids checked above: their attention layers know their
+    # inputs finite (DecoderLM sets MultiHeadAttention.inputs_finite).
+    for layer in model.decoder.layers:
+        if not layer.keeps_state:
+            x = layer(x, mask=step.mask, cache=cache[next(paged)])
+            continue
+        out = x.clone()  # the padded places keep their input: no real query reads them
+        for row, r in enumerate(running):
+            start = m - len(r.pending)
+            out[row : row + 1, start:] = layer(x[row : row + 1, start:], cache=r.states[stateful])
+        x, stateful = out, stateful + 1
+    if model.decoder.norm is not None:
+        x = model.decoder.norm(x)
     return model.head(x[:, -1])
 
 

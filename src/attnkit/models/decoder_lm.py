@@ -10,7 +10,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
-from attnkit import arguments, trust
+from attnkit import arguments
 from attnkit.kernels.block_mask import BlockMask, ScoreMod
 from attnkit.kv_cache import KVCache
 from attnkit.multihead import MultiHeadAttention
@@ -107,6 +107,13 @@ class DecoderLM(nn.Module):
                 continue
             mha = getattr(block.self_attention, "module", block.self_attention)
             mha.attention.check_supported(f"{type(self).__name__}(attention=...)", causal=True)
+        # The layers' inputs are embeddings of token ids that forward checks, and the
+        # activations made from them: finite, padding included. Every attention layer built
+        # here is told so once (MultiHeadAttention.inputs_finite): no call looks for
+        # non-finite padding keys or clears them.
+        for module in self.decoder.modules():
+            if isinstance(module, MultiHeadAttention):
+                module.inputs_finite = True
         self.head = nn.Linear(embed_dim, vocab_size, bias=False, **kw)
         if arguments.boolean(tie_embeddings, "tie_embeddings"):
             self.head.weight = self.tokens.weight
@@ -141,12 +148,9 @@ class DecoderLM(nn.Module):
         x = self.tokens(tokens)
         if self.positions is not None:
             x = self.positions(x, offset=offset)
-        # The token ids and lengths are checked here, and every layer below is this model's own,
-        # made in one dtype and on one device: the layers need not check their parameters
-        # against their inputs again for every token, and their inputs are embeddings of
-        # those ids, finite: no attention call looks for non-finite padding (attnkit.trust).
-        with trust.trusted(finite=True):
-            h = self.decoder(x, cache=cache, block_mask=block_mask, score_mod=score_mod)
+        # (the layers' inputs are embeddings of these checked ids: finite, as each attention
+        # layer was told at construction)
+        h = self.decoder(x, cache=cache, block_mask=block_mask, score_mod=score_mod)
         return self.head(h)
 
     @torch.no_grad()

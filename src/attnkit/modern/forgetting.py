@@ -40,7 +40,6 @@ the dense computation does.
 from __future__ import annotations
 
 import math
-from contextlib import nullcontext
 from typing import Any, ClassVar
 
 import torch
@@ -48,11 +47,11 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from attnkit import arguments, masks, trust
+from attnkit import arguments, kernels, masks
 from attnkit import taxonomy as tx
-from attnkit.core import attention
 from attnkit.head import HeadAttention
 from attnkit.head_registry import REGISTRY
+from attnkit.kernels.prepare import prepare_call
 from attnkit.mechanisms import example_tensor
 from attnkit.output import AttentionOutput
 
@@ -121,6 +120,7 @@ class ForgettingAttention(HeadAttention):
     mask_forms: ClassVar[frozenset[str]] = frozenset({"key", "padding", "causal", "full"})
     any_value_size: ClassVar[bool] = False  # its forget gates read values of head_dim
     mask_inputs: ClassVar[dict[str, tuple[str, ...]]] = {"mask": ("q", "k", "v")}
+    takes_facts: ClassVar[bool] = True  # the blocks' calls take the caller's checked and finite
 
     def __init__(
         self,
@@ -171,6 +171,8 @@ class ForgettingAttention(HeadAttention):
         mask: Tensor | None,
         bias: Tensor | None,
         need_weights: bool,
+        checked: bool = False,
+        finite: bool = False,
     ) -> AttentionOutput:
         who = type(self).__name__
         m, n = q.shape[-2], k.shape[-2]
@@ -193,8 +195,6 @@ class ForgettingAttention(HeadAttention):
             log_f = torch.where(real, log_f, torch.zeros((), dtype=log_f.dtype))
         c = log_f.cumsum(-1)
         step = m if self.block_size is None else self.block_size
-        # a block's recomputation in the backward pass runs under the trust of this call
-        trusted, finite = trust.is_trusted(), trust.inputs_finite()
 
         def block(q0: int, q1: int, q, k, v, c, mask, real, bias) -> tuple[Tensor, ...]:
             keys = n - m + q1  # the block's last query sits at position keys − 1
@@ -205,11 +205,15 @@ class ForgettingAttention(HeadAttention):
                 block_mask = block_mask & rows[..., None]
             forget = _bias_rows(c, n - m + q0, keys).to(q.dtype)
             extra = _rows(bias, q0, q1, m, keys)
-            with trust.trusted(finite=finite) if trusted else nullcontext():
-                out = attention(
-                    q[..., q0:q1, :], k[..., :keys, :], v[..., :keys, :], mask=block_mask,
-                    bias=forget if extra is None else forget + extra, need_weights=need_weights,
-                )  # fmt: skip
+            # the facts of this call hold for each block (and its recomputation in the backward
+            # pass): keys checked by the caller's door are not validated again, finite keys
+            # are not looked at
+            call = prepare_call(
+                q[..., q0:q1, :], k[..., :keys, :], v[..., :keys, :], mask=block_mask,
+                bias=forget if extra is None else forget + extra, need_weights=need_weights,
+                checked=checked, finite=finite,
+            )  # fmt: skip
+            out = kernels.select(call).attend(call)
             if not need_weights:
                 return (out.context,)
             return out.context, F.pad(out.weights, (0, n - keys))

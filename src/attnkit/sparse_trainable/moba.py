@@ -42,7 +42,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
-from attnkit import arguments, trust
+from attnkit import arguments
 from attnkit import taxonomy as tx
 from attnkit.head import HeadAttention
 from attnkit.head_registry import REGISTRY
@@ -167,6 +167,7 @@ class MixtureOfBlockAttention(HeadAttention):
     mask_forms: ClassVar[frozenset[str]] = frozenset({"key", "padding", "causal", "full"})
     normalized_weights: ClassVar[bool] = True  # each row a distribution over the keys
     mask_inputs: ClassVar[dict[str, tuple[str, ...]]] = {"mask": ("k", "v")}
+    takes_facts: ClassVar[bool] = True  # keys known finite are not scanned before the tiles
 
     def __init__(self, block_size: int = 512, top_k: int = 3) -> None:
         super().__init__()
@@ -195,7 +196,7 @@ class MixtureOfBlockAttention(HeadAttention):
 
     def attend(
         self, q: Tensor, k: Tensor, v: Tensor, *, mask: Tensor | None, bias: Tensor | None,
-        need_weights: bool, q_offset: int = 0,
+        need_weights: bool, q_offset: int = 0, checked: bool = False, finite: bool = False,
     ) -> AttentionOutput:  # fmt: skip
         arguments.nonnegative_int(q_offset, "q_offset")
         lead = broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
@@ -229,7 +230,7 @@ class MixtureOfBlockAttention(HeadAttention):
         if bias is not None:
             bp = bias[..., :n].broadcast_to(*lead, m, n).reshape(count, m, n)
             bp = torch.nn.functional.pad(bp, (0, pad))
-        finite = trust.inputs_finite() or all_finite(k3, v3)
+        finite = finite or all_finite(k3, v3)
 
         # the own block: one (B × B) product per block of queries, causal inside
         qa = torch.nn.functional.pad(qs, (0, 0, shift, nq * bs - shift - m)).unflatten(1, (nq, bs))
