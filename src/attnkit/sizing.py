@@ -104,8 +104,11 @@ def _parameters(cls: type) -> tuple[dict[str, inspect.Parameter], bool]:
 def build(cls: type, sizes: Sizes, overrides: Mapping[str, Any]) -> Any:
     """``cls(**arguments)``: each constructor argument in ``cls.size_arguments`` gets its size
     (a size that is None is left out, so the argument keeps its default), then ``overrides``
-    replace or add arguments. ``device``/``dtype`` given to a class whose constructor does not
-    take them move the built module instead (a part without parameters has nothing to place).
+    replace or add arguments; an override under a name the constructor still accepts for a
+    release (:func:`attnkit.arguments.deprecated_names`, e.g. ``d=`` for ``head_dim=``) is
+    taken under its new name, with a ``DeprecationWarning``, as ``Registry.build`` takes it.
+    ``device``/``dtype`` given to a class whose constructor does not take them move the built
+    module instead (a part without parameters has nothing to place).
 
     Raises TypeError naming the part for an argument the constructor does not take, or a
     required one that neither a size nor ``overrides`` gives.
