@@ -242,6 +242,8 @@ def test_a_layer_calls_its_part_with_the_facts_of_its_plan(part):
     mha(x, need_weights=True)
     assert (seen[-1]["checked"], seen[-1]["finite"]) == (True, True)
     assert next(iter(mha._plans.values())).finite
+    with pytest.raises(TypeError, match=r"MultiHeadAttention\.inputs_finite must be a bool, got 1"):
+        mha.inputs_finite = 1
 
 
 @pytest.mark.parametrize("part", ["attention", "attention+weights", "relu"])

@@ -277,6 +277,8 @@ class MultiHeadAttention(nn.Module):
         self.gate = self._build_gate(gate, bias, **kw)
 
     def __setattr__(self, name: str, value: object) -> None:
+        if name == "inputs_finite":
+            arguments.boolean(value, "MultiHeadAttention.inputs_finite")
         super().__setattr__(name, value)
         plans = self.__dict__.get("_plans")
         if plans:
