@@ -209,7 +209,7 @@ def test_output_is_an_attention_output_of_the_values_size_and_gradients_flow(nam
         if p.grad is not None:
             assert torch.isfinite(p.grad).all(), pname
     with torch.no_grad():
-        weighted = part(q, k, v, need_weights=True)
+        weighted = part(q, k, v, need_weights=part.returns_weights)
     assert _is_attention_output(weighted), type(weighted).__name__
     torch.testing.assert_close(weighted.context, out.context.detach(), rtol=1e-12, atol=1e-12)
     # (…, M, N), or over what the part attends (areas of keys) for a part that names it
@@ -276,7 +276,7 @@ def test_a_query_without_keys_gets_zero(name):
     mask = torch.ones(2, 1, 1, N, dtype=torch.bool)
     mask[1] = False
     torch.manual_seed(1234)
-    out = part(q, k, v, mask=mask, need_weights=True)
+    out = part(q, k, v, mask=mask, need_weights=part.returns_weights)
     assert torch.isfinite(out.context).all()
     assert torch.equal(out.context[1], torch.zeros_like(out.context[1]))
     if not _causal(part):  # item 0 is untouched by item 1's mask
@@ -295,8 +295,8 @@ def test_float64_calls_are_deterministic(name):
     q, k, v = _inputs(part, 4)
     pad = _padding((N, 4))
     with torch.no_grad():
-        first = part(q, k, v, mask=pad, need_weights=True)
-        second = part(q, k, v, mask=pad, need_weights=True)
+        first = part(q, k, v, mask=pad, need_weights=part.returns_weights)
+        second = part(q, k, v, mask=pad, need_weights=part.returns_weights)
     assert torch.equal(first.context, second.context)
     for (wname, w), w2 in zip(
         first.named_weights().items(), second.named_weights().values(), strict=True
@@ -310,7 +310,7 @@ def test_an_empty_batch_gives_an_empty_output(name):
     q, k, v = _inputs(part, 5, b=0)
     pad = torch.ones(0, 1, 1, N, dtype=torch.bool)
     for mask in (None, pad):
-        out = _call(part, q, k, v, mask=mask, need_weights=True)
+        out = _call(part, q, k, v, mask=mask, need_weights=part.returns_weights)
         assert out.context.shape == (0, H, N, _dv(part)), mask
         assert out.weights is None or out.weights.shape[:-1] == (0, H, N)
 
@@ -344,7 +344,9 @@ def test_what_a_part_does_not_declare_is_refused_naming_the_capability(name):
             _call(part, q, k, v, **call)
 
 
-@pytest.mark.parametrize("name", [n for n in PARTS if _class(n).normalized_weights])
+@pytest.mark.parametrize(
+    "name", [n for n in PARTS if _class(n).normalized_weights and _class(n).returns_weights]
+)
 def test_weights_declared_normalized_sum_to_one(name):
     """Each row over the keys sums to 1, and is 0 where every key is masked (DESIGN 2)."""
     part = _build(name)
