@@ -81,7 +81,7 @@ def test_the_mechanism_registry_still_takes_every_per_head_name():
     )
     module, args, kwargs = mechanisms.example("performer")
     assert type(module) is ak.efficient.Performer and module(*args, **kwargs).context.shape
-    with pytest.raises(ValueError, match=r"unknown mechanism 'perfomer'"):
+    with pytest.raises(ValueError, match=r"unknown mechanism 'perfomer'; did you mean 'performer'"):
         mechanisms.build("perfomer")
 
 

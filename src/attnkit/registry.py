@@ -94,7 +94,7 @@ class Registry(Generic[T]):
                 raise ValueError(
                     f"{self.kind} {name!r} is now {self.renamed[name]!r}; use the new name"
                 ) from None
-            close = difflib.get_close_matches(name, self._table, n=1)
+            close = difflib.get_close_matches(name, self.available(), n=1)
             hint = f"; did you mean {close[0]!r}?" if close else "."
             raise ValueError(
                 f"unknown {self.kind} {name!r}{hint} Available: {', '.join(self.available())}"
