@@ -5,11 +5,16 @@ multiple outputs, multi-hop, self-attention, and later the efficient and memory 
 ``available()`` lists the registered names; ``build(name, **kw)`` constructs one, failing loudly
 on unknown names or arguments; ``example(name)`` gives a small built instance with example
 inputs, ``(module, args, kwargs)``. Every mechanism returns a :class:`MechanismOutput`.
+
+Per-head attention parts (:class:`attnkit.HeadAttention`) are registered in
+:mod:`attnkit.head_registry`; this registry delegates to it, so their names are listed, built
+and exemplified here too (:class:`attnkit.mechanisms.base.MechanismRegistry`).
 """
 
 from attnkit.mechanisms.base import (
     PACKAGES,
     REGISTRY,
+    MechanismRegistry,
     available,
     build,
     example,
@@ -21,6 +26,7 @@ __all__ = [
     "PACKAGES",
     "REGISTRY",
     "MechanismOutput",
+    "MechanismRegistry",
     "available",
     "build",
     "example",
