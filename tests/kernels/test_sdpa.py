@@ -264,3 +264,46 @@ def test_a_value_view_whose_rows_lie_apart_gives_the_contiguous_result_and_gradi
 
 def masks_causal(m: int, n: int) -> torch.Tensor:
     return torch.ones(m, n, dtype=torch.bool).tril(diagonal=n - m)
+
+
+@pytest.mark.parametrize(("d", "d_v"), [(12, 8), (8, 12)])
+@pytest.mark.parametrize("form", ["causal", "mask_bias", "grouped"])
+def test_values_of_another_size_reach_sdpa_with_one_head_size_and_equal_dense(
+    monkeypatch, d, d_v, form
+):
+    """d_v ≠ d from 64 queries on: SDPA gets one head size (zero features added to the smaller
+    side, so that its fused kernel runs), and output and gradients equal the dense kernel."""
+    seen = []
+    real = F.scaled_dot_product_attention
+
+    def spy(q, k, v, *args, **kwargs):
+        seen.append((q.shape[-1], k.shape[-1], v.shape[-1]))
+        return real(q, k, v, *args, **kwargs)
+
+    monkeypatch.setattr(sdpa.F, "scaled_dot_product_attention", spy)
+    g = torch.Generator().manual_seed(5)
+    h_kv = 1 if form == "grouped" else 2
+    q = torch.randn(2, 2, 70, d, dtype=torch.float64, generator=g).requires_grad_()
+    k = torch.randn(2, h_kv, 75, d, dtype=torch.float64, generator=g).requires_grad_()
+    v = torch.randn(2, h_kv, 75, d_v, dtype=torch.float64, generator=g).requires_grad_()
+    mask = bias = None
+    if form == "causal":
+        mask = masks_causal(70, 75)
+    elif form == "mask_bias":
+        mask = torch.rand(2, 1, 70, 75, generator=g) > 0.3
+        mask[0, 0, 3] = False  # a query without keys: 0
+        bias = torch.randn(70, 75, dtype=torch.float64, generator=g) * 1e4
+    score, align = sc.ScaledDot(), al.Softmax()
+    got = sdpa.attend(q, k, v, score, align, mask=mask, bias=bias).context
+    assert seen == [(max(d, d_v),) * 3]
+    kk, vv = (x if form != "grouped" else x.expand(2, 2, 75, -1) for x in (k, v))
+    want = dense.attend(q, kk, vv, score, align, mask=mask, bias=bias).context
+    assert got.shape == (2, 2, 70, d_v)
+    torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
+    r = torch.randn(got.shape, dtype=torch.float64, generator=g)
+    for a, b in zip(
+        torch.autograd.grad((got * r).sum(), (q, k, v)),
+        torch.autograd.grad((want * r).sum(), (q, k, v)),
+        strict=True,
+    ):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-9)
