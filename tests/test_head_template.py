@@ -1,6 +1,6 @@
 """HeadAttention's template: the holes and capabilities for parts whose calls are not the
-plain one (keys made from the queries, weights never held whole, keys split across ranks),
-each against a plain softmax computed here; and every per-head part in attnkit runs on it."""
+plain one (keys made from the queries, weights never held whole, keys split across ranks,
+refusals agreed on with a group), each against a plain softmax computed here."""
 
 from __future__ import annotations
 
@@ -109,3 +109,32 @@ def test_a_sharded_part_keeps_its_rows_without_a_key_here():
     assert torch.equal(plain[..., 1, :], torch.zeros_like(plain[..., 1, :]))
     rows = [0, 2, 3, 4]
     torch.testing.assert_close(sharded[..., rows, :], _softmax(q, k, v, mask)[..., rows, :])
+
+
+class _Agreeing(_Softmax):
+    """Hands a refusal to the group (here: keeps it and returns a marker)."""
+
+    def refused(self, error, q, k, v, **call):
+        self.error, self.call = error, call
+        return AttentionOutput(torch.full((1,), -1.0))
+
+
+def test_a_refusal_before_attend_is_the_parts_to_give():
+    """The default raises it; a part that agrees on refusals with a group is handed the error
+    and the call (a bias it does not declare, a mask of the wrong dtype, an empty key set)."""
+    q, k, v = _inputs()
+    with pytest.raises(ValueError, match="_Softmax does not declare accepts_bias"):
+        _Softmax()(q, k, v, bias=torch.zeros(5, 5, dtype=D))
+    part = _Agreeing()
+    bias = torch.zeros(5, 5, dtype=D)
+    assert part(q, k, v, bias=bias).context.item() == -1.0
+    assert "does not declare accepts_bias" in str(part.error)
+    assert part.call["bias"] is bias and part.call["mask"] is None
+    part(q, k, v, mask=torch.ones(5, 5))
+    assert isinstance(part.error, TypeError) and "mask must be boolean" in str(part.error)
+    part(q, k[..., :0, :], v[..., :0, :])
+    assert "the key set is empty" in str(part.error)
+    part.error = None
+    torch.testing.assert_close(part(q, k, v).context, _softmax(q, k, v))
+    assert part.error is None
+

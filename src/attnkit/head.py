@@ -194,35 +194,41 @@ class HeadAttention(nn.Module):
             raise NotImplementedError(
                 f"{who} must implement attend(q, k, v, *, mask, bias, need_weights) (or forward)"
             )
-        for name, given in (
-            ("need_weights", need_weights),
-            ("checked", checked),
-            ("finite", finite),
-        ):
-            if not isinstance(given, bool):
-                raise TypeError(f"{who}: {name} must be a bool, got {given!r}")
-        k, v, own = self.keys_and_values(q, k, v)
-        before = self.state_positions(cache) if self.takes_cache else 0
-        lead = check_head_inputs(q, k, v, None if before else mask, bias, who, checked=checked)
-        if before and mask is not None:  # over the state's positions and the keys given
-            masks.check(mask, torch.Size((*lead, q.shape[-2], before + k.shape[-2])))
-            if mask.shape[-1] != 1:
-                mask = mask[..., before:]  # the state's positions are the part's to read
-        if mask is not None and mask.dim() == 1:
-            mask = mask[None]  # (N,) is (1, N) under broadcasting: one row for every query
-        mask = self.declared_mask(mask, q.shape[-2], who)
-        self.check_supported(
-            who,
-            mask=mask,
-            m=q.shape[-2],
-            bias=bias is not None,
-            block_mask=block_mask is not None,
-            score_mod=score_mod is not None,
-            q_offset=bool(q_offset),
-            cache=cache is not None,
-            weights=need_weights,
-        )
-        k, v, poisoned = self._exclude_masked_keys(k, v, mask, finite=finite)
+        try:  # a refusal before attend: the part's to give (raised here, or agreed on)
+            for name, given in (
+                ("need_weights", need_weights),
+                ("checked", checked),
+                ("finite", finite),
+            ):
+                if not isinstance(given, bool):
+                    raise TypeError(f"{who}: {name} must be a bool, got {given!r}")
+            k, v, own = self.keys_and_values(q, k, v)
+            before = self.state_positions(cache) if self.takes_cache else 0
+            lead = check_head_inputs(q, k, v, None if before else mask, bias, who, checked=checked)
+            if before and mask is not None:  # over the state's positions and the keys given
+                masks.check(mask, torch.Size((*lead, q.shape[-2], before + k.shape[-2])))
+                if mask.shape[-1] != 1:
+                    mask = mask[..., before:]  # the state's positions are the part's to read
+            if mask is not None and mask.dim() == 1:
+                mask = mask[None]  # (N,) is (1, N) under broadcasting: one row for every query
+            mask = self.declared_mask(mask, q.shape[-2], who)
+            self.check_supported(
+                who,
+                mask=mask,
+                m=q.shape[-2],
+                bias=bias is not None,
+                block_mask=block_mask is not None,
+                score_mod=score_mod is not None,
+                q_offset=bool(q_offset),
+                cache=cache is not None,
+                weights=need_weights,
+            )
+            k, v, poisoned = self._exclude_masked_keys(k, v, mask, finite=finite)
+        except (ValueError, TypeError) as error:
+            return self.refused(
+                error, q, k, v, mask=mask, bias=bias, need_weights=need_weights,
+                q_offset=q_offset, cache=cache, block_mask=block_mask, score_mod=score_mod,
+            )  # fmt: skip
         call: dict[str, Any] = {}
         if self.takes_facts:  # (with a mask, the keys left non-finite were zeroed just now)
             call.update(checked=checked, finite=finite or mask is not None)
@@ -307,6 +313,17 @@ class HeadAttention(nn.Module):
         overrides this to make them (the Reformer's shared QK: ``k=None`` gives the normalised
         queries, and :meth:`attend` is told so by a keyword)."""
         return k, v, {}
+
+    def refused(self, error: Exception, q: Any, k: Any, v: Any, **call: Any) -> AttentionOutput:
+        """What a call refused before :meth:`attend` gives (a ValueError or TypeError of the
+        template :meth:`forward`: the inputs, the mask's form, a capability); q, k, v and the
+        keywords in ``call`` are the call's as far as the template got. Here the error is
+        raised.
+
+        A part whose ranks must take every call together (a ``sharded`` one: a rank that
+        raised alone would leave the others waiting for it in the group) overrides this to
+        hand the error to the group, so that every rank raises it."""
+        raise error
 
     def state_positions(self, cache: Any) -> int:
         """The positions before the keys given that the part holds in a state of its own in

@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 
 import attnkit as ak
-from attnkit.distributed import RingAttention, RingError, ring_attention
+from attnkit.distributed import RingAttention, RingError, RingLinearAttention, ring_attention
 
 WORLD = 3
 ODD = 1  # the rank that passes something the others do not
@@ -74,6 +74,24 @@ def _odd_part_with_rotary_positions(rank):
     RingAttention(causal=True, layout="zigzag", position="rope")(x, x, x)
 
 
+def _part_without_keys(rank):  # refused by HeadAttention's template, before the ring's checks
+    x, kv = _x(4), _x(0 if rank == ODD else 4)
+    RingAttention(causal=True)(x, kv, kv)
+
+
+def _part_mask_not_bool(rank):
+    x = _x(4)
+    mask = torch.ones(1, 1, 1, 4, dtype=torch.float64 if rank == ODD else torch.bool)
+    RingAttention()(x, x, x, mask=mask)
+
+
+def _linear_part_with_a_bias(rank):
+    x = _x(4)
+    part = ak.head_registry.build("retention", head_dim=D, num_heads=2)
+    bias = torch.zeros(4, 4, dtype=torch.float64) if rank == ODD else None
+    RingLinearAttention(part)(x, x, x, bias=bias)
+
+
 # name -> (the call, what the message must say besides the ranks' lines)
 CASES = {
     "odd zigzag part": (_odd_zigzag, [f"refused on rank {ODD} of {WORLD}", "must be even"]),
@@ -91,6 +109,15 @@ CASES = {
     "odd part with rotary positions": (
         _odd_part_with_rotary_positions,
         [f"refused on rank {ODD} of", "even"],
+    ),
+    "part without keys": (_part_without_keys, [f"refused on rank {ODD} of", "key set is empty"]),
+    "part's mask not bool": (
+        _part_mask_not_bool,
+        [f"refused on rank {ODD} of", "TypeError: mask must be boolean"],
+    ),
+    "linear part with a bias": (
+        _linear_part_with_a_bias,
+        [f"linear ring was refused on rank {ODD} of", "does not declare accepts_bias"],
     ),
 }
 

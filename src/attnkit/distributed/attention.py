@@ -125,6 +125,28 @@ class RingAttention(HeadAttention):
         triangle for a causal part) and refuses any other form with the other ranks."""
         return mask
 
+    def refused(self, error: Exception, q, k, v, **call) -> AttentionOutput:
+        """A call the template refused on this rank: agreed on with the other ranks, which
+        then raise the same error (ring.attend), instead of leaving them waiting."""
+        score_mod = call["score_mod"]
+        if score_mod is None and self.position is not None and self.position.has_bias:
+            score_mod = self.position  # what the accepting ranks pass on (_positioned)
+        return attend(
+            q,
+            k,
+            v,
+            score=self.score,
+            align=self.align,
+            group=self.group,
+            causal=self.causal,
+            key_padding_mask=_padding_as_passed(call["mask"], q, k, self.causal),
+            layout=self.layout,
+            block_mask=call["block_mask"],
+            score_mod=score_mod,
+            chunk_size=self.chunk_size,
+            refusal=error,
+        )
+
     def attend(
         self,
         q: Tensor,
@@ -230,6 +252,16 @@ def _key_padding(mask: Tensor, q: Tensor, k: Tensor, causal: bool) -> Tensor:
             "causal mask (by global positions)"
         )
     return mask if mask.dim() == 2 else mask.reshape(shape[0], n)
+
+
+def _padding_as_passed(mask: object, q: object, k: object, causal: bool) -> Tensor | None:
+    """The key padding that the ranks accepting a call pass on (:func:`_key_padding`), as far
+    as it can be made from a call refused on this rank, so that the agreement names the
+    refusal and not a difference in the padding; None where it cannot be made."""
+    try:
+        return None if mask is None else _key_padding(mask, q, k, causal)
+    except (ValueError, TypeError, AttributeError, IndexError, RuntimeError):
+        return None
 
 
 def _causal_keys(mask: Tensor, m: int, n: int) -> Tensor:

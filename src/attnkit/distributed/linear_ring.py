@@ -353,6 +353,22 @@ class RingLinearAttention(HeadAttention):
         triangle and refuses any other form with the other ranks."""
         return mask
 
+    def refused(self, error: Exception, q, k, v, **call) -> AttentionOutput:
+        """A call the template refused on this rank: agreed on with the other ranks, which
+        then raise the same error (ring_recurrence), instead of leaving them waiting."""
+        from attnkit.distributed.attention import _padding_as_passed
+
+        return ring_recurrence(
+            self.part,
+            q,
+            k,
+            v,
+            group=self.group,
+            layout=self.layout,
+            key_padding_mask=_padding_as_passed(call["mask"], q, k, True),
+            refusal=error,
+        )
+
     def attend(
         self, q: Tensor, k: Tensor, v: Tensor, *, mask: Tensor | None, bias: Tensor | None,
         need_weights: bool,
