@@ -89,3 +89,24 @@ def test_one_report_per_call_and_nan_padding_reaches_nothing():
     out.context.sum().backward()
     assert torch.isfinite(k_bad.grad).all() and torch.isfinite(v_bad.grad).all()
     assert (k_bad.grad[1, :, 3:] == 0).all() and (v_bad.grad[1, :, 3:] == 0).all()
+
+
+def test_the_inner_part_is_told_the_keys_are_finite_once_the_template_cleared_them():
+    """With a mask the template has zeroed every key that is not finite, so the inner call
+    is told ``finite=True`` (it scans nothing again); without one, what the caller said."""
+
+    class Spy(ak.Attention):
+        def forward(self, *args, **kw):
+            self.facts = (kw.get("checked"), kw.get("finite"))
+            return super().forward(*args, **kw)
+
+    part = QKNormAttention(4, attention=Spy()).double()
+    q, k, v = (torch.randn(2, 2, 5, 4, dtype=torch.float64) for _ in range(3))
+    k[1, :, 4] = float("nan")
+    pad = ak.masks.from_lengths(torch.tensor([5, 4]), 5)[:, None]
+    assert torch.isfinite(part(q, k, v, mask=pad).context).all()
+    assert part.attention.facts == (False, True)
+    part(q, q, v)
+    assert part.attention.facts == (False, False)
+    part(q, q, v, checked=True, finite=True)
+    assert part.attention.facts == (True, True)

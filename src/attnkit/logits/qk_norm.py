@@ -51,6 +51,7 @@ class QKNormAttention(HeadAttention):
     size_arguments: ClassVar[dict[str, str]] = {"head_dim": "head_dim"}
 
     mask_inputs: ClassVar[dict[str, tuple[str, ...]]] = {"mask": ("k", "v")}
+    takes_facts: ClassVar[bool] = True  # the inner call takes the caller's checked and finite
 
     def __init__(
         self,
@@ -118,7 +119,7 @@ class QKNormAttention(HeadAttention):
     # report of the same weights is not passed on (one report per part in the slot).
     def attend(
         self, q: Tensor, k: Tensor, v: Tensor, *, mask: Tensor | None, bias: Tensor | None,
-        need_weights: bool, q_offset: int = 0,
+        need_weights: bool, q_offset: int = 0, checked: bool = False, finite: bool = False,
     ) -> AttentionOutput:  # fmt: skip
         for name, x in (("q", q), ("k", k)):
             if x.shape[-1] != self.head_dim:
@@ -127,6 +128,8 @@ class QKNormAttention(HeadAttention):
                     f"{self.head_dim}), got {tuple(x.shape)}"
                 )
         extra = {"q_offset": q_offset} if self.takes_q_offset else {}
+        if self.attention.forward_takes_facts:  # normalised keys are finite where k is
+            extra.update(checked=checked, finite=finite)
         with hooks.listen(_drop) if hooks.listening() else nullcontext():
             out = self.attention(
                 self.q_norm(q),
