@@ -234,3 +234,14 @@ def test_bad_arguments_are_refused():
         part(q, q, q, mask=torch.ones(3, 5, dtype=torch.bool))
     with pytest.raises(TypeError, match="mask"):
         part(q, q, q, mask=torch.ones(5, 5))
+
+
+def test_values_stated_finite_are_not_scanned_and_give_the_same_result():
+    """finite=True (a caller whose activations are finite) skips the scans for NaN values,
+    on the unmasked path and the general one; the result is the same."""
+    q, k, v = _inputs(m=12, n=12, d=6, dv=3, seed=4)
+    part = LSHAttention(6, 2, 2, 4, seed=1).to(D).eval()
+    for kw in ({}, {"need_weights": True}):
+        want = part(q, k, v, **kw).context
+        got = part(q, k, v, finite=True, **kw).context
+        torch.testing.assert_close(got, want, atol=1e-12, rtol=1e-10)

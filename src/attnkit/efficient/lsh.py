@@ -88,6 +88,7 @@ class LSHAttention(HeadAttention):
     mask_forms: ClassVar[frozenset[str]] = frozenset({"key", "padding", "causal", "full"})
 
     mask_inputs: ClassVar[dict[str, tuple[str, ...]]] = {"mask": ("k", "v")}
+    takes_facts: ClassVar[bool] = True  # values known finite are not scanned
 
     def __init__(
         self,
@@ -169,7 +170,7 @@ class LSHAttention(HeadAttention):
 
     def attend(
         self, q: Tensor, k: Tensor, v: Tensor, *, mask: Tensor | None, bias: Tensor | None,
-        need_weights: bool, shared: bool = False,
+        need_weights: bool, shared: bool = False, checked: bool = False, finite: bool = False,
     ) -> AttentionOutput:  # fmt: skip
         if q.shape[-1] != self.head_dim:
             raise ValueError(
@@ -188,15 +189,17 @@ class LSHAttention(HeadAttention):
             context = qz.new_zeros(0, m, v.shape[-1])
             weights = qz.new_zeros(0, m, n) if need_weights else None
         else:
-            context, weights = self._attend(qz, kz, vz, maskz, biasz, rot, shared, need_weights)
+            context, weights = self._attend(
+                qz, kz, vz, maskz, biasz, rot, shared, need_weights, finite
+            )
         context = context.reshape(*lead, m, v.shape[-1])
         if weights is not None:
             weights = weights.reshape(*lead, m, n)
         return AttentionOutput(context, weights)
 
-    def _attend(self, q, k, v, mask, bias, rot, shared, need_weights):
+    def _attend(self, q, k, v, mask, bias, rot, shared, need_weights, finite=False):
         if mask is None and bias is None and not need_weights:
-            fast = _attend_unmasked(self, q, k, v, rot, shared)
+            fast = _attend_unmasked(self, q, k, v, rot, shared, finite)
             if fast is not None:
                 return fast, None
         z, m, n = q.shape[0], q.shape[1], k.shape[1]
@@ -273,9 +276,10 @@ class LSHAttention(HeadAttention):
             # padded values are zeroed (0 × NaN would leak into the sum)
             v_ok = key_ok.gather(1, kj[r].flatten(1)).reshape(z, n_chunks, 2 * c, 1)
             vr = torch.where(kj_real[r][..., None] & v_ok, vr, 0.0)
-            if mask is None:
+            if not finite:
                 # a value in another bucket may hold NaN or inf: it must not reach the rows
-                # that give it weight 0 (with a mask the template zeroed every such value)
+                # that give it weight 0 (finite: stated by the caller, or with a mask the
+                # template zeroed every such value)
                 ctx.append(guarded_sum(_weighted, p, vr))
             else:
                 ctx.append(_weighted(p, vr))
@@ -321,14 +325,21 @@ def _sorted(bucket: Tensor, length: int) -> Tensor:
 
 
 def _attend_unmasked(
-    part: LSHAttention, q: Tensor, k: Tensor, v: Tensor, rot: Tensor, shared: bool
+    part: LSHAttention,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    rot: Tensor,
+    shared: bool,
+    finite: bool = False,
 ) -> Tensor | None:
     """The context of :meth:`LSHAttention._attend` without mask, bias or weights, each round's
     chunk attention in one autograd node (:class:`_Round`) that keeps only its weights: the
     same pairs and logits, a few passes over the (Z, C, c, 2c) score tile instead of one per
-    mask and correction. None (use the general path) when a value is not finite, or with
+    mask and correction. None (use the general path) when a value is not finite (not looked
+    for when ``finite``: the caller stated so), or with
     shared QK when the keys sort differently from the queries (rounding in a near tie)."""
-    if not bool(torch.isfinite(v).all()):
+    if not finite and not bool(torch.isfinite(v).all()):
         return None  # weight 0 must mean no influence: the general path guards the sums
     z, m, n, d = q.shape[0], q.shape[1], k.shape[1], q.shape[-1]
     c, rounds = part.chunk_size, rot.shape[0]
