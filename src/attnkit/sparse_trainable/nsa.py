@@ -72,6 +72,7 @@ from attnkit import taxonomy as tx
 from attnkit.alignments import Softmax
 from attnkit.head import HeadAttention, check_head_inputs
 from attnkit.head_registry import REGISTRY
+from attnkit.inputs import broadcast_shapes
 from attnkit.mechanisms import example_tensor
 from attnkit.output import AttentionOutput
 from attnkit.sparse_trainable import _nsa_blocks as nsa_blocks
@@ -224,29 +225,23 @@ class NativeSparseAttention(HeadAttention):
     def taxonomy_tags(self) -> list:
         return [tx.Scoring.SCALED_MULTIPLICATIVE, tx.AlignmentKind.SPARSE]
 
-    def forward(
-        self,
-        q: Tensor,
-        k: Tensor,
-        v: Tensor,
-        *,
-        mask: Tensor | None = None,
-        bias: Tensor | None = None,
-        need_weights: bool = False,
-        q_offset: int = 0,
-    ) -> AttentionOutput:
+    def attend(
+        self, q: Tensor, k: Tensor, v: Tensor, *, mask: Tensor | None, bias: Tensor | None,
+        need_weights: bool, q_offset: int = 0,
+    ) -> AttentionOutput:  # fmt: skip
+        """NSA on inputs the template :meth:`HeadAttention.forward` validated (it refuses a
+        bias: the part does not declare ``accepts_bias``)."""
         align = self.align
         chunked = type(align) is Softmax and align.fixed_temperature is not None
-        if need_weights or hooks.listening() or not chunked or not (q.numel() and k.numel()):
-            out = self.branches(
-                q, k, v, mask=mask, bias=bias, q_offset=q_offset, token_weights=need_weights
-            )
+        if need_weights or not chunked or not (q.numel() and k.numel()):
+            # (the template asks for the weights whenever someone listens to hooks)
+            out = self._branches(q, k, v, mask, q_offset, need_weights)
             return AttentionOutput(out.context, out.selected_weights if need_weights else None)
-        lead, q_, k_, v_, rows, pos, scale = self._prepare(q, k, v, mask, bias, q_offset)
+        lead, q_, k_, v_, rows, pos, scale = self._placed(q, k, v, mask, q_offset)
         if not (trust.inputs_finite() or all_finite(k_, v_)):
             # the tiles read keys a query may not attend with weight 0 (0 · NaN = NaN): keys
             # that are not finite, where some query may read them, take the per-query gathers
-            out = self.branches(q, k, v, mask=mask, bias=bias, q_offset=q_offset)
+            out = self._branches(q, k, v, mask, q_offset, False)
             return AttentionOutput(out.context, None)
         q, k, v = q_, k_, v_
         count, m = lead.numel(), q.shape[-2]
@@ -294,7 +289,18 @@ class NativeSparseAttention(HeadAttention):
     ) -> NSABranches:
         """Every branch, its gate and its weights (:class:`NSABranches`); ``token_weights``
         False leaves the dense (…, M, N) token weights out unless someone listens."""
-        _, q, k, v, rows, pos, scale = self._prepare(q, k, v, mask, bias, q_offset)
+        if bias is not None:
+            raise ValueError(
+                "NativeSparseAttention takes no bias (it does not declare accepts_bias): its "
+                "compressed branch scores blocks, not keys, so an additive (…, M, N) bias has "
+                "no place there; use a position scheme that rotates q and k (rope) or none"
+            )
+        check_head_inputs(q, k, v, mask, None, "NativeSparseAttention")
+        return self._branches(q, k, v, mask, q_offset, token_weights)
+
+    def _branches(self, q, k, v, mask, q_offset, token_weights) -> NSABranches:
+        """:meth:`branches` on validated inputs."""
+        _, q, k, v, rows, pos, scale = self._placed(q, k, v, mask, q_offset)
         n = k.shape[-2]
         listening = hooks.listening()
 
@@ -327,16 +333,10 @@ class NativeSparseAttention(HeadAttention):
             self.window, self.num_initial, self.num_local, self.group_size,
         )  # fmt: skip
 
-    def _prepare(self, q, k, v, mask, bias, q_offset):
-        """Validate; -> (lead, q, k, v broadcast to lead (masked keys zeroed), rows, positions,
-        scale)."""
-        if bias is not None:
-            raise ValueError(
-                "NativeSparseAttention takes no bias: its compressed branch scores blocks, not "
-                "keys, so an additive (…, M, N) bias has no place there; use a position scheme "
-                "that rotates q and k (rope) or none"
-            )
-        lead = check_head_inputs(q, k, v, mask, None, "NativeSparseAttention")
+    def _placed(self, q, k, v, mask, q_offset):
+        """Inputs of a valid per-head call checked against the part's sizes; -> (lead, q, k, v
+        broadcast to lead (masked keys zeroed), rows, positions, scale)."""
+        lead = broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
         arguments.nonnegative_int(q_offset, "q_offset")
         if q.shape[-1] != self.head_dim or v.shape[-1] != self.value_dim:
             raise ValueError(
