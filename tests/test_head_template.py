@@ -1,10 +1,13 @@
 """HeadAttention's template: the holes and capabilities for parts whose calls are not the
 plain one (keys made from the queries, weights never held whole, keys split across ranks,
-refusals agreed on with a group), each against a plain softmax computed here."""
+refusals agreed on with a group), each against a plain softmax computed here; and every
+per-head part in attnkit runs on it."""
 
 from __future__ import annotations
 
+import importlib
 import math
+import pkgutil
 
 import pytest
 import torch
@@ -14,6 +17,12 @@ from attnkit.head import HeadAttention
 from attnkit.output import AttentionOutput
 
 D = torch.float64
+
+# parts that override forward instead of implementing attend, with the reason
+OWN_FORWARD = {
+    ak.Attention: "the default part has a direct route of its own into the kernels (score x "
+    "alignment, kernel selection), which the layers' plans call without the template",
+}
 
 
 class _Softmax(HeadAttention):
@@ -138,3 +147,22 @@ def test_a_refusal_before_attend_is_the_parts_to_give():
     torch.testing.assert_close(part(q, k, v).context, _softmax(q, k, v))
     assert part.error is None
 
+
+def _subclasses(cls):
+    for sub in cls.__subclasses__():
+        yield sub
+        yield from _subclasses(sub)
+
+
+def test_every_per_head_part_in_attnkit_runs_on_the_template():
+    """No HeadAttention in attnkit overrides forward (the template's validation, masked-key
+    exclusion, refusals and reports stay in one place) but those listed with a reason."""
+    for module in pkgutil.walk_packages(ak.__path__, "attnkit."):
+        if not module.name.endswith("__main__"):
+            importlib.import_module(module.name)
+    parts = {c for c in _subclasses(HeadAttention) if c.__module__.startswith("attnkit.")}
+    assert len(parts) > 30  # every module was imported
+    own = {c for c in parts if "forward" in vars(c)}
+    named = {f"{c.__module__}.{c.__qualname__}" for c in own - set(OWN_FORWARD)}
+    assert not named, f"parts that override forward instead of implementing attend: {named}"
+    assert all(c in parts and "forward" in vars(c) for c in OWN_FORWARD)
