@@ -53,6 +53,22 @@ def test_top_indices_unordered_is_the_same_set():
         assert torch.equal(torch.gather(loose_available, -1, order.indices), available)
 
 
+@pytest.mark.parametrize("ordered", [True, False])
+def test_top_indices_of_every_entry_mark_the_minus_inf_ones_unavailable(ordered):
+    """count = K: no tie outside the set, every entry taken; those at −inf (or NaN) are not
+    available, wherever topk puts them."""
+    g = torch.Generator().manual_seed(5)
+    score = torch.randn(6, 7, generator=g)
+    score[0, 2] = score[3, 6] = float("-inf")
+    score[4, 1] = float("nan")
+    index, available = top_indices(score, 7, ordered=ordered)
+    taken = index.sort(-1)
+    assert torch.equal(taken.values, torch.arange(7).expand(6, 7))
+    want = torch.ones(6, 7, dtype=torch.bool)
+    want[0, 2] = want[3, 6] = want[4, 1] = False
+    assert torch.equal(torch.gather(available, -1, taken.indices), want)
+
+
 @pytest.mark.parametrize("count", [0, 1, 5, 16, 40])
 def test_packed_top_indices_are_the_set_a_stable_sort_puts_first(count):
     """float32 scores with ties, ±inf, NaN, −0 and negative values: the same set as the first
