@@ -49,7 +49,7 @@ from typing import ClassVar
 import torch
 from torch import Tensor, nn
 
-from attnkit import arguments, trust
+from attnkit import arguments
 from attnkit import taxonomy as tx
 from attnkit.alignments import Softmax
 from attnkit.head import HeadAttention
@@ -178,6 +178,7 @@ class DeepSeekSparseAttention(HeadAttention):
 
     decodes_with_cache: ClassVar[bool] = True
     takes_q_offset: ClassVar[bool] = True
+    takes_facts: ClassVar[bool] = True  # reads whether k and v are known finite
     mask_inputs: ClassVar[dict[str, tuple[str, ...]]] = {"mask": ("k", "v")}
 
     def __init__(
@@ -226,7 +227,7 @@ class DeepSeekSparseAttention(HeadAttention):
     # and reports the weights).
     def attend(
         self, q: Tensor, k: Tensor, v: Tensor, *, mask: Tensor | None, bias: Tensor | None,
-        need_weights: bool, q_offset: int = 0,
+        need_weights: bool, q_offset: int = 0, checked: bool = False, finite: bool = False,
     ) -> AttentionOutput:  # fmt: skip
         arguments.nonnegative_int(q_offset, "q_offset")
         lead = broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
@@ -261,7 +262,7 @@ class DeepSeekSparseAttention(HeadAttention):
             # the tiles read keys a query may not attend with weight 0 (0 · NaN = NaN): keys
             # that are not finite take the per-query gathers (with a mask, the template has
             # zeroed every key that is not finite)
-            and (mask is not None or (trust.inputs_finite() or all_finite(k, v)))
+            and (finite or all_finite(k, v))
         )
         count = lead.numel()
         scale = 1.0 / math.sqrt(self.head_dim) / align.fixed_temperature if fast else 0.0

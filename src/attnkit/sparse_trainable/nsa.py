@@ -67,7 +67,7 @@ from typing import ClassVar, NamedTuple
 import torch
 from torch import Tensor, nn
 
-from attnkit import arguments, hooks, trust
+from attnkit import arguments, hooks
 from attnkit import taxonomy as tx
 from attnkit.alignments import Softmax
 from attnkit.head import HeadAttention, check_head_inputs
@@ -163,6 +163,7 @@ class NativeSparseAttention(HeadAttention):
 
     decodes_with_cache: ClassVar[bool] = True  # causal by construction: a step is its row
     takes_q_offset: ClassVar[bool] = True
+    takes_facts: ClassVar[bool] = True  # reads whether k and v are known finite
     mask_inputs: ClassVar[dict[str, tuple[str, ...]]] = {"mask": ("k", "v")}
 
     def __init__(
@@ -227,7 +228,7 @@ class NativeSparseAttention(HeadAttention):
 
     def attend(
         self, q: Tensor, k: Tensor, v: Tensor, *, mask: Tensor | None, bias: Tensor | None,
-        need_weights: bool, q_offset: int = 0,
+        need_weights: bool, q_offset: int = 0, checked: bool = False, finite: bool = False,
     ) -> AttentionOutput:  # fmt: skip
         """NSA on inputs the template :meth:`HeadAttention.forward` validated (it refuses a
         bias: the part does not declare ``accepts_bias``)."""
@@ -238,7 +239,7 @@ class NativeSparseAttention(HeadAttention):
             out = self._branches(q, k, v, mask, q_offset, need_weights)
             return AttentionOutput(out.context, out.selected_weights if need_weights else None)
         lead, q_, k_, v_, rows, pos, scale = self._placed(q, k, v, mask, q_offset)
-        if not (trust.inputs_finite() or all_finite(k_, v_)):
+        if not (finite or all_finite(k_, v_)):
             # the tiles read keys a query may not attend with weight 0 (0 · NaN = NaN): keys
             # that are not finite, where some query may read them, take the per-query gathers
             out = self._branches(q, k, v, mask, q_offset, False)
