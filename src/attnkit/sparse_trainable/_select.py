@@ -123,21 +123,26 @@ def top_indices(score: Tensor, count: int, *, ordered: bool = True) -> tuple[Ten
         score = score.nan_to_num(nan=-inf, posinf=inf, neginf=-inf)
     values, order = torch.topk(score, count, dim=-1, sorted=False)
     bar = values.amin(-1, keepdim=True)
-    # the set is topk's when exactly ``count`` entries of each row reach the bar (no tie at
-    # it outside the set); counted in int32 over the bytes of the comparison, several times
+    # the set is topk's where exactly ``count`` entries of a row reach the bar (no tie at it
+    # outside the set); counted in int32 over the bytes of the comparison, several times
     # faster than a bool sum into int64
     reach = (score >= bar).view(torch.uint8).sum(-1, dtype=torch.int32)
-    if bool((reach == count).all()):
-        if not ordered:
-            return order, values > -inf
-        order, rank = order.sort(-1)
-        return order, torch.gather(values, -1, rank) > -inf
-    above = score > bar
-    tied = score == bar
-    need = count - above.sum(-1, keepdim=True, dtype=torch.int32)
-    take = above | (tied & (tied.cumsum(-1, dtype=torch.int32) <= need))
-    index = take.reshape(-1, k).nonzero()[:, 1].view(*lead, count)  # exactly count per row
-    return index, torch.gather(score, -1, index) > float("-inf")
+    tied_rows = (reach != count).view(-1).nonzero()[:, 0]
+    if len(tied_rows):  # those rows take every entry above the bar and the first ones at it
+        rows = score.reshape(-1, k)[tied_rows]
+        row_bar = bar.reshape(-1, 1)[tied_rows]
+        above = rows > row_bar
+        tied = rows == row_bar
+        need = count - above.sum(-1, keepdim=True, dtype=torch.int32)
+        take = above | (tied & (tied.cumsum(-1, dtype=torch.int32) <= need))
+        index = take.nonzero()[:, 1].view(len(tied_rows), count)  # exactly count per row
+        order, values = order.reshape(-1, count).clone(), values.reshape(-1, count).clone()
+        order[tied_rows], values[tied_rows] = index, torch.gather(rows, -1, index)
+        order, values = order.view(*lead, count), values.view(*lead, count)
+    if not ordered:
+        return order, values > -inf
+    order, rank = order.sort(-1)
+    return order, torch.gather(values, -1, rank) > -inf
 
 
 def top_indices_packed(score: Tensor, count: int) -> tuple[Tensor, Tensor]:
