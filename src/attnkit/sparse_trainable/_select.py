@@ -119,9 +119,10 @@ def top_indices(score: Tensor, count: int, *, ordered: bool = True) -> tuple[Ten
         empty = score.new_zeros(*lead, count, dtype=torch.long)
         return empty, empty.bool()
     inf = float("inf")
-    if bool(score.isnan().any()):  # (topk ranks NaN highest)
-        score = score.nan_to_num(nan=-inf, posinf=inf, neginf=-inf)
     values, order = torch.topk(score, count, dim=-1, sorted=False)
+    if bool(values.isnan().any()):  # topk ranks NaN highest: a row with one chose it
+        score = score.nan_to_num(nan=-inf, posinf=inf, neginf=-inf)
+        values, order = torch.topk(score, count, dim=-1, sorted=False)
     bar = values.amin(-1, keepdim=True)
     # the set is topk's where exactly ``count`` entries of a row reach the bar (no tie at it
     # outside the set); counted in int32 over the bytes of the comparison, several times

@@ -113,7 +113,7 @@ class LightningIndexer(nn.Module):
         """Eq. 1 from the projections of :meth:`project` -> (…, M, N): one batched matmul for
         the (…, M·H^I, N) dot products, reduced over the heads at once (nothing of size
         M·N·d^I is formed)."""
-        dots = torch.relu(qi.flatten(-3, -2) @ ki.transpose(-1, -2))  # (…, M·H^I, N)
+        dots = torch.relu_(qi.flatten(-3, -2) @ ki.transpose(-1, -2))  # (…, M·H^I, N)
         dots = dots.unflatten(-2, qi.shape[-3:-1])  # (…, M, H^I, N)
         return (wi.unsqueeze(-2) @ dots).squeeze(-2)
 
@@ -359,10 +359,17 @@ class DeepSeekSparseAttention(HeadAttention):
                     top = columns[:t].expand(*index.shape[:-1], t)
                     available = allowed[..., :t] & (index[..., :t] > float("-inf"))
                 else:
-                    # the set, in any order (the attention and the indexer's loss read it so)
-                    masked = index.masked_fill(~allowed, float("-inf"))
-                    top, available = top_indices(masked, t, ordered=False)
-                    available = available & torch.gather(allowed, -1, top)
+                    # the set, in any order (the attention and the indexer's loss read it so).
+                    # Causal alone, the keys up to the block's first position are every row's:
+                    # only the columns after it are masked, in place (the scores are fresh; a
+                    # group's sum is one tensor viewed per head, made one per head first)
+                    first = 0 if rows is not None else int(pos[sl][0]) + 1
+                    if self.group_size > 1:
+                        index = index.contiguous()
+                    index[..., first:].masked_fill_(~allowed[..., first:], float("-inf"))
+                    top, available = top_indices(index, t, ordered=False)
+                    if rows is not None:
+                        available = available & torch.gather(allowed, -1, top)
             yield sl, top, available
 
     def _attend(
