@@ -1,15 +1,19 @@
-"""A score, a per-head attention part and a task of one's own are each one file plus its test
-(docs/extending.md, "One file plus its test"): the six files that section shows are written, as
-they are printed there, into an empty directory; the three modules are imported and the three
-tests run, and each part is then used where attnkit takes one, with no other edit: the score by
-name in ``MultiHeadAttention(score=...)`` and through the chunked kernel; the head part in
-``MultiHeadAttention(attention=...)``, a ``TransformerEncoderLayer``, a ``DecoderLM`` decoding
-with a KV cache and every check of the per-head contract (``tests/test_head_contract.py``),
-which a deliberately broken copy of the part (its mask not applied) fails; the task through a
-tiny ``attnkit run --task-module``.
+"""A score, a per-head attention part, a task, a kernel and a position scheme of one's own are
+each one file plus its test (docs/extending.md, "One file plus its test"): the ten files that
+section shows are written, as they are printed there, into an empty directory; the five modules
+are imported and the five tests run, and each part is then used where attnkit takes one, with no
+other edit: the score by name in ``MultiHeadAttention(score=...)`` and through the chunked
+kernel; the head part in ``MultiHeadAttention(attention=...)``, a ``TransformerEncoderLayer``, a
+``DecoderLM`` decoding with a KV cache and every check of the per-head contract
+(``tests/test_head_contract.py``), which a deliberately broken copy of the part (its mask not
+applied) fails; the task through a tiny ``attnkit run --task-module``; the kernel by name in
+``MultiHeadAttention(kernel=...)`` (and never by automatic selection); the position scheme by
+name in ``MultiHeadAttention(position=...)``, whole and decoding with a KV cache.
 
 The references are computed here from the equations (torch.cdist for the L1 distances, the
-per-head projections written out), not by the parts under test.
+per-head projections written out, the distance penalty from its positions), not by the parts
+under test. tests/test_extending_in_tree.py places the same five modules inside a copy of
+attnkit and runs the registry-wide suites over them.
 """
 
 from __future__ import annotations
@@ -28,8 +32,14 @@ import attnkit as ak
 from attnkit.registry import Registry
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "extending.md"
-MODULES = {"manhattan.py", "sigmoid_part.py", "marker_task.py"}
-TESTS = {"test_manhattan.py", "test_sigmoid_part.py", "test_marker_task.py"}
+MODULES = {
+    "manhattan.py",
+    "sigmoid_part.py",
+    "marker_task.py",
+    "dense64_kernel.py",
+    "nearby_position.py",
+}
+TESTS = {f"test_{module}" for module in MODULES}
 # a fenced block whose first line names the file it is: "# name.py"
 FILE_BLOCK = re.compile(r"^```(python3?)\n# (\w+\.py)\n(.*?)^```", re.S | re.M)
 E, H = 8, 2
@@ -44,7 +54,7 @@ def files_in_the_docs() -> dict[str, tuple[str, str]]:
 
 @pytest.fixture
 def user_dir(tmp_path, monkeypatch):
-    """An empty directory holding the six files, first on the import path; afterwards the
+    """An empty directory holding the ten files, first on the import path; afterwards the
     registries, the imported user modules and the loaded task files are as they were."""
     from attnkit.tasks import user
 
@@ -230,4 +240,58 @@ def test_a_task_in_one_file_runs_with_attnkit_run(user_dir, monkeypatch):
     _run_user_tests("test_marker_task", runs)  # attnkit run --task-module marker_task.py:Marker
     config = json.loads((runs / "marker" / "config.json").read_text())
     assert config["task"] == "marker"
-    assert config["task_module"] == f"{user_dir / 'marker_task.py'}:Marker=marker"
+    assert config["task_module"] == "marker_task:Marker=marker"  # imported again on --resume
+    assert ak.tasks.get("marker") is sys.modules["marker_task"].Marker
+
+
+def test_a_kernel_in_one_file_is_taken_by_name_and_only_by_name(user_dir):
+    importlib.import_module("dense64_kernel")
+    _run_user_tests("test_dense64_kernel")
+    assert "dense64" in ak.kernels.available()
+
+    # in multi-head attention, named: per-head softmax(q·k/√d) over the unpadded keys
+    torch.manual_seed(3)
+    mha = ak.MultiHeadAttention(E, H, kernel="dense64").eval()
+    x = torch.randn(2, 5, E)
+    keep = ak.masks.from_lengths(torch.tensor([5, 2]), 5)
+
+    def softmax_weights(q, k):
+        e = q.double() @ k.double().transpose(-1, -2) / math.sqrt(E // H)
+        return torch.softmax(e.masked_fill(~keep[:, None], -math.inf), -1).float()
+
+    torch.testing.assert_close(mha(x, mask=keep).context, _multi_head(mha, x, softmax_weights))
+    # left to choose, attnkit never takes it; what it does not declare is refused by name
+    q = torch.randn(1, 2, 4, 8)
+    assert ak.kernels.explain(q, q, q, need_weights=True).chosen == "dense"
+    with pytest.raises(ValueError, match=r"kernel 'dense64' .* takes no block mask"):
+        ak.attention(
+            q,
+            q,
+            kernel="dense64",
+            block_mask=ak.patterns.block_mask(
+                ak.patterns.sliding_window(2), 4, 4, block_q=2, block_k=2
+            ),
+        )
+
+
+def test_a_position_scheme_in_one_file_is_built_by_name_in_multi_head_attention(user_dir):
+    importlib.import_module("nearby_position")
+    _run_user_tests("test_nearby_position")
+    assert "nearby" in ak.positions.available()
+
+    torch.manual_seed(4)
+    mha = ak.MultiHeadAttention(E, H, position="nearby", dtype=F64).eval()
+    x = torch.randn(2, 5, E, dtype=F64)
+    i = torch.arange(5, dtype=F64)
+    penalty = -(i[:, None] - i[None, :]).abs() / 4
+
+    def biased_weights(q, k):
+        return torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(E // H) + penalty, -1)
+
+    torch.testing.assert_close(mha(x).context, _multi_head(mha, x, biased_weights))
+    # decoding with a KV cache places each new query after the cached keys
+    cache = ak.kv_cache.LayerCache()
+    causal = mha(x, mask=ak.masks.causal(5)).context
+    steps = [mha(x[:, :2], mask=ak.masks.causal(2), cache=cache).context]
+    steps += [mha(x[:, t : t + 1], cache=cache).context for t in range(2, 5)]
+    torch.testing.assert_close(torch.cat(steps, 1), causal)
