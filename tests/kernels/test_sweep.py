@@ -340,7 +340,35 @@ def _fast_sample(count: int, seed: int) -> list[Case]:
     ]
 
 
-SAMPLE = _sample(48, seed=2024) + _fast_sample(16, seed=7)
+def _plain_sample(seed: int) -> list[Case]:
+    """Every dot-product softmax pair in every dtype, under no mask or a dense one (no block
+    mask), the other dimensions cycled: a kernel that declares only part of the grid (one
+    dtype, no block masks) is still compared with the reference on every such pair it
+    declares (a kernel that drops scaled_dot's scale meets scaled_dot)."""
+    rng = random.Random(seed)
+    out = []
+    for i, (pair, dtype) in enumerate(itertools.product(FAST_PAIRS, DTYPES)):
+        m, n = SIZES[(i // 3) % 3]  # each pair at another size in each dtype
+        out.append(
+            Case(
+                *pair,
+                dtype=dtype,
+                b=1 + i % 2,
+                m=m,
+                n=n,
+                mask=MASKS[i % 4],  # none, padding, causal, full
+                d_v=D,
+                extra=EXTRAS[i % 2],  # none, bias
+                grad=dtype != torch.bfloat16 and i % 3 == 0,
+                blocks=BLOCKS[0],
+                pattern="window",
+                seed=rng.randrange(2**16),
+            )
+        )
+    return out
+
+
+SAMPLE = _sample(48, seed=2024) + _fast_sample(16, seed=7) + _plain_sample(seed=11)
 
 
 @pytest.fixture(autouse=True)
