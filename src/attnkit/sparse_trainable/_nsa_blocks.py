@@ -60,9 +60,13 @@ PIECES = 1 << 11
 WIDTH = 16
 #: query rows the forward takes to its end at a time (what it holds grows with them)
 SPAN = 1 << 13
-#: the same without autograd, where nothing is kept for a backward and the span's running
-#: merges and sorted pairs are most of what the call holds beside its output
-INFERENCE_SPAN = 1 << 11
+#: without autograd, where nothing is kept for a backward, the span, the batches of tiles, the
+#: chunks of compressed scores and the pieces' chunks are up to INFERENCE_SHRINK times smaller
+#: for longer calls (one more factor per LEAN_ROWS queries beyond the first LEAN_ROWS), so that
+#: what the forward holds beside its output grows more slowly than the output (each halving
+#: costs time: at 16384 queries, 0.56 → 0.62 of causal SDPA's forward for a quarter span)
+INFERENCE_SHRINK = 4
+LEAN_ROWS = 1 << 13
 
 
 def applies(q: Tensor, n: int, q_offset: int, rows, sz: Sizes) -> bool:
@@ -86,9 +90,14 @@ class _Geometry:
     """Sizes of one call: l', the window's whole blocks F and edge blocks, the first query
     block, the query blocks and their rows."""
 
-    def __init__(self, m: int, n: int, q_offset: int, sz: Sizes) -> None:
+    def __init__(self, m: int, n: int, q_offset: int, sz: Sizes, *, lean: bool = False) -> None:
         lb = sz.select
         self.lb, self.m, self.n, self.sz = lb, m, n, sz
+        # the working sizes: the module's constants, smaller when ``lean`` (INFERENCE_SHRINK)
+        shrink = min(INFERENCE_SHRINK, max(1, m // LEAN_ROWS)) if lean else 1
+        self.batch, self.chunk, self.pieces, self.span = (
+            max(1, x // shrink) for x in (BATCH, CHUNK, PIECES, SPAN)
+        )
         self.first = q_offset // lb  # the first query block
         self.last = (n - 1) // lb  # the last query block (may be partial)
         self.full = n // lb  # key blocks of l' keys
@@ -392,13 +401,13 @@ class _Tiles:
         self.query = torch.full((total * TILE,), m, dtype=torch.int32, device=device)
         self.query[slot.long()] = row
         self.block = torch.repeat_interleave(torch.arange(len(per), device=device), per)
-        self.rows, self.start = m, start
+        self.rows, self.start, self.batch = m, start, geo.batch
 
     def batches(self):
         """(rows counted from ``start``, the rows in the call (a real one for an unused
         slot), blocks) per batch of tiles, int64 (the index kernels take a slower path with
         int32)."""
-        step = max(1, BATCH // TILE)
+        step = max(1, self.batch // TILE)
         for t0 in range(0, len(self.block), step):
             t1 = min(len(self.block), t0 + step)
             rows = self.query[t0 * TILE : t1 * TILE].long()
@@ -482,22 +491,22 @@ def _chunks(geo: _Geometry, cc: int | None, lo: int = 0, hi: int | None = None):
     compressed scores each (``cc`` compressed blocks), or with ``cc`` None ~PIECES rows (the
     pieces' calls)."""
     hi = geo.m if hi is None else hi
-    per = PIECES if cc is None else CHUNK // max(1, cc)
+    per = geo.pieces if cc is None else geo.chunk // max(1, cc)
     per = max(1, per // geo.lb) * geo.lb
     for a in range(lo, hi, per):
         yield a, min(hi, a + per)
 
 
-def _forward_group(items, geo: _Geometry, scale: float, span: int = SPAN) -> None:
+def _forward_group(items, geo: _Geometry, scale: float) -> None:
     """The heads of one selection group (NSA eq. 10: their block importances summed), each
     an (x, keys, values, kc, vc, gates, out, lse, chosen): writes the context ``out``
     (M, d_v), ``lse`` (3, M) and, where not None, ``chosen`` (M, n') (−1 where unavailable).
 
-    Runs over spans of ``span`` query rows (SPAN; INFERENCE_SPAN without autograd), each to
+    Runs over spans of ``geo.span`` query rows (SPAN, or fewer for a lean call), each to
     its end (compressed branch and selection, pieces, gathered tiles), so that what a span
     holds (the selected branch's running merge, the chosen blocks, the sorted pairs) grows
     with the span, not with M."""
-    span = max(1, span // geo.lb) * geo.lb
+    span = max(1, geo.span // geo.lb) * geo.lb
     for lo in range(0, geo.m, span):
         _forward_span(items, geo, scale, lo, min(geo.m, lo + span))
 
@@ -703,7 +712,7 @@ def nsa_blocks(
         )
     if not record:
         count, m, _ = q.shape
-        geo = _Geometry(m, k.shape[1], q_offset, sz)
+        geo = _Geometry(m, k.shape[1], q_offset, sz, lean=True)
         out = q.new_empty(count, m, v.shape[-1]) if out is None else out
         lse = q.new_empty(3, m)
         for c in range(0, count, sz.group):
@@ -711,6 +720,6 @@ def nsa_blocks(
                 (q[i], k[i], v[i], kc[i], vc[i], gates[i], out[i], lse, None)
                 for i in range(c, c + sz.group)
             ]
-            _forward_group(items, geo, scale, INFERENCE_SPAN)
+            _forward_group(items, geo, scale)
         return out
     return _NSABlocks.apply(q, k, v, kc, vc, gates, q_offset, sz, scale)
