@@ -241,21 +241,22 @@ def test_direct_steps_aside_where_selection_could_choose_otherwise():
     assert sdpa.direct(q, k, v_bad, score, al.Softmax(), mask=full) is None
 
 
-@pytest.mark.parametrize("m", [3, 80])
+@pytest.mark.parametrize("m", [3, 520])
 def test_a_value_view_whose_rows_lie_apart_gives_the_contiguous_result_and_gradients(m):
     """v as the value part of one packed projection (rows 3·d_v apart): SDPA is handed packed
-    rows from 64 queries on; output and gradients equal those of a contiguous copy."""
+    rows from 512 queries on; output and gradients equal those of a contiguous copy."""
     g = torch.Generator().manual_seed(3)
     q = torch.randn(2, 2, m, 8, dtype=torch.float64, generator=g)
-    k = torch.randn(2, 2, 90, 8, dtype=torch.float64, generator=g)
-    packed = torch.randn(2, 90, 2, 3 * 6, dtype=torch.float64, generator=g, requires_grad=True)
-    v = packed[..., 12:].transpose(1, 2)  # (2, 2, 90, 6), rows 36 floats apart
+    n = m + 10
+    k = torch.randn(2, 2, n, 8, dtype=torch.float64, generator=g)
+    packed = torch.randn(2, n, 2, 3 * 6, dtype=torch.float64, generator=g, requires_grad=True)
+    v = packed[..., 12:].transpose(1, 2)  # (2, 2, n, 6), rows 36 floats apart
     assert v.stride(-2) != v.shape[-1]
     score, align = sc.ScaledDot(), al.Softmax()
-    got = sdpa.attend(q, k, v, score, align, mask=masks_causal(m, 90)).context
+    got = sdpa.attend(q, k, v, score, align, mask=masks_causal(m, n)).context
     (got * torch.arange(6.0, dtype=torch.float64)).sum().backward()
     v_ref = v.detach().contiguous().requires_grad_()
-    want = dense.attend(q, k, v_ref, score, align, mask=masks_causal(m, 90)).context
+    want = dense.attend(q, k, v_ref, score, align, mask=masks_causal(m, n)).context
     (want * torch.arange(6.0, dtype=torch.float64)).sum().backward()
     torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(packed.grad[..., 12:].transpose(1, 2), v_ref.grad)
