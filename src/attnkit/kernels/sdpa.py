@@ -95,8 +95,10 @@ def attend(
         qp = qp.expand(*lead, *qp.shape[-2:])
         kp = kp.expand(*lead, *kp.shape[-2:])
         v = v.expand(*lead, *v.shape[-2:])
-    v = _packed_rows(v, qp.shape[-2])
-    qp, kp, v, d_v = _one_head_size(qp, kp, v)
+    d_v = v.shape[-1]
+    if qp.shape[-2] >= 64 and v.device.type == "cpu":  # (long calls only: no frame otherwise)
+        v = _packed_rows(v, qp.shape[-2])
+        qp, kp, v, d_v = _one_head_size(qp, kp, v)
     if bias is None and _is_causal(mask, qp.shape[-2], kp.shape[-2]):
         # SDPA's own causal mode skips the tiles above the diagonal (a boolean mask makes it
         # evaluate every tile); every row keeps its diagonal key, so no row is empty
