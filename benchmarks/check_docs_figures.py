@@ -890,6 +890,7 @@ def quoted_value(rows: list[dict[str, str]], column: str, where: dict[str, str],
 
 
 PEERS_2026_11_28 = "Peer figures corrected"
+TRAINABLE_SPARSE_EVENING = "NSA, DSA and the layers, evening"
 PEER_TIME = ("time ratio", {}, "max")
 QUOTES: tuple[Quote, ...] = (
     Quote(
@@ -916,6 +917,26 @@ QUOTES: tuple[Quote, ...] = (
             table=2,
         )
         for p in (1, 2, 4)
+    ),
+    Quote(
+        "trainable-sparse-nsa-memory",
+        Site("docs/trainable_sparse.md", "16384 its forward + backward holds {fb}x SDPA's peak memory, its forward {f}x"),
+        TRAINABLE_SPARSE_EVENING,
+        {"fb": ("NSA / SDPA", {"N": "16384", "step": "forward+backward"}, "all"),
+         "f": ("NSA / SDPA", {"N": "16384", "step": "forward"}, "all")},
+        table=2,
+    ),
+    Quote(
+        "trainable-sparse-dsa-time",
+        Site("docs/trainable_sparse.md", "forward measures {f8_lo}-{f8_hi}x at 8192 and {f16}x at 16384, forward + backward {b8_lo}-{b8_hi}x and\n{b16}x"),
+        TRAINABLE_SPARSE_EVENING,
+        {"f8_lo": ("DSA / SDPA", {"N": "8192", "step": "forward"}, "min"),
+         "f8_hi": ("DSA / SDPA", {"N": "8192", "step": "forward"}, "max"),
+         "f16": ("DSA / SDPA", {"N": "16384", "step": "forward"}, "all"),
+         "b8_lo": ("DSA / SDPA", {"N": "8192", "step": "forward+backward"}, "min"),
+         "b8_hi": ("DSA / SDPA", {"N": "8192", "step": "forward+backward"}, "max"),
+         "b16": ("DSA / SDPA", {"N": "16384", "step": "forward+backward"}, "all")},
+        table=3,
     ),
 )  # fmt: skip
 
