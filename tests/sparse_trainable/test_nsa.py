@@ -216,7 +216,7 @@ def test_refusals_name_the_argument():
     q = torch.randn(1, 2, 5, 4)
     with pytest.raises(ValueError, match="does not declare accepts_bias"):
         module(q, q, q, bias=torch.zeros(5, 5))
-    with pytest.raises(ValueError, match="takes no bias .*accepts_bias"):
+    with pytest.raises(ValueError, match=r"takes no bias .*accepts_bias"):
         module.branches(q, q, q, bias=torch.zeros(5, 5))
     with pytest.raises(ValueError, match="head_dim=4"):
         module(torch.randn(1, 2, 5, 3), torch.randn(1, 2, 5, 3), q[..., :3])
