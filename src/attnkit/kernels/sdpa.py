@@ -95,17 +95,17 @@ def attend(
         qp = qp.expand(*lead, *qp.shape[-2:])
         kp = kp.expand(*lead, *kp.shape[-2:])
         v = v.expand(*lead, *v.shape[-2:])
-    d_v = v.shape[-1]
+    padded = None  # the values' own size where zero features were added (_one_head_size)
     if qp.shape[-2] >= 64 and v.device.type == "cpu":  # (long calls only: no frame otherwise)
         v = _packed_rows(v, qp.shape[-2])
-        qp, kp, v, d_v = _one_head_size(qp, kp, v)
+        qp, kp, v, padded = _one_head_size(qp, kp, v)
     if bias is None and _is_causal(mask, qp.shape[-2], kp.shape[-2]):
         # SDPA's own causal mode skips the tiles above the diagonal (a boolean mask makes it
         # evaluate every tile); every row keeps its diagonal key, so no row is empty
         context = F.scaled_dot_product_attention(
             qp, kp, v, dropout_p=dropout, scale=scale, is_causal=True, **gqa
         )
-        return AttentionOutput(context[..., :d_v])
+        return AttentionOutput(context if padded is None else context[..., :padded])
     attn_mask: Tensor | None = mask
     if bias is not None:
         attn_mask = bias if inv_t == 1.0 else bias * inv_t
@@ -113,7 +113,9 @@ def attend(
             attn_mask = torch.where(mask, attn_mask, float("-inf"))
     context = F.scaled_dot_product_attention(
         qp, kp, v, attn_mask=attn_mask, dropout_p=dropout, scale=scale, **gqa
-    )[..., :d_v]
+    )
+    if padded is not None:
+        context = context[..., :padded]
     if mask is not None:
         # SDPA gives NaN for a row with no key; attnkit gives 0 (DESIGN 2).
         any_key = mask.any(dim=-1, keepdim=True)
@@ -121,9 +123,10 @@ def attend(
     return AttentionOutput(context)
 
 
-def _one_head_size(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor, int]:
-    """q, k, v with one size per head, and the values' own size d_v, on the CPU where
-    d_v ≠ d and there are at least 64 queries: the smaller side padded with zero features.
+def _one_head_size(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor, int | None]:
+    """q, k, v with one size per head, and the values' own size d_v where features were added
+    (None where not), on the CPU where d_v ≠ d and there are at least 64 queries: the smaller
+    side padded with zero features.
     SDPA's CPU kernels run the fused (flash) kernel only on one head size, and otherwise
     the math path, which makes the whole (M, N) weights: zero features of q and k add 0 to
     every dot product, zero features of v give output columns that are cut off, so the
@@ -131,7 +134,7 @@ def _one_head_size(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Ten
     4 heads, d = 48, d_v = 32, causal)."""
     d, d_v = k.shape[-1], v.shape[-1]
     if d == d_v or q.shape[-2] < 64 or v.device.type != "cpu":
-        return q, k, v, d_v
+        return q, k, v, None
     if d_v < d:
         return q, k, F.pad(v, (0, d - d_v)), d_v
     return F.pad(q, (0, d_v - d)), F.pad(k, (0, d_v - d)), v, d_v
