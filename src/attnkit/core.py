@@ -224,7 +224,9 @@ class Attention(HeadAttention):
         if hooks.listening():
             return None
         check_for_score(q, k, v, self.score)  # (what the layer cannot know)
-        kernel = kernels.get(self.kernel or kernels.REGISTRY.first())
+        kernel = kernels.REGISTRY.chosen(self.kernel)
+        if kernel is None:
+            return None
         dropout = self.dropout if self.training else 0.0
         return kernel.direct(
             q, k, v, self.score, self.align, mask=mask, bias=bias, dropout=dropout,

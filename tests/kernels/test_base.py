@@ -95,6 +95,25 @@ def test_kernels_live_in_the_shared_registry():
         kernels.REGISTRY.get("dnse")
 
 
+def test_the_chosen_kernel_follows_the_table(sandbox):
+    """REGISTRY.chosen(None) is the instance of the kernel selection tries first, chosen(name)
+    the named one; both are looked up again once the table changes (a kernel registered with a
+    higher priority takes over), and an unknown name fails as get does."""
+    first = kernels.REGISTRY.available()[0]
+    assert kernels.REGISTRY.chosen(None) is kernels.get(first)
+    assert kernels.REGISTRY.chosen("dense") is kernels.get("dense")
+
+    class Eager(dense.Dense):
+        name = "eager_first"
+        priority = 10_000
+
+    kernels.register(Eager)
+    assert isinstance(kernels.REGISTRY.chosen(None), Eager)
+    assert kernels.REGISTRY.chosen("dense") is kernels.get("dense")
+    with pytest.raises(ValueError, match=r"unknown kernel 'flash'"):
+        kernels.REGISTRY.chosen("flash")
+
+
 def test_registering_twice(sandbox):
     kernels.register(kernels.get("dense"))  # the same definition again: silent
     kernels.register(dense.Dense)

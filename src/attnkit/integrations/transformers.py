@@ -227,10 +227,10 @@ def _attention_function(
         want = bool(kwargs.get("output_attentions", False)) or hooks.listening()
         p = dropout if module.training else 0.0
         out = None
-        name = kernel or kernels.REGISTRY.first()
-        if direct and as_swapped and not want and softcap is None and sinks is None and name:
+        chosen = kernels.REGISTRY.chosen(kernel)
+        if direct and as_swapped and not want and softcap is None and sinks is None and chosen:
             check_for_score(query, key, value, layer_score)  # (what the door cannot know)
-            out = kernels.get(name).direct(
+            out = chosen.direct(
                 query,
                 key,
                 value,

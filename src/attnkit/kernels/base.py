@@ -408,6 +408,7 @@ class KernelRegistry(Registry[Kernel]):
         # kernel, a layer's plan) is known to be current
         self.generation = 0
         self._first: tuple[int, str | None] = (-1, None)
+        self._chosen: tuple[int, dict[str | None, Kernel]] = (-1, {})
 
     def register(self, name: str, *, override: bool = False) -> Callable[[type[K]], type[K]]:
         decorate = super().register(name, override=override)
@@ -436,6 +437,22 @@ class KernelRegistry(Registry[Kernel]):
             name = names[0] if names else None
             self._first = (self.generation, name)
         return name
+
+    def chosen(self, name: str | None) -> Kernel | None:
+        """The instance of the kernel ``name`` or, for None, of the one automatic selection
+        tries first (None when none is registered), kept until the table changes: what a
+        per-call entry such as a layer's direct route looks up at every call."""
+        generation, kept = self._chosen
+        if generation != self.generation:
+            kept = {}
+            self._chosen = (self.generation, kept)
+        kernel = kept.get(name)
+        if kernel is None:
+            resolved = name if name is not None else self.first()
+            if resolved is None:
+                return None
+            kernel = kept[name] = get(resolved)
+        return kernel
 
     def instance(self, name: str) -> Kernel:
         """The instance of the kernel class registered as ``name``."""
