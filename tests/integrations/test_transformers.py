@@ -21,6 +21,7 @@ from transformers import (
     ViTConfig,
     ViTModel,
 )
+from transformers_gpt2 import TIGHT, gpt2_eager, ids_and_padding
 
 import attnkit as ak
 from attnkit.integrations.transformers import swap_attention
@@ -326,34 +327,6 @@ def test_an_encoder_without_is_causal_stays_bidirectional_and_a_decoder_stays_ca
 
 # The per-call route: the kernels' direct entry, as a layer's plan takes it.
 
-TIGHT = {"atol": 1e-12, "rtol": 1e-12}
-
-
-def _gpt2_eager(**extra):
-    torch.manual_seed(0)
-    config = GPT2Config(
-        vocab_size=50,
-        n_positions=32,
-        n_embd=16,
-        n_layer=2,
-        n_head=4,
-        resid_pdrop=0.0,
-        embd_pdrop=0.0,
-        attn_pdrop=0.0,
-        attn_implementation="eager",
-        **extra,
-    )
-    return GPT2LMHeadModel(config).double().eval()
-
-
-def _ids_and_padding():
-    g = torch.Generator().manual_seed(3)
-    ids = torch.randint(0, 50, (3, 10), generator=g)
-    mask = torch.ones(3, 10, dtype=torch.long)
-    mask[1, 7:] = 0
-    mask[2, 4:] = 0
-    return ids, mask
-
 
 def _no_general_path(monkeypatch):
     """Make attnkit.attention (the validated general call) fail, so that a call that still
@@ -382,8 +355,8 @@ def _seen_by_sdpa(monkeypatch) -> list[dict]:
 
 
 def test_the_swapped_model_takes_the_direct_entry_and_is_exact(monkeypatch):
-    model = _gpt2_eager()
-    ids, mask = _ids_and_padding()
+    model = gpt2_eager()
+    ids, mask = ids_and_padding()
     keep = mask.bool()
     ref = model(ids, attention_mask=mask).logits
     ref_plain = model(ids).logits
@@ -399,8 +372,8 @@ def test_the_swapped_model_takes_the_direct_entry_and_is_exact(monkeypatch):
 
 def test_per_layer_scaling_is_the_models(monkeypatch):
     # GPT-2 can divide each layer's scores by its index + 1: a scale per layer.
-    model = _gpt2_eager(scale_attn_by_inverse_layer_idx=True)
-    ids, _ = _ids_and_padding()
+    model = gpt2_eager(scale_attn_by_inverse_layer_idx=True)
+    ids, _ = ids_and_padding()
     ref = model(ids).logits
     swap_attention(model)
     _no_general_path(monkeypatch)
@@ -412,8 +385,8 @@ def test_each_mask_route_is_exact(monkeypatch, side):
     # No padding: the exactly causal mask runs in SDPA's causal mode. Right padding leaves every
     # query row a key: the model's additive mask goes to SDPA as it is. Left padding gives the
     # padded rows none: the boolean mask, and those rows are 0.
-    model = _gpt2_eager()
-    ids, mask = _ids_and_padding()
+    model = gpt2_eager()
+    ids, mask = ids_and_padding()
     if side == "none":
         mask = torch.ones_like(mask)
     elif side == "left":
@@ -451,7 +424,7 @@ def test_grouped_query_heads_reach_sdpa_ungrouped_and_stay_exact(monkeypatch):
         attn_implementation="sdpa",  # (Llama's eager attention takes its softmax in float32)
     )
     model = LlamaForCausalLM(config).double().eval()
-    ids, mask = _ids_and_padding()
+    ids, mask = ids_and_padding()
     keep = mask.bool()
     ref = model(ids, attention_mask=mask).logits
     ref_tokens = model.generate(ids[:1], max_new_tokens=5, do_sample=False, pad_token_id=0)
@@ -470,8 +443,8 @@ def test_a_call_the_direct_entry_leaves_goes_through_attnkit_attention(monkeypat
     # sparsemax is no softmax: the direct entry declines and the general call evaluates it.
     import attnkit.integrations.transformers as tf
 
-    model = _gpt2_eager()
-    ids, mask = _ids_and_padding()
+    model = gpt2_eager()
+    ids, mask = ids_and_padding()
     swap_attention(model, align="sparsemax")
     calls = []
     real = tf.attention

@@ -8,42 +8,14 @@ from __future__ import annotations
 import pytest
 import torch
 import transformers
-from transformers import GPT2Config, GPT2LMHeadModel
 from transformers import masking_utils as hf_masks
+from transformers_gpt2 import TIGHT, gpt2_eager, ids_and_padding
 
 from attnkit.integrations import transformers_masks as masks
 from attnkit.integrations.transformers import swap_attention
 from attnkit.masks import is_made_causal
 
 transformers.logging.set_verbosity_error()
-
-TIGHT = {"atol": 1e-12, "rtol": 1e-12}
-
-
-def _gpt2(**extra):
-    torch.manual_seed(0)
-    config = GPT2Config(
-        vocab_size=50,
-        n_positions=32,
-        n_embd=16,
-        n_layer=2,
-        n_head=4,
-        resid_pdrop=0.0,
-        embd_pdrop=0.0,
-        attn_pdrop=0.0,
-        attn_implementation="eager",
-        **extra,
-    )
-    return GPT2LMHeadModel(config).double().eval()
-
-
-def _ids_and_padding():
-    g = torch.Generator().manual_seed(3)
-    ids = torch.randint(0, 50, (3, 10), generator=g)
-    mask = torch.ones(3, 10, dtype=torch.long)
-    mask[1, 7:] = 0
-    mask[2, 4:] = 0
-    return ids, mask
 
 
 def _eager(model, ids, **kwargs):
@@ -56,8 +28,8 @@ def _eager(model, ids, **kwargs):
 
 
 def test_each_mask_is_converted_once_per_forward_pass(monkeypatch):
-    model = _gpt2()
-    ids, mask = _ids_and_padding()
+    model = gpt2_eager()
+    ids, mask = ids_and_padding()
     swap_attention(model)
     calls = []
     real = masks._convert
@@ -80,8 +52,8 @@ def _additive(padding: torch.Tensor, n: int) -> torch.Tensor:
 
 
 def test_a_mask_changed_in_place_is_read_again():
-    model = _gpt2()
-    ids, mask = _ids_and_padding()
+    model = gpt2_eager()
+    ids, mask = ids_and_padding()
     additive = _additive(mask, ids.shape[1])
     swap_attention(model)
     model(ids, attention_mask=additive)  # its conversion is now remembered
