@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from attnkit.benchmarking.memory import reset_peak, status
+from attnkit.benchmarking.memory import live_peak
 from attnkit.benchmarking.timing import machine
 from attnkit.sparse_trainable import DeepSeekSparseAttention, NativeSparseAttention
 
@@ -118,11 +118,8 @@ def cell(name: str, n: int, step_name: str, threads: int) -> dict:
     torch.set_num_threads(threads)
     STEPS[step_name](*_case(name, max(64, n // 4)))  # one-time costs
     forward, leaves = _case(name, n)
-    ok = reset_peak()
-    base = status("VmRSS")
-    STEPS[step_name](forward, leaves)
-    peak = status("VmHWM") if ok else None
-    return {"added": None if peak is None or base is None else peak - base}
+    _, added = live_peak(lambda: STEPS[step_name](forward, leaves))
+    return {"added": added}
 
 
 def run_cell(name: str, n: int, step_name: str, threads: int) -> float | None:

@@ -27,7 +27,6 @@ import os
 import statistics
 import subprocess
 import sys
-import time
 
 H, D = 8, 64
 
@@ -57,18 +56,14 @@ def memory_cell(which: str, n: int, grad: bool) -> dict:
     """One cell, in this process: the live peak (MiB) of one call of ``which``."""
     import torch
 
-    from attnkit.benchmarking.memory import reset_peak, status
+    from attnkit.benchmarking.memory import live_peak
 
     torch.set_num_threads(1)
     block = None if which == "dense" else int(which)
     _setup(512, None if block is None else min(block, 256), grad)()  # warm-up: two blocks
     call = _setup(n, block, grad)
-    reset_peak()
-    before = status("VmRSS")
-    out = call()
-    peak = status("VmHWM")
-    del out
-    return {"peak_mib": (peak - before) / 2**20}
+    _, added = live_peak(call)
+    return {"peak_mib": added / 2**20}
 
 
 def memory_table(sizes: list[int], block: int) -> list[str]:
@@ -98,6 +93,8 @@ def memory_table(sizes: list[int], block: int) -> list[str]:
 def time_table(sizes: list[int], block: int, repeats: int) -> list[str]:
     import torch
 
+    from attnkit.benchmarking.timing import interleaved
+
     torch.set_num_threads(1)
     lines = [
         "| N | case | dense bias ms | blocks ms | ratio | max diff | load |",
@@ -108,13 +105,7 @@ def time_table(sizes: list[int], block: int, repeats: int) -> list[str]:
             calls = {"dense": _setup(n, None, grad), "blocks": _setup(n, block, grad)}
             diff = (calls["dense"]() - calls["blocks"]()).abs().max().item()
             load = os.getloadavg()[0]
-            times: dict[str, list[float]] = {k: [] for k in calls}
-            order = list(calls)
-            for r in range(repeats):
-                for k in order[r % 2 :] + order[: r % 2]:
-                    start = time.perf_counter()
-                    calls[k]()
-                    times[k].append(time.perf_counter() - start)
+            times = interleaved(calls, repeats)
             ratio = statistics.median(
                 b / d for b, d in zip(times["blocks"], times["dense"], strict=True)
             )

@@ -67,17 +67,13 @@ def memory_cell(which: str, n: int, window: int) -> dict:
     """One cell, in this process: the live peak (MiB) of one call of ``which``."""
     import torch
 
-    from attnkit.benchmarking.memory import reset_peak, status
+    from attnkit.benchmarking.memory import live_peak
 
     torch.set_num_threads(1)
     _setup(which, 2 * window, window)()  # warm-up at a small size
     call = _setup(which, n, window)
-    reset_peak()
-    before = status("VmRSS")
-    out = call()
-    peak = status("VmHWM")
-    del out
-    return {"peak_mib": (peak - before) / 2**20}
+    _, added = live_peak(call)
+    return {"peak_mib": added / 2**20}
 
 
 def memory_table(sizes: list[int], window: int) -> list[str]:
@@ -105,6 +101,8 @@ def memory_table(sizes: list[int], window: int) -> list[str]:
 def time_table(sizes: list[int], window: int, repeats: int) -> list[str]:
     import torch
 
+    from attnkit.benchmarking.timing import interleaved
+
     torch.set_num_threads(1)
     lines = [
         "| N | dense mask ms | block mask ms | ratio | ratios per round | max diff | load |",
@@ -115,13 +113,7 @@ def time_table(sizes: list[int], window: int, repeats: int) -> list[str]:
         (out_d, grad_d), (out_b, grad_b) = calls["dense"](), calls["block"]()
         diff = max((out_d - out_b).abs().max().item(), (grad_d - grad_b).abs().max().item())
         load = os.getloadavg()[0]
-        times: dict[str, list[float]] = {k: [] for k in calls}
-        order = list(calls)
-        for r in range(repeats):
-            for k in order[r % 2 :] + order[: r % 2]:
-                start = time.perf_counter()
-                calls[k]()
-                times[k].append(time.perf_counter() - start)
+        times = interleaved(calls, repeats)
         ratios = [b / d for b, d in zip(times["block"], times["dense"], strict=True)]
         med = {k: statistics.median(v) * 1e3 for k, v in times.items()}
         lines.append(

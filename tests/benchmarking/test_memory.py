@@ -25,3 +25,27 @@ def test_a_subprocess_started_with_live_env_sees_the_settings():
         [sys.executable, "-c", code], env=live_env(), capture_output=True, text=True, check=True
     )
     assert json.loads(out.stdout) == LIVE_ALLOCATOR
+
+
+def test_live_peak_counts_what_the_call_held_at_its_peak():
+    """A call that holds 64 MiB for a moment and returns 1 MiB: its peak counts the 64 MiB,
+    where the reset is available (the result comes back either way); in a process whose
+    allocator returns freed memory at once, as the memory cells run."""
+    code = (
+        "import json, torch\n"
+        "from attnkit.benchmarking.memory import live_peak, reset_peak\n"
+        "def call():\n"
+        "    big = torch.ones(16 << 20)\n"
+        "    return big[: 1 << 18].clone()\n"
+        "out, added = live_peak(call)\n"
+        "print(json.dumps({'n': out.numel(), 'added': added, 'reset': reset_peak()}))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=live_env(), capture_output=True, text=True, check=True
+    )
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    assert got["n"] == 1 << 18
+    if got["reset"]:
+        assert 60 << 20 <= got["added"] < 100 << 20
+    else:
+        assert got["added"] is None

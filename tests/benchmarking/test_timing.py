@@ -30,3 +30,12 @@ def test_in_subprocess_reports_a_timeout_and_runs_another_module():
     case = {"way": "unmasked", "n": 16, "d": 4}
     result = timing.in_subprocess(case, module="attnkit.benchmarking.sparse")
     assert result["density"] == 1.0 and result["seconds"] > 0
+
+
+def test_interleaved_runs_every_call_each_round_each_first_in_turn():
+    ran: list[str] = []
+    calls = {name: (lambda name=name: ran.append(name)) for name in ("a", "b", "c")}
+    times = timing.interleaved(calls, 4)
+    assert ran == ["a", "b", "c", "b", "c", "a", "c", "a", "b", "a", "b", "c"]
+    assert {k: len(v) for k, v in times.items()} == {"a": 4, "b": 4, "c": 4}
+    assert all(t >= 0 for v in times.values() for t in v)

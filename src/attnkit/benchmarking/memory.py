@@ -19,9 +19,13 @@ from __future__ import annotations
 import ctypes
 import gc
 import os
+from collections.abc import Callable
 from contextlib import suppress
+from typing import TypeVar
 
-__all__ = ["LIVE_ALLOCATOR", "live_env", "reset_peak", "status"]
+__all__ = ["LIVE_ALLOCATOR", "live_env", "live_peak", "reset_peak", "status"]
+
+T = TypeVar("T")
 
 #: glibc settings under which freed memory goes back to the system at once (read by glibc at
 #: process start, so they must be in a new process's environment).
@@ -60,3 +64,15 @@ def reset_peak() -> bool:
     except OSError:
         return False
     return status("VmHWM") is not None
+
+
+def live_peak(call: Callable[[], T]) -> tuple[T, int | None]:
+    """``call()``'s result and the bytes it added to the resident memory at its peak: the
+    high-water mark reset (:func:`reset_peak`), ``VmHWM`` after the call less ``VmRSS`` before
+    it (None where ``/proc`` or the reset is not there). In a process started with
+    :func:`live_env` this is the call's live peak."""
+    ok = reset_peak()
+    before = status("VmRSS")
+    out = call()
+    peak = status("VmHWM") if ok else None
+    return out, None if peak is None or before is None else peak - before

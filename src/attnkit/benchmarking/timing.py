@@ -13,7 +13,14 @@ from collections.abc import Callable
 import torch
 from torch.utils import benchmark
 
-__all__ = ["in_subprocess", "machine", "measure_step", "median_seconds", "peak_rss"]
+__all__ = [
+    "in_subprocess",
+    "interleaved",
+    "machine",
+    "measure_step",
+    "median_seconds",
+    "peak_rss",
+]
 
 
 def median_seconds(fn, *, min_run_time: float = 2.0) -> float:
@@ -21,6 +28,21 @@ def median_seconds(fn, *, min_run_time: float = 2.0) -> float:
     fn()
     timer = benchmark.Timer(stmt="fn()", globals={"fn": fn}, num_threads=torch.get_num_threads())
     return timer.blocked_autorange(min_run_time=min_run_time).median
+
+
+def interleaved(calls: dict[str, Callable[[], object]], repeats: int) -> dict[str, list[float]]:
+    """Wall seconds of each of ``calls`` over ``repeats`` rounds, the calls interleaved and each
+    first in turn (round r starts at the r-th call), so that a drift of the machine's load
+    falls on all of them alike; round r's times are the r-th entries of the lists."""
+    times: dict[str, list[float]] = {k: [] for k in calls}
+    order = list(calls)
+    for r in range(repeats):
+        shift = r % len(order)
+        for k in order[shift:] + order[:shift]:
+            start = time.perf_counter()
+            calls[k]()
+            times[k].append(time.perf_counter() - start)
+    return times
 
 
 def machine() -> str:
