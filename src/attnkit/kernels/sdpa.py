@@ -236,32 +236,8 @@ class SDPA(Kernel):
     def attend(self, call: Call) -> AttentionOutput:
         return attend(*call.parts(), mask=call.mask, bias=call.bias, dropout=call.dropout)
 
-    def direct(
-        self,
-        q,
-        k,
-        v,
-        score,
-        align,
-        *,
-        mask=None,
-        bias=None,
-        dropout=0.0,
-        additive=None,
-        keep_masked=False,
-    ):
-        return direct(
-            q,
-            k,
-            v,
-            score,
-            align,
-            mask=mask,
-            bias=bias,
-            dropout=dropout,
-            additive=additive,
-            keep_masked=keep_masked,
-        )
+    # Kernel.direct: the module's function, which takes no kernel instance
+    direct = staticmethod(direct)
 
 
 register(SDPA())
