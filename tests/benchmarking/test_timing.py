@@ -38,4 +38,3 @@ def test_interleaved_runs_every_call_each_round_each_first_in_turn():
     times = timing.interleaved(calls, 4)
     assert ran == ["a", "b", "c", "b", "c", "a", "c", "a", "b", "a", "b", "c"]
     assert {k: len(v) for k, v in times.items()} == {"a": 4, "b": 4, "c": 4}
-    assert all(t >= 0 for v in times.values() for t in v)
