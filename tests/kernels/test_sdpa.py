@@ -268,7 +268,7 @@ def masks_causal(m: int, n: int) -> torch.Tensor:
 
 
 @pytest.mark.parametrize(("d", "d_v"), [(12, 8), (8, 12)])
-@pytest.mark.parametrize("form", ["causal", "mask_bias", "grouped"])
+@pytest.mark.parametrize("form", ["none", "padding", "causal", "mask_bias", "grouped"])
 def test_values_of_another_size_reach_sdpa_with_one_head_size_and_equal_dense(
     monkeypatch, d, d_v, form
 ):
@@ -288,7 +288,9 @@ def test_values_of_another_size_reach_sdpa_with_one_head_size_and_equal_dense(
     k = torch.randn(2, h_kv, 75, d, dtype=torch.float64, generator=g).requires_grad_()
     v = torch.randn(2, h_kv, 75, d_v, dtype=torch.float64, generator=g).requires_grad_()
     mask = bias = None
-    if form == "causal":
+    if form == "padding":
+        mask = (torch.arange(75) < torch.tensor([75, 40])[:, None])[:, None, None, :]
+    elif form == "causal":
         mask = masks_causal(70, 75)
     elif form == "mask_bias":
         mask = torch.rand(2, 1, 70, 75, generator=g) > 0.3
@@ -308,3 +310,12 @@ def test_values_of_another_size_reach_sdpa_with_one_head_size_and_equal_dense(
         strict=True,
     ):
         torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-9)
+
+
+@pytest.mark.parametrize(("d", "d_v"), [(12, 8), (8, 12)])
+def test_values_of_another_size_with_an_empty_batch(d, d_v):
+    """B = 0 with d_v ≠ d and 70 queries: an empty context of the values' size, as dense."""
+    q, k, v = torch.randn(0, 2, 70, d), torch.randn(0, 2, 75, d), torch.randn(0, 2, 75, d_v)
+    score, align = sc.ScaledDot(), al.Softmax()
+    got = sdpa.attend(q, k, v, score, align, mask=masks_causal(70, 75)).context
+    assert got.shape == dense.attend(q, k, v, score, align).context.shape == (0, 2, 70, d_v)
