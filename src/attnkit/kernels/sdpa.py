@@ -124,16 +124,17 @@ def attend(
 
 
 def _one_head_size(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor, int | None]:
-    """q, k, v with one size per head, and the values' own size d_v where features were added
-    (None where not), on the CPU where d_v ≠ d and there are at least 64 queries: the smaller
-    side padded with zero features.
-    SDPA's CPU kernels run the fused (flash) kernel only on one head size, and otherwise
-    the math path, which makes the whole (M, N) weights: zero features of q and k add 0 to
-    every dot product, zero features of v give output columns that are cut off, so the
-    result is the same, and the fused kernel is 2.4x faster at 1k and 3.6x at 4k (fwd+bwd,
-    4 heads, d = 48, d_v = 32, causal)."""
+    """q, k, v with one size per head where d_v ≠ d, the smaller side padded with zero
+    features, and the values' own size d_v (None where nothing was added); for a call on the
+    CPU of at least 64 queries (:func:`attend` asks only then).
+
+    SDPA's CPU kernels run the fused (flash) kernel only on one head size, and otherwise the
+    math path, which makes the whole (M, N) weights: zero features of q and k add 0 to every
+    dot product, zero features of v give output columns that are cut off, so the result is the
+    same, and the fused kernel is 2.4x faster at 1k and 3.6x at 4k (fwd+bwd, 4 heads, d = 48,
+    d_v = 32, causal)."""
     d, d_v = k.shape[-1], v.shape[-1]
-    if d == d_v or q.shape[-2] < 64 or v.device.type != "cpu":
+    if d == d_v:
         return q, k, v, None
     if d_v < d:
         return q, k, F.pad(v, (0, d - d_v)), d_v
@@ -144,7 +145,8 @@ def _packed_rows(v: Tensor, m: int) -> Tensor:
     """v with its rows packed when it is a view whose rows lie apart (the value part of one
     packed q/k/v projection) and the call is long enough (M ≥ 512 queries) for a copy of v to
     be small beside the attention: SDPA's CPU kernels read and write contiguous rows about 2 %
-    faster (fwd+bwd, 4 × 4096 × 64 causal, rows 512 floats apart)."""
+    faster (fwd+bwd, 4 × 4096 × 64 causal, rows 512 floats apart). For a call on the CPU
+    (:func:`attend` asks only then)."""
     if m < 512 or v.stride(-2) == v.shape[-1] or v.stride(-1) != 1:
         return v
     return v.contiguous()
