@@ -137,7 +137,7 @@ def top_indices(score: Tensor, count: int, *, ordered: bool = True) -> tuple[Ten
         need = count - above.sum(-1, keepdim=True, dtype=torch.int32)
         take = above | (tied & (tied.cumsum(-1, dtype=torch.int32) <= need))
         index = take.nonzero()[:, 1].view(len(tied_rows), count)  # exactly count per row
-        order, values = order.reshape(-1, count).clone(), values.reshape(-1, count).clone()
+        order, values = order.reshape(-1, count), values.reshape(-1, count)  # (topk's own)
         order[tied_rows], values[tied_rows] = index, torch.gather(rows, -1, index)
         order, values = order.view(*lead, count), values.view(*lead, count)
     if not ordered:
