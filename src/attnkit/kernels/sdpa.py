@@ -238,8 +238,8 @@ class SDPA(Kernel):
     def attend(self, call: Call) -> AttentionOutput:
         return attend(*call.parts(), mask=call.mask, bias=call.bias, dropout=call.dropout)
 
-    # Kernel.direct: the module's function, which takes no kernel instance
-    direct = staticmethod(direct)
+    def direct(self, q, k, v, score, align, **options):  # Kernel.direct: the module's
+        return direct(q, k, v, score, align, **options)
 
 
 register(SDPA())
