@@ -223,20 +223,31 @@ def test_later_non_finite_tokens_reach_no_earlier_query_on_the_tiled_path():
     torch.testing.assert_close(planted[..., :5, :], clean[..., :5, :], rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize("fused", [True, False])
 @pytest.mark.parametrize(
     "top_k, group, q_offset, m, mask",
-    [(3, 1, 0, 11, None), (4, 2, 3, 9, "pad"), (20, 1, 0, 9, None), (2, 1, 5, 7, "rows")],
+    [
+        (3, 1, 0, 11, None),
+        (4, 2, 3, 9, "pad"),
+        (20, 1, 0, 9, None),
+        (2, 1, 5, 7, "rows"),
+        (3, 2, 0, 9, "rows"),
+    ],
 )
 def test_inference_selects_and_attends_a_block_at_a_time(
-    monkeypatch, top_k, group, q_offset, m, mask
+    monkeypatch, top_k, group, q_offset, m, mask, fused
 ):
     """Without autograd each block of queries is attended as soon as it is selected (small
-    blocks here: several); the output equals the path that selects every query first (with
+    blocks here: several; on the CPU the fused kernel under a mask made from the scores, else
+    the selected keys' tiles); the output equals the path that selects every query first (with
     autograd, checked against the loop above) and the float64 loop itself."""
-    from attnkit.sparse_trainable import _gathered, dsa
+    from attnkit.sparse_trainable import _gathered, _selected, dsa
 
     monkeypatch.setattr(_gathered, "BLOCK_ELEMENTS", 40)
+    monkeypatch.setattr(_selected, "MASK", 30)  # chunks of a few rows
     monkeypatch.setattr(dsa, "ATTEND_ELEMENTS", 3 * 4 * top_k)  # runs of a few blocks
+    if not fused:
+        monkeypatch.setattr(dsa, "fused_applies", lambda q, v: False)
     torch.manual_seed(1)
     part = DeepSeekSparseAttention(4, top_k=top_k, indexer_heads=2, indexer_dim=3)
     part = part.double()

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from attnkit.sparse_trainable._select import all_finite, top_indices, top_indices_packed
+from attnkit.sparse_trainable._select import all_finite, top_indices, top_indices_packed, top_mask
 
 
 @pytest.mark.parametrize("count", [1, 3, 7, 12, 20])
@@ -114,3 +114,59 @@ def test_all_finite_agrees_with_isfinite():
         assert not all_finite(x, y)
         assert not all_finite(y.flatten())
     assert all_finite(torch.zeros(0, 4))
+
+
+def _stable_top_set(score, count):
+    """The available entries of the first ``count`` of a stable descending sort (ties by index,
+    NaN as −inf, −inf not available), as a bool (R, K)."""
+    clean = torch.where(score.isnan(), float("-inf"), score)
+    order = torch.sort(clean, dim=-1, descending=True, stable=True).indices[:, :count]
+    chosen = torch.zeros(score.shape, dtype=torch.bool).scatter_(1, order, True)
+    return chosen & (clean > float("-inf"))
+
+
+def _random_rows(kind, dtype, seed):
+    g = torch.Generator().manual_seed(seed)
+    if kind == "distinct":
+        score = torch.randn(40, 37, generator=g, dtype=dtype)
+    elif kind == "ties":  # a coarse grid: ties at the border in most rows
+        score = torch.randint(-2, 3, (40, 37), generator=g).to(dtype) * 0.5
+    elif kind == "equal":
+        score = torch.full((40, 37), 1.25, dtype=dtype)
+    else:  # ties, ±inf, NaN and −0
+        score = torch.randint(-2, 3, (40, 37), generator=g).to(dtype)
+        r = torch.rand(40, 37, generator=g)
+        score[r < 0.15] = float("inf")
+        score[(r >= 0.15) & (r < 0.35)] = float("-inf")
+        score[(r >= 0.35) & (r < 0.45)] = float("nan")
+        score[(r >= 0.45) & (r < 0.5)] = -0.0
+        score[3] = float("-inf")  # a row with nothing available
+        score[4] = float("nan")
+    return score
+
+
+@pytest.mark.parametrize("kind", ["distinct", "ties", "equal", "special"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("count", [0, 1, 5, 18, 36, 37, 50])
+def test_top_mask_marks_the_set_a_stable_sort_puts_first(kind, dtype, count):
+    """Random rows, rows with many ties, all-equal rows, ±inf, NaN, −0, count ≥ the row's
+    length: 0 exactly at the available entries of the first ``count`` of a stable descending
+    sort, −inf elsewhere; the same set as :func:`top_indices`; ``has`` where a row has one."""
+    score = _random_rows(kind, dtype, seed=count)
+    want = _stable_top_set(score, count)
+    index, available = top_indices(score, count)
+    from_indices = torch.zeros(score.shape, dtype=torch.bool)
+    from_indices[torch.arange(40)[:, None].expand_as(index)[available], index[available]] = True
+    assert torch.equal(from_indices, want)
+    mask, has = top_mask(score.clone(), count)
+    assert mask.dtype == dtype and mask.shape == score.shape
+    assert torch.equal(mask == 0, want)
+    assert bool((mask[~want] == float("-inf")).all())
+    assert torch.equal(has, want.any(-1))
+
+
+def test_top_mask_writes_over_the_scores():
+    score = torch.randn(3, 10)
+    mask, _ = top_mask(score, 4)
+    assert mask.data_ptr() == score.data_ptr()
+    assert torch.equal((mask == 0).sum(-1), torch.full((3,), 4))

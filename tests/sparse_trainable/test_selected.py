@@ -26,7 +26,7 @@ def test_selected_softmax_matches_the_gather(monkeypatch, pairs, block, tile, q_
     monkeypatch.setattr(_selected, "TILE", tile)
     monkeypatch.setattr(_selected, "MASK", 3 * pairs)
     if not fused:
-        monkeypatch.setattr(_selected, "_fused_applies", lambda q: False)
+        monkeypatch.setattr(_selected, "fused_applies", lambda q, v: False)
     g = torch.Generator().manual_seed(pairs)
     count, m, d, t = 3, 9, 4, 5
     n = m + q_offset

@@ -20,6 +20,7 @@ __all__ = [
     "sanitize",
     "top_indices",
     "top_indices_packed",
+    "top_mask",
 ]
 
 
@@ -178,3 +179,47 @@ def top_indices_packed(score: Tensor, count: int) -> tuple[Tensor, Tensor]:
     lowest = torch.tensor(-inf).view(torch.int32)  # −inf's key: 0xFF800000 made monotone
     lowest = int(lowest ^ (lowest >> 31 & 0x7FFFFFFF))
     return index, top.bitwise_right_shift_(32) > lowest
+
+
+def top_mask(score: Tensor, count: int) -> tuple[Tensor, Tensor]:
+    """The entries :func:`top_indices` marks available, as an additive mask written over
+    ``score`` (R, K) itself: 0 at the ``count`` highest entries of each row that are above −inf
+    (ties in index order, NaN as −inf), −inf elsewhere; and whether each row has one (R,).
+
+    One ``torch.topk`` of count + 1 entries: its lowest value v is the (count + 1)-th highest,
+    so where v occurs once among them the set is every entry above v (no tie crosses the
+    border, and no pass over the row is needed to find out); rows where v occurs more than
+    once (and is above −inf) take every entry above it and the first ones at it. The mask is
+    the row filled with −inf and the set scattered in.
+
+    Returns:
+        (the mask, ``score``'s own storage, has (R,) bool).
+    """
+    inf = float("inf")
+    rows, k = score.shape
+    if count >= k or rows == 0:  # every entry above −inf (NaN is not)
+        keep = score > -inf
+        return score.zero_().masked_fill_(~keep, -inf), keep.any(-1)
+    values, order = torch.topk(score, count + 1, dim=-1, sorted=False)
+    low = values.amin(-1, keepdim=True)
+    if bool(low.isnan().any()):  # topk ranks NaN highest: a row with one chose it
+        score.nan_to_num_(nan=-inf, posinf=inf, neginf=-inf)
+        values, order = torch.topk(score, count + 1, dim=-1, sorted=False)
+        low = values.amin(-1, keepdim=True)
+    inside = values > low
+    # fewer than count above the lowest: it occurs more than once (a tie crosses the border)
+    reach = inside.sum(-1, dtype=torch.int32)
+    tied_rows = ((reach < count) & (low[:, 0] > -inf)).nonzero()[:, 0]
+    if len(tied_rows):  # every entry above the bar and the first ones at it
+        x, bar = score[tied_rows], low[tied_rows]
+        above = x > bar
+        tied = x == bar
+        need = count - above.sum(-1, keepdim=True, dtype=torch.int32)
+        take = above | (tied & (tied.cumsum(-1, dtype=torch.int32) <= need))
+    src = torch.where(inside, 0.0, -inf).to(score.dtype)
+    mask = score.fill_(-inf).scatter_(1, order, src)
+    has = reach > 0
+    if len(tied_rows):
+        mask[tied_rows] = torch.zeros_like(x).masked_fill_(~take, -inf)
+        has[tied_rows] = True
+    return mask, has

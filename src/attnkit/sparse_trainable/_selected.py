@@ -19,7 +19,7 @@ from torch import Tensor
 
 from attnkit.sparse_trainable._pairs import tile_backward, tile_forward, tile_weights, tiles
 
-__all__ = ["selected_softmax"]
+__all__ = ["fused_applies", "fused_chunks", "masked_softmax", "selected_softmax"]
 
 #: (query, key block) pairs per chunk
 PAIRS = 1 << 14
@@ -119,16 +119,30 @@ FLASH_BACKWARD = getattr(
 MASK = 1 << 20
 
 
-def _fused_applies(q: Tensor) -> bool:
+def fused_applies(q: Tensor, v: Tensor) -> bool:
+    """Whether PyTorch's fused CPU kernel takes q and v (CPU, float32/64, d_v = d)."""
     return (
         FLASH is not None
         and FLASH_BACKWARD is not None
         and q.device.type == "cpu"
         and q.dtype in (torch.float32, torch.float64)
+        and q.shape[-1] == v.shape[-1]
     )
 
 
-def _fused_chunks(m: int, n: int, q_offset: int):
+def masked_softmax(
+    q: Tensor, k: Tensor, v: Tensor, mask: Tensor, has: Tensor, scale: float
+) -> Tensor:
+    """Softmax attention of q (b, d) over k, v (L, d) under an additive ``mask`` (b, L), by the
+    fused CPU kernel, without autograd -> (b, d); 0 for the rows without ``has``."""
+    out = FLASH(
+        q[None, None], k[None, None], v[None, None], 0.0, False,
+        attn_mask=mask[None, None], scale=scale,
+    )[0][0, 0]  # fmt: skip
+    return out.masked_fill_(~has[:, None], 0.0)
+
+
+def fused_chunks(m: int, n: int, q_offset: int):
     """Rows [a, b) and the keys [0, end) they may read, ~MASK mask entries each."""
     step = max(1, MASK // max(1, min(n, q_offset + m)))
     for a in range(0, m, step):
@@ -158,7 +172,7 @@ class _FusedSelected(torch.autograd.Function):
         lse = q.new_zeros(count, m)
         weights = q.new_zeros(keys.shape) if want_weights else None
         for c in range(count):
-            for a, b, end in _fused_chunks(m, n, q_offset):
+            for a, b, end in fused_chunks(m, n, q_offset):
                 mask = _selection_mask(keys[c, a:b], ok[c, a:b], end, q)
                 qc, kc, vc = q[c, a:b], k[c, :end], v[c, :end]
                 o, s = FLASH(
@@ -186,7 +200,7 @@ class _FusedSelected(torch.autograd.Function):
         dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
         grad = grad.contiguous()
         for c in range(count):
-            for a, b, end in _fused_chunks(m, n, ctx.q_offset):
+            for a, b, end in fused_chunks(m, n, ctx.q_offset):
                 mask = _selection_mask(keys[c, a:b], ok[c, a:b], end, q)
                 args = (grad[c, a:b], q[c, a:b], k[c, :end], v[c, :end], out[c, a:b])
                 gq, gk, gv = FLASH_BACKWARD(
@@ -224,6 +238,6 @@ def selected_softmax(
         to q, k, v; the weights or None.
     """
     q, k, v = (x.contiguous() for x in (q, k, v))
-    if _fused_applies(q) and q.shape[-1] == v.shape[-1]:  # (the fused kernel takes d_v = d)
+    if fused_applies(q, v):
         return _FusedSelected.apply(q, k, v, keys, ok, q_offset, scale, want_weights)
     return _SelectedSoftmax.apply(q, k, v, keys, ok, q_offset, scale, want_weights)

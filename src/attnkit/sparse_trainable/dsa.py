@@ -43,6 +43,7 @@ h_t, which a per-head part never sees). Selection is shared by consecutive group
 
 from __future__ import annotations
 
+import itertools
 import math
 from typing import ClassVar
 
@@ -70,8 +71,14 @@ from attnkit.sparse_trainable._select import (
     row_mask,
     sanitize,
     top_indices,
+    top_mask,
 )
-from attnkit.sparse_trainable._selected import selected_softmax
+from attnkit.sparse_trainable._selected import (
+    fused_applies,
+    fused_chunks,
+    masked_softmax,
+    selected_softmax,
+)
 
 __all__ = ["DeepSeekSparseAttention", "LightningIndexer", "indexer_loss"]
 
@@ -119,6 +126,21 @@ class LightningIndexer(nn.Module):
 
     def forward(self, q: Tensor, k: Tensor) -> Tensor:
         return self.scores(*self.project(q, k))
+
+
+def _head_scores(qi: Tensor, wi: Tensor, ki: Tensor, out: Tensor | None = None) -> Tensor:
+    """Eq. 1 for one head's block of queries: q^I (H^I, b, d^I) and w^I (H^I, b, 1) head-major,
+    k^I (L, d^I) -> (b, L), or added to ``out``. One matmul for the (H^I·b, L) dot products,
+    each head's (b, L) slab then made ReLU and weighted in place (faster than a batched
+    (1, H^I) @ (H^I, L) per query)."""
+    h, b = qi.shape[:2]
+    dots = torch.relu_(qi.reshape(h * b, -1) @ ki.transpose(0, 1)).view(h, b, -1)
+    first = 0
+    if out is None:
+        out, first = dots[0].mul_(wi[0]), 1
+    for j in range(first, h):
+        out.addcmul_(dots[j], wi[j])
+    return out
 
 
 def indexer_loss(index_scores: Tensor, main_weights: Tensor, available: Tensor) -> Tensor:
@@ -266,9 +288,14 @@ class DeepSeekSparseAttention(HeadAttention):
         )
         count = lead.numel()
         scale = 1.0 / math.sqrt(self.head_dim) / align.fixed_temperature if fast else 0.0
+        if fast and not torch.is_grad_enabled() and fused_applies(q, v):
+            # inference on the CPU: each chunk of queries is scored, selected as a mask over its
+            # causal keys and attended at once (no (…, M, k) selection, no index list)
+            context = self._infer(q, k, v, qi, wi, ki, rows, pos, scale)
+            return AttentionOutput(context.view(*lead, m, v.shape[-1]), None)
         if fast and not torch.is_grad_enabled():
-            # inference: each block of queries is attended as soon as it is selected, so that
-            # no (…, M, k) selection is held
+            # inference elsewhere: each block of queries is attended as soon as it is selected,
+            # so that no (…, M, k) selection is held
             flat_k, flat_v = (x.reshape(count, *x.shape[-2:]) for x in (k, v))
             context = q.new_empty(count, m, v.shape[-1])
             # selection blocks gathered into runs of ~ATTEND_ELEMENTS selected keys
@@ -316,6 +343,51 @@ class DeepSeekSparseAttention(HeadAttention):
         if need_weights:
             dense = w.new_zeros(*lead, m, n).scatter_add(-1, keys, w)
         return AttentionOutput(context, dense)
+
+    def _infer(
+        self, q: Tensor, k: Tensor, v: Tensor, qi: Tensor, wi: Tensor, ki: Tensor,
+        rows: Tensor | None, pos: Tensor, scale: float,
+    ) -> Tensor:  # fmt: skip
+        """Eq. 2 without autograd on the CPU -> context (count, M, d_v): per group of heads
+        and chunk of queries, the group's index scores over the chunk's causal keys become
+        the selection's additive mask in place (:func:`top_mask`) and each head of the group
+        attends through PyTorch's fused kernel under it."""
+        lead, m, n = q.shape[:-2], q.shape[-2], k.shape[-2]
+        count, g = lead.numel(), self.group_size
+        t = min(self.top_k, n)
+        q3, k3, v3 = (x.reshape(count, *x.shape[-2:]) for x in (q, k, v))
+        h_i = qi.shape[-2]
+        qi_t = qi.reshape(count, m, h_i, -1).transpose(1, 2)  # (count, H^I, M, d^I)
+        wi_t = wi.reshape(count, m, h_i).transpose(1, 2).unsqueeze(-1)  # (count, H^I, M, 1)
+        ki3 = ki.reshape(count, n, -1)
+        heads = list(itertools.product(*(range(x) for x in lead)))
+        columns = torch.arange(n, device=q.device)
+        context = q.new_empty(count, m, v.shape[-1])
+        q_offset = int(pos[0]) if m else 0
+        for first_head in range(0, count, g):
+            group = range(first_head, first_head + g)
+            for a, b, end in fused_chunks(m, n, q_offset):
+                total = None
+                for c in group:
+                    total = _head_scores(qi_t[c, :, a:b], wi_t[c, :, a:b], ki3[c, :end], total)
+                # keys after a row's position are not available; with a mask, each head's own
+                # (the group's sum then copied for every head but the last)
+                first = 0 if rows is not None else min(end, int(pos[a]) + 1)
+                late = columns[first:end] > pos[a:b, None]
+                for i, c in enumerate(group if rows is not None else group[:1]):
+                    index = total if i == len(group) - 1 or rows is None else total.clone()
+                    banned = late
+                    if rows is not None:
+                        part = rows[heads[c]]
+                        part = part[a:b, :end] if part.shape[0] == m else part[:, :end]
+                        banned = late | ~part
+                    index[:, first:].masked_fill_(banned, float("-inf"))
+                    mask, has = top_mask(index, t)
+                    for h in group if rows is None else (c,):
+                        context[h, a:b] = masked_softmax(
+                            q3[h, a:b], k3[h, :end], v3[h, :end], mask, has, scale
+                        )
+        return context
 
     def _select(
         self, qi: Tensor, wi: Tensor, ki: Tensor, rows: Tensor | None, pos: Tensor
