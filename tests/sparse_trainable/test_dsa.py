@@ -128,21 +128,32 @@ def test_top_k_at_least_n_is_full_causal_attention(top_k):
     torch.testing.assert_close(out, full, atol=1e-12, rtol=1e-10)
 
 
+@pytest.mark.parametrize("fused", [False, True])
 @pytest.mark.parametrize("group_size", [1, 3])
-def test_the_indexer_learns_the_kl_to_the_main_attention_and_nothing_else_changes(group_size):
+def test_the_indexer_learns_the_kl_to_the_main_attention_and_nothing_else_changes(
+    monkeypatch, group_size, fused
+):
     """The indexer's gradient is λ·∂L^I/∂θ with L^I = mean_t KL(p_t ‖ softmax(I_t)) over the
     selected keys, written out here; q, k, v receive exactly the sparse attention's gradient.
-    With a group, I is the group's sum and the three heads (masked differently) select apart."""
+    With a group, I is the group's sum and the three heads (masked differently) select apart.
+    Through the per-query gathers (weights requested) and through the fused kernel (chunks of
+    a few rows; the weights then read from a second call)."""
+    from attnkit.sparse_trainable import _selected
+
+    monkeypatch.setattr(_selected, "MASK", 20)
     torch.manual_seed(0)
     sizes = {"top_k": 4, "indexer_heads": 2, "indexer_dim": 3, "group_size": group_size}
     module = DeepSeekSparseAttention(4, **sizes, indexer_loss_weight=0.5).double()
     q, k, v = (x.requires_grad_() for x in _inputs(b=1, h=3, m=8, n=8))
     mask = (torch.arange(8) < torch.tensor([8, 6, 5])[:, None])[None, :, None, :]  # (1, 3, 1, 8)
-    out = module(q, k, v, mask=mask, need_weights=True)
+    out = module(q, k, v, mask=mask, need_weights=not fused)
     (out.context * 0).sum().backward()  # no gradient from the output: only the indexer's loss
     got = [p.grad.clone() for p in module.indexer.parameters()]
     assert all(g.abs().sum() > 0 for g in got)
     assert not q.grad.any() and not k.grad.any() and not v.grad.any()
+    if fused:
+        with torch.no_grad():
+            out = module(q, k, v, mask=mask, need_weights=True)
 
     w = out.weights.detach()  # (1, 3, 8, 8) dense main weights, 0 off the selection
     assert (w[0, 0] > 0).ne(w[0, 1] > 0).any() and (w[0, 1] > 0).ne(w[0, 2] > 0).any()
@@ -241,9 +252,9 @@ def test_inference_selects_and_attends_a_block_at_a_time(
     blocks here: several; on the CPU the fused kernel under a mask made from the scores, else
     the selected keys' tiles); the output equals the path that selects every query first (with
     autograd, checked against the loop above) and the float64 loop itself."""
-    from attnkit.sparse_trainable import _gathered, _selected, dsa
+    from attnkit.sparse_trainable import _selected, dsa
 
-    monkeypatch.setattr(_gathered, "BLOCK_ELEMENTS", 40)
+    monkeypatch.setattr(dsa, "INDEX_ELEMENTS", 40 * 4)
     monkeypatch.setattr(_selected, "MASK", 30)  # chunks of a few rows
     monkeypatch.setattr(dsa, "ATTEND_ELEMENTS", 3 * 4 * top_k)  # runs of a few blocks
     if not fused:

@@ -151,12 +151,14 @@ def fused_chunks(m: int, n: int, q_offset: int):
 
 
 def _selection_mask(keys: Tensor, ok: Tensor, end: int, like: Tensor) -> Tensor:
-    """(rows, end) additive mask: 0 at the selected keys, −inf elsewhere."""
-    inf = float("-inf")
-    mask = like.new_full((keys.shape[0], end), inf)
-    src = torch.zeros((), dtype=like.dtype, device=like.device).expand(keys.shape)
-    src = src.masked_fill(~ok, inf)
-    return mask.scatter_reduce_(1, keys.clamp_max(end - 1), src, "amax")
+    """(rows, end) additive mask: 0 at the selected keys, −inf elsewhere; the keys scattered
+    into a row of −inf (a view of a (rows, end + 1) buffer whose last column takes the entries
+    not available, which may name keys past ``end``)."""
+    mask = like.new_full((keys.shape[0], end + 1), float("-inf"))
+    if not bool(ok.all()):
+        keys = torch.where(ok, keys, end)
+    zero = torch.zeros((), dtype=like.dtype, device=like.device).expand(keys.shape)
+    return mask.scatter_(1, keys, zero)[:, :end]
 
 
 class _FusedSelected(torch.autograd.Function):
@@ -184,7 +186,7 @@ class _FusedSelected(torch.autograd.Function):
                 lse[c, a:b] = s[0, 0].masked_fill(~has, 0.0)
                 if want_weights:  # p at the selected keys: exp(e − lse)
                     e = torch.matmul(qc, kc.transpose(0, 1)).mul_(scale)
-                    e = e.gather(-1, keys[c, a:b].clamp_max(end - 1))
+                    e = e.gather(-1, keys[c, a:b].clamp_max(end - 1))  # (not ok: any)
                     p = e.sub_(lse[c, a:b, None]).exp_()
                     weights[c, a:b] = p.masked_fill_(~ok[c, a:b], 0.0)
         ctx.save_for_backward(q, k, v, keys, ok, out, lse)

@@ -58,11 +58,7 @@ from attnkit.head_registry import REGISTRY
 from attnkit.inputs import broadcast_shapes
 from attnkit.mechanisms import example_tensor
 from attnkit.output import AttentionOutput
-from attnkit.sparse_trainable._gathered import (
-    gathered_softmax,
-    query_block,
-    selected_index_scores,
-)
+from attnkit.sparse_trainable._gathered import gathered_softmax
 from attnkit.sparse_trainable._select import (
     all_finite,
     gather_keys,
@@ -85,6 +81,8 @@ __all__ = ["DeepSeekSparseAttention", "LightningIndexer", "indexer_loss"]
 
 #: selected keys (count · rows · k) per fused call of the inference path
 ATTEND_ELEMENTS = 1 << 20
+#: index scores (count · rows · N) per block of the selection
+INDEX_ELEMENTS = 1 << 22
 
 
 @arguments.renamed(heads="num_heads")
@@ -161,18 +159,69 @@ def indexer_loss(index_scores: Tensor, main_weights: Tensor, available: Tensor) 
     return terms.sum(-1).sum() / rows.sum().clamp_min(1)
 
 
+def _indexer_gradient(selected: Tensor, w: Tensor, ok: Tensor, weight: float) -> Tensor:
+    """λ·∂L^I/∂I at the selected keys, (softmax(I) − p)·λ / rows, written over ``selected``
+    (I, −inf where not ``ok``): p and softmax(I) are 0 off ``ok``, rows without a key give 0."""
+    has = ok.any(-1)
+    rows = max(1, int(has.sum()))
+    q = selected.sub_(selected.amax(-1, keepdim=True)).exp_()
+    q.div_(q.sum(-1, keepdim=True))
+    q[~has] = 0.0
+    return q.sub_(w).mul_(weight / rows)
+
+
 class _TrainIndexer(torch.autograd.Function):
-    """Returns the context unchanged; its backward also hands ``grad`` to the index scores."""
+    """Returns the context unchanged; its backward hands the indexer's projections q^I, w^I,
+    k^I the gradient of eq. 1 for ``grad`` (∂L/∂I at the selected keys ``keys``, (count, M, T)),
+    evaluated densely a chunk of queries at a time: the chunk's ∂L/∂I scattered over its
+    causal keys (summed over a group's heads, whose I is their sum), then with
+    D_j = ∂L/∂I · 1[q^I_j · k^I > 0] (H^I, b, L):
+
+        ∂L/∂w_j = Σ_s ∂L/∂I · ReLU(q^I_j · k^I_s),   ∂L/∂q^I_j = w_j D_j k^I,   ∂L/∂k^I = Σ_j D_jᵀ w_j q^I_j
+
+    as matrix products over the chunk (no per-query gather, no scatter of key gradients)."""
 
     @staticmethod
-    def forward(ctx, context: Tensor, index_scores: Tensor, grad: Tensor) -> Tensor:
-        ctx.save_for_backward(grad)
+    def forward(ctx, context, qi, wi, ki, keys, grad, group_size, q_offset):
+        ctx.save_for_backward(qi, wi, ki, keys, grad)
+        ctx.group_size, ctx.q_offset = group_size, q_offset
         return context.view_as(context)
 
     @staticmethod
-    def backward(ctx, upstream: Tensor):
-        (grad,) = ctx.saved_tensors
-        return upstream, grad, None
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, upstream):
+        qi, wi, ki, keys, grad = ctx.saved_tensors
+        count, m, t = keys.shape
+        h_i, n = qi.shape[-2], ki.shape[-2]
+        qi_t = qi.reshape(count, m, h_i, -1).transpose(1, 2)  # (count, H^I, M, d^I)
+        wi_t = wi.reshape(count, m, h_i).transpose(1, 2).unsqueeze(-1)  # (count, H^I, M, 1)
+        ki3 = ki.reshape(count, n, -1)
+        dqi = torch.zeros_like(qi_t)
+        dwi = torch.zeros(count, h_i, m, dtype=wi.dtype, device=wi.device)
+        dki = torch.zeros_like(ki3)
+        g = ctx.group_size
+        for first_head in range(0, count, g):
+            group = range(first_head, first_head + g)
+            for a, b, end in fused_chunks(m, n, ctx.q_offset):
+                # keys past the chunk's end hold no gradient (not available)
+                dense = grad.new_zeros(b - a, min(n, max(end, t)))
+                for c in group:
+                    dense.scatter_add_(1, keys[c, a:b], grad[c, a:b])
+                dense = dense[:, :end]
+                for c in group:
+                    qc = qi_t[c, :, a:b].reshape(h_i * (b - a), -1)
+                    kc = ki3[c, :end]
+                    # ReLU(q^I_j · k^I) in place, then 1[q^I_j · k^I > 0] as its sign: float
+                    # passes in place (a comparison into bool is several times slower)
+                    d = torch.relu_(qc @ kc.transpose(0, 1)).view(h_i, b - a, end)
+                    dwi[c, :, a:b] = torch.mul(d, dense).sum(-1)
+                    d = d.sign_().mul_(dense).view(h_i * (b - a), end)
+                    w = wi_t[c, :, a:b]
+                    dqi[c, :, a:b] = (d @ kc).view(h_i, b - a, -1) * w
+                    dki[c, :end] += d.transpose(0, 1) @ (qc.view(h_i, b - a, -1) * w).flatten(0, 1)
+        dqi = dqi.transpose(1, 2).reshape(qi.shape)
+        dwi = dwi.transpose(1, 2).reshape(wi.shape)
+        return upstream, dqi, dwi, dki.view(ki.shape), None, None, None, None
 
 
 @REGISTRY.register("deepseek_sparse")
@@ -318,7 +367,7 @@ class DeepSeekSparseAttention(HeadAttention):
             if run:
                 attend(run)
             return AttentionOutput(context.view(*lead, m, v.shape[-1]), None)
-        keys, ok = self._select(qi, wi, ki, rows, pos)  # (*lead, M, T)
+        keys, ok, selected = self._select(qi, wi, ki, rows, pos, trains)  # (*lead, M, T)
         if fast:  # key-block tiles: no per-query gather; the weights only for the indexer's loss
             flat = (x.reshape(count, *x.shape[-2:]) for x in (q, k, v, keys, ok))
             context, w = selected_softmax(*flat, q_offset, scale, want_weights=trains)
@@ -331,13 +380,12 @@ class DeepSeekSparseAttention(HeadAttention):
             context, w = self._attend(q, k, v, keys, ok, picked)
 
         if trains:
-            selected = self._selected_scores(qi, wi, ki, keys, ok)
             with torch.no_grad():
-                log_q = torch.log_softmax(selected.masked_fill(~ok, float("-inf")), -1)
-                rows_with_key = ok.any(-1, keepdim=True)
-                grad = torch.where(ok, log_q.exp() - w.detach(), 0.0)
-                grad = grad * self.indexer_loss_weight / rows_with_key.sum().clamp_min(1)
-            context = _TrainIndexer.apply(context, selected, grad)
+                grad = _indexer_gradient(selected, w.detach(), ok, self.indexer_loss_weight)
+            context = _TrainIndexer.apply(
+                context, qi, wi, ki, keys.reshape(count, m, -1), grad.reshape(count, m, -1),
+                self.group_size, int(pos[0]) if m else 0,
+            )  # fmt: skip
 
         dense = None
         if need_weights:
@@ -390,26 +438,39 @@ class DeepSeekSparseAttention(HeadAttention):
         return context
 
     def _select(
-        self, qi: Tensor, wi: Tensor, ki: Tensor, rows: Tensor | None, pos: Tensor
-    ) -> tuple[Tensor, Tensor]:
+        self, qi: Tensor, wi: Tensor, ki: Tensor, rows: Tensor | None, pos: Tensor,
+        values: bool = False,
+    ) -> tuple[Tensor, Tensor, Tensor | None]:  # fmt: skip
         """Eq. 2's Top-k: the keys (*lead, M, T) of each query by the group-summed index scores
-        among the keys it may attend, and whether each is available. Evaluated in blocks of
-        queries without autograd, so that only a block's (…, b, N) scores exist at a time."""
+        among the keys it may attend, whether each is available, and with ``values`` the scores
+        there (−inf where not available; else None). Evaluated in blocks of queries without
+        autograd, so that only a block's (…, b, N) scores exist at a time."""
         lead, m, n = ki.shape[:-2], qi.shape[-3], ki.shape[-2]
         t = min(self.top_k, n)
         keys = torch.empty(*lead, m, t, dtype=torch.long, device=qi.device)
         ok = torch.empty(*lead, m, t, dtype=torch.bool, device=qi.device)
-        for sl, top, available in self._select_blocks(qi, wi, ki, rows, pos):
+        picked = qi.new_empty(*lead, m, t) if values else None
+        for sl, top, available, at in self._select_blocks(qi, wi, ki, rows, pos, values):
             keys[..., sl, :], ok[..., sl, :] = top, available
-        return keys, ok
+            if picked is not None:
+                picked[..., sl, :] = at
+        return keys, ok, picked
 
-    def _select_blocks(self, qi: Tensor, wi: Tensor, ki: Tensor, rows: Tensor | None, pos: Tensor):
+    def _select_blocks(
+        self, qi: Tensor, wi: Tensor, ki: Tensor, rows: Tensor | None, pos: Tensor,
+        values: bool = False,
+    ):  # fmt: skip
         """:meth:`_select` a block of queries at a time: yields (rows slice, keys (*lead, b, T),
-        available (*lead, b, T)), without autograd."""
+        available (*lead, b, T), the scores there or None), without autograd."""
         lead, m, n = ki.shape[:-2], qi.shape[-3], ki.shape[-2]
+        count, g, h_i = lead.numel(), self.group_size, qi.shape[-2]
         t = min(self.top_k, n)
         columns = torch.arange(n, device=qi.device)
-        step = query_block(m, lead.numel() * n * (qi.shape[-2] + 4))
+        step = max(1, min(m, INDEX_ELEMENTS // max(1, count * n)))
+        with torch.no_grad():
+            qi_t = qi.reshape(count, m, h_i, -1).transpose(1, 2)  # (count, H^I, M, d^I)
+            wi_t = wi.reshape(count, m, h_i).transpose(1, 2).unsqueeze(-1)  # (count, H^I, M, 1)
+            ki3 = ki.reshape(count, n, -1)
         # queries that may read at most t keys (position < t) take all of them: keys 0 … t − 1
         # (those they may not read unavailable), the set a stable sort puts first
         short = max(0, min(m, t - int(pos[0]))) if m else 0
@@ -420,8 +481,13 @@ class DeepSeekSparseAttention(HeadAttention):
             with torch.no_grad():
                 # causal: the block's queries read no key after its last position
                 end = max(t, min(n, int(pos[sl][-1]) + 1))
-                index = LightningIndexer.scores(qi[..., sl, :, :], wi[..., sl, :], ki[..., :end, :])
-                index = group_sum(index, self.group_size)  # (*lead, b, end)
+                index = qi.new_empty(count, e - s, end)
+                for first_head in range(0, count, g):  # a group's sum, one copy per head
+                    total = None
+                    for c in range(first_head, first_head + g):
+                        total = _head_scores(qi_t[c, :, sl], wi_t[c, :, sl], ki3[c, :end], total)
+                    index[first_head : first_head + g] = total
+                index = index.view(*lead, e - s, end)
                 allowed = columns[:end] <= pos[sl, None]
                 if rows is not None:
                     part = rows[..., sl, :] if rows.shape[-2] == m else rows
@@ -433,16 +499,16 @@ class DeepSeekSparseAttention(HeadAttention):
                 else:
                     # the set, in any order (the attention and the indexer's loss read it so).
                     # Causal alone, the keys up to the block's first position are every row's:
-                    # only the columns after it are masked, in place (the scores are fresh; a
-                    # group's sum is one tensor viewed per head, made one per head first)
+                    # only the columns after it are masked, in place
                     first = 0 if rows is not None else int(pos[sl][0]) + 1
-                    if self.group_size > 1:
-                        index = index.contiguous()
                     index[..., first:].masked_fill_(~allowed[..., first:], float("-inf"))
                     top, available = top_indices(index, t, ordered=False)
                     if rows is not None:
                         available = available & torch.gather(allowed, -1, top)
-            yield sl, top, available
+                at = None
+                if values:
+                    at = torch.gather(index, -1, top).masked_fill_(~available, float("-inf"))
+            yield sl, top, available, at
 
     def _attend(
         self, q: Tensor, k: Tensor, v: Tensor, keys: Tensor, ok: Tensor, picked: Tensor | None
@@ -465,24 +531,6 @@ class DeepSeekSparseAttention(HeadAttention):
             e = e + picked
         w = align(e, ok).weights
         return (w.unsqueeze(-1) * vg).sum(-2), w
-
-    def _selected_scores(
-        self, qi: Tensor, wi: Tensor, ki: Tensor, keys: Tensor, ok: Tensor
-    ) -> Tensor:
-        """The group-summed index scores at the selected keys (*lead, M, T), differentiable with
-        respect to the indexer: Σ over the group's heads b of I_b at head a's keys, as
-        ``group_size`` evaluations in which head b reads the keys of head b − r."""
-        g = self.group_size
-        if g == 1:
-            return selected_index_scores(qi, wi, ki, keys, ok)
-        keys, ok = keys.unflatten(-3, (-1, g)), ok.unflatten(-3, (-1, g))  # (…, H/g, g, M, T)
-        total = None
-        for r in range(g):
-            rolled = (x.roll(r, -3).flatten(-4, -3) for x in (keys, ok))
-            part = selected_index_scores(qi, wi, ki, *rolled)
-            part = part.unflatten(-3, (-1, g)).roll(-r, -3).flatten(-4, -3)
-            total = part if total is None else total + part
-        return total
 
     def extra_repr(self) -> str:
         return (
