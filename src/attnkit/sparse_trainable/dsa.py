@@ -177,7 +177,8 @@ class _TrainIndexer(torch.autograd.Function):
     causal keys (summed over a group's heads, whose I is their sum), then with
     D_j = ∂L/∂I · 1[q^I_j · k^I > 0] (H^I, b, L):
 
-        ∂L/∂w_j = Σ_s ∂L/∂I · ReLU(q^I_j · k^I_s),   ∂L/∂q^I_j = w_j D_j k^I,   ∂L/∂k^I = Σ_j D_jᵀ w_j q^I_j
+        ∂L/∂w_j = Σ_s ∂L/∂I_s ReLU(q^I_j · k^I_s),
+        ∂L/∂q^I_j = w_j D_j k^I,   ∂L/∂k^I = Σ_j D_jᵀ w_j q^I_j
 
     as matrix products over the chunk (no per-query gather, no scatter of key gradients)."""
 
