@@ -186,3 +186,32 @@ def test_sizes_are_spelt_embed_dim_and_num_heads(cls, lead):
         cls(*lead, d_model=8, num_heads=2, **extra)
     with pytest.raises(TypeError, match=rf"^{cls.__name__}: `heads` is now `num_heads`$"):
         cls(*lead, 8, heads=2, **extra)
+
+
+def test_a_decoder_stack_builds_its_causal_mask_once_per_forward(monkeypatch):
+    from attnkit import masks
+    from attnkit.transformer import TransformerDecoder
+
+    torch.manual_seed(0)
+    stack = TransformerDecoder(3, 16, 4, cross_attention=False, final_norm=False).double()
+    x = torch.randn(2, 6, 16, dtype=torch.float64)
+    alone = x
+    for layer in stack.layers:  # each layer on its own builds its mask
+        alone = layer(alone)
+    made = []
+    real = masks.causal
+
+    def counted(*args, **kwargs):
+        made.append(args)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(masks, "causal", counted)
+    torch.testing.assert_close(stack(x), alone)
+    assert made == [(6, 6)]
+    made.clear()
+    cache = stack.new_cache()
+    torch.testing.assert_close(stack(x[:, :4], cache=cache), stack(x[:, :4]))
+    assert made == [(4, 4), (4, 4)]  # one per forward (the cached one and the plain one)
+    step = stack(x[:, 4:6], cache=cache)  # two new positions after four cached: (2, 6)
+    torch.testing.assert_close(step, stack(x)[:, 4:6])
+    assert made[2] == (2, 6) and len(made) == 4

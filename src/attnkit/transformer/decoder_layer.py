@@ -169,7 +169,7 @@ class TransformerDecoderLayer(Block):
             ).context
         # One new position after the cached ones may attend every key: no mask to build, check
         # or apply on the per-token path of decoding.
-        future = masks.causal(m, n, device=y.device) if causal and m > 1 else None
+        future = masks.causal_shared(m, n, device=y.device) if causal and m > 1 else None
         window = self._window_mask(m, n, causal, y.device)
         # a window cache keeps the last keys only; a mask over every position seen
         # (layer_plan.seen) covers them in its last columns
