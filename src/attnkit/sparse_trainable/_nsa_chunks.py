@@ -59,7 +59,12 @@ def importance(p_cmp: Tensor, n: int, sz: Sizes) -> Tensor:
         lead = p_cmp.shape[:-1]
         out = p_cmp.new_zeros(*lead, count)
         whole = min(c // r, count)
-        out[..., :whole] = p_cmp[..., : whole * r].unflatten(-1, (whole, r)).sum(-1)
+        # the group sums as r − 1 additions of strided columns (a reduction over an innermost
+        # dim of r = 4 runs at about two thirds of their speed)
+        head = out[..., :whole]
+        head.copy_(p_cmp[..., 0 : whole * r : r])
+        for i in range(1, r):
+            head += p_cmp[..., i : whole * r : r]
         if whole < count and whole * r < c:
             out[..., whole] = p_cmp[..., whole * r : (whole + 1) * r].sum(-1)
         for t in range(1, a + 1):
