@@ -6,7 +6,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from attnkit.sparse_trainable._select import all_finite, top_indices, top_indices_packed, top_mask
+from attnkit.sparse_trainable._select import (
+    all_finite,
+    top_indices,
+    top_indices_packed,
+    top_mask,
+    top_set,
+)
 
 
 @pytest.mark.parametrize("count", [1, 3, 7, 12, 20])
@@ -170,3 +176,36 @@ def test_top_mask_writes_over_the_scores():
     mask, _ = top_mask(score, 4)
     assert mask.data_ptr() == score.data_ptr()
     assert torch.equal((mask == 0).sum(-1), torch.full((3,), 4))
+
+
+@pytest.mark.parametrize("reversed_topk", [False, True])
+@pytest.mark.parametrize("kind", ["distinct", "ties", "equal", "special"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("count", [0, 1, 5, 18, 36, 37, 50])
+def test_top_set_is_the_set_a_stable_sort_puts_first(
+    monkeypatch, kind, dtype, count, reversed_topk
+):
+    """The same rows as for :func:`top_mask`: ``count`` distinct entries per row whose
+    available ones (value above −inf) are those of a stable descending sort, the values the
+    scores there (NaN as −inf); rows of (2, 20, 37) as well. Also with topk's results in
+    another order (its lowest value not last)."""
+    if reversed_topk:
+        topk = torch.topk
+
+        def flipped(*args, **kwargs):
+            values, indices = topk(*args, **kwargs)
+            return values.flip(-1), indices.flip(-1)
+
+        monkeypatch.setattr(torch, "topk", flipped)
+    score = _random_rows(kind, dtype, seed=count)
+    want = _stable_top_set(score, count)
+    index, values = top_set(score.view(2, 20, 37), count)
+    index, values = index.reshape(40, -1), values.reshape(40, -1)
+    assert index.shape == (40, min(count, 37))
+    assert bool((index.sort(-1).values.diff(dim=-1) > 0).all())  # distinct
+    clean = torch.where(score.isnan(), float("-inf"), score)
+    assert torch.equal(values, torch.gather(clean, -1, index))
+    got = torch.zeros(score.shape, dtype=torch.bool)
+    available = values > float("-inf")
+    got[torch.arange(40)[:, None].expand_as(index)[available], index[available]] = True
+    assert torch.equal(got, want)

@@ -21,6 +21,7 @@ __all__ = [
     "top_indices",
     "top_indices_packed",
     "top_mask",
+    "top_set",
 ]
 
 
@@ -223,3 +224,55 @@ def top_mask(score: Tensor, count: int) -> tuple[Tensor, Tensor]:
         mask[tied_rows] = torch.zeros_like(x).masked_fill_(~take, -inf)
         has[tied_rows] = True
     return mask, has
+
+
+def top_set(score: Tensor, count: int) -> tuple[Tensor, Tensor]:
+    """The set of :func:`top_indices` with ``ordered`` False (the ``count`` highest entries of
+    each row of ``score`` (…, K), ties in index order, NaN as −inf), with the scores there.
+
+    One ``torch.topk`` of count + 1 entries, as :func:`top_mask`: where its lowest value v
+    occurs once (or is −inf) the set is the others, where it occurs more than once (a tie
+    crosses the border) the row takes every entry above v and the first ones at it. No pass
+    over the row beyond topk's own.
+
+    Returns:
+        (index (…, count) int64 in any order, values (…, count): the scores there, NaN as
+        −inf; an entry is available where its value is above −inf). Views, not contiguous.
+    """
+    lead, k = score.shape[:-1], score.shape[-1]
+    count = min(count, k)
+    if count == 0 or lead.numel() == 0:
+        return score.new_zeros(*lead, count, dtype=torch.long), score.new_zeros(*lead, count)
+    inf = float("inf")
+    flat = score.reshape(-1, k)
+    if count == k:
+        index = torch.arange(k, device=score.device).expand(*lead, k)
+        return index, score.nan_to_num(nan=-inf, posinf=inf, neginf=-inf)
+    values, order = torch.topk(flat, count + 1, dim=-1, sorted=False)
+    low = values.amin(-1, keepdim=True)
+    if bool(low.isnan().any()):  # topk ranks NaN highest: a row with one chose it
+        flat = flat.nan_to_num(nan=-inf, posinf=inf, neginf=-inf)
+        values, order = torch.topk(flat, count + 1, dim=-1, sorted=False)
+        low = values.amin(-1, keepdim=True)
+    # one entry at the lowest value leaves: the last column, where topk puts it (its
+    # partial sort ends at the (count + 1)-th); where not, swapped there first
+    if not bool((values[:, count:] == low).all()):
+        spare = values.argmin(-1, keepdim=True)
+        last_order, last_value = order[:, count:].clone(), values[:, count:].clone()
+        order[:, count:] = torch.gather(order, 1, spare)
+        values[:, count:] = low
+        order.scatter_(1, spare, last_order)
+        values.scatter_(1, spare, last_value)
+    order, values = order[:, :count], values[:, :count]
+    # another entry at the lowest value left: a tie crosses the border
+    reach = (values > low).sum(-1, dtype=torch.int32)
+    tied_rows = ((reach < count) & (low[:, 0] > -inf)).nonzero()[:, 0]
+    if len(tied_rows):  # every entry above the bar and the first ones at it
+        rows, bar = flat[tied_rows], low[tied_rows]
+        above = rows > bar
+        tied = rows == bar
+        need = count - above.sum(-1, keepdim=True, dtype=torch.int32)
+        take = above | (tied & (tied.cumsum(-1, dtype=torch.int32) <= need))
+        index = take.nonzero()[:, 1].view(len(tied_rows), count)  # exactly count per row
+        order[tied_rows], values[tied_rows] = index, torch.gather(rows, -1, index)
+    return order.view(*lead, count), values.view(*lead, count)

@@ -150,66 +150,75 @@ def fused_chunks(m: int, n: int, q_offset: int):
         yield a, b, min(n, q_offset + b)
 
 
-def _selection_mask(keys: Tensor, ok: Tensor, end: int, like: Tensor) -> Tensor:
+def _selection_mask(keys: Tensor, end: int, like: Tensor) -> Tensor:
     """(rows, end) additive mask: 0 at the selected keys, −inf elsewhere; the keys scattered
-    into a row of −inf (a view of a (rows, end + 1) buffer whose last column takes the entries
-    not available, which may name keys past ``end``)."""
+    into rows of −inf (a view of a (rows, end + 1) buffer, whose last column takes the entries
+    not available: see :func:`_spare`)."""
     mask = like.new_full((keys.shape[0], end + 1), float("-inf"))
-    if not bool(ok.all()):
-        keys = torch.where(ok, keys, end)
     zero = torch.zeros((), dtype=like.dtype, device=like.device).expand(keys.shape)
     return mask.scatter_(1, keys, zero)[:, :end]
+
+
+def _spare(keys: Tensor, ok: Tensor, end: int, full: bool) -> Tensor:
+    """The keys, those not available (which may name keys past ``end``) moved to ``end``;
+    ``full``: every entry is available."""
+    return keys if full else torch.where(ok, keys, end)
 
 
 class _FusedSelected(torch.autograd.Function):
     """The selected keys as a mask over each chunk's causal keys, through PyTorch's fused CPU
     kernel (forward and backward): every key up to the chunk's last is scored (as causal
-    attention does) and the mask keeps the selection, with no per-query gather."""
+    attention does) and the mask keeps the selection, with no per-query gather. A row whose
+    mask is −inf throughout (no key) gets output 0 and log-sum-exp 0 from the kernel, so that
+    its backward is 0 too."""
 
     @staticmethod
     def forward(ctx, q, k, v, keys, ok, q_offset, scale, want_weights):
         count, m, _ = q.shape
         n = k.shape[1]
-        out = q.new_zeros(count, m, v.shape[-1])
-        lse = q.new_zeros(count, m)
-        weights = q.new_zeros(keys.shape) if want_weights else None
+        out = q.new_empty(count, m, v.shape[-1])
+        lse = q.new_empty(count, m)
+        weights = q.new_empty(keys.shape) if want_weights else None
+        full_rows = ok.all(-1)  # (count, M)
         for c in range(count):
             for a, b, end in fused_chunks(m, n, q_offset):
-                mask = _selection_mask(keys[c, a:b], ok[c, a:b], end, q)
+                every = bool(full_rows[c, a:b].all())
+                chosen = _spare(keys[c, a:b], ok[c, a:b], end, every)
+                mask = _selection_mask(chosen, end, q)
                 qc, kc, vc = q[c, a:b], k[c, :end], v[c, :end]
                 o, s = FLASH(
                     qc[None, None], kc[None, None], vc[None, None], 0.0, False,
                     attn_mask=mask[None, None], scale=scale,
                 )[:2]  # fmt: skip
-                has = ok[c, a:b].any(-1)
-                out[c, a:b] = o[0, 0].masked_fill(~has[:, None], 0.0)
-                lse[c, a:b] = s[0, 0].masked_fill(~has, 0.0)
+                out[c, a:b], lse[c, a:b] = o[0, 0], s[0, 0]
                 if want_weights:  # p at the selected keys: exp(e − lse)
-                    e = torch.matmul(qc, kc.transpose(0, 1)).mul_(scale)
-                    e = e.gather(-1, keys[c, a:b].clamp_max(end - 1))  # (not ok: any)
-                    p = e.sub_(lse[c, a:b, None]).exp_()
-                    weights[c, a:b] = p.masked_fill_(~ok[c, a:b], 0.0)
-        ctx.save_for_backward(q, k, v, keys, ok, out, lse)
+                    e = torch.matmul(qc, kc.transpose(0, 1))
+                    e = e.gather(-1, chosen if every else chosen.clamp_max(end - 1))
+                    p = e.mul_(scale).sub_(s[0, 0, :, None]).exp_()
+                    weights[c, a:b] = p if every else p.masked_fill_(~ok[c, a:b], 0.0)
+        ctx.save_for_backward(q, k, v, keys, ok, out, lse, full_rows)
         ctx.q_offset, ctx.scale = q_offset, scale
         return out, weights
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad, _grad_weights):
-        q, k, v, keys, ok, out, lse = ctx.saved_tensors
+        q, k, v, keys, ok, out, lse, full_rows = ctx.saved_tensors
         count, m, _ = q.shape
         n = k.shape[1]
-        dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+        dq, dk, dv = torch.empty_like(q), torch.zeros_like(k), torch.zeros_like(v)
         grad = grad.contiguous()
         for c in range(count):
             for a, b, end in fused_chunks(m, n, ctx.q_offset):
-                mask = _selection_mask(keys[c, a:b], ok[c, a:b], end, q)
+                every = bool(full_rows[c, a:b].all())
+                chosen = _spare(keys[c, a:b], ok[c, a:b], end, every)
+                mask = _selection_mask(chosen, end, q)
                 args = (grad[c, a:b], q[c, a:b], k[c, :end], v[c, :end], out[c, a:b])
                 gq, gk, gv = FLASH_BACKWARD(
                     *(x[None, None] for x in args), lse[c, a:b][None, None], 0.0, False,
                     attn_mask=mask[None, None], scale=ctx.scale,
                 )  # fmt: skip
-                dq[c, a:b] += gq[0, 0]
+                dq[c, a:b] = gq[0, 0]
                 dk[c, :end] += gk[0, 0]
                 dv[c, :end] += gv[0, 0]
         return dq, dk, dv, None, None, None, None, None

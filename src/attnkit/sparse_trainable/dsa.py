@@ -66,8 +66,8 @@ from attnkit.sparse_trainable._select import (
     query_positions,
     row_mask,
     sanitize,
-    top_indices,
     top_mask,
+    top_set,
 )
 from attnkit.sparse_trainable._selected import (
     fused_applies,
@@ -126,16 +126,20 @@ class LightningIndexer(nn.Module):
         return self.scores(*self.project(q, k))
 
 
-def _head_scores(qi: Tensor, wi: Tensor, ki: Tensor, out: Tensor | None = None) -> Tensor:
+def _head_scores(
+    qi: Tensor, wi: Tensor, ki: Tensor, out: Tensor | None = None, add: bool = True
+) -> Tensor:
     """Eq. 1 for one head's block of queries: q^I (H^I, b, d^I) and w^I (H^I, b, 1) head-major,
-    k^I (L, d^I) -> (b, L), or added to ``out``. One matmul for the (H^I·b, L) dot products,
-    each head's (b, L) slab then made ReLU and weighted in place (faster than a batched
-    (1, H^I) @ (H^I, L) per query)."""
+    k^I (L, d^I) -> (b, L), written into ``out`` (or added to it). One matmul for the
+    (H^I·b, L) dot products, each head's (b, L) slab then made ReLU and weighted in place
+    (faster than a batched (1, H^I) @ (H^I, L) per query)."""
     h, b = qi.shape[:2]
     dots = torch.relu_(qi.reshape(h * b, -1) @ ki.transpose(0, 1)).view(h, b, -1)
     first = 0
     if out is None:
         out, first = dots[0].mul_(wi[0]), 1
+    elif not add:
+        out, first = torch.mul(dots[0], wi[0], out=out), 1
     for j in range(first, h):
         out.addcmul_(dots[j], wi[j])
     return out
@@ -484,10 +488,10 @@ class DeepSeekSparseAttention(HeadAttention):
                 end = max(t, min(n, int(pos[sl][-1]) + 1))
                 index = qi.new_empty(count, e - s, end)
                 for first_head in range(0, count, g):  # a group's sum, one copy per head
-                    total = None
-                    for c in range(first_head, first_head + g):
-                        total = _head_scores(qi_t[c, :, sl], wi_t[c, :, sl], ki3[c, :end], total)
-                    index[first_head : first_head + g] = total
+                    total = index[first_head]
+                    for i, c in enumerate(range(first_head, first_head + g)):
+                        _head_scores(qi_t[c, :, sl], wi_t[c, :, sl], ki3[c, :end], total, i > 0)
+                    index[first_head + 1 : first_head + g] = total
                 index = index.view(*lead, e - s, end)
                 allowed = columns[:end] <= pos[sl, None]
                 if rows is not None:
@@ -501,11 +505,13 @@ class DeepSeekSparseAttention(HeadAttention):
                     # the set, in any order (the attention and the indexer's loss read it so).
                     # Causal alone, the keys up to the block's first position are every row's:
                     # only the columns after it are masked, in place
+                    # (with a mask every key a row may not read is at −inf: not available)
                     first = 0 if rows is not None else int(pos[sl][0]) + 1
                     index[..., first:].masked_fill_(~allowed[..., first:], float("-inf"))
-                    top, available = top_indices(index, t, ordered=False)
-                    if rows is not None:
-                        available = available & torch.gather(allowed, -1, top)
+                    top, at = top_set(index, t)
+                    available = at > float("-inf")
+                    yield sl, top, available, at
+                    continue
                 at = None
                 if values:
                     at = torch.gather(index, -1, top).masked_fill_(~available, float("-inf"))
