@@ -55,7 +55,6 @@ def _check(monkeypatch, sizes, group, q_offset, m):
     monkeypatch.setattr(_nsa_blocks, "CHUNK", 400)  # several chunks of queries
     monkeypatch.setattr(_nsa_blocks, "PIECES", 12)  # several chunks of the pieces' calls
     monkeypatch.setattr(_nsa_blocks, "SPAN", 16)  # the forward over several spans of queries
-    monkeypatch.setattr(_nsa_blocks, "LEAN_ROWS", 8)  # without autograd: smaller sizes
     torch.manual_seed(4)
     module = NativeSparseAttention(4, **sizes, group_size=group).double()
     n = q_offset + m

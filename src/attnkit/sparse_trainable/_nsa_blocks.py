@@ -60,13 +60,6 @@ PIECES = 1 << 11
 WIDTH = 16
 #: query rows the forward takes to its end at a time (what it holds grows with them)
 SPAN = 1 << 13
-#: without autograd, where nothing is kept for a backward, the span, the batches of tiles, the
-#: chunks of compressed scores and the pieces' chunks are up to INFERENCE_SHRINK times smaller
-#: for longer calls (one more factor per LEAN_ROWS queries beyond the first LEAN_ROWS), so that
-#: what the forward holds beside its output grows more slowly than the output (each halving
-#: costs time: at 16384 queries, 0.56 → 0.62 of causal SDPA's forward for a quarter span)
-INFERENCE_SHRINK = 4
-LEAN_ROWS = 1 << 13
 
 
 def applies(q: Tensor, n: int, q_offset: int, rows, sz: Sizes) -> bool:
@@ -90,14 +83,11 @@ class _Geometry:
     """Sizes of one call: l', the window's whole blocks F and edge blocks, the first query
     block, the query blocks and their rows."""
 
-    def __init__(self, m: int, n: int, q_offset: int, sz: Sizes, *, lean: bool = False) -> None:
+    def __init__(self, m: int, n: int, q_offset: int, sz: Sizes) -> None:
         lb = sz.select
         self.lb, self.m, self.n, self.sz = lb, m, n, sz
-        # the working sizes: the module's constants, smaller when ``lean`` (INFERENCE_SHRINK)
-        shrink = min(INFERENCE_SHRINK, max(1, m // LEAN_ROWS)) if lean else 1
-        self.batch, self.chunk, self.pieces, self.span = (
-            max(1, x // shrink) for x in (BATCH, CHUNK, PIECES, SPAN)
-        )
+        # the working sizes, read from the module's constants when the call starts
+        self.batch, self.chunk, self.pieces, self.span = BATCH, CHUNK, PIECES, SPAN
         self.first = q_offset // lb  # the first query block
         self.last = (n - 1) // lb  # the last query block (may be partial)
         self.full = n // lb  # key blocks of l' keys
@@ -502,7 +492,7 @@ def _forward_group(items, geo: _Geometry, scale: float) -> None:
     an (x, keys, values, kc, vc, gates, out, lse, chosen): writes the context ``out``
     (M, d_v), ``lse`` (3, M) and, where not None, ``chosen`` (M, n') (−1 where unavailable).
 
-    Runs over spans of ``geo.span`` query rows (SPAN, or fewer for a lean call), each to
+    Runs over spans of ``geo.span`` (SPAN) query rows, each to
     its end (compressed branch and selection, pieces, gathered tiles), so that what a span
     holds (the selected branch's running merge, the chosen blocks, the sorted pairs) grows
     with the span, not with M."""
@@ -712,7 +702,7 @@ def nsa_blocks(
         )
     if not record:
         count, m, _ = q.shape
-        geo = _Geometry(m, k.shape[1], q_offset, sz, lean=True)
+        geo = _Geometry(m, k.shape[1], q_offset, sz)
         out = q.new_empty(count, m, v.shape[-1]) if out is None else out
         lse = q.new_empty(3, m)
         for c in range(0, count, sz.group):
