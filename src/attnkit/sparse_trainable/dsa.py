@@ -83,6 +83,8 @@ __all__ = ["DeepSeekSparseAttention", "LightningIndexer", "indexer_loss"]
 ATTEND_ELEMENTS = 1 << 20
 #: index scores (count · rows · N) per block of the selection
 INDEX_ELEMENTS = 1 << 22
+#: entries (count · rows · k) per slice of the indexer's gradient
+GRADIENT_ELEMENTS = 1 << 16
 
 
 @arguments.renamed(heads="num_heads")
@@ -163,15 +165,22 @@ def indexer_loss(index_scores: Tensor, main_weights: Tensor, available: Tensor) 
     return terms.sum(-1).sum() / rows.sum().clamp_min(1)
 
 
-def _indexer_gradient(selected: Tensor, w: Tensor, ok: Tensor, weight: float) -> Tensor:
+def _indexer_gradient(selected: Tensor, w: Tensor, weight: float) -> Tensor:
     """λ·∂L^I/∂I at the selected keys, (softmax(I) − p)·λ / rows, written over ``selected``
-    (I, −inf where not ``ok``): p and softmax(I) are 0 off ``ok``, rows without a key give 0."""
-    has = ok.any(-1)
-    rows = max(1, int(has.sum()))
-    q = selected.sub_(selected.amax(-1, keepdim=True)).exp_()
-    q.div_(q.sum(-1, keepdim=True))
-    q[~has] = 0.0
-    return q.sub_(w).mul_(weight / rows)
+    (I (…, M, T), −inf where not available): p and softmax(I) are 0 there, rows without a key
+    give 0. A slice of rows at a time (the passes over it stay in cache)."""
+    mx = selected.amax(-1, keepdim=True)
+    rows = max(1, int((mx > float("-inf")).sum()))
+    mx.clamp_min_(torch.finfo(mx.dtype).min)  # a row without a key: exp(−inf) = 0 throughout
+    tiny = torch.finfo(mx.dtype).tiny
+    m = selected.shape[-2]
+    step = max(1, GRADIENT_ELEMENTS // max(1, selected[..., :1, :].numel()))
+    for a in range(0, m, step):
+        x = selected[..., a : a + step, :]
+        x.sub_(mx[..., a : a + step, :]).exp_()
+        x.div_(x.sum(-1, keepdim=True).clamp_min_(tiny))
+        x.sub_(w[..., a : a + step, :]).mul_(weight / rows)
+    return selected
 
 
 class _TrainIndexer(torch.autograd.Function):
@@ -219,11 +228,14 @@ class _TrainIndexer(torch.autograd.Function):
                     # ReLU(q^I_j · k^I) in place, then 1[q^I_j · k^I > 0] as its sign: float
                     # passes in place (a comparison into bool is several times slower)
                     d = torch.relu_(qc @ kc.transpose(0, 1)).view(h_i, b - a, end)
-                    dwi[c, :, a:b] = torch.mul(d, dense).sum(-1)
-                    d = d.sign_().mul_(dense).view(h_i * (b - a), end)
+                    d = d.sign_().mul_(dense).view(h_i * (b - a), end)  # D_j
                     w = wi_t[c, :, a:b]
-                    dqi[c, :, a:b] = (d @ kc).view(h_i, b - a, -1) * w
-                    dki[c, :end] += d.transpose(0, 1) @ (qc.view(h_i, b - a, -1) * w).flatten(0, 1)
+                    dk_rows = (d @ kc).view(h_i, b - a, -1)  # D_j k^I
+                    q3 = qc.view(h_i, b - a, -1)
+                    # Σ_s ∂L/∂I_s ReLU(q^I_j · k^I_s) = Σ_s D_j (q^I_j · k^I_s) = q^I_j · D_j k^I
+                    dwi[c, :, a:b] = (q3 * dk_rows).sum(-1)
+                    dqi[c, :, a:b] = dk_rows * w
+                    dki[c, :end] += d.transpose(0, 1) @ (q3 * w).flatten(0, 1)
         dqi = dqi.transpose(1, 2).reshape(qi.shape)
         dwi = dwi.transpose(1, 2).reshape(wi.shape)
         return upstream, dqi, dwi, dki.view(ki.shape), None, None, None, None
@@ -386,7 +398,7 @@ class DeepSeekSparseAttention(HeadAttention):
 
         if trains:
             with torch.no_grad():
-                grad = _indexer_gradient(selected, w.detach(), ok, self.indexer_loss_weight)
+                grad = _indexer_gradient(selected, w.detach(), self.indexer_loss_weight)
             context = _TrainIndexer.apply(
                 context, qi, wi, ki, keys.reshape(count, m, -1), grad.reshape(count, m, -1),
                 self.group_size, int(pos[0]) if m else 0,
