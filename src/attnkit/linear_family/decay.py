@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from attnkit.inputs import broadcast_shapes
 from attnkit.kernels.base import guarded_sum
 
 __all__ = [
@@ -125,7 +126,7 @@ def _sub_chunked_scores(q: Tensor, k: Tensor, g: Tensor) -> Tensor:
     log space (SUB × SUB × d_k), the others as one matrix product per query sub-chunk I with the
     decays split at the end e of sub-chunk I − 1, q_i e^{G_i − G_e} · k_j e^{G_e − G_j}: both
     exponents ≤ 0 for j ≤ e < i, so the split is as stable as the log-space form."""
-    lead = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], g.shape[:-2])
+    lead = broadcast_shapes(q.shape[:-2], k.shape[:-2], g.shape[:-2])
     n, s = q.shape[-2], SUB
     q, k, g = (split_chunks(x, lead, n, s) for x in (q, k, g))  # (…, S, s, d)
     blocks = q.shape[-3]
@@ -169,7 +170,7 @@ def recurrent(
 ) -> tuple[Tensor, Tensor]:
     """The recurrent form, one position at a time: (o (…, N, d_v), the last state
     (…, d_k, d_v)); ``state`` is the state before the first position (zero if None)."""
-    lead = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2], g.shape[:-2])
+    lead = broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2], g.shape[:-2])
     s = q.new_zeros(*lead, k.shape[-1], v.shape[-1]) if state is None else state
     outs = []
     # unbind, not index per position: the backward of x[..., t, :] is a zero tensor of all of x
@@ -201,7 +202,7 @@ def chunkwise(
     chunk's summed log-decay and ΔS = Σ_j (k_j ⊙ exp(G_last − G_j)) v_jᵀ, read by the next
     chunk's queries as (q_i ⊙ exp G_i)ᵀ S. Chunks need not divide N (the last is padded with
     positions that neither decay nor write)."""
-    lead = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2], g.shape[:-2])
+    lead = broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2], g.shape[:-2])
     n = q.shape[-2]
     c = max(1, min(chunk_size, n))
     q, k, v, g = (split_chunks(x, lead, n, c) for x in (q, k, v, g))

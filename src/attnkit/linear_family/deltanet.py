@@ -37,6 +37,7 @@ from torch import Tensor, nn
 
 from attnkit import taxonomy as tx
 from attnkit.head_registry import REGISTRY
+from attnkit.inputs import broadcast_shapes
 from attnkit.linear_family.base import Inputs, LinearFamilyPart
 from attnkit.linear_family.decay import (
     causal_matmul,
@@ -76,7 +77,7 @@ def delta_recurrent(
         q, k: (…, N, d_k); v: (…, N, d_v); beta, g: (…, N, 1) (g = 0 for the plain rule).
         state: S (…, d_k, d_v) before the first position, zero if None.
     """
-    lead = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2], g.shape[:-2])
+    lead = broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2], g.shape[:-2])
     s = q.new_zeros(*lead, k.shape[-1], v.shape[-1]) if state is None else state
     outs = []
     # unbind, not index per position: the backward of x[..., t, :] is a zero tensor of all of x
@@ -113,7 +114,7 @@ def delta_weights(q: Tensor, k: Tensor, beta: Tensor, g: Tensor) -> Tensor:
     W = (QKᵀ ⊙ Γ) (I + L)⁻¹ diag(β)."""
     system, scores = _within(q, k, beta, g)
     eye = torch.eye(q.shape[-2], dtype=q.dtype, device=q.device)
-    lead = torch.broadcast_shapes(system.shape[:-2], beta.shape[:-2])
+    lead = broadcast_shapes(system.shape[:-2], beta.shape[:-2])
     return causal_matmul(scores, _solve(system.broadcast_to(*lead, *system.shape[-2:]), beta * eye))
 
 
@@ -121,7 +122,7 @@ def delta_parallel(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor) -> 
     """The parallel form from a zero state: o = (QKᵀ ⊙ Γ) (I + L)⁻¹ (β ⊙ V) (…, N, d_v), one
     triangular solve against the values (O(N² d_v), the weights never formed)."""
     system, scores = _within(q, k, beta, g)
-    lead = torch.broadcast_shapes(system.shape[:-2], beta.shape[:-2], v.shape[:-2])
+    lead = broadcast_shapes(system.shape[:-2], beta.shape[:-2], v.shape[:-2])
     rhs = (beta * v).broadcast_to(*lead, *v.shape[-2:])
     return causal_matmul(scores, _solve(system.broadcast_to(*lead, *system.shape[-2:]), rhs))
 
@@ -137,9 +138,7 @@ def delta_chunkwise(
 ) -> tuple[Tensor, Tensor]:
     """The chunkwise form with the WY representation: (o (…, N, d_v), the last state). Chunks
     need not divide N (the last is padded with positions that neither decay nor write)."""
-    lead = torch.broadcast_shapes(
-        q.shape[:-2], k.shape[:-2], v.shape[:-2], beta.shape[:-2], g.shape[:-2]
-    )
+    lead = broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2], beta.shape[:-2], g.shape[:-2])
     n = q.shape[-2]
     c = max(1, min(chunk_size, n))
     q, k, v, beta, g = (split_chunks(x, lead, n, c) for x in (q, k, v, beta, g))

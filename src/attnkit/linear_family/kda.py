@@ -39,6 +39,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnkit.head_registry import REGISTRY
+from attnkit.inputs import broadcast_shapes
 from attnkit.linear_family import decay
 from attnkit.linear_family.base import Inputs
 from attnkit.linear_family.decay import causal_matmul, split_chunks, tril
@@ -87,7 +88,7 @@ def _within(q: Tensor, k: Tensor, beta: Tensor, g: Tensor) -> tuple[Tensor, Tens
 
 def _solve(system: Tensor, rhs: Tensor) -> Tensor:
     """(I + L)⁻¹ rhs by forward substitution (row t reads rows < t only)."""
-    lead = torch.broadcast_shapes(system.shape[:-2], rhs.shape[:-2])
+    lead = broadcast_shapes(system.shape[:-2], rhs.shape[:-2])
     return torch.linalg.solve_triangular(
         system.broadcast_to(*lead, *system.shape[-2:]),
         rhs.broadcast_to(*lead, *rhs.shape[-2:]),
@@ -123,9 +124,7 @@ def kda_chunkwise(
     """The chunkwise form with the WY representation and per-channel decays: (o (…, N, d_v),
     the last state (…, d_k, d_v)). Arguments as :func:`kda_recurrent`; chunks need not divide
     N (the last is padded with positions that neither decay nor write)."""
-    lead = torch.broadcast_shapes(
-        q.shape[:-2], k.shape[:-2], v.shape[:-2], beta.shape[:-2], g.shape[:-2]
-    )
+    lead = broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2], beta.shape[:-2], g.shape[:-2])
     n = q.shape[-2]
     c = max(1, min(chunk_size, n))
     q, k, v, beta, g = (split_chunks(x, lead, n, c) for x in (q, k, v, beta, g))
