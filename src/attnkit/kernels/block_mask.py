@@ -21,6 +21,7 @@ import torch
 from torch import Tensor
 
 from attnkit import arguments
+from attnkit.inputs import broadcast_shapes
 
 __all__ = [
     "AUTO_MAX_DENSITY",
@@ -343,7 +344,7 @@ class BlockMask:
                 "first dim"
             )
         try:
-            ok = torch.broadcast_shapes(tuple(self.has_key.shape[:-2]), shape[:-2]) == shape[:-2]
+            ok = broadcast_shapes(tuple(self.has_key.shape[:-2]), shape[:-2]) == shape[:-2]
         except RuntimeError:
             ok = False
         if not ok:

@@ -9,6 +9,7 @@ from torch import Tensor, nn
 
 from attnkit import inputs
 from attnkit import taxonomy as tx
+from attnkit.inputs import broadcast_shapes
 from attnkit.registry import Registry
 from attnkit.sizing import Sized
 
@@ -162,6 +163,6 @@ class Score(Sized, nn.Module):
         if q is not None and self.query_free:
             # A constant query scores every query row alike (Brauwers eq. 33-34): repeat the row.
             tail = 2 if self.d_out is None else 3
-            lead = torch.broadcast_shapes(e.shape[:-tail], q.shape[:-2])
+            lead = broadcast_shapes(e.shape[:-tail], q.shape[:-2])
             e = e.expand(*lead, q.shape[-2], *e.shape[e.dim() - tail + 1 :])
         return e

@@ -10,6 +10,7 @@ import torch
 from torch import Tensor, nn
 
 from attnkit.alignments.streaming import Streaming
+from attnkit.inputs import broadcast_shapes
 from attnkit.kernels import dense
 from attnkit.kernels.base import Call
 from attnkit.kernels.chunked import fused as fused_path
@@ -38,7 +39,7 @@ def rank2(x: Tensor | None) -> Tensor | None:
 
 def sizes(q, k, v, mask, bias) -> tuple[torch.Size, int, int]:
     """The output's batch dims (values, masks and biases may carry more than q and k do), M, N."""
-    lead = torch.broadcast_shapes(
+    lead = broadcast_shapes(
         k.shape[:-2],
         () if q is None else q.shape[:-2],
         v.shape[:-2],

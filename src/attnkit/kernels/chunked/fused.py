@@ -14,6 +14,7 @@ import torch
 from torch import Tensor
 
 from attnkit.alignments import Alignment
+from attnkit.inputs import broadcast_shapes
 from attnkit.kernels.block_mask import apply_score_mod
 from attnkit.kernels.chunked.forms import is_relative
 from attnkit.kernels.chunked.plan import Plan, TileKeys, block_of
@@ -263,7 +264,7 @@ def _fused_setup(plan: Plan, q, k, v, bias, score: Score, align: Alignment):
     assert temperature is not None and plan.block_mask is not None and FLASH is not None
     qp, kp, scale = score.dot_form(q, k)
     inv_t = 1.0 / temperature
-    lead = torch.broadcast_shapes(plan.lead, qp.shape[:-2], kp.shape[:-2])
+    lead = broadcast_shapes(plan.lead, qp.shape[:-2], kp.shape[:-2])
     fused = _FusedRun(plan, lead, v.dtype, bias, inv_t, scale * inv_t)
     return fused, qp, kp
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from attnkit.inputs import broadcast_shapes
 from attnkit.kernels.block_mask import BlockMask
 from attnkit.kernels.chunked.plan import Plan, TileKeys, block_of, block_ranges, sliced
 
@@ -171,5 +172,5 @@ def rows_with_a_key(mask: Tensor, block_mask: BlockMask) -> Tensor:
         if hit is None:
             hit = torch.zeros(q1 - q0, 1, dtype=torch.bool, device=mask.device)
         rows.append(hit)
-    shapes = torch.broadcast_shapes(*(r.shape[:-2] for r in rows))
+    shapes = broadcast_shapes(*(r.shape[:-2] for r in rows))
     return torch.cat([r.expand(*shapes, *r.shape[-2:]) for r in rows], dim=-2)
