@@ -39,7 +39,7 @@ from torch import Tensor, nn
 from attnkit import arguments
 from attnkit.modern.latent import LatentCache, LatentOutput, MultiHeadLatentAttention
 from attnkit.positions.rope_scaling import _cos_sin, _rotate, inverse_frequencies
-from attnkit.sparse_trainable._select import top_indices
+from attnkit.sparse_trainable._select import top_set
 from attnkit.sparse_trainable.dsa import LightningIndexer
 
 __all__ = ["LatentIndexer", "SparseLatentAttention", "SparseLatentCache"]
@@ -169,7 +169,8 @@ class LatentIndexer(nn.Module):
         (False where a row has fewer than k allowed keys)."""
         if mask is not None:
             scores = scores.masked_fill(~mask, float("-inf"))
-        return top_indices(scores, self.topk, ordered=False)
+        index, values = top_set(scores, self.topk)
+        return index, values > float("-inf")
 
     def select(self, scores: Tensor, mask: Tensor | None) -> Tensor:
         """The selection (…, L, N), True at each query's top-k keys among those ``mask``

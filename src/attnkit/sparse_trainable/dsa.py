@@ -19,10 +19,16 @@ nearly every block, so on either path the main attention scores about as many ke
 attention; queries before position T read all of their keys (no top-k is taken). The
 indexer is dense but small (ReLU instead of softmax): O(M·N·H^I·d^I) time over each query
 block's causal prefix (half of causal attention's scoring at the defaults H^I·d^I = 64 = d),
-plus an O(N) partial selection of the top-k per query; it runs without autograd a block of
-queries at a time (O(block·N) memory), and its training signal is evaluated at the selected
-keys only (O(M·T·H^I·d^I) time, O(M·T) memory). With k ≥ N (the default 2048 at shorter
-lengths) every term is quadratic: the part is full causal attention. With a bias, an
+plus an O(N) partial selection of the top-k per query (one ``torch.topk`` of k + 1, which
+settles ties at the border without another pass: :func:`top_set`, :func:`top_mask`); it runs
+without autograd a block of queries at a time (O(block·N) memory). Without autograd on the
+CPU nothing of size (M, k) exists: each chunk's index scores become the chunk's selection
+mask in place and are attended at once. In training the indexer's scores at the selected keys
+are read from the selection's blocks, and the backward of its training signal runs densely
+per chunk of queries as matrix products over the chunk's causal keys (the signal scattered
+there; O(M·N·H^I·d^I) time as the indexer's forward, O(M·T) memory kept, O(chunk·N)
+transient). With k ≥ N (the default 2048 at shorter lengths) every term is quadratic: the
+part is full causal attention. With a bias, an
 alignment other than a fixed-temperature softmax, or weights requested, the selected keys are
 gathered per query
 (:mod:`attnkit.sparse_trainable._gathered`).
