@@ -40,7 +40,7 @@ import torch
 from torch import Tensor
 
 from attnkit.sparse_trainable._nsa_chunks import Sizes, importance
-from attnkit.sparse_trainable._select import top_indices, top_indices_packed
+from attnkit.sparse_trainable._select import top_indices
 
 __all__ = ["applies", "nsa_blocks"]
 
@@ -471,8 +471,6 @@ def _rank(score: Tensor, pos: Tensor, sz: Sizes) -> tuple[Tensor, Tensor]:
     c0 = int(cur[0]) + 1  # blocks before it are no row's future
     after = torch.arange(c0, score.shape[-1], device=pos.device)[None, :] > cur[:, None]
     score[:, c0:].masked_fill_(after, -inf)
-    if score.dtype == torch.float32:
-        return top_indices_packed(score, sz.selected)
     return top_indices(score, sz.selected, ordered=False)
 
 
