@@ -213,9 +213,9 @@ class _TrainIndexer(torch.autograd.Function):
         qi, wi, ki, keys, grad = ctx.saved_tensors
         count, m, t = keys.shape
         h_i, n = qi.shape[-2], ki.shape[-2]
-        qi_t = qi.reshape(count, m, h_i, -1).transpose(1, 2)  # (count, H^I, M, d^I)
+        qi_t = qi.reshape(count, m, h_i, qi.shape[-1]).transpose(1, 2)  # (count, H^I, M, d^I)
         wi_t = wi.reshape(count, m, h_i).transpose(1, 2).unsqueeze(-1)  # (count, H^I, M, 1)
-        ki3 = ki.reshape(count, n, -1)
+        ki3 = ki.reshape(count, n, ki.shape[-1])
         dqi = torch.zeros_like(qi_t)
         dwi = torch.zeros(count, h_i, m, dtype=wi.dtype, device=wi.device)
         dki = torch.zeros_like(ki3)
@@ -405,10 +405,10 @@ class DeepSeekSparseAttention(HeadAttention):
         if trains:
             with torch.no_grad():
                 grad = _indexer_gradient(selected, w.detach(), self.indexer_loss_weight)
+            flat = (x.reshape(count, m, keys.shape[-1]) for x in (keys, grad))
             context = _TrainIndexer.apply(
-                context, qi, wi, ki, keys.reshape(count, m, -1), grad.reshape(count, m, -1),
-                self.group_size, int(pos[0]) if m else 0,
-            )  # fmt: skip
+                context, qi, wi, ki, *flat, self.group_size, int(pos[0]) if m else 0
+            )
 
         dense = None
         if need_weights:
@@ -428,9 +428,9 @@ class DeepSeekSparseAttention(HeadAttention):
         t = min(self.top_k, n)
         q3, k3, v3 = (x.reshape(count, *x.shape[-2:]) for x in (q, k, v))
         h_i = qi.shape[-2]
-        qi_t = qi.reshape(count, m, h_i, -1).transpose(1, 2)  # (count, H^I, M, d^I)
+        qi_t = qi.reshape(count, m, h_i, qi.shape[-1]).transpose(1, 2)  # (count, H^I, M, d^I)
         wi_t = wi.reshape(count, m, h_i).transpose(1, 2).unsqueeze(-1)  # (count, H^I, M, 1)
-        ki3 = ki.reshape(count, n, -1)
+        ki3 = ki.reshape(count, n, ki.shape[-1])
         heads = list(itertools.product(*(range(x) for x in lead)))
         columns = torch.arange(n, device=q.device)
         context = q.new_empty(count, m, v.shape[-1])
@@ -491,9 +491,9 @@ class DeepSeekSparseAttention(HeadAttention):
         columns = torch.arange(n, device=qi.device)
         step = max(1, min(m, INDEX_ELEMENTS // max(1, count * n)))
         with torch.no_grad():
-            qi_t = qi.reshape(count, m, h_i, -1).transpose(1, 2)  # (count, H^I, M, d^I)
+            qi_t = qi.reshape(count, m, h_i, qi.shape[-1]).transpose(1, 2)  # (count, H^I, M, d^I)
             wi_t = wi.reshape(count, m, h_i).transpose(1, 2).unsqueeze(-1)  # (count, H^I, M, 1)
-            ki3 = ki.reshape(count, n, -1)
+            ki3 = ki.reshape(count, n, ki.shape[-1])
         # queries that may read at most t keys (position < t) take all of them: keys 0 … t − 1
         # (those they may not read unavailable), the set a stable sort puts first
         short = max(0, min(m, t - int(pos[0]))) if m else 0
