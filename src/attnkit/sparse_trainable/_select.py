@@ -217,7 +217,8 @@ def top_mask(score: Tensor, count: int) -> tuple[Tensor, Tensor]:
         tied = x == bar
         need = count - above.sum(-1, keepdim=True, dtype=torch.int32)
         take = above | (tied & (tied.cumsum(-1, dtype=torch.int32) <= need))
-    src = torch.where(inside, 0.0, -inf).to(score.dtype)
+    zero = torch.zeros((), dtype=score.dtype, device=score.device)
+    src = torch.where(inside, zero, zero - inf)
     mask = score.fill_(-inf).scatter_(1, order, src)
     has = reach > 0
     if len(tied_rows):
