@@ -891,6 +891,7 @@ def quoted_value(rows: list[dict[str, str]], column: str, where: dict[str, str],
 
 PEERS_2026_11_28 = "Peer figures corrected"
 TRAINABLE_SPARSE_EVENING = "NSA, DSA and the layers, evening"
+SECOND_MACHINE = "A second machine"
 PEER_TIME = ("time ratio", {}, "max")
 QUOTES: tuple[Quote, ...] = (
     Quote(
@@ -918,13 +919,25 @@ QUOTES: tuple[Quote, ...] = (
         )
         for p in (1, 2, 4)
     ),
-    Quote(
-        "trainable-sparse-nsa-memory",
-        Site("docs/trainable_sparse.md", "16384 its forward + backward holds {fb}x SDPA's peak memory, its forward {f}x"),
-        TRAINABLE_SPARSE_EVENING,
-        {"fb": ("NSA / SDPA", {"N": "16384", "step": "forward+backward"}, "all"),
-         "f": ("NSA / SDPA", {"N": "16384", "step": "forward"}, "all")},
-        table=2,
+    *(
+        Quote(
+            f"trainable-sparse-nsa-{machine}-{what}",
+            Site("docs/trainable_sparse.md", row),
+            section,
+            {f"{'f' if step == 'forward' else 'b'}{n}": ("NSA / SDPA", {"N": str(n), "step": step}, "all")
+             for step in ("forward", "forward+backward") for n in sizes},
+            table=table,
+        )
+        for machine, section, sizes, what, table, row in (
+            ("amd", TRAINABLE_SPARSE_EVENING, (8192, 16384), "time", 1,
+             "| AMD EPYC | {f8192} / {f16384} / — | {b8192} / {b16384} / — | {_}x / {_}x"),
+            ("amd", TRAINABLE_SPARSE_EVENING, (16384,), "memory", 2,
+             "| AMD EPYC | {_} / {_} / — | {_} / {_} / — | {f16384}x / {b16384}x"),
+            ("intel", SECOND_MACHINE, (8192, 16384, 32768), "time", 0,
+             "| Intel Xeon (AVX-512) | {f8192} / {f16384} / {f32768} | {b8192} / {b16384} / {b32768} | {_}x / {_}x |"),
+            ("intel", SECOND_MACHINE, (16384,), "memory", 1,
+             "| Intel Xeon (AVX-512) | {_} / {_} / {_} | {_} / {_} / {_} | {f16384}x / {b16384}x |"),
+        )
     ),
     Quote(
         "trainable-sparse-dsa-time",
