@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from attnkit.sparse_trainable import _gathered
-from attnkit.sparse_trainable._gathered import gathered_softmax, selected_index_scores
+from attnkit.sparse_trainable._gathered import gathered_softmax
 
 D = torch.float64
 
@@ -85,42 +85,6 @@ def test_gathered_softmax_reads_nothing_unselected():
     dq, dk, dv = torch.autograd.grad(out.sum(), (q, k, v))
     assert not dq.isnan().any()
     assert not dk[~used].any() and not dv[~used].any()
-
-
-def _index_loop(qi, wi, ki, index, ok):
-    """I_{m,t} = Σ_j w_{m,j} ReLU(q^I_{m,j} · k^I_{index[m,t]}) (DSA eq. 1), 0 where not ok."""
-    out = torch.zeros(index.shape, dtype=D)
-    for item in torch.cartesian_prod(*[torch.arange(s) for s in index.shape[:-2]]).tolist():
-        item = tuple(item)
-        for m in range(index.shape[-2]):
-            for t in range(index.shape[-1]):
-                if ok[item][m, t]:
-                    key = ki[item][index[item][m, t]]
-                    out[item][m, t] = sum(
-                        wi[item][m, j] * torch.relu(qi[item][m, j] @ key)
-                        for j in range(qi.shape[-2])
-                    )
-    return out
-
-
-@pytest.mark.parametrize("block_elements", [1, 1 << 20])
-def test_selected_index_scores_match_eq_1(monkeypatch, block_elements):
-    monkeypatch.setattr(_gathered, "BLOCK_ELEMENTS", block_elements)
-    g = torch.Generator().manual_seed(3)
-    lead, m, n, t, heads, dim = (2, 2), 5, 6, 3, 3, 2
-    qi = torch.randn(*lead, m, heads, dim, generator=g, dtype=D, requires_grad=True)
-    wi = torch.randn(*lead, m, heads, generator=g, dtype=D, requires_grad=True)
-    ki = torch.randn(*lead, n, dim, generator=g, dtype=D, requires_grad=True)
-    index = torch.randint(0, n, (*lead, m, t), generator=g)
-    ok = torch.rand(*lead, m, t, generator=g) < 0.8
-    out = selected_index_scores(qi, wi, ki, index, ok)
-    ref = _index_loop(qi, wi, ki, index, ok)
-    torch.testing.assert_close(out, ref, atol=1e-12, rtol=1e-10)
-    r = torch.randn(out.shape, generator=g, dtype=D)
-    got = torch.autograd.grad((out * r).sum(), (qi, wi, ki))
-    want = torch.autograd.grad((ref * r).sum(), (qi, wi, ki))
-    for a, w in zip(got, want, strict=True):
-        torch.testing.assert_close(a, w, atol=1e-12, rtol=1e-10)
 
 
 def test_query_block_keeps_a_block_near_the_budget():

@@ -9,7 +9,6 @@ import torch
 from attnkit.sparse_trainable._select import (
     all_finite,
     top_indices,
-    top_indices_packed,
     top_mask,
     top_set,
 )
@@ -75,20 +74,21 @@ def test_top_indices_of_every_entry_mark_the_minus_inf_ones_unavailable(ordered)
     assert torch.equal(torch.gather(available, -1, taken.indices), want)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("count", [0, 1, 5, 16, 40])
-def test_packed_top_indices_are_the_set_a_stable_sort_puts_first(count):
-    """float32 scores with ties, ±inf, NaN, −0 and negative values: the same set as the first
+def test_unordered_top_indices_of_special_values_are_the_set_a_stable_sort_puts_first(count, dtype):
+    """Scores with ties, ±inf, NaN, −0 and negative values: the same set as the first
     ``count`` of a stable descending sort (ties by index, NaN as −inf, −0 equal to +0), with
     the same availability."""
     g = torch.Generator().manual_seed(count)
-    score = (torch.randint(-3, 4, (60, 33), generator=g) * 0.5).float()
+    score = (torch.randint(-3, 4, (60, 33), generator=g) * 0.5).to(dtype)
     r = torch.rand(60, 33, generator=g)
     score[r < 0.1] = float("inf")
     score[(r >= 0.1) & (r < 0.2)] = float("-inf")
     score[(r >= 0.2) & (r < 0.25)] = float("nan")
     score[(r >= 0.25) & (r < 0.3)] = -0.0
-    score[40:] = torch.randn(20, 33, generator=g)  # no ties
-    index, available = top_indices_packed(score, count)
+    score[40:] = torch.randn(20, 33, generator=g, dtype=dtype)  # no ties
+    index, available = top_indices(score, count, ordered=False)
     inf = float("inf")
     clean = torch.where(score.isnan(), -inf, score) + 0.0  # −0 → +0 for the sort's ties
     take = min(count, 33)
@@ -99,11 +99,6 @@ def test_packed_top_indices_are_the_set_a_stable_sort_puts_first(count):
     assert torch.equal(
         torch.gather(available, -1, got.indices), torch.gather(clean, -1, want.values) > -inf
     )
-
-
-def test_packed_top_indices_take_float32_only():
-    with pytest.raises(TypeError, match="float32"):
-        top_indices_packed(torch.zeros(2, 3, dtype=torch.float64), 1)
 
 
 def test_all_finite_agrees_with_isfinite():

@@ -17,8 +17,7 @@ and, for the backward (the softmax Jacobian, g = ∂L/∂p + ∂L/∂o · v_{ind
     ∂L/∂k_j = scale Σ_{(m,t): index=j} ∂L/∂e_{m,t} q_m,
     ∂L/∂v_j = Σ_{(m,t): index=j} p_{m,t} ∂L/∂o_m.
 
-:func:`selected_index_scores` does the same for the lightning indexer of DSA (its eq. 1) at the
-selected keys only. Time O(M·T·d) for both; memory O(M·T) kept plus O(block·T·d) transient.
+Time O(M·T·d); memory O(M·T) kept plus O(block·T·d) transient.
 """
 
 from __future__ import annotations
@@ -26,7 +25,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-__all__ = ["gathered_softmax", "query_block", "selected_index_scores"]
+__all__ = ["gathered_softmax", "query_block"]
 
 #: elements of one block's gathered keys (float32: 4 MiB; larger blocks ran slower on CPU)
 BLOCK_ELEMENTS = 1 << 20
@@ -152,67 +151,3 @@ def gathered_softmax(
     bias3 = None if bias is None else bias.broadcast_to(*lead, m, t).reshape(count, m, t)
     out, weights = _GatheredSoftmax.apply(q3, k3, v3, bias3, index3, ok3, float(scale))
     return out.view(*lead, m, v.shape[-1]), weights.view(*lead, m, t)
-
-
-class _SelectedIndex(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, qi, wi, ki, index, ok):
-        count, m, t = index.shape
-        kf = _flat_rows(ki, count)
-        offsets = torch.arange(count, device=qi.device)[:, None, None] * ki.shape[-2]
-        zero = count * ki.shape[-2]
-        out = qi.new_empty(count, m, t)
-        step = query_block(m, count * t * (qi.shape[-2] + qi.shape[-1]))
-        for s in range(0, m, step):
-            sl = slice(s, s + step)
-            rows = _rows(index[:, sl], ok[:, sl], offsets, zero)
-            kg = _gather(kf, rows, index[:, sl].shape)  # (L, b, T, d_I)
-            dots = torch.relu(qi[:, sl] @ kg.transpose(-1, -2))  # (L, b, H_I, T)
-            out[:, sl] = (wi[:, sl, None, :] @ dots).squeeze(-2)
-        ctx.save_for_backward(qi, wi, ki, index, ok)
-        return out
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, grad):
-        qi, wi, ki, index, ok = ctx.saved_tensors
-        count, m, t = index.shape
-        kf = _flat_rows(ki, count)
-        offsets = torch.arange(count, device=qi.device)[:, None, None] * ki.shape[-2]
-        zero = count * ki.shape[-2]
-        dqi, dwi, dk = torch.zeros_like(qi), torch.zeros_like(wi), torch.zeros_like(kf)
-        step = query_block(m, count * t * (qi.shape[-2] + qi.shape[-1]))
-        for s in range(0, m, step):
-            sl = slice(s, s + step)
-            rows = _rows(index[:, sl], ok[:, sl], offsets, zero)
-            kg = _gather(kf, rows, index[:, sl].shape)
-            dots = qi[:, sl] @ kg.transpose(-1, -2)  # (L, b, H_I, T)
-            g = grad[:, sl, None, :]  # (L, b, 1, T)
-            dwi[:, sl] = (torch.relu(dots) * g).sum(-1)
-            ddots = (wi[:, sl, :, None] * g).where(dots > 0, 0.0)
-            dqi[:, sl] = ddots @ kg
-            dk.index_add_(0, rows, (ddots.transpose(-1, -2) @ qi[:, sl]).reshape(-1, kf.shape[-1]))
-        return dqi, dwi, dk[:zero].view_as(ki), None, None
-
-
-def selected_index_scores(qi: Tensor, wi: Tensor, ki: Tensor, index: Tensor, ok: Tensor) -> Tensor:
-    """DSA eq. 1 at the selected keys: I_{m,t} = Σ_j w_{m,j} ReLU(q^I_{m,j} · k^I_{index[m,t]}).
-
-    Args:
-        qi: (*lead, M, H^I, d^I) the indexer queries.
-        wi: (*lead, M, H^I) the indexer head weights.
-        ki: (*lead, N, d^I) the indexer keys.
-        index: (*lead, M, T) int64 key numbers in [0, N).
-        ok: (*lead, M, T) bool, the entries to evaluate.
-
-    Returns:
-        (*lead, M, T), 0 where not ``ok``, differentiable (once) with respect to qi, wi, ki.
-    """
-    lead, (m, t) = index.shape[:-2], index.shape[-2:]
-    count = lead.numel()
-    qi3 = qi.broadcast_to(*lead, *qi.shape[-3:]).reshape(count, m, *qi.shape[-2:])
-    wi3 = wi.broadcast_to(*lead, *wi.shape[-2:]).reshape(count, m, wi.shape[-1])
-    ki3 = ki.broadcast_to(*lead, *ki.shape[-2:]).reshape(count, ki.shape[-2], ki.shape[-1])
-    ok3 = ok.broadcast_to(*lead, m, t).reshape(count, m, t)
-    out = _SelectedIndex.apply(qi3, wi3, ki3, index.reshape(count, m, t), ok3)
-    return out.view(*lead, m, t)

@@ -19,7 +19,6 @@ __all__ = [
     "row_mask",
     "sanitize",
     "top_indices",
-    "top_indices_packed",
     "top_mask",
     "top_set",
 ]
@@ -101,6 +100,16 @@ def group_sum(x: Tensor, group_size: int) -> Tensor:
     return grouped.sum(-3, keepdim=True).expand_as(grouped).flatten(-4, -3)
 
 
+def _taken_at_bar(rows: Tensor, bar: Tensor, count: int) -> Tensor:
+    """(R, K) bool: every entry of ``rows`` above its row's ``bar`` (R, 1) and the first ones
+    equal to it, ``count`` in all: the choice of a stable descending sort where a tie at the
+    count-th value crosses the border."""
+    above = rows > bar
+    tied = rows == bar
+    need = count - above.sum(-1, keepdim=True, dtype=torch.int32)
+    return above | (tied & (tied.cumsum(-1, dtype=torch.int32) <= need))
+
+
 def top_indices(score: Tensor, count: int, *, ordered: bool = True) -> tuple[Tensor, Tensor]:
     """The ``count`` highest entries of ``score`` (…, K) per row, ties in index order (the set
     a stable descending sort puts first), in index order, and whether each is finite-or-+inf
@@ -133,11 +142,7 @@ def top_indices(score: Tensor, count: int, *, ordered: bool = True) -> tuple[Ten
     tied_rows = (reach != count).view(-1).nonzero()[:, 0]
     if len(tied_rows):  # those rows take every entry above the bar and the first ones at it
         rows = score.reshape(-1, k)[tied_rows]
-        row_bar = bar.reshape(-1, 1)[tied_rows]
-        above = rows > row_bar
-        tied = rows == row_bar
-        need = count - above.sum(-1, keepdim=True, dtype=torch.int32)
-        take = above | (tied & (tied.cumsum(-1, dtype=torch.int32) <= need))
+        take = _taken_at_bar(rows, bar.reshape(-1, 1)[tied_rows], count)
         index = take.nonzero()[:, 1].view(len(tied_rows), count)  # exactly count per row
         order, values = order.reshape(-1, count), values.reshape(-1, count)  # (topk's own)
         order[tied_rows], values[tied_rows] = index, torch.gather(rows, -1, index)
@@ -146,40 +151,6 @@ def top_indices(score: Tensor, count: int, *, ordered: bool = True) -> tuple[Ten
         return order, values > -inf
     order, rank = order.sort(-1)
     return order, torch.gather(values, -1, rank) > -inf
-
-
-def top_indices_packed(score: Tensor, count: int) -> tuple[Tensor, Tensor]:
-    """:func:`top_indices` with ``ordered`` False for a float32 ``score`` (…, K), K < 2³¹: the
-    same set, by one ``torch.topk`` over int64 keys that hold the score's order in the high
-    half and the reversed index in the low half, so that every key is distinct and a tie goes
-    to the lower index with no pass over the ties.
-
-    The high half is the float's bits made monotone (a negative float's magnitude bits
-    flipped), after NaN → −inf and −0 → +0, so that the keys order as the scores do.
-
-    Returns:
-        (index (…, count) int64 in any order, available (…, count) bool).
-    """
-    if score.dtype != torch.float32:
-        raise TypeError(f"top_indices_packed takes float32 scores, got {score.dtype}")
-    k = score.shape[-1]
-    count = min(count, k)
-    lead = score.shape[:-1]
-    if count == 0 or lead.numel() == 0:
-        empty = score.new_zeros(*lead, count, dtype=torch.long)
-        return empty, empty.bool()
-    inf = float("inf")
-    bits = score.nan_to_num(nan=-inf, posinf=inf, neginf=-inf).add_(0.0).view(torch.int32)
-    bits = bits.bitwise_xor_(bits.bitwise_right_shift(31).bitwise_and_(0x7FFFFFFF))
-    low = torch.arange(k - 1, -1, -1, device=score.device)
-    key = bits.long().bitwise_left_shift_(32).bitwise_or_(low)
-    del bits
-    top = torch.topk(key, count, dim=-1, sorted=False).values
-    del key
-    index = (k - 1) - top.bitwise_and(0xFFFFFFFF)
-    lowest = torch.tensor(-inf).view(torch.int32)  # −inf's key: 0xFF800000 made monotone
-    lowest = int(lowest ^ (lowest >> 31 & 0x7FFFFFFF))
-    return index, top.bitwise_right_shift_(32) > lowest
 
 
 def top_mask(score: Tensor, count: int) -> tuple[Tensor, Tensor]:
@@ -212,11 +183,8 @@ def top_mask(score: Tensor, count: int) -> tuple[Tensor, Tensor]:
     reach = inside.sum(-1, dtype=torch.int32)
     tied_rows = ((reach < count) & (low[:, 0] > -inf)).nonzero()[:, 0]
     if len(tied_rows):  # every entry above the bar and the first ones at it
-        x, bar = score[tied_rows], low[tied_rows]
-        above = x > bar
-        tied = x == bar
-        need = count - above.sum(-1, keepdim=True, dtype=torch.int32)
-        take = above | (tied & (tied.cumsum(-1, dtype=torch.int32) <= need))
+        x = score[tied_rows]
+        take = _taken_at_bar(x, low[tied_rows], count)
     zero = torch.zeros((), dtype=score.dtype, device=score.device)
     src = torch.where(inside, zero, zero - inf)
     mask = score.fill_(-inf).scatter_(1, order, src)
@@ -269,11 +237,8 @@ def top_set(score: Tensor, count: int) -> tuple[Tensor, Tensor]:
     reach = (values > low).sum(-1, dtype=torch.int32)
     tied_rows = ((reach < count) & (low[:, 0] > -inf)).nonzero()[:, 0]
     if len(tied_rows):  # every entry above the bar and the first ones at it
-        rows, bar = flat[tied_rows], low[tied_rows]
-        above = rows > bar
-        tied = rows == bar
-        need = count - above.sum(-1, keepdim=True, dtype=torch.int32)
-        take = above | (tied & (tied.cumsum(-1, dtype=torch.int32) <= need))
+        rows = flat[tied_rows]
+        take = _taken_at_bar(rows, low[tied_rows], count)
         index = take.nonzero()[:, 1].view(len(tied_rows), count)  # exactly count per row
         order[tied_rows], values[tied_rows] = index, torch.gather(rows, -1, index)
     return order.view(*lead, count), values.view(*lead, count)
