@@ -105,22 +105,20 @@ def test_a_causal_mask_is_known_as_made_until_it_changes():
         assert not masks.is_made_causal(masks.causal(3))  # (no version counter: not remembered)
 
 
-def test_a_shared_causal_mask_is_made_once_per_size_inside_a_block_only():
+def test_a_shared_causal_mask_is_made_once_per_size_for_those_who_share_a_dict():
     outside = masks.causal_shared(5, 7)
-    assert outside is not masks.causal_shared(5, 7)  # (a new one outside a block)
+    assert outside is not masks.causal_shared(5, 7)  # (a new one without a dict)
     torch.testing.assert_close(outside, masks.causal(5, 7))
-    with masks.sharing_causal():
-        first = masks.causal_shared(5, 7)
-        assert masks.causal_shared(5, 7) is first
-        torch.testing.assert_close(first, torch.ones(5, 7, dtype=torch.bool).tril(2))
-        other = masks.causal_shared(6)
-        assert other is not first and masks.is_made_causal(other)
-        with masks.sharing_causal():  # a nested block shares the outer one's masks
-            assert masks.causal_shared(5, 7) is first
-        assert masks.causal_shared(5, 7) is first
-        first[0, 4] = True  # changed in place: not handed out again
-        again = masks.causal_shared(5, 7)
-        assert again is not first and not bool(again[0, 4])
-    assert masks.causal_shared(5, 7) is not again  # (the block's masks are gone)
-    with torch.inference_mode(), masks.sharing_causal():
-        assert masks.causal_shared(3) is masks.causal_shared(3)
+    shared: dict = {}
+    first = masks.causal_shared(5, 7, shared=shared)
+    assert masks.causal_shared(5, 7, shared=shared) is first
+    assert masks.causal_shared(5, 7, shared={}) is not first  # (another dict: its own)
+    torch.testing.assert_close(first, torch.ones(5, 7, dtype=torch.bool).tril(2))
+    other = masks.causal_shared(6, shared=shared)
+    assert other is not first and masks.is_made_causal(other)
+    first[0, 4] = True  # changed in place: not handed out again
+    again = masks.causal_shared(5, 7, shared=shared)
+    assert again is not first and not bool(again[0, 4])
+    with torch.inference_mode():
+        kept: dict = {}
+        assert masks.causal_shared(3, shared=kept) is masks.causal_shared(3, shared=kept)

@@ -7,10 +7,7 @@ gives weights 0 and context 0 (never NaN).
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import weakref
-from collections.abc import Iterator
 
 import torch
 from torch import Tensor
@@ -25,7 +22,6 @@ __all__ = [
     "combine",
     "from_lengths",
     "is_made_causal",
-    "sharing_causal",
     "window",
 ]
 
@@ -84,40 +80,23 @@ def causal(m: int, n: int | None = None, *, device: torch.device | str | None = 
     return mask
 
 
-# (M, N, device) -> (mask, version) within a :func:`sharing_causal` block, None outside one
-_SHARED: contextvars.ContextVar[dict | None] = contextvars.ContextVar(
-    "attnkit_shared_causal", default=None
-)
-
-
-@contextlib.contextmanager
-def sharing_causal() -> Iterator[None]:
-    """Within the block, :func:`causal_shared` makes each (M, N) causal mask once: the layers of
-    one stack's forward (:class:`attnkit.transformer.TransformerDecoder`) share it instead of
-    building an (M, N) tensor each. The masks are dropped when the outermost block ends, so
-    nothing is kept between calls; a nested block shares the outer one's masks."""
-    if _SHARED.get() is not None:
-        yield
-        return
-    token = _SHARED.set({})
-    try:
-        yield
-    finally:
-        _SHARED.reset(token)
-
-
 def causal_shared(
-    m: int, n: int | None = None, *, device: torch.device | str | None = None
+    m: int,
+    n: int | None = None,
+    *,
+    device: torch.device | str | None = None,
+    shared: dict | None = None,
 ) -> Tensor:
-    """:func:`causal` (M, N), the same tensor for every call with these sizes and device inside a
-    :func:`sharing_causal` block (a new one outside it). For callers that never change the mask
-    in place (the library's own layers); one changed in place since is not handed out again."""
-    memo = _SHARED.get()
-    if memo is None:
+    """:func:`causal` (M, N), made once per sizes and device for everyone who passes the same
+    ``shared`` dict (a new one each call with None): the layers of one stack's forward
+    (:class:`attnkit.transformer.TransformerDecoder`) pass theirs, so that they hold one mask
+    instead of an (M, N) tensor each. For callers that never change the mask in place (the
+    library's own layers); one changed in place since is not handed out again."""
+    if shared is None:
         return causal(m, n, device=device)
     n = m if n is None else n
     key = (m, n, torch.device("cpu") if device is None else torch.device(device))
-    kept = memo.get(key)
+    kept = shared.get(key)
     if kept is not None:
         try:
             unchanged = kept[0]._version == kept[1]
@@ -130,7 +109,7 @@ def causal_shared(
         version = mask._version
     except RuntimeError:
         version = None
-    memo[key] = (mask, version)
+    shared[key] = (mask, version)
     return mask
 
 

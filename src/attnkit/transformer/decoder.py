@@ -8,7 +8,7 @@ from typing import Any
 
 from torch import Tensor, nn
 
-from attnkit import arguments, layer_plan, masks
+from attnkit import arguments, layer_plan
 from attnkit import taxonomy as tx
 from attnkit.kernels.block_mask import BlockMask, ScoreMod
 from attnkit.kv_cache import KVCache
@@ -81,17 +81,18 @@ class TransformerDecoder(nn.Module):
                 f"cache must be a KVCache with {len(self.layers)} layers (decoder.new_cache()), "
                 f"got {cache!r}"
             )
-        with masks.sharing_causal():  # one causal mask per length for all the layers
-            for i, layer in enumerate(self.layers):
-                slot = None if cache is None else cache[i]
-                x = layer(
-                    x,
-                    memory,
-                    mask=mask,
-                    memory_mask=memory_mask,
-                    causal=causal,
-                    cache=slot,
-                    block_mask=block_mask,
-                    score_mod=score_mod,
-                )
+        shared: dict = {}  # one causal mask per (M, N) for all the layers of this forward
+        for i, layer in enumerate(self.layers):
+            slot = None if cache is None else cache[i]
+            x = layer(
+                x,
+                memory,
+                mask=mask,
+                memory_mask=memory_mask,
+                causal=causal,
+                cache=slot,
+                block_mask=block_mask,
+                score_mod=score_mod,
+                shared_masks=shared,
+            )
         return x if self.norm is None else self.norm(x)

@@ -101,6 +101,7 @@ class TransformerDecoderLayer(Block):
         cache: LayerCache | None = None,
         block_mask: BlockMask | None = None,
         score_mod: ScoreMod | None = None,
+        shared_masks: dict | None = None,
     ) -> Tensor:
         """Args:
         x: (B, M, embed_dim) decoder states.
@@ -118,6 +119,9 @@ class TransformerDecoderLayer(Block):
             :meth:`attnkit.MultiHeadAttention.forward`); the causal mask still applies, so a
             causal block mask (e.g. of ``patterns.sliding_window(w, causal=True)``) lets the
             tiles above the diagonal be skipped.
+        shared_masks: a dict the layers of one stack's forward share, so that they build
+            each (M, N) causal mask once (:func:`attnkit.masks.causal_shared`); None: this
+            layer builds its own.
         """
         arguments.boolean(causal, "causal")
         if self.mixer is not None:
@@ -133,7 +137,7 @@ class TransformerDecoderLayer(Block):
             x = self._sublayer(
                 x,
                 self.norms[0],
-                lambda y: self._attend(y, mask, causal, cache, block_mask, score_mod),
+                lambda y: self._attend(y, mask, causal, cache, block_mask, score_mod, shared_masks),
             )
         if self.cross_attention is None:
             if memory is not None or memory_mask is not None:
@@ -158,6 +162,7 @@ class TransformerDecoderLayer(Block):
         cache: LayerCache | None,
         block_mask: BlockMask | None,
         score_mod: ScoreMod | None,
+        shared_masks: dict | None = None,
     ) -> Tensor:
         m = y.shape[-2]
         cached = 0 if cache is None else len(cache)
@@ -169,7 +174,11 @@ class TransformerDecoderLayer(Block):
             ).context
         # One new position after the cached ones may attend every key: no mask to build, check
         # or apply on the per-token path of decoding.
-        future = masks.causal_shared(m, n, device=y.device) if causal and m > 1 else None
+        future = (
+            masks.causal_shared(m, n, device=y.device, shared=shared_masks)
+            if causal and m > 1
+            else None
+        )
         window = self._window_mask(m, n, causal, y.device)
         # a window cache keeps the last keys only; a mask over every position seen
         # (layer_plan.seen) covers them in its last columns
