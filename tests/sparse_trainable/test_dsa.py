@@ -280,3 +280,51 @@ def test_inference_selects_and_attends_a_block_at_a_time(
     every = torch.ones(2, 2, m, n, dtype=torch.bool) if keep is None else keep
     ref = _reference(part, q, k, v, every.expand(2, 2, m, n), q_offset)
     torch.testing.assert_close(fast, ref, atol=1e-12, rtol=1e-10)
+
+
+def test_training_with_fewer_keys_than_top_k_past_position_k_equals_the_gathered_path(
+    monkeypatch,
+):
+    """A padded sequence leaves queries beyond position k with fewer than k keys: their
+    unavailable entries may name keys past a fused chunk's end (the selection runs over wider
+    blocks than the fused chunks). Through the fused kernel (several chunks) the output and
+    every gradient, the indexer's included, equal the per-query gathers' (weights requested)."""
+    from attnkit.sparse_trainable import _selected, dsa
+
+    monkeypatch.setattr(_selected, "MASK", 40)  # fused chunks of a few rows
+    monkeypatch.setattr(dsa, "INDEX_ELEMENTS", 12 * 40)  # selection blocks of 12 rows
+    torch.manual_seed(0)
+    sizes = {"top_k": 6, "indexer_heads": 2, "indexer_dim": 3}
+    module = DeepSeekSparseAttention(4, **sizes, indexer_loss_weight=0.5).double()
+    q, k, v = _inputs(b=2, h=1, m=40, n=40)
+    mask = (torch.arange(40) < torch.tensor([40, 3])[:, None])[:, None, None, :]  # (2, 1, 1, 40)
+    r = torch.randn(2, 1, 40, 4, dtype=torch.float64)
+    results = []
+    for gathered in (False, True):
+        leaves = [x.detach().requires_grad_() for x in (q, k, v)]
+        module.zero_grad()
+        out = module(*leaves, mask=mask, need_weights=gathered).context
+        (out * r).sum().backward()
+        grads = [x.grad for x in leaves] + [p.grad.clone() for p in module.indexer.parameters()]
+        results.append((out.detach(), grads))
+    torch.testing.assert_close(results[0][0], results[1][0], atol=1e-12, rtol=1e-10)
+    for a, b in zip(results[0][1], results[1][1], strict=True):
+        torch.testing.assert_close(a, b, atol=1e-12, rtol=1e-10)
+
+
+def test_a_query_that_is_not_finite_reads_no_key_in_training_as_in_inference():
+    """Its index scores are NaN (ranked as −inf): no key is available, the output is 0 on
+    both paths, and its NaN does not reach the gradient of the indexer's key projection (the
+    row has no selected key, so no index score of it is trained)."""
+    torch.manual_seed(0)
+    module = DeepSeekSparseAttention(4, top_k=3, indexer_heads=2, indexer_dim=3).double()
+    q, k, v = _inputs(b=1, h=1, m=9, n=9)
+    q[0, 0, 5] = float("nan")
+    with torch.no_grad():
+        inferred = module(q, k, v).context
+    leaves = [x.detach().requires_grad_() for x in (q, k, v)]
+    out = module(*leaves).context
+    torch.testing.assert_close(out, inferred, atol=1e-12, rtol=1e-10)
+    assert not out[0, 0, 5].any() and out.isfinite().all()
+    out.sum().backward()
+    assert module.indexer.key.weight.grad.isfinite().all()

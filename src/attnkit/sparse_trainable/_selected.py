@@ -169,8 +169,8 @@ class _FusedSelected(torch.autograd.Function):
     """The selected keys as a mask over each chunk's causal keys, through PyTorch's fused CPU
     kernel (forward and backward): every key up to the chunk's last is scored (as causal
     attention does) and the mask keeps the selection, with no per-query gather. A row whose
-    mask is −inf throughout (no key) gets output 0 and log-sum-exp 0 from the kernel, so that
-    its backward is 0 too."""
+    mask is −inf throughout (no key) gets output 0 and log-sum-exp 0, so that its backward is
+    0 too."""
 
     @staticmethod
     def forward(ctx, q, k, v, keys, ok, q_offset, scale, want_weights):
@@ -191,6 +191,11 @@ class _FusedSelected(torch.autograd.Function):
                     attn_mask=mask[None, None], scale=scale,
                 )[:2]  # fmt: skip
                 out[c, a:b], lse[c, a:b] = o[0, 0], s[0, 0]
+                if not every:  # a row without a key: 0 (the kernel's own result is NaN where
+                    # q is not finite)
+                    none = ~ok[c, a:b].any(-1)
+                    out[c, a:b].masked_fill_(none[:, None], 0.0)
+                    lse[c, a:b].masked_fill_(none, 0.0)
                 if want_weights:  # p at the selected keys: exp(e − lse)
                     e = torch.matmul(qc, kc.transpose(0, 1))
                     e = e.gather(-1, chosen if every else chosen.clamp_max(end - 1))

@@ -219,14 +219,21 @@ class _TrainIndexer(torch.autograd.Function):
         dqi = torch.zeros_like(qi_t)
         dwi = torch.zeros(count, h_i, m, dtype=wi.dtype, device=wi.device)
         dki = torch.zeros_like(ki3)
+        if not (bool(torch.isfinite(qi_t).all()) and bool(torch.isfinite(wi_t).all())):
+            # a query whose index scores are not finite has no available key and no gradient
+            # (∂L/∂I = 0 there); zeroed, its q^I and w^I add 0, not 0 · NaN, to the others'
+            qi_t = torch.where(torch.isfinite(qi_t), qi_t, 0.0)
+            wi_t = torch.where(torch.isfinite(wi_t), wi_t, 0.0)
         g = ctx.group_size
         for first_head in range(0, count, g):
             group = range(first_head, first_head + g)
             for a, b, end in fused_chunks(m, n, ctx.q_offset):
-                # keys past the chunk's end hold no gradient (not available)
-                dense = grad.new_zeros(b - a, min(n, max(end, t)))
+                # an unavailable entry (gradient 0) may name any key, also one past the chunk's
+                # end: clamped into the buffer, it adds its 0 there
+                width = min(n, max(end, t))
+                dense = grad.new_zeros(b - a, width)
                 for c in group:
-                    dense.scatter_add_(1, keys[c, a:b], grad[c, a:b])
+                    dense.scatter_add_(1, keys[c, a:b].clamp_max(width - 1), grad[c, a:b])
                 dense = dense[:, :end]
                 for c in group:
                     qc = qi_t[c, :, a:b].reshape(h_i * (b - a), -1)
