@@ -86,8 +86,6 @@ class _Geometry:
     def __init__(self, m: int, n: int, q_offset: int, sz: Sizes) -> None:
         lb = sz.select
         self.lb, self.m, self.n, self.sz = lb, m, n, sz
-        # the working sizes, read from the module's constants when the call starts
-        self.batch, self.chunk, self.pieces, self.span = BATCH, CHUNK, PIECES, SPAN
         self.first = q_offset // lb  # the first query block
         self.last = (n - 1) // lb  # the last query block (may be partial)
         self.full = n // lb  # key blocks of l' keys
@@ -391,13 +389,13 @@ class _Tiles:
         self.query = torch.full((total * TILE,), m, dtype=torch.int32, device=device)
         self.query[slot.long()] = row
         self.block = torch.repeat_interleave(torch.arange(len(per), device=device), per)
-        self.rows, self.start, self.batch = m, start, geo.batch
+        self.rows, self.start = m, start
 
     def batches(self):
         """(rows counted from ``start``, the rows in the call (a real one for an unused
         slot), blocks) per batch of tiles, int64 (the index kernels take a slower path with
         int32)."""
-        step = max(1, self.batch // TILE)
+        step = max(1, BATCH // TILE)
         for t0 in range(0, len(self.block), step):
             t1 = min(len(self.block), t0 + step)
             rows = self.query[t0 * TILE : t1 * TILE].long()
@@ -479,7 +477,7 @@ def _chunks(geo: _Geometry, cc: int | None, lo: int = 0, hi: int | None = None):
     compressed scores each (``cc`` compressed blocks), or with ``cc`` None ~PIECES rows (the
     pieces' calls)."""
     hi = geo.m if hi is None else hi
-    per = geo.pieces if cc is None else geo.chunk // max(1, cc)
+    per = PIECES if cc is None else CHUNK // max(1, cc)
     per = max(1, per // geo.lb) * geo.lb
     for a in range(lo, hi, per):
         yield a, min(hi, a + per)
@@ -490,11 +488,10 @@ def _forward_group(items, geo: _Geometry, scale: float) -> None:
     an (x, keys, values, kc, vc, gates, out, lse, chosen): writes the context ``out``
     (M, d_v), ``lse`` (3, M) and, where not None, ``chosen`` (M, n') (−1 where unavailable).
 
-    Runs over spans of ``geo.span`` (SPAN) query rows, each to
-    its end (compressed branch and selection, pieces, gathered tiles), so that what a span
-    holds (the selected branch's running merge, the chosen blocks, the sorted pairs) grows
-    with the span, not with M."""
-    span = max(1, geo.span // geo.lb) * geo.lb
+    Runs over spans of SPAN query rows, each to its end (compressed branch and selection,
+    pieces, gathered tiles), so that what a span holds (the selected branch's running merge,
+    the chosen blocks, the sorted pairs) grows with the span, not with M."""
+    span = max(1, SPAN // geo.lb) * geo.lb
     for lo in range(0, geo.m, span):
         _forward_span(items, geo, scale, lo, min(geo.m, lo + span))
 
