@@ -219,11 +219,11 @@ class _TrainIndexer(torch.autograd.Function):
         dqi = torch.zeros_like(qi_t)
         dwi = torch.zeros(count, h_i, m, dtype=wi.dtype, device=wi.device)
         dki = torch.zeros_like(ki3)
-        if not (bool(torch.isfinite(qi_t).all()) and bool(torch.isfinite(wi_t).all())):
+        finite_q, finite_w = torch.isfinite(qi_t), torch.isfinite(wi_t)
+        if not (bool(finite_q.all()) and bool(finite_w.all())):
             # a query whose index scores are not finite has no available key and no gradient
             # (∂L/∂I = 0 there); zeroed, its q^I and w^I add 0, not 0 · NaN, to the others'
-            qi_t = torch.where(torch.isfinite(qi_t), qi_t, 0.0)
-            wi_t = torch.where(torch.isfinite(wi_t), wi_t, 0.0)
+            qi_t, wi_t = qi_t.where(finite_q, 0.0), wi_t.where(finite_w, 0.0)
         g = ctx.group_size
         for first_head in range(0, count, g):
             group = range(first_head, first_head + g)
